@@ -1,0 +1,56 @@
+"""Atomic output helpers: write to a temporary file beside the target, then rename.
+
+A crash or Ctrl-C in the middle of a write never leaves a half-written file
+under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+import torch
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path in the target's directory; rename it onto ``path`` on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temporary file for writing; it replaces ``path`` when the block ends without error."""
+    with atomic_path(path) as tmp:
+        with open(tmp, mode) as fh:
+            yield fh
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path, "w") as fh:
+        fh.write(text)
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> None:
+    write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` through a temporary file. Store only tensors, numbers, strings, lists and dicts
+    so that the file loads with ``torch.load(..., weights_only=True)``."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)

@@ -1,0 +1,160 @@
+"""Embedding-table configurations, their memory footprint and the 21 learned-model features.
+
+A table is described by its hash size (``row``), embedding dimension (``dim``), mean lookups per
+sample (``pooling_factor``) and the 17-bin access-reuse histogram ``bin_0`` .. ``bin_16``: of the
+distinct rows looked up in a batch, the fraction looked up (0,1], (1,2], (2,4], ... (2^15, inf) times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+NUM_BINS = 17
+BIN_NAMES = tuple(f"bin_{k}" for k in range(NUM_BINS))
+FEATURE_NAMES = ("dim", "row", "pooling_factor", "size") + BIN_NAMES
+NUM_FEATURES = len(FEATURE_NAMES)  # 21
+# Features whose scale depends on the task's tables; the reuse bins are fractions in [0, 1] already.
+SCALED_FEATURES = ("dim", "row", "pooling_factor", "size")
+
+PRECISION_BYTES = {"fp16": 2, "fp32": 4}
+GB = float(1 << 30)
+
+
+def bytes_per_element(precision: str) -> int:
+    from .errors import ShardError
+
+    try:
+        return PRECISION_BYTES[precision]
+    except KeyError:
+        raise ShardError(
+            f"unknown weights precision {precision!r}: choose one of {', '.join(PRECISION_BYTES)}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One embedding table. ``index`` is its id in the dataset."""
+
+    index: int
+    row: int
+    dim: int
+    pooling_factor: float
+    bins: tuple[float, ...] = field(default=(0.0,) * NUM_BINS)
+
+    @property
+    def size(self) -> int:
+        """Number of weights: row x dim."""
+        return self.row * self.dim
+
+    def memory_gb(self, precision: str = "fp16") -> float:
+        """Weight memory in GB (2^30 bytes): row x dim x bytes per element."""
+        return self.size * bytes_per_element(precision) / GB
+
+    def with_dim(self, dim: int) -> "TableConfig":
+        """The same table (rows, lookups, reuse) with another embedding dimension."""
+        return dataclasses.replace(self, dim=int(dim))
+
+    # -- JSON (the original repositories' table_configs.json layout) ---------------------------
+    def to_json(self) -> dict:
+        out = {"index": self.index, "row": self.row, "dim": self.dim,
+               "pooling_factor": self.pooling_factor}
+        out.update({name: float(v) for name, v in zip(BIN_NAMES, self.bins)})
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str = "table") -> "TableConfig":
+        from .errors import ShardError
+
+        if not isinstance(obj, dict):
+            raise ShardError(f"{where}: expected an object, got {type(obj).__name__}")
+        missing = [k for k in ("index", "row", "dim", "pooling_factor") if k not in obj]
+        if missing:
+            raise ShardError(f"{where}: missing field(s) {', '.join(missing)}")
+        try:
+            index, row, dim = int(obj["index"]), int(obj["row"]), int(obj["dim"])
+            pf = float(obj["pooling_factor"])
+            bins = tuple(float(obj.get(name, 0.0)) for name in BIN_NAMES)
+        except (TypeError, ValueError) as exc:
+            raise ShardError(f"{where}: non-numeric value ({exc})") from None
+        if row <= 0 or dim <= 0 or pf < 0 or not math.isfinite(pf):
+            raise ShardError(
+                f"{where}: row and dim must be positive and pooling_factor >= 0 "
+                f"(got row={row}, dim={dim}, pooling_factor={pf})")
+        return cls(index=index, row=row, dim=dim, pooling_factor=pf, bins=bins)
+
+
+def raw_features(tables: Sequence[TableConfig]) -> np.ndarray:
+    """The 21 unstandardised features per table, shape ``[len(tables), 21]`` (float64)."""
+    out = np.zeros((len(tables), NUM_FEATURES), dtype=np.float64)
+    for i, t in enumerate(tables):
+        out[i, 0] = t.dim
+        out[i, 1] = t.row
+        out[i, 2] = t.pooling_factor
+        out[i, 3] = t.size
+        out[i, 4:] = t.bins
+    return out
+
+
+@dataclass
+class FeatureScaler:
+    """Standardisation of the scale-dependent features (dim, row, pooling_factor, size).
+
+    Statistics are fitted once on a model's training tables and saved with the model
+    (:meth:`to_state` gives plain floats), then re-applied unchanged to any task. ``row`` and
+    ``size`` span many orders of magnitude, so they are standardised on a log10(1 + x) scale.
+    """
+
+    mean: list[float]
+    std: list[float]
+
+    LOG_FEATURES = ("row", "size")
+
+    @staticmethod
+    def _transform(raw: np.ndarray) -> np.ndarray:
+        x = np.array(raw, dtype=np.float64, copy=True)
+        for name in FeatureScaler.LOG_FEATURES:
+            j = FEATURE_NAMES.index(name)
+            x[:, j] = np.log10(1.0 + x[:, j])
+        return x
+
+    @classmethod
+    def fit(cls, tables: Sequence[TableConfig]) -> "FeatureScaler":
+        from .errors import ShardError
+
+        if not tables:
+            raise ShardError("cannot fit feature statistics on zero tables")
+        x = cls._transform(raw_features(tables))
+        idx = [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]
+        mean = x[:, idx].mean(axis=0)
+        std = x[:, idx].std(axis=0)
+        std[std < 1e-12] = 1.0
+        return cls(mean=[float(v) for v in mean], std=[float(v) for v in std])
+
+    def transform(self, tables: Sequence[TableConfig]) -> np.ndarray:
+        """Standardised features, shape ``[len(tables), 21]`` (float32)."""
+        x = self._transform(raw_features(tables))
+        for k, name in enumerate(SCALED_FEATURES):
+            j = FEATURE_NAMES.index(name)
+            x[:, j] = (x[:, j] - self.mean[k]) / self.std[k]
+        return x.astype(np.float32)
+
+    def to_state(self) -> dict:
+        return {"features": list(SCALED_FEATURES), "mean": list(self.mean), "std": list(self.std)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "FeatureScaler":
+        from .errors import ShardError
+
+        if list(state.get("features", [])) != list(SCALED_FEATURES):
+            raise ShardError("feature statistics were saved for other features: "
+                             f"{state.get('features')} != {list(SCALED_FEATURES)}")
+        return cls(mean=[float(v) for v in state["mean"]], std=[float(v) for v in state["std"]])
+
+
+def total_memory_gb(tables: Iterable[TableConfig], precision: str = "fp16") -> float:
+    return sum(t.memory_gb(precision) for t in tables)
