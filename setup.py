@@ -1,0 +1,15 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="shardkit",
+    version="0.1.0",
+    description="Embedding-table sharding: AutoShard, DreamShard and NeuroShard on one shared core",
+    packages=find_packages(include=["shardcore", "shardcore.*", "autoshard", "autoshard.*",
+                                    "dreamshard", "dreamshard.*", "neuroshard", "neuroshard.*"]),
+    python_requires=">=3.10",
+    install_requires=["torch==2.13.0", "numpy", "pandas", "tqdm", "matplotlib"],
+    extras_require={
+        "cpu": ["fbgemm-gpu-cpu==1.8.0"],
+        "test": ["pytest"],
+    },
+)

@@ -1,0 +1,54 @@
+"""Resolve an ``--alg`` name to a sharder: a baseline name, or a trained model's checkpoint.
+
+A checkpoint (``*.pt``) names the method that wrote it in its ``"method"`` entry; the method's
+package (``autoshard``, ``dreamshard``, ``neuroshard``, ...) provides ``load_sharder(path, **kw)``
+in its ``sharder`` module. shardcore imports that module by name only when such a checkpoint is
+asked for, so the core never depends on a method package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import torch
+
+from .baselines import BASELINES, Sharder, make_baseline
+from .errors import ShardError
+
+# Plain names (not paths) that a method package answers to, e.g. ``--alg neuroshard``.
+NAMED_METHODS = ("autoshard", "dreamshard", "neuroshard", "torchrec")
+
+
+def checkpoint_method(path: Path) -> str:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
+    method = obj.get("method") if isinstance(obj, dict) else None
+    if not isinstance(method, str):
+        raise ShardError(f"{path}: not a shardcore checkpoint (no 'method' entry)")
+    return method
+
+
+def _method_module(method: str):
+    try:
+        return importlib.import_module(f"{method}.sharder")
+    except ModuleNotFoundError as exc:
+        raise ShardError(f"--alg {method}: the {method} method is not available in this installation "
+                         f"({exc.msg})") from None
+
+
+def resolve(name: str, seed: int = 0, **kwargs) -> Sharder:
+    """``name`` is a baseline (random, naive, *_greedy), a method name, or a checkpoint path."""
+    if name in BASELINES:
+        return make_baseline(name, seed=seed)
+    path = Path(name)
+    if name.endswith(".pt") or path.is_file():
+        if not path.is_file():
+            raise ShardError(f"checkpoint not found: {path}")
+        return _method_module(checkpoint_method(path)).load_sharder(path, **kwargs)
+    if name in NAMED_METHODS:
+        return _method_module(name).load_sharder(None, **kwargs)
+    raise ShardError(f"unknown algorithm {name!r}: choose from {', '.join(BASELINES)}, "
+                     "or give a trained model's checkpoint (.pt)")

@@ -1,0 +1,159 @@
+"""The human-expert strategies (SPEC §3), all respecting the per-device memory cap.
+
+Greedy: sort the tables by a cost key, largest first (ties: larger size, then larger table index);
+put each on the device with the smallest accumulated key among the devices that still have room
+(ties: smaller accumulated memory, then lower device id). Keys:
+
+=====================  ==========================================
+``dim_greedy``         dim
+``size_greedy``        table memory in GB
+``lookup_greedy``      dim x pooling_factor
+``size_lookup_greedy`` dim x pooling_factor x log10(row)
+=====================  ==========================================
+
+``random`` draws a device uniformly among those with room (seeded); ``naive`` deals the tables
+round robin in task order, skipping devices without room. When a table fits on no device the task
+is infeasible: :class:`InfeasibleError` is raised, never an overfilled device.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .errors import InfeasibleError, ShardError
+from .plan import Plan
+from .tables import TableConfig
+
+EPS = 1e-12
+
+
+def _no_room(t: TableConfig, pos: int, mem: Sequence[float], max_memory_gb: float, precision: str) -> InfeasibleError:
+    need = t.memory_gb(precision)
+    return InfeasibleError(
+        f"infeasible: table {t.index} (task position {pos}, {need:.3f} GB) fits on no device "
+        f"(cap {max_memory_gb:g} GB, most free {max_memory_gb - min(mem):.3f} GB)")
+
+
+def _has_room(used: float, need: float, cap: float) -> bool:
+    return used + need <= cap + EPS
+
+
+def greedy_plan(tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
+                key: Callable[[TableConfig], float], precision: str = "fp16") -> Plan:
+    """The SPEC §3 greedy with an arbitrary cost key."""
+    keys = [float(key(t)) for t in tables]
+    order = sorted(range(len(tables)),
+                   key=lambda i: (keys[i], tables[i].size, tables[i].index, i), reverse=True)
+    acc_key = [0.0] * ndevices
+    acc_mem = [0.0] * ndevices
+    alloc = [-1] * len(tables)
+    for i in order:
+        need = tables[i].memory_gb(precision)
+        legal = [d for d in range(ndevices) if _has_room(acc_mem[d], need, max_memory_gb)]
+        if not legal:
+            raise _no_room(tables[i], i, acc_mem, max_memory_gb, precision)
+        d = min(legal, key=lambda d: (acc_key[d], acc_mem[d], d))
+        alloc[i] = d
+        acc_key[d] += keys[i]
+        acc_mem[d] += need
+    return Plan(tuple(alloc), ndevices)
+
+
+def dim_key(t: TableConfig) -> float:
+    return float(t.dim)
+
+
+def size_key(t: TableConfig) -> float:
+    return t.memory_gb("fp16")
+
+
+def lookup_key(t: TableConfig) -> float:
+    return t.dim * t.pooling_factor
+
+
+def size_lookup_key(t: TableConfig) -> float:
+    return t.dim * t.pooling_factor * math.log10(t.row) if t.row > 0 else 0.0
+
+
+GREEDY_KEYS: dict[str, Callable[[TableConfig], float]] = {
+    "dim_greedy": dim_key,
+    "size_greedy": size_key,
+    "lookup_greedy": lookup_key,
+    "size_lookup_greedy": size_lookup_key,
+}
+
+
+@dataclass
+class Sharder(abc.ABC):
+    """A placement algorithm: ``sharder.shard(tables, ndevices, max_memory_gb, precision) -> Plan``."""
+
+    name: str
+
+    @abc.abstractmethod
+    def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
+              precision: str = "fp16") -> Plan:
+        """Place ``tables`` on ``ndevices`` devices; raise :class:`InfeasibleError` if impossible."""
+
+
+@dataclass
+class GreedySharder(Sharder):
+    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+        return greedy_plan(tables, ndevices, max_memory_gb, GREEDY_KEYS[self.name], precision)
+
+
+@dataclass
+class RandomSharder(Sharder):
+    seed: int = 0
+    rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.seed)
+
+    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+        mem = [0.0] * ndevices
+        alloc = []
+        for i, t in enumerate(tables):
+            need = t.memory_gb(precision)
+            legal = [d for d in range(ndevices) if _has_room(mem[d], need, max_memory_gb)]
+            if not legal:
+                raise _no_room(t, i, mem, max_memory_gb, precision)
+            d = legal[int(self.rng.integers(len(legal)))]
+            alloc.append(d)
+            mem[d] += need
+        return Plan(tuple(alloc), ndevices)
+
+
+@dataclass
+class NaiveSharder(Sharder):
+    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+        mem = [0.0] * ndevices
+        alloc = []
+        for i, t in enumerate(tables):
+            need = t.memory_gb(precision)
+            for step in range(ndevices):
+                d = (i + step) % ndevices
+                if _has_room(mem[d], need, max_memory_gb):
+                    break
+            else:
+                raise _no_room(t, i, mem, max_memory_gb, precision)
+            alloc.append(d)
+            mem[d] += need
+        return Plan(tuple(alloc), ndevices)
+
+
+BASELINES = ("random", "naive") + tuple(GREEDY_KEYS)
+
+
+def make_baseline(name: str, seed: int = 0) -> Sharder:
+    if name == "random":
+        return RandomSharder(name, seed=seed)
+    if name == "naive":
+        return NaiveSharder(name)
+    if name in GREEDY_KEYS:
+        return GreedySharder(name)
+    raise ShardError(f"unknown algorithm {name!r}: choose from {', '.join(BASELINES)} or a model checkpoint (.pt)")

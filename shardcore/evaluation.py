@@ -1,0 +1,108 @@
+"""Plan every task with every algorithm, optionally measure the plans, and collect the records.
+
+One :class:`TaskResult` per (task, algorithm); its JSON form is one line of ``eval.py --out``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from .errors import InfeasibleError
+from .baselines import Sharder
+from .plan import Plan
+from .tables import TableConfig
+from .tasks import Task
+
+# measure(shard_tables) -> (cost_ms, device_costs_ms): the hardware oracle's answer for one plan.
+MeasureFn = Callable[[list[list[TableConfig]]], tuple[float, list[list[float]]]]
+
+
+@dataclass
+class TaskResult:
+    task: int
+    alg: str
+    num_tables: int
+    ndevices: int
+    max_memory_gb: float
+    feasible: bool
+    allocation: list[int] | None
+    memory_gb: list[float] | None
+    planning_seconds: float
+    error: str | None = None
+    cost_ms: float | None = None
+    device_costs_ms: list[list[float]] | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        extra = out.pop("extra")
+        out.update(extra)
+        if self.cost_ms is None:
+            out.pop("cost_ms")
+            out.pop("device_costs_ms")
+        return out
+
+    @property
+    def imbalance(self) -> float | None:
+        """max / mean of the devices' total measured costs."""
+        if not self.device_costs_ms:
+            return None
+        totals = [sum(c) for c in self.device_costs_ms]
+        mean = sum(totals) / len(totals)
+        return max(totals) / mean if mean > 0 else 1.0
+
+
+def lookup_load(tables: Sequence[TableConfig], plan: Plan) -> list[float]:
+    """Per-device sum of dim x pooling_factor: a hardware-free proxy for the lookup work."""
+    load = [0.0] * plan.ndevices
+    for t, d in zip(tables, plan.allocation):
+        load[d] += t.dim * t.pooling_factor
+    return load
+
+
+def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableConfig], ndevices: int,
+              max_memory_gb: float, precision: str) -> tuple[TaskResult, Plan | None]:
+    start = time.perf_counter()
+    try:
+        plan = sharder.shard(tables, ndevices, max_memory_gb, precision)
+        error = None
+    except InfeasibleError as exc:
+        plan, error = None, str(exc)
+    seconds = time.perf_counter() - start
+    if plan is not None and not plan.is_feasible(tables, max_memory_gb, precision):
+        # A sharder must never overfill a device; report it rather than measure it.
+        error = f"infeasible: {alg} put more than {max_memory_gb:g} GB on a device"
+        feasible = False
+    else:
+        feasible = plan is not None
+    result = TaskResult(
+        task=task_id, alg=alg, num_tables=len(tables), ndevices=ndevices, max_memory_gb=max_memory_gb,
+        feasible=feasible, allocation=list(plan.allocation) if plan is not None else None,
+        memory_gb=[round(m, 6) for m in plan.device_memory_gb(tables, precision)] if plan is not None else None,
+        planning_seconds=seconds, error=error)
+    if plan is not None:
+        result.extra["lookup_load"] = [round(x, 3) for x in lookup_load(tables, plan)]
+    return result, (plan if feasible else None)
+
+
+def evaluate(tasks: Sequence[Task], dataset_tables: Sequence[TableConfig], sharders: dict[str, Sharder],
+             ndevices: int, max_memory_gb: float, precision: str = "fp16", measure: MeasureFn | None = None,
+             on_result: Callable[[TaskResult, Task], None] | None = None,
+             progress: Iterable | None = None) -> list[TaskResult]:
+    """Every algorithm on every task, task by task (so algorithms are measured side by side)."""
+    results = []
+    bar = progress
+    for k, task in enumerate(tasks):
+        tables = task.tables(dataset_tables)
+        for alg, sharder in sharders.items():
+            result, plan = plan_task(k, alg, sharder, tables, ndevices, max_memory_gb, precision)
+            if measure is not None and plan is not None:
+                result.cost_ms, result.device_costs_ms = measure(plan.shard_tables(tables))
+            results.append(result)
+            if on_result is not None:
+                on_result(result, task)
+            if bar is not None:
+                bar.update(1)
+    return results
