@@ -1,0 +1,26 @@
+"""Tiny synthetic datasets for tests (no generator involved, so tests of the core stay independent)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shardcore.dataset import save_dataset
+from shardcore.tables import TableConfig
+
+
+def make_dataset(path, num_tables=40, batch_size=32, seed=0, dims=(4, 8, 16, 32)):
+    """Write a small dataset with diverse rows and pooling factors; returns its table configs."""
+    rng = np.random.default_rng(seed)
+    tables, indices, offsets = [], [], []
+    for i in range(num_tables):
+        row = int(10 ** rng.uniform(1, 6))
+        pf = float(rng.choice([0.0, 1.0, 3.0, 10.0, 40.0]))
+        lengths = rng.poisson(pf, size=batch_size)
+        off = np.concatenate([[0], np.cumsum(lengths)])
+        idx = rng.integers(0, row, size=int(off[-1]))
+        tables.append(TableConfig(i, row, int(rng.choice(dims)), float(lengths.mean())))
+        indices.append(torch.from_numpy(idx))
+        offsets.append(torch.from_numpy(off))
+    save_dataset(path, tables, indices, offsets, batch_size)
+    return tables

@@ -1,0 +1,127 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from shardcore.dataset import load_dataset, load_table_configs
+from shardcore.errors import ShardError
+from shardcore.plan import Plan
+from shardcore.tables import FEATURE_NAMES, NUM_FEATURES, FeatureScaler, TableConfig, raw_features
+from shardcore.tasks import Task, load_tasks, parse_task_line
+
+from helpers import make_dataset
+
+
+def test_table_memory_and_features():
+    t = TableConfig(3, row=1 << 20, dim=16, pooling_factor=2.5, bins=tuple(range(17)))
+    assert t.size == 16 << 20
+    assert t.memory_gb("fp16") == pytest.approx(2 * 16 / 1024)
+    assert t.memory_gb("fp32") == pytest.approx(4 * 16 / 1024)
+    with pytest.raises(ShardError):
+        t.memory_gb("int3")
+    x = raw_features([t])
+    assert x.shape == (1, NUM_FEATURES) == (1, 21)
+    assert list(x[0, :4]) == [16, 1 << 20, 2.5, 16 << 20]
+    assert list(x[0, 4:]) == list(range(17))
+    assert FEATURE_NAMES[4] == "bin_0" and FEATURE_NAMES[-1] == "bin_16"
+    assert TableConfig.from_json(t.to_json()) == t
+
+
+def test_scaler_is_fitted_once_and_reapplied():
+    train = [TableConfig(i, 10 ** (i % 6 + 1), 4 * (i % 4 + 1), float(i)) for i in range(30)]
+    scaler = FeatureScaler.fit(train)
+    z = scaler.transform(train)
+    assert z.dtype == np.float32
+    np.testing.assert_allclose(z[:, :4].mean(axis=0), 0, atol=1e-5)
+    np.testing.assert_allclose(z[:, :4].std(axis=0), 1, atol=1e-4)
+    # Re-applied to other tables, statistics do not change: no refit on the task being sharded.
+    other = [TableConfig(0, 5, 128, 100.0)]
+    again = FeatureScaler.from_state(json.loads(json.dumps(scaler.to_state())))
+    np.testing.assert_array_equal(again.transform(other), scaler.transform(other))
+    assert again.transform(other)[0, 0] > 3  # dim 128 is far above the training mean
+
+
+def test_dataset_round_trip(tmp_path):
+    tables = make_dataset(tmp_path / "ds", num_tables=5, batch_size=16)
+    ds = load_dataset(tmp_path / "ds")
+    assert ds.tables == tables and ds.batch_size == 16
+    idx, off = ds.lookups(2)
+    assert idx.dtype == off.dtype == torch.int64 and off.numel() == 17 and off[-1] == idx.numel()
+    assert not load_dataset(tmp_path / "ds", with_lookups=False).has_lookups
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "malformed JSON"),
+    ('{"tables": 3}', '"tables" list'),
+    ('{"tables": [{"index": 0, "row": 10}]}', "missing field"),
+    ('{"tables": [{"index": 0, "row": "ten", "dim": 4, "pooling_factor": 1}]}', "non-numeric"),
+    ('{"tables": [{"index": 1, "row": 10, "dim": 4, "pooling_factor": 1}]}', "indices must be"),
+    ('{"tables": [{"index": 0, "row": 0, "dim": 4, "pooling_factor": 1}]}', "must be positive"),
+])
+def test_table_config_errors(tmp_path, content, message):
+    p = tmp_path / "table_configs.json"
+    p.write_text(content)
+    with pytest.raises(ShardError, match=message) as exc:
+        load_table_configs(p)
+    assert "\n" not in str(exc.value)
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(ShardError, match="dataset directory not found"):
+        load_dataset(tmp_path / "nope")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ShardError, match="table configs not found"):
+        load_dataset(tmp_path / "d")
+    make_dataset(tmp_path / "e", num_tables=3)
+    (tmp_path / "e" / "data.pt").unlink()
+    with pytest.raises(ShardError, match="lookup data not found"):
+        load_dataset(tmp_path / "e")
+    with pytest.raises(ShardError, match="task file not found"):
+        load_tasks(tmp_path / "tasks.txt")
+
+
+def test_task_lines():
+    assert parse_task_line("3,17,250") == Task((3, 17, 250))
+    assert parse_task_line("3,17,250 64,16,128\n") == Task((3, 17, 250), (64, 16, 128))
+    for bad, msg in [("3,x,5", "malformed"), ("1,2 4", "2 table ids but 1 dims"), ("1 2 3", "malformed"),
+                     ("1,1", "twice"), ("-1,2", "negative"), ("1,2 4,0", "positive")]:
+        with pytest.raises(ShardError, match=msg):
+            parse_task_line(bad)
+
+
+def test_task_file_errors(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text("0,1,2\n\n# comment\n3,4 8,16\n")
+    tasks = load_tasks(p, num_tables=5)
+    assert tasks == [Task((0, 1, 2)), Task((3, 4), (8, 16))]
+    with pytest.raises(ShardError, match=r"t.txt:4: table id 4 out of range"):
+        load_tasks(p, num_tables=4)
+    p.write_text("0,1\n0,x\n")
+    with pytest.raises(ShardError, match=r"t.txt:2: malformed"):
+        load_tasks(p)
+    p.write_text("\n")
+    with pytest.raises(ShardError, match="no tasks"):
+        load_tasks(p)
+    tables = [TableConfig(i, 100, 16, 1.0) for i in range(3)]
+    assert [t.dim for t in Task((2, 0), (4, 8)).tables(tables)] == [4, 8]
+    with pytest.raises(ShardError, match="out of range"):
+        Task((3,)).tables(tables)
+    with pytest.raises(ShardError, match="dims"):
+        Task((0, 1), (4,))
+
+
+def test_plan_shards_memory_feasibility():
+    tables = [TableConfig(i, 1 << 20, 16, 1.0) for i in range(4)]  # 1/32 GB each in fp16
+    plan = Plan((0, 1, 1, 0), 3)
+    assert plan.shards == [[0, 3], [1, 2], []]
+    assert Plan.from_shards(plan.shards) == plan
+    assert plan.device_memory_gb(tables) == pytest.approx([1 / 16, 1 / 16, 0])
+    assert plan.is_feasible(tables, 1 / 16)
+    assert not plan.is_feasible(tables, 1 / 16, precision="fp32")
+    with pytest.raises(ShardError):
+        Plan((0, 3), 3)
+    with pytest.raises(ShardError):
+        Plan.from_shards([[0, 1], [1]])
+    with pytest.raises(ShardError):
+        plan.device_memory_gb(tables[:3])
