@@ -17,7 +17,9 @@ from .baselines import BASELINES, Sharder, make_baseline
 from .errors import ShardError
 
 # Plain names (not paths) that a method package answers to, e.g. ``--alg neuroshard``.
-NAMED_METHODS = ("autoshard", "dreamshard", "neuroshard", "torchrec")
+NAMED_METHODS = ("autoshard", "dreamshard", "neuroshard")
+# Names served by an optional module of the core (imported only when asked for).
+CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner"}
 
 
 def checkpoint_method(path: Path) -> str:
@@ -48,6 +50,8 @@ def resolve(name: str, seed: int = 0, **kwargs) -> Sharder:
         if not path.is_file():
             raise ShardError(f"checkpoint not found: {path}")
         return _method_module(checkpoint_method(path)).load_sharder(path, **kwargs)
+    if name in CORE_PLUGINS:
+        return importlib.import_module(CORE_PLUGINS[name]).load_sharder(None, **kwargs)
     if name in NAMED_METHODS:
         return _method_module(name).load_sharder(None, **kwargs)
     raise ShardError(f"unknown algorithm {name!r}: choose from {', '.join(BASELINES)}, "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from .errors import InfeasibleError
 from .baselines import Sharder
@@ -90,8 +90,10 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
 def evaluate(tasks: Sequence[Task], dataset_tables: Sequence[TableConfig], sharders: dict[str, Sharder],
              ndevices: int, max_memory_gb: float, precision: str = "fp16", measure: MeasureFn | None = None,
              on_result: Callable[[TaskResult, Task], None] | None = None,
-             progress: Iterable | None = None) -> list[TaskResult]:
-    """Every algorithm on every task, task by task (so algorithms are measured side by side)."""
+             progress: Any = None) -> list[TaskResult]:
+    """Every algorithm on every task, task by task (so algorithms are measured side by side).
+
+    ``progress`` is an optional tqdm-like bar, advanced once per (task, algorithm)."""
     results = []
     bar = progress
     for k, task in enumerate(tasks):

@@ -1,0 +1,115 @@
+"""DreamShard inference and checkpoints.
+
+A checkpoint is a dict of plain tensors, numbers and strings (loads with ``weights_only=True``):
+``method`` ("dreamshard"), ``version``, ``config`` (architecture and hyper-parameters), ``scaler``
+(the feature standardisation fitted on the training tables), ``cost_scale`` (ms per cost unit),
+``cost_net`` and ``policy`` state dicts, ``iteration``, and for ``--resume`` the training state.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from shardcore import io
+from shardcore.baselines import Sharder
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.plan import Plan
+from shardcore.tables import FeatureScaler, TableConfig
+
+from .config import DreamShardConfig
+from .env import EstimatedMDP
+from .networks import CostNet, PolicyNet
+
+METHOD = "dreamshard"
+VERSION = 1
+
+
+@dataclass
+class DreamShardModel:
+    cfg: DreamShardConfig
+    scaler: FeatureScaler
+    cost_net: CostNet
+    policy: PolicyNet
+    cost_scale: float = 1.0
+    iteration: int = -1
+    extra: dict = field(default_factory=dict)   # training state kept for --resume
+
+    @classmethod
+    def new(cls, cfg: DreamShardConfig, scaler: FeatureScaler) -> "DreamShardModel":
+        torch.manual_seed(cfg.seed)
+        return cls(cfg, scaler, CostNet(cfg), PolicyNet(cfg))
+
+    def features(self, tables: Sequence[TableConfig]) -> torch.Tensor:
+        return torch.from_numpy(self.scaler.transform(tables))
+
+    def save(self, path: str | os.PathLike) -> None:
+        obj = {"method": METHOD, "version": VERSION, "config": self.cfg.to_dict(),
+               "scaler": self.scaler.to_state(), "cost_scale": float(self.cost_scale),
+               "cost_net": self.cost_net.state_dict(), "policy": self.policy.state_dict(),
+               "iteration": int(self.iteration), "extra": self.extra}
+        io.torch_save(obj, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "DreamShardModel":
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
+        if not isinstance(obj, dict) or obj.get("method") != METHOD:
+            raise ShardError(f"{path}: not a DreamShard checkpoint")
+        if obj.get("version") != VERSION:
+            raise ShardError(f"{path}: checkpoint version {obj.get('version')} is not {VERSION}")
+        cfg = DreamShardConfig.from_dict(obj["config"])
+        model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), CostNet(cfg), PolicyNet(cfg),
+                    float(obj["cost_scale"]), int(obj["iteration"]), obj.get("extra", {}))
+        model.cost_net.load_state_dict(obj["cost_net"])
+        model.policy.load_state_dict(obj["policy"])
+        return model
+
+    @torch.no_grad()
+    def place(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
+              precision: str = "fp16", sample: bool = False, batch: int = 1,
+              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the policy: greedy (argmax) or sampled. Returns ``allocations [batch, T]``,
+        ``predicted costs [batch]`` (ms) and ``infeasible [batch]``."""
+        x = self.features(tables)
+        mem = torch.tensor([t.memory_gb(precision) for t in tables], dtype=torch.float64)
+        env = EstimatedMDP(self.cost_net, x, mem, ndevices, max_memory_gb, batch=batch,
+                           infeasible_penalty=self.cfg.infeasible_penalty)
+        emb = self.policy.embed(x)
+        obs = env.reset()
+        info = {}
+        while obs is not None:
+            logits = self.policy(emb, obs.assign, obs.current, obs.cost_feats, obs.placed_frac, obs.mask)
+            if sample:
+                probs = torch.softmax(logits, -1)
+                action = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            else:
+                action = logits.argmax(-1)
+            obs, _, _, info = env.step(action)
+        return env.allocations(), info["predicted_cost"] * self.cost_scale, info["infeasible"]
+
+
+@dataclass
+class DreamShardSharder(Sharder):
+    model: DreamShardModel = None
+
+    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+        alloc, _, infeasible = self.model.place(tables, ndevices, max_memory_gb, precision)
+        if bool(infeasible[0]):
+            raise InfeasibleError(f"infeasible: the DreamShard policy found no device with room for some "
+                                  f"table under the {max_memory_gb:g} GB cap")
+        return Plan(tuple(int(d) for d in alloc[0]), ndevices)
+
+
+def load_sharder(path, **_) -> DreamShardSharder:
+    if path is None:
+        raise ShardError("--alg dreamshard needs a trained checkpoint: --alg models/dreamshard/9.pt")
+    model = DreamShardModel.load(path)
+    model.cost_net.eval()
+    model.policy.eval()
+    return DreamShardSharder(name=str(path), model=model)

@@ -1,0 +1,210 @@
+"""DreamShard's training loop, one iteration at a time:
+
+1. sample ``bench_steps`` plans with the current policy on training tasks and measure them on
+   hardware (through the evaluator and its cache); store them in the buffer;
+2. fit the cost network to the whole buffer (MSE on the per-device forward, backward and
+   communication costs and on the plan cost);
+3. train the policy with REINFORCE in the estimated MDP (returns normalised per batch, entropy bonus);
+   decay its learning rate;
+4. save ``<out_dir>/<iteration>.pt`` and append a row to ``<out_dir>/train_log.csv``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch.distributions import Categorical
+
+from shardcore import io
+from shardcore.errors import ShardError
+from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.tasks import Task
+
+from .config import DreamShardConfig
+from .env import EstimatedMDP
+from .sharder import DreamShardModel
+
+# measure(shard_tables) -> (plan cost ms, per-device [fw compute, fw comm, bw comm, bw compute] ms)
+MeasureFn = Callable[[list[list[TableConfig]]], tuple[float, list[list[float]]]]
+LOG_FIELDS = ["iteration", "measured_cost_ms", "cost_loss", "cost_mape", "rl_reward_ms", "buffer", "seconds"]
+
+
+@dataclass
+class Measured:
+    """One measured plan in the buffer (plain values: it is saved in checkpoints for --resume)."""
+
+    task: int
+    allocation: list[int]
+    ndevices: int
+    device_costs: list[list[float]]   # per device: fw compute, fw comm, bw comm, bw compute (ms)
+    cost: float                       # plan cost (ms)
+
+    def targets(self) -> torch.Tensor:
+        """``[D, 3]``: forward compute, backward compute, communication (fw + bw)."""
+        return torch.tensor([[c[0], c[3], c[1] + c[2]] for c in self.device_costs], dtype=torch.float32)
+
+
+class DreamShardTrainer:
+    def __init__(self, cfg: DreamShardConfig, dataset_tables: Sequence[TableConfig], tasks: Sequence[Task],
+                 ndevices: int, max_memory_gb: float, measure: MeasureFn, out_dir: str | os.PathLike,
+                 precision: str = "fp16", model: DreamShardModel | None = None, log: Callable[[str], None] = print):
+        self.cfg = cfg
+        self.tasks = list(tasks)
+        self.task_tables = [t.tables(dataset_tables) for t in self.tasks]
+        self.ndevices = ndevices
+        self.cap = max_memory_gb
+        self.precision = precision
+        self.measure = measure
+        self.out_dir = Path(out_dir)
+        self.log = log
+        if model is None:
+            train_tables = list({t.index: t for ts in self.task_tables for t in ts}.values())
+            model = DreamShardModel.new(cfg, FeatureScaler.fit(train_tables))
+        self.model = model
+        self.features = [model.features(ts) for ts in self.task_tables]
+        self.mem = [torch.tensor([t.memory_gb(precision) for t in ts], dtype=torch.float64) for ts in self.task_tables]
+        self.buffer = [Measured(**m) for m in model.extra.get("buffer", [])]
+        self.rng = random.Random(cfg.seed + model.iteration + 1)
+        self.gen = torch.Generator().manual_seed(cfg.seed + model.iteration + 1)
+        torch.manual_seed(cfg.seed + model.iteration + 1)
+        self.cost_opt = torch.optim.Adam(model.cost_net.parameters(), lr=cfg.cost_lr)
+        lr = cfg.rl_lr * cfg.lr_decay ** (model.iteration + 1)
+        self.policy_opt = torch.optim.Adam(model.policy.parameters(), lr=lr)
+
+    # -- 1. measure plans sampled by the policy -------------------------------------------------
+    def collect(self) -> list[Measured]:
+        new = []
+        for _ in range(self.cfg.bench_steps):
+            k = self.rng.randrange(len(self.tasks))
+            alloc, _, infeasible = self.model.place(self.task_tables[k], self.ndevices, self.cap, self.precision,
+                                                    sample=True, generator=self.gen)
+            if bool(infeasible[0]):
+                continue
+            allocation = [int(d) for d in alloc[0]]
+            shards = [[] for _ in range(self.ndevices)]
+            for t, d in zip(self.task_tables[k], allocation):
+                shards[d].append(t)
+            cost, device_costs = self.measure(shards)
+            new.append(Measured(k, allocation, self.ndevices, [list(map(float, c)) for c in device_costs], float(cost)))
+        self.buffer.extend(new)
+        return new
+
+    # -- 2. fit the cost network ----------------------------------------------------------------
+    def _batch(self, entries: Sequence[Measured]):
+        P = len(entries)
+        T = max(len(self.tasks[e.task]) for e in entries)
+        D = max(e.ndevices for e in entries)
+        x = torch.zeros(P, T, self.features[0].shape[1])
+        assign = torch.zeros(P, D, T)
+        dmask = torch.zeros(P, D, dtype=torch.bool)
+        y_dev = torch.zeros(P, D, 3)
+        y_all = torch.zeros(P)
+        for p, e in enumerate(entries):
+            n = len(e.allocation)
+            x[p, :n] = self.features[e.task]
+            assign[p, torch.tensor(e.allocation), torch.arange(n)] = 1.0
+            dmask[p, : e.ndevices] = True
+            y_dev[p, : e.ndevices] = e.targets()
+            y_all[p] = e.cost
+        return x, assign, dmask, y_dev / self.model.cost_scale, y_all / self.model.cost_scale
+
+    def cost_loss(self, entries: Sequence[Measured]) -> tuple[torch.Tensor, torch.Tensor]:
+        """MSE over all heads (in cost units) and the overall cost's absolute percentage errors."""
+        x, assign, dmask, y_dev, y_all = self._batch(entries)
+        dc, overall = self.model.cost_net(x, assign, dmask)
+        m = dmask.unsqueeze(-1).expand_as(dc)
+        loss = ((dc - y_dev)[m] ** 2).mean() + ((overall - y_all) ** 2).mean()
+        ape = ((overall - y_all).abs() / y_all.clamp_min(1e-9)).detach()
+        return loss, ape
+
+    def fit_cost_net(self) -> tuple[float, float]:
+        if not self.buffer:
+            raise ShardError("no measured plan to fit the cost network on (every sampled plan was infeasible)")
+        if self.model.iteration < 0:  # a fresh model: fix the cost unit once, from the first measurements
+            self.model.cost_scale = float(np.mean([e.cost for e in self.buffer]))
+        net = self.model.cost_net.train()
+        losses = []
+        for _ in range(self.cfg.bench_training_steps):
+            batch = [self.rng.choice(self.buffer) for _ in range(min(self.cfg.cost_batch_size, len(self.buffer)))]
+            loss, _ = self.cost_loss(batch)
+            self.cost_opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), self.cfg.grad_clip)
+            self.cost_opt.step()
+            losses.append(float(loss))
+        net.eval()
+        with torch.no_grad():
+            _, ape = self.cost_loss(self.buffer)
+        return float(np.mean(losses[-20:])), float(ape.mean())
+
+    # -- 3. REINFORCE in the estimated MDP ------------------------------------------------------
+    def train_policy(self) -> float:
+        cfg, policy = self.cfg, self.model.policy.train()
+        rewards = []
+        for _ in range(cfg.rl_num_batches):
+            k = self.rng.randrange(len(self.tasks))
+            env = EstimatedMDP(self.model.cost_net, self.features[k], self.mem[k], self.ndevices, self.cap,
+                               batch=cfg.rl_batch_size, infeasible_penalty=cfg.infeasible_penalty)
+            emb = policy.embed(self.features[k])
+            obs = env.reset()
+            logp = torch.zeros(cfg.rl_batch_size)
+            entropy = torch.zeros(cfg.rl_batch_size)
+            while obs is not None:
+                dist = Categorical(logits=policy(emb, obs.assign, obs.current, obs.cost_feats,
+                                                 obs.placed_frac, obs.mask))
+                action = dist.sample()
+                logp = logp + dist.log_prob(action)
+                entropy = entropy + dist.entropy()
+                obs, reward, _, _ = env.step(action)
+            adv = (reward - reward.mean()) / (reward.std() + 1e-8)
+            loss = -(adv * logp).mean() - cfg.entropy_weight * entropy.mean() / env.T
+            self.policy_opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+            self.policy_opt.step()
+            rewards.append(float(reward.mean()) * self.model.cost_scale)
+        for group in self.policy_opt.param_groups:
+            group["lr"] *= cfg.lr_decay
+        policy.eval()
+        return float(np.mean(rewards))
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self, num_iterations: int, progress=None) -> list[dict]:
+        rows = []
+        start = self.model.iteration + 1
+        for it in range(start, num_iterations):
+            t0 = time.perf_counter()
+            new = self.collect()
+            measured = float(np.mean([e.cost for e in new])) if new else float("nan")
+            loss, mape = self.fit_cost_net()
+            reward = self.train_policy()
+            self.model.iteration = it
+            self.model.extra = {"buffer": [vars(e) for e in self.buffer], "tasks": [t.to_line() for t in self.tasks]}
+            self.model.save(self.out_dir / f"{it}.pt")
+            row = {"iteration": it, "measured_cost_ms": round(measured, 4), "cost_loss": round(loss, 6),
+                   "cost_mape": round(mape, 4), "rl_reward_ms": round(reward, 4), "buffer": len(self.buffer),
+                   "seconds": round(time.perf_counter() - t0, 2)}
+            rows.append(row)
+            self._append_log(row)
+            self.log(f"iteration {it}: measured cost {measured:.2f} ms, cost-net loss {loss:.4f} "
+                     f"(train MAPE {100 * mape:.1f}%), RL reward {reward:.2f} ms, {row['seconds']:.0f} s")
+            if progress is not None:
+                progress.update(1)
+        return rows
+
+    def _append_log(self, row: dict) -> None:
+        path = self.out_dir / "train_log.csv"
+        old = path.read_text() if path.exists() else ""
+        lines = old.splitlines(keepends=True)
+        if not lines:
+            lines = [",".join(LOG_FIELDS) + "\n"]
+        # keep rows of earlier iterations only (a resumed run rewrites from its start)
+        kept = [lines[0]] + [ln for ln in lines[1:] if int(ln.split(",")[0]) < row["iteration"]]
+        io.write_text(path, "".join(kept) + ",".join(str(row[f]) for f in LOG_FIELDS) + "\n")

@@ -1,0 +1,116 @@
+import pytest
+import torch
+
+from dreamshard.config import DreamShardConfig
+from dreamshard.env import EstimatedMDP
+from dreamshard.networks import CostNet
+from dreamshard.sharder import DreamShardModel, load_sharder
+from shardcore.algorithms import resolve
+from shardcore.errors import InfeasibleError
+from shardcore.tables import FeatureScaler, TableConfig
+
+
+def tables(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        row = int(10 ** (1 + 5 * torch.rand(1, generator=g).item()))
+        dim = int([4, 8, 16, 32][torch.randint(4, (1,), generator=g).item()])
+        out.append(TableConfig(i, row, dim, float(torch.rand(1, generator=g).item() * 30)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = DreamShardConfig(hidden=16, embed=8, head_hidden=8)
+    return DreamShardModel.new(cfg, FeatureScaler.fit(tables(50)))
+
+
+@pytest.mark.parametrize("T, D", [(1, 2), (7, 3), (30, 8)])
+def test_cost_net_shapes(model, T, D):
+    P = 4
+    x = torch.randn(P, T, 21)
+    assign = torch.zeros(P, D, T)
+    assign[:, torch.randint(D, (T,)), torch.arange(T)] = 1
+    dc, overall = model.cost_net(x, assign)
+    assert dc.shape == (P, D, 3) and overall.shape == (P,)
+    # empty devices compute nothing
+    empty = assign.sum(-1) == 0
+    assert torch.all(dc[..., :2][empty] == 0)
+
+
+@pytest.mark.parametrize("T, D", [(5, 2), (40, 4), (100, 8)])
+def test_policy_places_every_table_on_a_legal_device(model, T, D):
+    ts = tables(T, seed=T)
+    cap = sum(t.memory_gb() for t in ts) / D * 1.3 + max(t.memory_gb() for t in ts)
+    alloc, cost, infeasible = model.place(ts, D, cap, sample=True, batch=6)
+    assert alloc.shape == (6, T) and cost.shape == (6,) and not infeasible.any()
+    for row in alloc:
+        mem = [0.0] * D
+        for t, d in zip(ts, row.tolist()):
+            mem[d] += t.memory_gb()
+        assert max(mem) <= cap + 1e-9
+
+
+def test_mask_forbids_full_devices(model):
+    ts = [TableConfig(0, 1 << 29, 1, 1.0), TableConfig(1, 1 << 29, 1, 1.0), TableConfig(2, 1 << 29, 1, 1.0)]
+    x = model.features(ts)
+    mem = torch.tensor([t.memory_gb() for t in ts], dtype=torch.float64)   # 1 GB each
+    env = EstimatedMDP(model.cost_net, x, mem, ndevices=3, max_memory_gb=1.0, batch=5)
+    obs = env.reset()
+    seen = []
+    while obs is not None:
+        assert obs.mask.shape == (5, 3) and obs.cost_feats.shape == (5, 3, 5)
+        legal = obs.mask.float()
+        action = torch.multinomial(legal, 1).squeeze(-1)
+        seen.append(obs.mask.sum(-1))
+        obs, reward, done, info = env.step(action)
+    # with a 1 GB cap each device takes exactly one table: legal devices shrink 3 -> 2 -> 1
+    assert [int(s[0]) for s in seen] == [3, 2, 1]
+    assert done and reward.shape == (5,) and not info["infeasible"].any()
+    assert torch.all(env.allocations().sort(-1).values == torch.arange(3))
+
+
+def test_one_episode_reward_is_minus_predicted_cost(model):
+    ts = tables(12)
+    env = EstimatedMDP(model.cost_net, model.features(ts), torch.tensor([t.memory_gb() for t in ts]), 4, 100.0, batch=3)
+    obs = env.reset()
+    steps = 0
+    rewards = []
+    while obs is not None:
+        obs, r, done, info = env.step(torch.randint(4, (3,)))
+        rewards.append(r)
+        steps += 1
+    assert steps == 12 and all(torch.all(r == 0) for r in rewards[:-1])
+    assert torch.allclose(rewards[-1], -info["predicted_cost"])
+    # tables are placed largest predicted single-table cost first: a permutation of all tables
+    assert sorted(env.order) == list(range(12))
+
+
+def test_infeasible_task_is_reported(model):
+    sharder_model = model
+    ts = [TableConfig(0, 1 << 29, 4, 1.0)]  # 4 GB
+    from dreamshard.sharder import DreamShardSharder
+    with pytest.raises(InfeasibleError):
+        DreamShardSharder(name="d", model=sharder_model).shard(ts, 2, 1.0)
+
+
+def test_checkpoint_round_trip(model, tmp_path):
+    model.cost_scale = 3.5
+    model.iteration = 4
+    model.extra = {"buffer": [{"task": 0, "allocation": [0, 1], "ndevices": 2,
+                               "device_costs": [[1.0, 2.0, 3.0, 4.0]] * 2, "cost": 10.0}]}
+    path = tmp_path / "4.pt"
+    model.save(path)
+    obj = torch.load(path, weights_only=True)
+    assert obj["method"] == "dreamshard"
+    again = load_sharder(path)
+    assert again.model.cost_scale == 3.5 and again.model.iteration == 4
+    assert again.model.extra["buffer"][0]["cost"] == 10.0
+    ts = tables(20, seed=3)
+    a = model.place(ts, 4, 100.0)[0]
+    b = again.model.place(ts, 4, 100.0)[0]
+    assert torch.equal(a, b)
+    # and through the --alg resolution used by eval.py
+    plan = resolve(str(path)).shard(ts, 4, 100.0)
+    assert list(plan.allocation) == a[0].tolist()
