@@ -1,5 +1,6 @@
 # make demo: synthetic data -> tasks -> every baseline side by side.  make test: the test suite.
-# Both create .venv and install what they need (torch 2.13.0 CPU, fbgemm-gpu-cpu 1.8.0, ...).
+# Both create .venv and install what they need (torch 2.13.0 CPU, fbgemm-gpu-cpu 1.8.0, torchrec 1.8.0
+# without its dependencies, so that the CUDA fbgemm-gpu never replaces the CPU build).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -17,6 +18,8 @@ $(STAMP): requirements.txt setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt pytest
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q tensordict==0.15.3 pyre-extensions==0.0.32
+	$(PY) -m pip install -q --no-deps torchrec==1.8.0
 	touch $(STAMP)
 
 test: $(STAMP)

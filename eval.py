@@ -6,7 +6,9 @@
 
 --alg takes baselines (random, naive, dim_greedy, size_greedy, lookup_greedy, size_lookup_greedy)
 or a trained model's checkpoint (.pt); several comma-separated algorithms are evaluated side by side
-on the same tasks. --plan-only plans without hardware: allocation, per-device memory, feasibility.
+on the same tasks. Without --plan-only every plan is measured on this machine's hardware (the FBGEMM
+micro-benchmark and a real all-to-all between one worker per device; see README, "Measurement");
+--plan-only plans without hardware: allocation, per-device memory, feasibility.
 """
 
 import argparse
@@ -19,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tqdm import tqdm  # noqa: E402
 
 from shardcore import algorithms, report  # noqa: E402
-from shardcore.cli import add_device_args, add_memory_args, device_ids, run_main  # noqa: E402
+from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids,  # noqa: E402
+                           open_evaluator, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import evaluate  # noqa: E402
@@ -45,7 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="FILE.jsonl",
                    help="write one JSON object per task and algorithm (written atomically at the end)")
     p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
+    p.add_argument("--export-torchrec", default=None, metavar="DIR",
+                   help="also write every plan as DIR/<alg>/task_<k>.json (plain) and .torchrec.json "
+                        "(TorchRec ParameterSharding, table-wise) plus DIR/index.json")
+    p.add_argument("--task-set", default=None, metavar="NAME",
+                   help="row label of the paper-style table (default: derived from the task file)")
+    add_oracle_args(p)
     return p
+
+
+def dataset_batch(args) -> int | None:
+    """The batch size the plans will be measured at (the dataset's, unless --batch-size)."""
+    from shardcore.dataset import load_dataset as _load
+
+    try:
+        return _load(args.data_dir).batch_size
+    except ShardError:
+        return None
 
 
 def main(argv=None):
@@ -61,28 +80,58 @@ def main(argv=None):
     tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
     if args.max_tasks is not None:
         tasks = tasks[: args.max_tasks]
-    sharders = {name: algorithms.resolve(name, seed=args.seed) for name in names}
-
-    if not args.plan_only:
-        raise ShardError("hardware measurement needs the benchmark (not in this build): use --plan-only")
+    sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=args.batch_size or dataset_batch(args))
+                for name in names}
 
     def show(result, task):
         if args.quiet:
             return
-        if result.feasible:
+        if not result.feasible:
+            tqdm.write(f"task {result.task:3d} {result.alg:>20s}: {result.error}")
+        elif result.cost_ms is not None:
+            per = " ".join(f"{sum(c):.2f}" for c in result.device_costs_ms)
+            tqdm.write(f"task {result.task:3d} {result.alg:>20s}: cost {result.cost_ms:8.3f} ms, devices [{per}] ms, "
+                       f"planning {1e3 * result.planning_seconds:.1f} ms")
+        else:
             mem = " ".join(f"{m:.3f}" for m in result.memory_gb)
             tqdm.write(f"task {result.task:3d} {result.alg:>20s}: feasible, memory GB [{mem}], "
                        f"allocation {result.allocation}")
-        else:
-            tqdm.write(f"task {result.task:3d} {result.alg:>20s}: {result.error}")
 
+    mode = "plan only" if args.plan_only else "measured on hardware"
     print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GB "
-          f"({args.weights_precision}), algorithms: {', '.join(names)}")
-    with tqdm(total=len(tasks) * len(sharders), desc="planning", unit="plan", disable=None) as bar:
-        results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory,
-                           args.weights_precision, on_result=show, progress=bar)
-    print()
-    print(report.plan_only_summary(results))
+          f"({args.weights_precision}), {mode}; algorithms: {', '.join(names)}")
+    if args.plan_only:
+        with tqdm(total=len(tasks) * len(sharders), desc="planning", unit="plan", disable=None) as bar:
+            results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory,
+                               args.weights_precision, on_result=show, progress=bar)
+        print()
+        print(report.plan_only_summary(results))
+    else:
+        with open_evaluator(args, args.data_dir, devices) as ev:
+            print(f"workers up in {ev.startup_s:.1f} s on {ev.device_type} "
+                  f"(batch {ev.batch_size}, {ev.optimizer}, {ev.precision})")
+
+            def measure(shard_tables):
+                r = ev.evaluate(shard_tables)
+                return r.cost_ms, r.device_costs_ms
+
+            with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:
+                results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory,
+                                   args.weights_precision, measure=measure, on_result=show, progress=bar)
+        task_set = args.task_set or f"{os.path.basename(os.path.dirname(os.path.abspath(args.task_path)))}/" \
+                                    f"{os.path.basename(args.task_path)} ({ndevices})"
+        print()
+        print(report.measured_summary(results))
+        print()
+        print(report.paper_table(results, task_set))
+    if args.export_torchrec:
+        from shardcore.plan import Plan
+        from shardcore.torchrec_planner import PlanRecord, export_plans
+
+        records = [PlanRecord(r.task, r.alg, tasks[r.task].tables(dataset.tables),
+                              Plan(tuple(r.allocation), ndevices) if r.feasible else None) for r in results]
+        paths = export_plans(args.export_torchrec, records, args.max_memory, args.weights_precision)
+        print(f"exported {len(paths) - 1} plan files to {args.export_torchrec}/ (index.json lists them)")
     if args.out:
         with atomic_open(args.out) as fh:
             for r in results:

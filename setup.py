@@ -11,5 +11,8 @@ setup(
     extras_require={
         "cpu": ["fbgemm-gpu-cpu==1.8.0"],
         "test": ["pytest"],
+        # then: pip install --no-deps torchrec==1.8.0 (its own requirements pull the CUDA fbgemm-gpu,
+        # which would replace fbgemm-gpu-cpu); these are the small pure-Python packages it needs.
+        "torchrec": ["tensordict==0.15.3", "pyre-extensions==0.0.32"],
     },
 )

@@ -82,3 +82,39 @@ def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float =
     parser.add_argument("--weights-precision", choices=sorted(PRECISION_BYTES), default="fp16",
                         help="weight precision: fp16 counts 2 bytes per weight toward the cap, fp32 "
                              "counts 4 (default fp16, as the original code)")
+
+
+def add_oracle_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the hardware cost oracle (the FBGEMM micro-benchmark and the plan evaluator)."""
+    g = parser.add_argument_group("hardware measurement")
+    g.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+                   help="samples per benchmark iteration, the first B of the dataset's batch "
+                        "(default: the dataset's whole batch)")
+    g.add_argument("--bench-iters", type=positive_int, default=None, metavar="N",
+                   help="timed iterations per measurement; the median is kept (default: the evaluator's)")
+    g.add_argument("--warmup-iters", type=int, default=None, metavar="N",
+                   help="untimed iterations before timing (default: the evaluator's)")
+    g.add_argument("--optimizer", default="exact_sgd",
+                   help="sparse optimizer applied in the backward: exact_sgd (default), exact_adagrad, "
+                        "exact_row_wise_adagrad")
+    g.add_argument("--cache-path", default=None, metavar="FILE",
+                   help="measurement cache (SQLite; default data/cost_cache.sqlite)")
+    g.add_argument("--no-cache", action="store_true", help="measure everything again, ignoring the cache")
+    g.add_argument("--timeout", type=positive_float, default=120.0, metavar="S",
+                   help="seconds a worker may take for one plan before it is declared hung (default 120)")
+
+
+def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[int]):
+    """A :class:`~shardcore.evaluator.PlanEvaluator` configured from :func:`add_oracle_args` flags
+    (use it as a context manager: workers start on entry and stop on exit)."""
+    from .evaluator import PlanEvaluator
+
+    kwargs = {}
+    if args.bench_iters is not None:
+        kwargs["bench_iters"] = args.bench_iters
+    if args.warmup_iters is not None:
+        kwargs["warmup_iters"] = args.warmup_iters
+    cache = args.cache_path if args.cache_path else True
+    return PlanEvaluator(data_dir, device_ids=list(devices), optimizer=args.optimizer,
+                         precision=args.weights_precision, batch_size=args.batch_size, cache=cache,
+                         no_cache=args.no_cache, timeout_s=args.timeout, **kwargs)

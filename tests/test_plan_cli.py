@@ -1,0 +1,193 @@
+"""plan.py (users' own tables) and the plan export formats. Runs without TorchRec installed."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from shardcore.baselines import BASELINES
+from shardcore.errors import ShardError
+from shardcore.plan import Plan
+from shardcore.tables import TableConfig
+from shardcore import torchrec_planner as trp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_spec = importlib.util.spec_from_file_location("plan_script", os.path.join(ROOT, "plan.py"))
+plan_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(plan_script)
+
+# 8 hand-written tables: 0.18 + 0.18 + 0.0 + 0.003 + 0.03 + 0.18 + 0.0 + 0.0 GB in fp16.
+CSV_8 = """name,rows,dim,pooling_factor
+user_id,1500000,64,1
+item_id,1500000,64,1
+category,1000,16,3
+brand,50000,32,1
+query_tokens,500000,32,12.5
+history_items,1500000,64,40
+country,250,8,1
+device_type,10,4,0
+"""
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def run_plan(*argv):
+    return plan_script.main([str(a) for a in argv])
+
+
+def test_csv_gives_feasible_plan_and_files(tmp_path, capsys):
+    csv_path = write(tmp_path, "tables.csv", CSV_8)
+    out = tmp_path / "out" / "plan.json"
+    assert run_plan("--tables", csv_path, "--ndevices", 4, "--max-memory", 0.25, "--out", out, "--torchrec") == 0
+    text = capsys.readouterr().out
+    assert "lookup load" in text and "feasible" in text
+    assert sum(line.startswith("| ") for line in text.splitlines()) == 1 + 4  # header + a row per device
+
+    plain = json.loads(out.read_text())
+    assert plain["ndevices"] == 4 and plain["max_memory_gb"] == 0.25 and plain["feasible"] is True
+    assert [t["name"] for t in plain["tables"]] == [line.split(",")[0] for line in CSV_8.splitlines()[1:]]
+    assert all(0 <= t["device"] < 4 for t in plain["tables"])
+    mem = [0.0] * 4
+    for t in plain["tables"]:
+        assert set(t) >= {"name", "index", "rows", "dim", "pooling_factor", "device"}
+        mem[t["device"]] += t["rows"] * t["dim"] * 2 / 2 ** 30
+    assert max(mem) <= 0.25
+    assert plain["memory_gb"] == pytest.approx(mem, abs=1e-5)
+
+    trec = json.loads((tmp_path / "out" / "plan.torchrec.json").read_text())
+    assert trec["format"] == trp.TORCHREC_FORMAT and trec["world_size"] == 4
+    assert {t["name"]: t["ranks"] for t in trec["tables"]} == {t["name"]: [t["device"]] for t in plain["tables"]}
+    assert all(t["sharding_type"] == "table_wise" for t in trec["tables"])
+
+
+@pytest.mark.parametrize("alg", BASELINES)
+def test_every_baseline_plans_the_csv(tmp_path, alg):
+    out = tmp_path / "plan.json"
+    run_plan("--tables", write(tmp_path, "t.csv", CSV_8), "--ndevices", 3, "--max-memory", 0.25,
+             "--alg", alg, "--out", out)
+    plain = json.loads(out.read_text())
+    assert plain["feasible"] and max(plain["memory_gb"]) <= 0.25 and plain["alg"] == alg
+
+
+def test_gpu_devices_are_reported_by_id(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    run_plan("--tables", write(tmp_path, "t.csv", CSV_8), "--gpu-devices", "2,5", "--max-memory", 1, "--out", out)
+    plain = json.loads(out.read_text())
+    assert plain["device_ids"] == [2, 5] and {t["device"] for t in plain["tables"]} <= {0, 1}
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [r.split("|")[1].strip() for r in rows] == ["2", "5"]
+
+
+def test_table_configs_json_and_bins(tmp_path):
+    tables = [TableConfig(i, 1000 * (i + 1), 16, float(i), bins=(0.5, 0.5) + (0.0,) * 15) for i in range(5)]
+    path = write(tmp_path, "table_configs.json", json.dumps({"tables": [t.to_json() for t in tables]}))
+    out = tmp_path / "plan.json"
+    run_plan("--tables", path, "--ndevices", 2, "--max-memory", 1, "--out", out)
+    plain = json.loads(out.read_text())
+    assert [t["name"] for t in plain["tables"]] == [f"table_{i}" for i in range(5)]
+    loaded, names = plan_script.read_tables(path)
+    assert loaded == tables
+
+    csv_bins = "name,rows,dim,pooling_factor,bin_0,bin_16\na,10,4,1,0.25,0.75\n"
+    (t,), _ = plan_script.read_tables(write(tmp_path, "b.csv", csv_bins))
+    assert t.bins[0] == 0.25 and t.bins[16] == 0.75 and sum(t.bins) == 1.0
+
+
+@pytest.mark.parametrize("text,pattern", [
+    ("name,rows,dim,pooling_factor\nhuge,200000000,64,1\n", r"'huge'.*larger than the 5 GB per-device memory cap"),
+    ("name,rows,pooling_factor\na,10,1\n", r"missing column\(s\) dim"),
+    ("name,rows,dim,pooling_factor\na,10,4,1\nb,ten,4,1\n", r":3 \(table 'b'\): non-numeric rows 'ten'"),
+    ("name,rows,dim,pooling_factor\na,10,4,lots\n", r"non-numeric pooling_factor 'lots'"),
+    ("", r"empty file"),
+    ("\n  \n", r"empty file"),
+    ("name,rows,dim,pooling_factor\n", r"no tables"),
+    ("name,rows,dim,pooling_factor\na,10,4,1\nb,10,4,1\na,20,4,1\n", r":4: duplicate table name 'a' \(first at .*:2\)"),
+    ("name,rows,dim,pooling_factor\na,0,4,1\n", r"rows and dim must be positive"),
+    ("name,rows,dim,pooling_factor\na,10,4,-1\n", r"pooling_factor must be >= 0"),
+    ("name,rows,dim,pooling_factor\na,10.5,4,1\n", r"rows must be a whole number"),
+    ("name,rows,dim,pooling_factor\na,10,4,1,7\n", r"5 values for 4 columns"),
+])
+def test_one_line_errors(tmp_path, text, pattern):
+    path = write(tmp_path, "t.csv", text)
+    with pytest.raises(ShardError, match=pattern) as info:
+        run_plan("--tables", path, "--ndevices", 2, "--max-memory", 5)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("obj,pattern", [
+    ({"tables": []}, "no tables"),
+    ({"tables": [{"name": "x", "row": 10, "dim": 4}]}, r"missing field\(s\) pooling_factor"),
+    ({"tables": [{"name": "x", "row": "many", "dim": 4, "pooling_factor": 1}]}, "non-numeric row 'many'"),
+    ({"tables": [{"name": "x", "row": 10, "dim": 4, "pooling_factor": 1},
+                 {"name": "x", "row": 10, "dim": 4, "pooling_factor": 1}]}, "duplicate table name 'x'"),
+    ({"rows": 3}, 'expected an object with a "tables" list'),
+])
+def test_json_errors(tmp_path, obj, pattern):
+    path = write(tmp_path, "t.json", json.dumps(obj))
+    with pytest.raises(ShardError, match=pattern):
+        run_plan("--tables", path)
+
+
+def test_other_argument_errors(tmp_path):
+    csv_path = write(tmp_path, "t.csv", CSV_8)
+    with pytest.raises(ShardError, match="--torchrec .* --out"):
+        run_plan("--tables", csv_path, "--torchrec")
+    with pytest.raises(ShardError, match="not found"):
+        run_plan("--tables", tmp_path / "nope.csv")
+    with pytest.raises(ShardError, match="unknown algorithm"):
+        run_plan("--tables", csv_path, "--alg", "best_guess")
+    with pytest.raises(ShardError, match="infeasible"):  # every table fits alone, not all together
+        run_plan("--tables", csv_path, "--ndevices", 1, "--max-memory", 0.2)
+
+
+def test_error_exit_code_and_single_line(tmp_path):
+    path = write(tmp_path, "t.csv", "name,rows,dim\na,10,4\n")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "plan.py"), "--tables", path],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "missing column(s) pooling_factor" in proc.stderr
+
+
+def test_alg_torchrec_without_torchrec_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchrec", None)  # import torchrec -> ImportError, installed or not
+    with pytest.raises(ShardError) as info:
+        run_plan("--tables", write(tmp_path, "t.csv", CSV_8), "--alg", "torchrec")
+    msg = str(info.value)
+    assert "pip install -e .[torchrec]" in msg and "pip install --no-deps torchrec==1.8.0" in msg
+    assert "\n" not in msg
+
+
+def test_export_plans_writes_both_forms_per_task(tmp_path):
+    tables_a = [TableConfig(i, 100 * (i + 1), 8, 1.0) for i in range(4)]
+    tables_b = [TableConfig(i, 50, 4, 2.0) for i in (7, 9)]
+    records = [trp.PlanRecord(0, "lookup_greedy", tables_a, Plan((0, 1, 1, 0), 2)),
+               (3, "models/dreamshard/9.pt", tables_b, Plan((1, 0), 2), ["x", "y"]),
+               (4, "torchrec", tables_b, None)]  # no plan found: listed, no files
+    paths = trp.export_plans(tmp_path / "exp", records, max_memory_gb=1.0)
+    assert all(p.is_file() for p in paths) and len(paths) == 5
+    index = json.loads((tmp_path / "exp" / "index.json").read_text())
+    assert [(e["task"], e["alg"]) for e in index["plans"]] == [
+        (0, "lookup_greedy"), (3, "models/dreamshard/9.pt"), (4, "torchrec")]
+    assert index["plans"][2]["plan"] is None and not (tmp_path / "exp" / "torchrec").exists()
+    plain = json.loads((tmp_path / "exp" / index["plans"][1]["plan"]).read_text())
+    assert index["plans"][1]["plan"] == "models_dreamshard_9.pt/task_0003.json"
+    assert [(t["name"], t["index"], t["device"]) for t in plain["tables"]] == [("x", 7, 1), ("y", 9, 0)]
+    assert plain["task"] == 3 and plain["ndevices"] == 2
+    trec = json.loads((tmp_path / "exp" / index["plans"][0]["torchrec"]).read_text())
+    assert [(t["name"], t["ranks"], t["shards"][0]["sizes"]) for t in trec["tables"]] == [
+        ("table_0", [0], [100, 8]), ("table_1", [1], [200, 8]), ("table_2", [1], [300, 8]), ("table_3", [0], [400, 8])]
+
+    with pytest.raises(ShardError, match="duplicate table name"):
+        trp.plan_json(tables_a, Plan((0, 0, 0, 0), 1), 1.0, names=["a", "b", "a", "c"])
+    with pytest.raises(ShardError, match="share the export directory"):
+        trp.export_plans(tmp_path / "clash", [(0, "a/b", tables_b, Plan((0, 0), 1)),
+                                              (0, "a_b", tables_b, Plan((0, 0), 1))], 1.0)

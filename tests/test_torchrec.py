@@ -1,0 +1,198 @@
+"""TorchRec interop: --alg torchrec, and exported plans applied through TorchRec's own API.
+
+Skipped when TorchRec is not installed (see shardcore.torchrec_planner.INSTALL_HINT)."""
+
+import json
+import os
+import socket
+import traceback
+
+import pytest
+
+pytest.importorskip("torchrec")
+
+import torch  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from shardcore import algorithms  # noqa: E402
+from shardcore import torchrec_planner as trp  # noqa: E402
+from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
+from shardcore.plan import Plan  # noqa: E402
+from shardcore.tables import TableConfig  # noqa: E402
+
+# A small task: rows from 10 to 2M, dims 4..128, pooling factors 0..60 (fp16: 0.53 GB in all).
+TASK = [TableConfig(i, row, dim, pf) for i, (row, dim, pf) in enumerate([
+    (2_000_000, 32, 1.0), (1_000_000, 128, 20.0), (500_000, 32, 5.0), (10, 4, 0.0),
+    (300_000, 64, 60.0), (1_000, 16, 3.0), (80_000, 128, 12.0), (250, 8, 1.0),
+    (750_000, 32, 8.0), (40_000, 64, 30.0), (5_000, 4, 2.0), (1_200_000, 16, 1.5)])]
+
+
+def test_alg_torchrec_gives_feasible_table_wise_plans():
+    sharder = algorithms.resolve("torchrec", batch_size=1024)
+    assert isinstance(sharder, trp.TorchRecSharder) and sharder.batch_size == 1024
+    for ndevices, cap in [(2, 0.5), (4, 0.25), (4, 5.0)]:
+        plan = sharder.shard(TASK, ndevices, cap)
+        assert len(plan.allocation) == len(TASK) and plan.ndevices == ndevices
+        assert plan.is_feasible(TASK, cap)
+        # the translation is faithful to TorchRec's own plan
+        module_plan = sharder.last_plan.plan[""]
+        assert [module_plan[f"t{i}"].ranks for i in range(len(TASK))] == [[d] for d in plan.allocation]
+        assert {ps.sharding_type for ps in module_plan.values()} == {"table_wise"}
+        assert {ps.compute_kernel for ps in module_plan.values()} == {"fused"}
+
+
+def test_alg_torchrec_default_batch_and_seed_kwarg_ignored():
+    sharder = trp.load_sharder(None, seed=3)
+    assert sharder.batch_size == trp.DEFAULT_BATCH_SIZE
+    assert sharder.shard(TASK[:3], 1, 1.0).allocation == (0, 0, 0)
+    assert sharder.shard([], 2, 1.0).allocation == ()
+    with pytest.raises(ShardError, match="memory_model"):
+        trp.load_sharder(None, memory_model="vibes")
+
+
+def test_alg_torchrec_infeasible_raises():
+    sharder = trp.load_sharder(None)
+    big = TASK[1].memory_gb()  # the largest table, 0.24 GB
+    with pytest.raises(InfeasibleError, match="TorchRec's planner found no plan.*table 1"):
+        sharder.shard(TASK, 4, big * 0.9)  # a table larger than the cap
+    with pytest.raises(InfeasibleError, match="TorchRec's planner found no plan"):
+        sharder.shard(TASK, 2, 0.2)  # 0.5 GB does not fit in 2 x 0.2 GB
+
+
+def test_memory_models_differ_by_torchrecs_io_buffers():
+    # Two tables that exactly fill two devices: weights-only accounting places them, TorchRec's
+    # training estimate (weights + input/output buffers of a batch) does not.
+    tables = [TableConfig(0, 1 << 20, 64, 10.0), TableConfig(1, 1 << 20, 64, 10.0)]
+    cap = tables[0].memory_gb("fp16")  # 0.125 GB exactly
+    plan = trp.load_sharder(None, memory_model="weights").shard(tables, 2, cap)
+    assert sorted(plan.allocation) == [0, 1] and plan.is_feasible(tables, cap)
+    with pytest.raises(InfeasibleError):
+        trp.load_sharder(None).shard(tables, 2, cap)
+    # fp32 weights count 4 bytes: the same cap cannot hold them
+    with pytest.raises(InfeasibleError):
+        trp.load_sharder(None, memory_model="weights").shard(tables, 2, cap, precision="fp32")
+
+
+def _ebc(tables, names, device="meta"):
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    configs = [EmbeddingBagConfig(name=n, embedding_dim=t.dim, num_embeddings=t.row, feature_names=[f"f_{n}"])
+               for n, t in zip(names, tables)]
+    return EmbeddingBagCollection(tables=configs, device=torch.device(device))
+
+
+def test_exported_plan_loads_into_torchrec_sharding_plan(tmp_path):
+    from torchrec.distributed.types import ShardingPlan
+
+    plan = trp.load_sharder(None).shard(TASK, 4, 0.25)
+    names = [f"emb_{t.index}" for t in TASK]
+    plain, trec = trp.export_plan(tmp_path, "task", TASK, plan, 0.25, names=names, module_path="sparse.ebc")
+    assert json.loads(plain.read_text())["feasible"]
+    ebc = _ebc(TASK, names)
+    sp = trp.load_torchrec_plan(trec, module=ebc)
+    assert isinstance(sp, ShardingPlan) and list(sp.plan) == ["sparse.ebc"]
+    module_plan = sp.plan["sparse.ebc"]
+    for n, t, d in zip(names, TASK, plan.allocation):
+        ps = module_plan[n]
+        assert ps.sharding_type == "table_wise" and ps.ranks == [d]
+        (shard,) = ps.sharding_spec.shards
+        assert shard.shard_sizes == [t.row, t.dim] and str(shard.placement) == f"rank:{d}/cuda:{d}"
+    cpu = trp.load_torchrec_plan(trec, device_type="cpu", module_path="")
+    assert str(cpu.plan[""][names[0]].sharding_spec.shards[0].placement) == f"rank:{plan.allocation[0]}/cpu"
+
+    wrong = _ebc([t.with_dim(t.dim * 2) for t in TASK], names)
+    with pytest.raises(ShardError, match="the plan has"):
+        trp.load_torchrec_plan(trec, module=wrong)
+    with pytest.raises(ShardError, match="not in the module"):
+        trp.load_torchrec_plan(trec, module=_ebc(TASK[:2], names[:2]))
+
+
+# ---- DistributedModelParallel on 2 gloo CPU ranks ---------------------------------------------
+
+DMP_TABLES = [TableConfig(i, row, dim, pf) for i, (row, dim, pf) in enumerate([
+    (100, 8, 2.0), (50, 4, 1.0), (200, 16, 3.0), (30, 8, 0.0), (70, 4, 5.0), (10, 8, 1.0)])]
+
+
+def _dmp_worker(rank, world, port, plan_path, names, queue):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        from torchrec import KeyedJaggedTensor
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+
+        ebc = _ebc(DMP_TABLES, names)
+        sharding_plan = trp.load_torchrec_plan(plan_path, device_type="cpu", module=ebc)
+        model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=sharding_plan,
+                                         sharders=[EmbeddingBagCollectionSharder()])
+        local = {}
+        for key, value in model.state_dict().items():
+            if key.endswith(".weight") and hasattr(value, "local_shards"):
+                table = key.split(".")[-2]
+                local[table] = [(s.metadata.placement.rank(), list(s.tensor.shape)) for s in value.local_shards()]
+        # one forward pass: 2 samples per rank, one lookup per table and sample
+        keys = [f"f_{n}" for n in names]
+        lengths = torch.ones(len(keys) * 2, dtype=torch.int64)
+        values = torch.tensor([k % t.row for k, t in enumerate(DMP_TABLES) for _ in range(2)], dtype=torch.int64)
+        out = model(KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)).wait()
+        queue.put((rank, local, list(out.values().shape), bool(torch.isfinite(out.values()).all())))
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        queue.put((rank, "error", traceback.format_exc(), None))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_exported_plan_applied_by_distributed_model_parallel_on_cpu(tmp_path):
+    names = [f"tbl_{t.index}" for t in DMP_TABLES]
+    plan = Plan((1, 0, 1, 1, 0, 0), 2)  # ours, deliberately not TorchRec's choice
+    _, trec = trp.export_plan(tmp_path, "dmp", DMP_TABLES, plan, 1.0, names=names)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_dmp_worker, args=(r, 2, port, str(trec), names, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict((r, rest) for r, *rest in (queue.get(timeout=240) for _ in procs))
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    for rank in range(2):
+        local, shape, finite = results[rank]
+        assert local != "error", shape  # the worker's traceback
+        for n, t, d in zip(names, DMP_TABLES, plan.allocation):
+            if d == rank:
+                assert local[n] == [(rank, [t.row, t.dim])], (rank, n, local)
+            else:
+                assert local.get(n, []) == [], (rank, n, local)
+        assert shape == [2, sum(t.dim for t in DMP_TABLES)] and finite
+
+
+def test_plan_cli_with_alg_torchrec(tmp_path):
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("plan_script_tr", os.path.join(root, "plan.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    csv_path = tmp_path / "t.csv"
+    csv_path.write_text("name,rows,dim,pooling_factor\n" + "".join(
+        f"t{t.index},{t.row},{t.dim},{t.pooling_factor}\n" for t in TASK))
+    out = tmp_path / "plan.json"
+    assert script.main(["--tables", str(csv_path), "--ndevices", "2", "--max-memory", "0.5", "--alg", "torchrec",
+                        "--batch-size", "2048", "--out", str(out), "--torchrec"]) == 0
+    plain = json.loads(out.read_text())
+    assert plain["feasible"] and plain["alg"] == "torchrec" and max(plain["memory_gb"]) <= 0.5
+    sp = trp.load_torchrec_plan(trp.torchrec_path_for(out))
+    assert {n: ps.ranks for n, ps in sp.plan[""].items()} == {t["name"]: [t["device"]] for t in plain["tables"]}
