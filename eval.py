@@ -125,11 +125,9 @@ def main(argv=None):
         print()
         print(report.paper_table(results, task_set))
     if args.export_torchrec:
-        from shardcore.plan import Plan
         from shardcore.torchrec_planner import PlanRecord, export_plans
 
-        records = [PlanRecord(r.task, r.alg, tasks[r.task].tables(dataset.tables),
-                              Plan(tuple(r.allocation), ndevices) if r.feasible else None) for r in results]
+        records = [PlanRecord(r.task, r.alg, tasks[r.task].tables(dataset.tables), r.plan()) for r in results]
         paths = export_plans(args.export_torchrec, records, args.max_memory, args.weights_precision)
         print(f"exported {len(paths) - 1} plan files to {args.export_torchrec}/ (index.json lists them)")
     if args.out:

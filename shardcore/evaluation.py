@@ -31,6 +31,7 @@ class TaskResult:
     memory_gb: list[float] | None
     planning_seconds: float
     error: str | None = None
+    splits: list[int] | None = None   # column shards per task table when the plan splits tables
     cost_ms: float | None = None
     device_costs_ms: list[list[float]] | None = None
     extra: dict = field(default_factory=dict)
@@ -39,10 +40,17 @@ class TaskResult:
         out = asdict(self)
         extra = out.pop("extra")
         out.update(extra)
+        if self.splits is None:
+            out.pop("splits")
         if self.cost_ms is None:
             out.pop("cost_ms")
             out.pop("device_costs_ms")
         return out
+
+    def plan(self) -> Plan | None:
+        if not self.feasible:
+            return None
+        return Plan(tuple(self.allocation), self.ndevices, tuple(self.splits) if self.splits else None)
 
     @property
     def imbalance(self) -> float | None:
@@ -57,7 +65,7 @@ class TaskResult:
 def lookup_load(tables: Sequence[TableConfig], plan: Plan) -> list[float]:
     """Per-device sum of dim x pooling_factor: a hardware-free proxy for the lookup work."""
     load = [0.0] * plan.ndevices
-    for t, d in zip(tables, plan.allocation):
+    for t, d in zip(plan.expand(tables), plan.allocation):
         load[d] += t.dim * t.pooling_factor
     return load
 
@@ -81,7 +89,8 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
         task=task_id, alg=alg, num_tables=len(tables), ndevices=ndevices, max_memory_gb=max_memory_gb,
         feasible=feasible, allocation=list(plan.allocation) if plan is not None else None,
         memory_gb=[round(m, 6) for m in plan.device_memory_gb(tables, precision)] if plan is not None else None,
-        planning_seconds=seconds, error=error)
+        planning_seconds=seconds, error=error,
+        splits=list(plan.splits) if plan is not None and plan.splits is not None else None)
     if plan is not None:
         result.extra["lookup_load"] = [round(x, 3) for x in lookup_load(tables, plan)]
     return result, (plan if feasible else None)

@@ -125,3 +125,18 @@ def test_plan_shards_memory_feasibility():
         Plan.from_shards([[0, 1], [1]])
     with pytest.raises(ShardError):
         plan.device_memory_gb(tables[:3])
+
+
+def test_column_split_plan():
+    tables = [TableConfig(0, 1 << 20, 16, 3.0), TableConfig(1, 100, 8, 1.0)]
+    plan = Plan((0, 1, 1), 2, splits=(2, 1))
+    expanded = plan.expand(tables)
+    assert [(t.index, t.dim, t.row, t.pooling_factor) for t in expanded] == [(0, 8, 1 << 20, 3.0),
+                                                                             (0, 8, 1 << 20, 3.0), (1, 8, 100, 1.0)]
+    # a column split halves each shard's memory and keeps the lookups
+    assert plan.device_memory_gb(tables)[0] == pytest.approx(tables[0].memory_gb() / 2)
+    assert [len(s) for s in plan.shard_tables(tables)] == [1, 2]
+    with pytest.raises(ShardError):
+        Plan((0, 1), 2, splits=(2, 1))
+    with pytest.raises(ShardError):
+        Plan((0, 1, 1, 0), 2, splits=(3, 1)).expand(tables)   # 16 is not divisible by 3
