@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Build a dataset directory (table_configs.json + data.pt) from Meta's raw dlrm_datasets file,
+or from synthetic data of the same raw format and statistics when the real file is absent.
+
+    python tools/gen_dlrm_data.py --data PATH/fbgemm_t856_bs65536.pt.gz --out-dir data/dlrm_datasets
+    python tools/gen_dlrm_data.py --synthetic --out-dir data/dlrm_datasets
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from shardcore import dlrm  # noqa: E402
+from shardcore.cli import int_list, positive_int, run_main  # noqa: E402
+from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Process a raw DLRM dataset (Meta's dlrm_datasets format: a torch.save'd tuple "
+                    "(indices, offsets, lengths), optionally gzipped) into table_configs.json + data.pt, "
+                    "or generate a synthetic one with the published statistics.")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--data", metavar="PATH", default=None,
+                     help="raw dataset file (.pt or .pt.gz), e.g. fbgemm_t856_bs65536.pt.gz; a .gz is "
+                          "decompressed to a temporary file in --out-dir (about 8 GB for the main file), "
+                          "deleted afterwards")
+    src.add_argument("--synthetic", action="store_true",
+                     help="generate synthetic raw data (the same format, calibrated to the main file's "
+                          "published statistics); also what runs when --data is not given")
+    p.add_argument("--out-dir", default=DEFAULT_DATA_DIR, metavar="DIR",
+                   help=f"where to write table_configs.json and data.pt (default {DEFAULT_DATA_DIR})")
+    p.add_argument("--dim", type=positive_int, default=dlrm.DEFAULT_DIM,
+                   help=f"embedding dimension given to every table (default {dlrm.DEFAULT_DIM})")
+    p.add_argument("--dims", type=int_list, default=None, metavar="D1,D2,...",
+                   help="draw each table's dim from this list instead of --dim (uniformly, reproducibly "
+                        "with --seed), e.g. 4,8,16,32,64,128")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of the synthetic data and of the --dims draw (default 0)")
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
+                   help="samples per table to keep: with --data the first N of the file (default: all of "
+                        f"them); synthetic: the batch generated (default {dlrm.DEFAULT_SYNTHETIC_BATCH})")
+    p.add_argument("--num-tables", type=positive_int, default=None, metavar="T",
+                   help=f"synthetic only: number of tables (default {dlrm.DEFAULT_SYNTHETIC_TABLES})")
+    p.add_argument("--raw-out", metavar="PATH", default=None,
+                   help="synthetic only: also keep the generated raw tuple (indices, offsets, lengths) "
+                        "here, in the dlrm_datasets format (a .gz suffix gzips it)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.epilog = ("The summary at the end gives the aggregate reuse histograms: the fraction of all lookups, "
+                "and of all distinct (table, row) pairs, whose row is looked up (0,1], (1,2], (2,4], ... "
+                "times in the batch.")
+    return p
+
+
+def _fmt_hist(values) -> str:
+    return " ".join(f"{label}:{v:.3f}" for label, v in zip(dlrm.BIN_LABELS, values))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    progress = not args.quiet
+    t0 = time.time()
+    if args.data is not None:
+        if args.num_tables is not None or args.raw_out is not None:
+            raise ShardError("--num-tables and --raw-out apply to synthetic data only, not with --data")
+        print(f"loading {args.data}", flush=True)
+        raw = dlrm.load_raw(args.data, tmp_dir=args.out_dir)
+        batch = args.batch_size
+    else:
+        if not args.synthetic:
+            print("no --data given: generating synthetic data (pass --synthetic to silence this notice)",
+                  flush=True)
+        num_tables = args.num_tables or dlrm.DEFAULT_SYNTHETIC_TABLES
+        batch = args.batch_size or dlrm.DEFAULT_SYNTHETIC_BATCH
+        print(f"generating synthetic data: {num_tables} tables, batch {batch}, seed {args.seed}", flush=True)
+        raw = dlrm.generate_synthetic_raw(num_tables, batch, seed=args.seed, progress=progress)
+        if args.raw_out is not None:
+            dlrm.save_raw(raw, args.raw_out)
+            print(f"wrote raw data to {args.raw_out}", flush=True)
+    data = dlrm.process_raw(raw, batch_size=batch, dim=args.dim, dims=args.dims, seed=args.seed,
+                            progress=progress)
+    del raw
+    dlrm.write_dataset(args.out_dir, data)
+
+    by_lookups, by_rows = data.reuse_histograms()
+    used = [t for t in data.tables if t.pooling_factor > 0]
+    rows = sorted(t.row for t in used) or [0]
+    print(f"tables: {data.num_tables} ({data.num_tables - len(used)} without lookups)  batch: {data.batch_size}  "
+          f"total lookups: {data.total_lookups:,}  mean pooling factor: {data.mean_pooling_factor:.2f}  "
+          f"rows of tables with lookups: {rows[0]:,} .. {rows[-1]:,}")
+    print(f"reuse by lookups:       {_fmt_hist(by_lookups)}")
+    print(f"reuse by distinct rows: {_fmt_hist(by_rows)}")
+    print(f"wrote {os.path.join(args.out_dir, 'table_configs.json')} and "
+          f"{os.path.join(args.out_dir, 'data.pt')} in {time.time() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
