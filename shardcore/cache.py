@@ -1,0 +1,411 @@
+"""Persistent cache of hardware measurements (SQLite).
+
+Measuring a shard or a plan costs real time, so every measurement is stored and reused: a shard is
+never benchmarked twice for the same setting, and a plan already measured comes back at once.
+Later stages read the stored entries back as training data (NeuroShard's compute-cost data,
+DreamShard's buffer of measured plans) through :meth:`CostCache.shard_entries` and
+:meth:`CostCache.plan_entries`.
+
+**Setting** (:class:`CacheContext`): what a measurement depends on besides the shard itself, namely
+
+- ``hardware``: a fingerprint of the device and the software that ran the kernels (device name,
+  torch and fbgemm-gpu versions, compute threads per device), see :func:`hardware_fingerprint`;
+- ``dataset``: a content digest of the dataset directory (:func:`dataset_digest`), because the
+  lookup data decide the cost;
+- ``batch_size``, ``optimizer`` (e.g. ``exact_sgd``) and weights ``precision`` (``fp16``/``fp32``).
+
+**Entries.** Two tables:
+
+- ``shard_costs``: one shard's compute cost (forward and backward, the backward including the
+  sparse optimizer update), keyed by the setting plus the shard's contents: the multiset of
+  ``(dataset table index, rows, dim)`` triples, sorted, so the order of tables in a shard does not
+  matter.
+- ``plan_costs``: a whole plan, keyed by the setting plus the ordered list of shards (device order
+  matters: device ``d`` receives the ``d``-th slice of the batch), holding per device the four
+  costs ``[forward compute, forward communication, backward communication, backward compute]`` in
+  ms and the plan cost (max over devices of their sum).
+
+The primary key of each row is the SHA-256 of a canonical JSON of the setting and contents; the
+components are stored in their own columns as well, for queries.
+
+**Concurrency.** Several processes (training actors, evaluation scripts) may share one file: the
+database runs in WAL mode with a busy timeout, every write is one short autocommitted statement, and
+each process opens its own connection (a connection is never carried across ``fork``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from .errors import ShardError
+from .tables import TableConfig
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+DEFAULT_CACHE_PATH = "data/cost_cache.sqlite"
+SCHEMA_VERSION = 1
+
+# The shard key: sorted (dataset table index, rows, dim) triples.
+ShardKey = tuple[tuple[int, int, int], ...]
+
+
+# --------------------------------------------------------------------------------------------
+# Fingerprints
+# --------------------------------------------------------------------------------------------
+def cpu_name() -> str:
+    """The CPU model (from /proc/cpuinfo on Linux) and its logical core count."""
+    name = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if not name:
+        name = platform.processor() or platform.machine() or "unknown-cpu"
+    return f"{name} ({os.cpu_count()} cores)"
+
+
+def _fbgemm_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return "unknown"
+    for dist in ("fbgemm-gpu-cpu", "fbgemm-gpu", "fbgemm-gpu-nightly", "fbgemm-gpu-nightly-cpu"):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def hardware_fingerprint(device_name: str | None = None, num_threads: int = 1) -> str:
+    """A canonical JSON string naming the hardware and software that produced a measurement.
+
+    ``device_name`` is the accelerator's name (``torch.cuda.get_device_name``) on GPUs; ``None``
+    means the CPU (its model name and core count are used). ``num_threads`` is the number of compute
+    threads each device's kernels ran with (1 on the CPU oracle).
+    """
+    import torch
+
+    name = device_name if device_name else "cpu: " + cpu_name()
+    obj = {"device": name, "torch": torch.__version__, "fbgemm": _fbgemm_version(),
+           "threads": int(num_threads)}
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+_SAMPLE_ELEMS = 1024
+
+
+def dataset_digest(data_dir: "str | os.PathLike | Dataset") -> str:
+    """A cheap content digest of a dataset (SHA-256, hex, 16 characters).
+
+    Hashes ``table_configs.json`` (as parsed, so formatting does not matter), the batch size, and
+    per table the number of lookups plus the first and last 1024 indices and offsets. It reads a
+    few kilobytes per table from the memory-mapped ``data.pt`` (milliseconds), ignores how the file
+    was written (``torch.save`` archives name their records after the file), and changes for any
+    regenerated dataset (other seed, batch, tables). ``data_dir`` may be a loaded
+    :class:`~shardcore.dataset.Dataset`.
+    """
+    import torch
+
+    from .dataset import Dataset, load_dataset
+
+    if isinstance(data_dir, Dataset):
+        ds = data_dir
+    else:
+        if not Path(data_dir).is_dir():
+            raise ShardError(f"cannot read dataset {data_dir} to identify it (not a directory)")
+        ds = load_dataset(data_dir, with_lookups=(Path(data_dir) / "data.pt").is_file())
+    h = hashlib.sha256()
+    h.update(json.dumps([t.to_json() for t in ds.tables], sort_keys=True).encode())
+    h.update(f"batch={ds.batch_size}".encode())
+    if ds.indices is not None:
+        for idx, off in zip(ds.indices, ds.offsets):
+            h.update(f"|{idx.numel()},{off.numel()}|".encode())
+            for t in (idx, off):
+                t = t.reshape(-1)
+                k = min(_SAMPLE_ELEMS, t.numel())
+                h.update(t[:k].to(torch.int64).numpy().tobytes())
+                h.update(t[t.numel() - k:].to(torch.int64).numpy().tobytes())
+    else:
+        h.update(b"no-lookups")
+    return h.hexdigest()[:16]
+
+
+def shard_key(tables: Iterable[TableConfig | Sequence[int]]) -> ShardKey:
+    """A shard's contents as sorted ``(index, row, dim)`` triples (the order of tables is irrelevant)."""
+    out = []
+    for t in tables:
+        if isinstance(t, TableConfig):
+            out.append((int(t.index), int(t.row), int(t.dim)))
+        else:
+            index, row, dim = t
+            out.append((int(index), int(row), int(dim)))
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class CacheContext:
+    """Everything besides the shard that a measurement depends on."""
+
+    hardware: str
+    dataset: str
+    batch_size: int
+    optimizer: str
+    precision: str
+
+    def _as_list(self) -> list:
+        return [self.hardware, self.dataset, int(self.batch_size), self.optimizer, self.precision]
+
+
+def _digest(kind: str, ctx: CacheContext, contents) -> str:
+    text = json.dumps([kind, ctx._as_list(), contents], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One stored shard measurement."""
+
+    tables: ShardKey            # sorted (dataset table index, rows, dim)
+    fw_ms: float                # forward compute
+    bw_ms: float                # backward compute (with the sparse optimizer update)
+    hardware: str
+    dataset: str
+    batch_size: int
+    optimizer: str
+    precision: str
+    created: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.fw_ms + self.bw_ms
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One stored plan measurement."""
+
+    shards: tuple[ShardKey, ...]             # per device, sorted (index, row, dim)
+    device_costs_ms: tuple[tuple[float, float, float, float], ...]  # fw comp, fw comm, bw comm, bw comp
+    cost_ms: float                           # max over devices of the sum
+    hardware: str
+    dataset: str
+    batch_size: int
+    optimizer: str
+    precision: str
+    created: float
+
+    @property
+    def ndevices(self) -> int:
+        return len(self.shards)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS shard_costs (
+    key TEXT PRIMARY KEY,
+    hardware TEXT NOT NULL, dataset TEXT NOT NULL, batch_size INTEGER NOT NULL,
+    optimizer TEXT NOT NULL, precision TEXT NOT NULL,
+    shard TEXT NOT NULL,           -- JSON [[index, row, dim], ...] sorted
+    num_tables INTEGER NOT NULL,
+    fw_ms REAL NOT NULL, bw_ms REAL NOT NULL,
+    bench_iters INTEGER, warmup_iters INTEGER,
+    created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS plan_costs (
+    key TEXT PRIMARY KEY,
+    hardware TEXT NOT NULL, dataset TEXT NOT NULL, batch_size INTEGER NOT NULL,
+    optimizer TEXT NOT NULL, precision TEXT NOT NULL,
+    ndevices INTEGER NOT NULL,
+    shards TEXT NOT NULL,          -- JSON per device [[index, row, dim], ...] sorted
+    device_costs TEXT NOT NULL,    -- JSON per device [fw_comp, fw_comm, bw_comm, bw_comp] in ms
+    cost_ms REAL NOT NULL,
+    bench_iters INTEGER, warmup_iters INTEGER,
+    created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS shard_costs_setting ON shard_costs (hardware, dataset, batch_size, optimizer, precision);
+CREATE INDEX IF NOT EXISTS plan_costs_setting ON plan_costs (hardware, dataset, batch_size, optimizer, precision);
+"""
+
+
+class CostCache:
+    """The measurement cache in one SQLite file (created on first use).
+
+    Safe to share between processes; an instance opens one connection per process and thread.
+    """
+
+    def __init__(self, path: str | os.PathLike = DEFAULT_CACHE_PATH, busy_timeout_s: float = 60.0):
+        self.path = Path(path)
+        self.busy_timeout_s = float(busy_timeout_s)
+        self._local = threading.local()
+
+    # -- connection -------------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+            return conn
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise ShardError(f"cost cache {self.path}: cannot switch to WAL mode (got {mode}); "
+                                 "is it on a network file system?")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.executescript(_SCHEMA)
+            conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', ?)",
+                         (str(SCHEMA_VERSION),))
+            version = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise ShardError(f"cost cache {self.path}: {exc} (delete the file to start a new cache)") from None
+        except OSError as exc:
+            raise ShardError(f"cost cache {self.path}: {exc.strerror or exc}") from None
+        if int(version) != SCHEMA_VERSION:
+            conn.close()
+            raise ShardError(f"cost cache {self.path} has schema version {version}, this code reads "
+                             f"{SCHEMA_VERSION}: use another --cache-path or delete the file")
+        self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def _execute(self, sql: str, params: Sequence = ()) -> sqlite3.Cursor:
+        try:
+            return self._conn().execute(sql, params)
+        except sqlite3.DatabaseError as exc:
+            raise ShardError(f"cost cache {self.path}: {exc}") from None
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+            conn.close()
+        self._local.conn = None
+
+    def __enter__(self) -> "CostCache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- shards -----------------------------------------------------------------------------
+    def get_shard(self, ctx: CacheContext, tables: Iterable[TableConfig | Sequence[int]]) -> tuple[float, float] | None:
+        """The stored ``(fw_ms, bw_ms)`` of a shard, or ``None``."""
+        key = _digest("shard", ctx, shard_key(tables))
+        row = self._execute("SELECT fw_ms, bw_ms FROM shard_costs WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (float(row[0]), float(row[1]))
+
+    def put_shard(self, ctx: CacheContext, tables: Iterable[TableConfig | Sequence[int]], fw_ms: float,
+                  bw_ms: float, bench_iters: int | None = None, warmup_iters: int | None = None) -> None:
+        """Store (or replace) a shard's compute cost."""
+        skey = shard_key(tables)
+        self._execute(
+            "INSERT OR REPLACE INTO shard_costs (key, hardware, dataset, batch_size, optimizer, precision, "
+            "shard, num_tables, fw_ms, bw_ms, bench_iters, warmup_iters, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (_digest("shard", ctx, skey), *ctx._as_list(), json.dumps(skey), len(skey), float(fw_ms),
+             float(bw_ms), bench_iters, warmup_iters, time.time()))
+
+    # -- plans ------------------------------------------------------------------------------
+    def get_plan(self, ctx: CacheContext, shards: Sequence[Iterable[TableConfig | Sequence[int]]]
+                 ) -> list[list[float]] | None:
+        """The stored per-device ``[fw_comp, fw_comm, bw_comm, bw_comp]`` of a plan, or ``None``."""
+        key = _digest("plan", ctx, [shard_key(s) for s in shards])
+        row = self._execute("SELECT device_costs FROM plan_costs WHERE key = ?", (key,)).fetchone()
+        return None if row is None else [[float(v) for v in dev] for dev in json.loads(row[0])]
+
+    def put_plan(self, ctx: CacheContext, shards: Sequence[Iterable[TableConfig | Sequence[int]]],
+                 device_costs_ms: Sequence[Sequence[float]], bench_iters: int | None = None,
+                 warmup_iters: int | None = None) -> None:
+        """Store (or replace) a plan's per-device costs."""
+        skeys = [shard_key(s) for s in shards]
+        costs = [[float(v) for v in dev] for dev in device_costs_ms]
+        if len(costs) != len(skeys) or any(len(c) != 4 for c in costs):
+            raise ValueError("device_costs_ms needs four costs per device")
+        cost = max((sum(c) for c in costs), default=0.0)
+        self._execute(
+            "INSERT OR REPLACE INTO plan_costs (key, hardware, dataset, batch_size, optimizer, precision, "
+            "ndevices, shards, device_costs, cost_ms, bench_iters, warmup_iters, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (_digest("plan", ctx, skeys), *ctx._as_list(), len(skeys), json.dumps(skeys),
+             json.dumps(costs), cost, bench_iters, warmup_iters, time.time()))
+
+    # -- queries ----------------------------------------------------------------------------
+    @staticmethod
+    def _where(ctx: CacheContext | None, **filters) -> tuple[str, list]:
+        conds, params = [], []
+        if ctx is not None:
+            for name, value in zip(("hardware", "dataset", "batch_size", "optimizer", "precision"),
+                                   ctx._as_list()):
+                conds.append(f"{name} = ?")
+                params.append(value)
+        for name, value in filters.items():
+            if value is not None:
+                conds.append(f"{name} = ?")
+                params.append(value)
+        return (" WHERE " + " AND ".join(conds)) if conds else "", params
+
+    def shard_entries(self, ctx: CacheContext | None = None, *, hardware: str | None = None,
+                      dataset: str | None = None, batch_size: int | None = None,
+                      optimizer: str | None = None, precision: str | None = None,
+                      limit: int | None = None) -> list[ShardEntry]:
+        """Stored shard measurements, oldest first; ``ctx`` or the keyword filters narrow them."""
+        where, params = self._where(ctx, hardware=hardware, dataset=dataset, batch_size=batch_size,
+                                    optimizer=optimizer, precision=precision)
+        sql = ("SELECT shard, fw_ms, bw_ms, hardware, dataset, batch_size, optimizer, precision, created "
+               f"FROM shard_costs{where} ORDER BY created, key")
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        out = []
+        for shard, fw, bw, hw, ds, b, opt, prec, created in self._execute(sql, params).fetchall():
+            out.append(ShardEntry(tuple(tuple(t) for t in json.loads(shard)), float(fw), float(bw),
+                                  hw, ds, int(b), opt, prec, float(created)))
+        return out
+
+    def plan_entries(self, ctx: CacheContext | None = None, *, hardware: str | None = None,
+                     dataset: str | None = None, batch_size: int | None = None,
+                     optimizer: str | None = None, precision: str | None = None,
+                     ndevices: int | None = None, limit: int | None = None) -> list[PlanEntry]:
+        """Stored plan measurements, oldest first; ``ctx`` or the keyword filters narrow them."""
+        where, params = self._where(ctx, hardware=hardware, dataset=dataset, batch_size=batch_size,
+                                    optimizer=optimizer, precision=precision, ndevices=ndevices)
+        sql = ("SELECT shards, device_costs, cost_ms, hardware, dataset, batch_size, optimizer, precision, "
+               f"created FROM plan_costs{where} ORDER BY created, key")
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        out = []
+        for shards, costs, cost, hw, ds, b, opt, prec, created in self._execute(sql, params).fetchall():
+            out.append(PlanEntry(
+                tuple(tuple(tuple(t) for t in s) for s in json.loads(shards)),
+                tuple(tuple(float(v) for v in c) for c in json.loads(costs)),
+                float(cost), hw, ds, int(b), opt, prec, float(created)))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """Number of stored shard and plan entries."""
+        n_shard = self._execute("SELECT COUNT(*) FROM shard_costs").fetchone()[0]
+        n_plan = self._execute("SELECT COUNT(*) FROM plan_costs").fetchone()[0]
+        return {"shards": int(n_shard), "plans": int(n_plan)}
+
+
+def open_cache(cache: "CostCache | str | os.PathLike | None | bool") -> CostCache | None:
+    """``None``/``False``: no cache; ``True``: the default file; a path: that file; a cache: itself."""
+    if cache is None or cache is False:
+        return None
+    if cache is True:
+        return CostCache(DEFAULT_CACHE_PATH)
+    if isinstance(cache, CostCache):
+        return cache
+    return CostCache(cache)

@@ -1,0 +1,856 @@
+"""Multi-device plan evaluator: one worker process per device, started once, serving many plans.
+
+A plan is a list of shards, one per device (``shards[d]``: the :class:`~shardcore.tables.TableConfig`
+list device ``d`` holds). Measuring it reproduces a model-parallel training iteration of the
+embedding layer:
+
+1. **forward compute**: device ``d`` runs its fused operator over the whole batch ``B``,
+   giving pooled outputs ``[B, D_d]`` (``D_d`` = the sum of its tables' dims);
+2. **forward communication**: an all-to-all in which ``d`` sends every device ``j`` the rows of
+   ``j``'s slice of the batch (``B_j`` samples: ``B`` split evenly, the first ``B mod n`` devices
+   taking one more) for all of ``d``'s tables, so ``j`` receives ``[B_j, sum_d D_d]`` in total
+   (``all_to_all_single`` on flat fp32 buffers with input split sizes ``B_j * D_d`` and output
+   split sizes ``B_d' * D_d``);
+3. **backward communication**: the reverse exchange of the gradients of those outputs;
+4. **backward compute**: the fused backward with the sparse optimizer update.
+
+Per device the four costs are reported in ms in that order, and a plan's cost is the maximum over
+devices of their sum (:class:`PlanResult`).
+
+**Workers.** :class:`PlanEvaluator` spawns one process per device (``spawn`` start method), joined
+in a ``torch.distributed`` process group (NCCL on GPUs, gloo on the CPU) through a TCP store that
+the parent opens on a free localhost port. Workers load the dataset once (memory-mapped), warm up
+fbgemm and the collectives, and then wait on a pipe for requests, so a training loop pays the
+start-up once. The parent drives every phase through the pipes; workers never block on each other
+except inside the timed all-to-alls.
+
+**Isolation on the CPU.** All logical devices share the machine's cores (two here), so compute
+would be distorted if the workers ran their kernels at the same time. On the CPU the parent
+therefore asks for the compute measurements **one device at a time**: worker ``d`` builds its
+shard's operator, runs warm-up and timed forward/backward iterations (one compute thread, timed by
+the thread's CPU time, see :mod:`shardcore.benchmark`) and answers; only then is the next worker
+asked, while the others sleep in a blocking pipe read (no CPU used). The timed iterations are
+spread over ``compute_passes`` passes that visit the devices in turn (by default one timed iteration
+per pass: device 0, 1, ..., n-1, then again 0, 1, ...; the operators stay built in between, the
+warm-up runs in the first pass only). A shard's speed drifts by up to ~20% over seconds on a shared
+machine (other processes' memory traffic, frequency), while consecutive iterations agree within a
+few percent; interleaving makes each device's samples span the whole measurement, so a slow spell
+falls on all devices alike instead of on all samples of one device. Each device's cost is the median
+of all its timed samples. (Measured here: the first iteration after the other devices ran is not
+slower than the rest, so no re-warm-up is needed between passes.) After all compute, the all-to-alls run **together** in every worker, each
+repetition started from a barrier so that the measured time is the exchange itself and not the wait
+for a late peer; the medians per device are reported. Every request that measures (one device's
+compute pass, the communication phase) is made under a machine-wide lock
+(:func:`~shardcore.benchmark.host_measurement_lock`), so two evaluators on the same machine (say a
+training run and an evaluation) take turns instead of measuring each other's load. On GPUs the devices are independent, so compute runs on all of
+them at once (timed with CUDA events); the communication phase is the same.
+
+Each device's compute is a property of its shard alone; it is stored in the measurement cache per
+shard (:mod:`shardcore.cache`) and reused by any later plan containing the same shard, while the
+communication is measured for each plan. A plan already measured comes back from the cache.
+
+**Failures.** The parent waits on the workers' pipes *and* their process sentinels with a deadline
+(``timeout_s`` per phase): a worker that dies (killed, out of memory, crashed) or does not answer in
+time raises a one-line :class:`~shardcore.errors.ShardError` at once; all workers are then killed
+and the next call starts fresh ones. The process group's own timeout is set as well, so a worker
+stuck in a collective also gives up. Errors that leave the workers healthy (a shard refused for
+lack of memory, bad input) are raised without a restart. Workers ignore SIGINT: on Ctrl-C the
+parent kills them all before the ``KeyboardInterrupt`` propagates; workers also ask the kernel to
+kill them if the parent dies (``PR_SET_PDEATHSIG``) and exit when their pipe closes, so no worker
+outlives its evaluator. *The CUDA/NCCL path follows the documented APIs but has not been run on a
+GPU by this project (the development machine has none).*
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as mp_wait
+from pathlib import Path
+from typing import Sequence
+
+from .benchmark import (DEFAULT_BENCH_ITERS, DEFAULT_LOCK_TIMEOUT_S, DEFAULT_WARMUP_ITERS, ComputeCost,
+                        check_fits, host_measurement_lock,
+                        normalize_optimizer, normalize_precision, resolve_batch_size, usable_bytes,
+                        validate_tables)
+from .cache import CacheContext, CostCache, dataset_digest, hardware_fingerprint, open_cache, shard_key
+from .errors import ShardError
+from .tables import TableConfig
+
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_START_TIMEOUT_S = 300.0
+DEFAULT_COMM_ITERS = None  # None: the same as bench_iters
+DEFAULT_CPU_COMPUTE_PASSES = None  # None: one pass per timed iteration (see the module notes)
+REWARM_ITERS = 0           # untimed iterations when a pass returns to a shard already warmed up
+OUTPUT_ELEMENT_SIZE = 4    # pooled outputs and their gradients are fp32
+COST_NAMES = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
+
+
+def batch_slices(batch_size: int, ndevices: int) -> list[int]:
+    """Samples per device: ``B`` split evenly, the first ``B mod n`` devices taking one more."""
+    base, rem = divmod(int(batch_size), int(ndevices))
+    return [base + (1 if j < rem else 0) for j in range(ndevices)]
+
+
+@dataclass(frozen=True)
+class CommSplits:
+    """Split sizes (in elements) of one device's two all-to-alls (see the module notes)."""
+
+    device: int
+    fw_send: tuple[int, ...]   # to each device j: B_j * D_self
+    fw_recv: tuple[int, ...]   # from each device d: B_self * D_d
+    bw_send: tuple[int, ...]   # the reverse of fw_recv
+    bw_recv: tuple[int, ...]   # the reverse of fw_send
+    element_size: int = OUTPUT_ELEMENT_SIZE
+
+    def bytes_sent(self, phase: str = "fw", remote_only: bool = True) -> int:
+        splits = self.fw_send if phase == "fw" else self.bw_send
+        return self.element_size * sum(s for j, s in enumerate(splits) if not (remote_only and j == self.device))
+
+    def bytes_received(self, phase: str = "fw", remote_only: bool = True) -> int:
+        splits = self.fw_recv if phase == "fw" else self.bw_recv
+        return self.element_size * sum(s for j, s in enumerate(splits) if not (remote_only and j == self.device))
+
+
+def comm_splits(dim_sums: Sequence[int], batch_size: int, device: int) -> CommSplits:
+    """The all-to-all split sizes of ``device`` when device ``d`` holds tables of total dim ``dim_sums[d]``."""
+    n = len(dim_sums)
+    bs = batch_slices(batch_size, n)
+    own = int(dim_sums[device])
+    fw_send = tuple(bs[j] * own for j in range(n))
+    fw_recv = tuple(bs[device] * int(dim_sums[d]) for d in range(n))
+    return CommSplits(device, fw_send, fw_recv, bw_send=fw_recv, bw_recv=fw_send)
+
+
+@dataclass
+class PlanResult:
+    """A measured (or cached) plan."""
+
+    device_costs_ms: list[list[float]]       # per device [fw_comp, fw_comm, bw_comm, bw_comp]
+    from_cache: bool = False
+    compute_from_cache: list[bool] = field(default_factory=list)   # per device
+    comm: list[CommSplits] | None = None     # per device split sizes; None when from the cache
+    wall_s: float = 0.0                      # wall time of this evaluate() call
+
+    @property
+    def device_totals_ms(self) -> list[float]:
+        return [float(sum(c)) for c in self.device_costs_ms]
+
+    @property
+    def cost_ms(self) -> float:
+        """Max over devices of the sum of the four costs."""
+        return max(self.device_totals_ms, default=0.0)
+
+    @property
+    def ndevices(self) -> int:
+        return len(self.device_costs_ms)
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side
+# --------------------------------------------------------------------------------------------
+def _set_parent_death_signal() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+@dataclass(frozen=True)
+class _WorkerConfig:
+    dataset_dir: str
+    device_type: str
+    device_ids: tuple[int, ...]
+    store_port: int
+    pg_timeout_s: float
+    parent_pid: int
+    pool_cap_bytes: int
+
+
+def _error_reply(req, exc: BaseException, phase: str):
+    from .errors import ShardError as _SE
+
+    if isinstance(exc, _SE):
+        return ("error", req, "user", str(exc))
+    name = type(exc).__name__
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "out of memory" in str(exc).lower() or isinstance(exc, MemoryError):
+        return ("error", req, "oom", f"{phase} ran out of memory ({name}: {msg})")
+    return ("error", req, "crash", f"{phase} failed ({name}: {msg})")
+
+
+def _worker_main(rank: int, world: int, conn, cfg: _WorkerConfig) -> None:
+    _set_parent_death_signal()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    if os.getppid() != cfg.parent_pid:
+        return
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from .benchmark import BufferPool, ShardRunner, build_operator
+        from .dataset import load_dataset
+
+        if cfg.device_type == "cuda":
+            device = torch.device("cuda", cfg.device_ids[rank])
+            torch.cuda.set_device(device)
+            device_name = torch.cuda.get_device_name(device)
+            backend = "nccl"
+        else:
+            device = torch.device("cpu")
+            torch.set_num_threads(1)
+            device_name = None
+            backend = "gloo"
+        pool = BufferPool(cfg.pool_cap_bytes) if cfg.device_type == "cpu" else None
+        dataset = load_dataset(cfg.dataset_dir)
+        timeout = datetime.timedelta(seconds=cfg.pg_timeout_s)
+        store = dist.TCPStore("127.0.0.1", cfg.store_port, world, False, timeout)
+        if backend == "nccl":
+            try:
+                dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
+                                        device_id=device)
+            except TypeError:  # a torch without the device_id argument
+                dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        # Warm up fbgemm (first-call initialisation) and the collectives.
+        tiny = build_operator([TableConfig(0, 8, 8, 1.0)], device=device)
+        out = tiny(torch.zeros(4, dtype=torch.int64, device=device),
+                   torch.arange(5, dtype=torch.int64, device=device))
+        out.backward(torch.ones_like(out))
+        del tiny, out
+        _comm(rank, world, [4] * world, 8 * world, 1, 1, None, device)
+        conn.send(("ready", os.getpid(), device_name))
+    except BaseException as exc:  # report and quit: the parent raises a clear error
+        try:
+            conn.send(("error", None, "start", _start_error(exc)))
+        except Exception:
+            pass
+        return
+
+    current = None  # (shard key, ShardRunner) kept between passes over the same shard
+
+    def release():
+        nonlocal current
+        if current is not None:
+            current[1].close()
+            current = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            break
+        kind, req = msg[0], msg[1]
+        if kind == "exit":
+            break
+        try:
+            if kind == "compute":
+                tables, batch_size, optimizer, precision, warmup, rewarm, iters, usable, keep = msg[2:]
+                key = (tuple((t.index, t.row, t.dim) for t in tables), batch_size, optimizer, precision)
+                t0 = time.perf_counter()
+                if current is None or current[0] != key:  # a new operator: full warm-up
+                    release()
+                    current = (key, ShardRunner(dataset, tables, batch_size=batch_size, optimizer=optimizer,
+                                                precision=precision, device=device, usable_bytes=usable,
+                                                pool=pool))
+                else:  # the operator kept from the previous pass
+                    warmup = rewarm
+                runner = current[1]
+                t1 = time.perf_counter()
+                try:
+                    fw, bw = runner.sample(warmup, iters)
+                    lookups = getattr(runner, "num_lookups", 0)
+                finally:
+                    t2 = time.perf_counter()
+                    if not keep:
+                        release()
+                conn.send(("ok", req, {"fw": fw, "bw": bw, "num_lookups": lookups, "build_s": t1 - t0,
+                                       "measure_s": t2 - t1, "free_s": time.perf_counter() - t2}))
+            elif kind == "comm":
+                release()
+                dim_sums, batch_size, warmup, iters, delays_ms = msg[2:]
+                conn.send(("ok", req, _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms,
+                                            device)))
+            elif kind == "release":
+                release()
+                conn.send(("ok", req, None))
+            elif kind == "ping":
+                conn.send(("ok", req, os.getpid()))
+            else:
+                conn.send(("error", req, "crash", f"unknown request {kind!r}"))
+        except BaseException as exc:
+            try:
+                release()
+            except Exception:
+                pass
+            try:
+                conn.send(_error_reply(req, exc, kind))
+            except Exception:
+                break
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _start_error(exc: BaseException) -> str:
+    from .errors import ShardError as _SE
+
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return text if isinstance(exc, _SE) else f"{type(exc).__name__}: {text}"
+
+
+def _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms, device) -> dict:
+    """Time the forward and backward all-to-alls of this rank (medians in ms)."""
+    import torch
+    import torch.distributed as dist
+
+    splits = comm_splits(dim_sums, batch_size, rank)
+    info = {"fw_send": list(splits.fw_send), "fw_recv": list(splits.fw_recv),
+            "bw_send": list(splits.bw_send), "bw_recv": list(splits.bw_recv)}
+    if sum(dim_sums) == 0:  # nothing to exchange anywhere (every rank takes this branch)
+        info.update(fw_ms=0.0, bw_ms=0.0)
+        return info
+    send_fw = torch.zeros(sum(splits.fw_send), dtype=torch.float32, device=device)
+    recv_fw = torch.empty(sum(splits.fw_recv), dtype=torch.float32, device=device)
+    send_bw = torch.zeros(sum(splits.bw_send), dtype=torch.float32, device=device)
+    recv_bw = torch.empty(sum(splits.bw_recv), dtype=torch.float32, device=device)
+    cuda = device.type == "cuda"
+    delay_s = (float(delays_ms[rank]) / 1e3) if delays_ms else 0.0
+    fw, bw = [], []
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def one(recv, send, out_splits, in_splits, delay):
+        sync()
+        dist.barrier()
+        if delay > 0:
+            time.sleep(delay)
+        t0 = time.perf_counter()
+        dist.all_to_all_single(recv, send, list(out_splits), list(in_splits))
+        sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    for it in range(max(0, warmup) + max(1, iters)):
+        f = one(recv_fw, send_fw, splits.fw_recv, splits.fw_send, delay_s)
+        b = one(recv_bw, send_bw, splits.bw_recv, splits.bw_send, 0.0)
+        if it >= warmup:
+            fw.append(f)
+            bw.append(b)
+    info.update(fw_ms=float(statistics.median(fw)), bw_ms=float(statistics.median(bw)))
+    return info
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side
+# --------------------------------------------------------------------------------------------
+_LIVE: "weakref.WeakSet[PlanEvaluator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for ev in list(_LIVE):
+        try:
+            ev.close()
+        except Exception:
+            pass
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is unresponsive"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (the kernel's out-of-memory killer sends SIGKILL when memory runs out)" if -code == 9 else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with status {code}"
+
+
+class PlanEvaluator:
+    """Measure plans on real hardware with one long-lived worker per device.
+
+    ::
+
+        with PlanEvaluator("data/dlrm_datasets", ndevices=4, batch_size=4096) as ev:
+            result = ev.evaluate(shards)      # shards[d]: list of TableConfig on device d
+            result.cost_ms, result.device_costs_ms, result.from_cache
+
+    ``device_ids`` (``--gpu-devices``) picks CUDA devices on a GPU machine; on the CPU it only sets
+    how many logical devices there are. ``cache``: a :class:`~shardcore.cache.CostCache`, a path,
+    ``True`` for the default file, or ``None`` for no cache. ``no_cache=True`` measures everything
+    afresh (the fresh results still replace the stored ones). ``comm_iters`` defaults to
+    ``bench_iters``. ``timeout_s`` bounds each phase of a measurement, ``start_timeout_s`` the
+    workers' start-up. On the CPU every measurement request is made under the machine-wide
+    measurement lock (``host_lock``, see :func:`~shardcore.benchmark.host_measurement_lock`), so
+    several evaluators on one machine take turns instead of disturbing each other; waiting for it
+    longer than ``lock_timeout_s`` is an error.
+    """
+
+    def __init__(self, dataset_dir: str | os.PathLike = "data/dlrm_datasets", ndevices: int | None = None, *,
+                 device_ids: Sequence[int] | None = None, bench_iters: int = DEFAULT_BENCH_ITERS,
+                 warmup_iters: int = DEFAULT_WARMUP_ITERS, comm_iters: int | None = DEFAULT_COMM_ITERS,
+                 optimizer: str = "exact_sgd", precision: str = "fp16", batch_size: int | None = None,
+                 cache: "CostCache | str | os.PathLike | bool | None" = None, no_cache: bool = False,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                 device: str | None = None, compute_passes: int | None = None, host_lock: bool = True,
+                 lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S):
+        import torch
+
+        from .dataset import load_dataset
+
+        if device_ids is not None:
+            device_ids = [int(d) for d in device_ids]
+            if ndevices is not None and ndevices != len(device_ids):
+                raise ShardError(f"ndevices={ndevices} but {len(device_ids)} device ids given")
+            if len(set(device_ids)) != len(device_ids) or min(device_ids, default=0) < 0:
+                raise ShardError(f"device ids must be distinct and non-negative, got {device_ids}")
+        else:
+            device_ids = list(range(ndevices if ndevices is not None else 4))
+        if not device_ids:
+            raise ShardError("the evaluator needs at least one device")
+        self.device_ids = tuple(device_ids)
+        self.ndevices = len(device_ids)
+        self.device_type = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device_type not in ("cpu", "cuda"):
+            raise ShardError(f"unknown device type {device!r} (cpu or cuda)")
+        if self.device_type == "cuda":
+            count = torch.cuda.device_count()
+            bad = [d for d in self.device_ids if d >= count]
+            if bad:
+                raise ShardError(f"GPU {bad[0]} requested but this machine has {count} GPU(s)")
+        if bench_iters < 1 or warmup_iters < 0:
+            raise ShardError("bench_iters must be >= 1 and warmup_iters >= 0")
+        self.bench_iters, self.warmup_iters = int(bench_iters), int(warmup_iters)
+        self.comm_iters = int(comm_iters) if comm_iters is not None else self.bench_iters
+        if compute_passes is None and self.device_type == "cpu":
+            compute_passes = DEFAULT_CPU_COMPUTE_PASSES
+        self.compute_passes = max(1, int(compute_passes)) if compute_passes is not None else None
+        self.optimizer = normalize_optimizer(optimizer)
+        self.precision = normalize_precision(precision)
+        self.dataset_dir = str(Path(dataset_dir))
+        self.dataset = load_dataset(self.dataset_dir)
+        self.batch_size = resolve_batch_size(self.dataset, batch_size)
+        self.cache: CostCache | None = open_cache(cache)
+        self.no_cache = bool(no_cache)
+        self.timeout_s = float(timeout_s)
+        self.start_timeout_s = float(start_timeout_s)
+        self.host_lock = bool(host_lock)
+        self.lock_timeout_s = float(lock_timeout_s)
+        self._dataset_digest = dataset_digest(self.dataset)
+        self._device_name: str | None = None
+        self._procs: list | None = None
+        self._conns: list | None = None
+        self._store = None
+        self._req = 0
+        self.startup_s: float | None = None
+        _LIVE.add(self)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> "PlanEvaluator":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        return self._procs is not None
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._procs] if self._procs else []
+
+    @property
+    def context(self) -> CacheContext:
+        """The cache setting of this evaluator's measurements."""
+        if self.device_type == "cuda":
+            if self._device_name is None:
+                self.start()
+            hw = hardware_fingerprint(self._device_name, 1)
+        else:
+            hw = hardware_fingerprint(None, 1)
+        return CacheContext(hw, self._dataset_digest, self.batch_size, self.optimizer, self.precision)
+
+    def start(self) -> None:
+        """Start the workers (done by ``with`` and, if needed, by the first measurement)."""
+        if self._procs is not None:
+            return
+        import multiprocessing as mp
+
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        ctx = mp.get_context("spawn")
+        self._store = dist.TCPStore("127.0.0.1", 0, None, True,
+                                    datetime.timedelta(seconds=self.start_timeout_s), wait_for_workers=False)
+        cfg = _WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._store.port,
+                            max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes())
+        procs, conns = [], []
+        # Children inherit an ignored SIGINT through exec, so a Ctrl-C meant for the parent never
+        # interrupts a worker, not even while it is still importing torch.
+        main_thread = threading.current_thread() is threading.main_thread()
+        old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+        try:
+            try:
+                for rank in range(self.ndevices):
+                    parent_end, child_end = ctx.Pipe(duplex=True)
+                    p = ctx.Process(target=_worker_main, args=(rank, self.ndevices, child_end, cfg),
+                                    name=f"shardcore-device-{rank}", daemon=True)
+                    p.start()
+                    child_end.close()
+                    procs.append(p)
+                    conns.append(parent_end)
+            finally:
+                if main_thread:
+                    signal.signal(signal.SIGINT, old_handler)
+            self._procs, self._conns = procs, conns
+            replies = self._wait(list(range(self.ndevices)), None, self.start_timeout_s, "start-up")
+        except BaseException:
+            self._procs = self._conns = None
+            self._store = None
+            self._kill_workers(procs)
+            raise
+        self._device_name = replies[0][1] if self.device_type == "cuda" else None
+        self.startup_s = time.perf_counter() - t0
+
+    def _pool_cap_bytes(self) -> int:
+        """Per-worker cap of reusable weight buffers: a quarter of the host's available memory,
+        shared by the workers, and at most 2 GiB each (see :class:`~shardcore.benchmark.BufferPool`)."""
+        from .benchmark import host_available_bytes
+
+        return int(min(2 << 30, host_available_bytes() // (4 * self.ndevices)))
+
+    def close(self) -> None:
+        """Stop the workers (politely, then by force)."""
+        procs, conns = self._procs, self._conns
+        self._procs = self._conns = None
+        if procs is None:
+            return
+        for c in conns:
+            try:
+                c.send(("exit", None))
+            except Exception:
+                pass
+        deadline = time.monotonic() + 5.0
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        self._kill_workers(procs)
+        for c in conns:
+            try:
+                c.close()
+            except Exception:
+                pass
+        self._store = None
+
+    def _kill_workers(self, procs) -> None:
+        for p in procs:
+            if p.is_alive():
+                try:
+                    p.kill()
+                except Exception:
+                    pass
+        for p in procs:
+            p.join(5.0)
+
+    def _abort(self) -> None:
+        """Kill every worker now (after a failure or Ctrl-C); the next call starts new ones."""
+        procs, conns = self._procs, self._conns
+        self._procs = self._conns = None
+        self._store = None
+        if procs:
+            self._kill_workers(procs)
+        for c in conns or []:
+            try:
+                c.close()
+            except Exception:
+                pass
+
+    # -- messaging ---------------------------------------------------------------------------
+    def _send(self, rank: int, msg: tuple) -> None:
+        try:
+            self._conns[rank].send(msg)
+        except (BrokenPipeError, EOFError, OSError):
+            code = self._procs[rank].exitcode if self._procs else None
+            self._abort()
+            raise ShardError(f"device {rank} worker {_describe_exit(code)}; all workers stopped") from None
+
+    def _wait(self, ranks: list[int], req, timeout: float, phase: str) -> dict:
+        """Replies of ``ranks`` to request ``req``; any worker death or the deadline is fatal."""
+        deadline = time.monotonic() + timeout
+        pending = set(ranks)
+        replies: dict = {}
+        errors: list[tuple[int, str, str]] = []
+        by_conn = {self._conns[r]: r for r in range(self.ndevices)}
+        by_sentinel = {self._procs[r].sentinel: r for r in range(self.ndevices)}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                late = sorted(pending)
+                self._abort()
+                raise ShardError(
+                    f"device {late[0]} worker did not finish {phase} within {timeout:g} s "
+                    f"(hung?{' ' + str(len(late)) + ' workers late' if len(late) > 1 else ''}); "
+                    "all workers stopped")
+            ready = mp_wait(list(by_conn) + list(by_sentinel), timeout=remaining)
+            dead = []
+            for obj in ready:
+                if obj in by_conn:
+                    r = by_conn[obj]
+                    try:
+                        msg = obj.recv()
+                    except (EOFError, OSError):
+                        dead.append(r)
+                        continue
+                    if phase == "start-up":
+                        if msg[0] == "ready":
+                            replies[r] = msg
+                        else:
+                            errors.append((r, "start", msg[-1]))
+                        pending.discard(r)
+                    elif msg[1] != req:
+                        continue  # a stale reply
+                    elif msg[0] == "ok":
+                        replies[r] = msg[2]
+                        pending.discard(r)
+                    else:
+                        errors.append((r, msg[2], msg[3]))
+                        pending.discard(r)
+                else:
+                    r = by_sentinel[obj]
+                    if not self._conns[r].poll():
+                        dead.append(r)
+            if dead:
+                r = dead[0]
+                proc = self._procs[r]
+                proc.join(0.5)
+                code = proc.exitcode
+                self._abort()
+                said = [text for rank, _kind, text in errors if rank == r]
+                if said:  # it explained itself before exiting
+                    what = "failed to start" if phase == "start-up" else "failed"
+                    raise ShardError(f"device {r} worker {what}: {said[0]}; all workers stopped")
+                raise ShardError(f"device {r} worker {_describe_exit(code)} during {phase}; all workers stopped")
+            if errors and phase in ("start-up", "comm"):
+                break  # collectives are involved: do not wait for peers that may never answer
+        if errors:
+            r, kind, text = errors[0]
+            if phase == "start-up":
+                self._abort()
+                raise ShardError(f"device {r} worker failed to start: {text}")
+            if kind == "user":
+                if phase == "comm":
+                    self._abort()
+                raise ShardError(f"device {r}: {text}")
+            self._abort()
+            raise ShardError(f"device {r}: {text}; all workers stopped")
+        return replies
+
+    def _request(self, ranks: list[int], make_msg, phase: str) -> dict:
+        self.start()
+        self._req += 1
+        req = self._req
+        lock = (host_measurement_lock(self.lock_timeout_s) if self.device_type == "cpu" and self.host_lock
+                else contextlib.nullcontext())
+        try:
+            with lock:  # no other process measures on this machine meanwhile
+                for r in ranks:
+                    self._send(r, make_msg(r, req))
+                return self._wait(ranks, req, self.timeout_s, phase)
+        except KeyboardInterrupt:
+            self._abort()
+            raise
+
+    # -- measurements ------------------------------------------------------------------------
+    def _check_shards(self, shards: Sequence[Sequence[TableConfig]]) -> list[list[TableConfig]]:
+        if len(shards) != self.ndevices:
+            raise ShardError(f"plan has {len(shards)} shards but the evaluator runs {self.ndevices} devices")
+        out = []
+        for d, shard in enumerate(shards):
+            shard = list(shard)
+            validate_tables(self.dataset, shard, what=f"device {d}")
+            out.append(shard)
+        return out
+
+    def _usable(self) -> int | None:
+        """Host memory usable by one shard (CPU: one shard is built at a time); None on GPUs."""
+        return usable_bytes("cpu") if self.device_type == "cpu" else None
+
+    def _compute(self, shards: dict[int, list[TableConfig]], ranks: dict[int, int] | None = None
+                 ) -> dict[int, ComputeCost]:
+        """Compute costs of ``shards`` (key -> tables), each on worker ``ranks[key]`` (default: key).
+
+        CPU: one shard at a time, in ``compute_passes`` passes over all shards (see the module notes);
+        GPU: one shard per device in flight, all devices at once, one pass.
+        """
+        ranks = ranks or {k: k for k in shards}
+        usable = self._usable()
+        if usable is not None:
+            for k, tables in shards.items():  # refuse before anything is built anywhere
+                check_fits(tables, self.precision, self.optimizer, "cpu", what=f"device {ranks[k]} shard",
+                           usable=usable)
+        if self.device_type == "cpu":
+            passes = self.bench_iters if self.compute_passes is None else min(self.compute_passes, self.bench_iters)
+        else:
+            passes = min(self.compute_passes or 1, self.bench_iters)
+        per = -(-self.bench_iters // passes)
+        counts = [c for c in (min(per, self.bench_iters - p * per) for p in range(passes)) if c > 0]
+        samples: dict[int, tuple[list[float], list[float]]] = {k: ([], []) for k in shards}
+
+        # Chunks with at most one shard per worker, so each worker keeps its operator across passes.
+        chunks, todo = [], list(shards)
+        while todo:
+            chunk, used = [], set()
+            for k in list(todo):
+                if ranks[k] not in used:
+                    chunk.append(k)
+                    used.add(ranks[k])
+                    todo.remove(k)
+            chunks.append(chunk)
+
+        for chunk in chunks:
+            for p, n in enumerate(counts):
+                keep = p < len(counts) - 1
+                msgs = {ranks[k]: ("compute", shards[k], self.batch_size, self.optimizer, self.precision,
+                                   self.warmup_iters, REWARM_ITERS, n, usable, keep) for k in chunk}
+                # CPU: one device at a time, nothing else computes meanwhile; GPU: all at once
+                groups = [[k] for k in chunk] if self.device_type == "cpu" else [chunk]
+                for group in groups:
+                    rs = [ranks[k] for k in group]
+                    reps = self._request(rs, lambda r, req: (msgs[r][0], req) + msgs[r][1:], "compute")
+                    for k in group:
+                        samples[k][0].extend(reps[ranks[k]]["fw"])
+                        samples[k][1].extend(reps[ranks[k]]["bw"])
+        return {k: ComputeCost(float(statistics.median(fw)), float(statistics.median(bw)))
+                for k, (fw, bw) in samples.items()}
+
+    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None
+                     ) -> tuple[list[tuple[float, float]], list[CommSplits]]:
+        """Time the two all-to-alls when device ``d`` holds a total dim of ``dim_sums[d]``.
+
+        ``delays_ms[d]`` (optional) makes device ``d`` start its forward exchange that much later
+        (mimicking imbalanced compute); the others' forward times then include the wait.
+        Returns per device ``(fw_ms, bw_ms)`` and the split sizes.
+        """
+        if len(dim_sums) != self.ndevices:
+            raise ShardError(f"need {self.ndevices} dim sums, got {len(dim_sums)}")
+        dims = [int(x) for x in dim_sums]
+        if min(dims) < 0:
+            raise ShardError("dim sums must be non-negative")
+        if delays_ms is not None and len(delays_ms) != self.ndevices:
+            raise ShardError(f"need {self.ndevices} delays, got {len(delays_ms)}")
+        delays = [float(x) for x in delays_ms] if delays_ms is not None else None
+        reps = self._request(list(range(self.ndevices)),
+                             lambda r, req: ("comm", req, dims, self.batch_size, self.warmup_iters,
+                                             self.comm_iters, delays), "comm")
+        costs, splits = [], []
+        for r in range(self.ndevices):
+            rep = reps[r]
+            costs.append((rep["fw_ms"], rep["bw_ms"]))
+            splits.append(CommSplits(r, tuple(rep["fw_send"]), tuple(rep["fw_recv"]),
+                                     tuple(rep["bw_send"]), tuple(rep["bw_recv"])))
+        return costs, splits
+
+    def measure_shards(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None
+                       ) -> list[ComputeCost]:
+        """Compute costs of many single shards (e.g. cost-model training data), cached per shard.
+
+        On the CPU they are measured one after another; on GPUs spread over the devices.
+        """
+        no_cache = self.no_cache if no_cache is None else no_cache
+        shards = [list(s) for s in shards]
+        for k, s in enumerate(shards):
+            validate_tables(self.dataset, s, what=f"shard {k}")
+        ctx = self.context if self.cache is not None else None
+        out: list[ComputeCost | None] = [None] * len(shards)
+        todo: dict[int, list[TableConfig]] = {}
+        first_of: dict = {}  # shard key -> position of its first occurrence (duplicates measured once)
+        for k, s in enumerate(shards):
+            if not s:
+                out[k] = ComputeCost(0.0, 0.0)
+                continue
+            if self.cache is not None and not no_cache:
+                hit = self.cache.get_shard(ctx, s)
+                if hit is not None:
+                    out[k] = ComputeCost(*hit)
+                    continue
+            first_of.setdefault(shard_key(s), k)
+            if first_of[shard_key(s)] == k:
+                todo[k] = s
+        if todo:
+            measured = self._compute(todo, {k: i % self.ndevices for i, k in enumerate(todo)})
+            for k, cost in measured.items():
+                out[k] = cost
+                if self.cache is not None:
+                    self.cache.put_shard(ctx, todo[k], cost.fw_ms, cost.bw_ms, self.bench_iters,
+                                         self.warmup_iters)
+        for k, s in enumerate(shards):
+            if out[k] is None:
+                out[k] = out[first_of[shard_key(s)]]
+        return out  # type: ignore[return-value]
+
+    def measure_shard(self, tables: Sequence[TableConfig], no_cache: bool | None = None) -> ComputeCost:
+        return self.measure_shards([tables], no_cache=no_cache)[0]
+
+    def evaluate(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None) -> PlanResult:
+        """Measure a plan (``shards[d]``: the tables on device ``d``); see the module notes."""
+        t0 = time.perf_counter()
+        no_cache = self.no_cache if no_cache is None else no_cache
+        shards = self._check_shards(shards)
+        ctx = self.context if self.cache is not None else None
+        if self.cache is not None and not no_cache:
+            hit = self.cache.get_plan(ctx, shards)
+            if hit is not None:
+                return PlanResult(hit, from_cache=True, compute_from_cache=[True] * self.ndevices,
+                                  wall_s=time.perf_counter() - t0)
+        compute: dict[int, ComputeCost] = {}
+        todo: dict[int, list[TableConfig]] = {}
+        from_cache = [False] * self.ndevices
+        for d, s in enumerate(shards):
+            if not s:
+                compute[d] = ComputeCost(0.0, 0.0)
+                continue
+            if self.cache is not None and not no_cache:
+                hit = self.cache.get_shard(ctx, s)
+                if hit is not None:
+                    compute[d] = ComputeCost(*hit)
+                    from_cache[d] = True
+                    continue
+            todo[d] = s
+        if todo:
+            compute.update(self._compute(todo))
+        comm, splits = self.measure_comm([sum(t.dim for t in s) for s in shards])
+        costs = [[compute[d].fw_ms, comm[d][0], comm[d][1], compute[d].bw_ms] for d in range(self.ndevices)]
+        if self.cache is not None:
+            for d in todo:
+                self.cache.put_shard(ctx, shards[d], compute[d].fw_ms, compute[d].bw_ms, self.bench_iters,
+                                     self.warmup_iters)
+            self.cache.put_plan(ctx, shards, costs, self.bench_iters, self.warmup_iters)
+        return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
+                          wall_s=time.perf_counter() - t0)

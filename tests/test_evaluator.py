@@ -1,0 +1,280 @@
+"""The multi-device plan evaluator on the CPU (gloo), on tiny data built here.
+
+One evaluator (3 logical devices) serves most tests in a row; the failure tests restart it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from shardcore.cache import CostCache
+from shardcore.dataset import save_dataset
+from shardcore.errors import ShardError
+from shardcore.evaluator import PlanEvaluator, batch_slices, comm_splits
+from shardcore.tables import TableConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B = 1000  # not a multiple of 3: the batch split has a remainder
+
+
+def make_data(path, seed=0):
+    rng = np.random.default_rng(seed)
+    # (rows, dim, lookups per sample); tables 0 and 1 are alike but 1 has 10x the lookups
+    specs = [(4000, 32, 4), (4000, 32, 40), (200, 16, 0), (30000, 8, 3), (64, 64, 1), (5000, 16, 6),
+             (1000, 4, 2), (8000, 32, 5)]
+    tables, indices, offsets = [], [], []
+    for i, (row, dim, pf) in enumerate(specs):
+        off = np.arange(B + 1, dtype=np.int64) * pf
+        tables.append(TableConfig(i, row, dim, float(pf)))
+        indices.append(torch.from_numpy(rng.integers(0, row, size=int(off[-1]))))
+        offsets.append(torch.from_numpy(off))
+    save_dataset(path, tables, indices, offsets, B)
+    return tables
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("eval_ds")
+    return path, make_data(path)
+
+
+@pytest.fixture(scope="module")
+def ev(data, tmp_path_factory):
+    path, _ = data
+    cache = CostCache(tmp_path_factory.mktemp("cache") / "cache.sqlite")
+    with PlanEvaluator(path, ndevices=3, bench_iters=3, warmup_iters=1, cache=cache, timeout_s=30) as e:
+        yield e
+    assert all(not alive(p) for p in e.worker_pids)
+
+
+def check_result(res, shards):
+    assert len(res.device_costs_ms) == len(shards)
+    for dev, shard in zip(res.device_costs_ms, shards):
+        assert len(dev) == 4
+        assert all(math.isfinite(v) and v >= 0 for v in dev)
+        if shard:
+            assert dev[0] > 0 and dev[3] > 0      # forward and backward compute
+        else:
+            assert dev[0] == 0 and dev[3] == 0    # an empty device computes nothing
+    assert res.cost_ms == pytest.approx(max(sum(d) for d in res.device_costs_ms))
+
+
+def test_several_plans_in_a_row_with_an_empty_device(ev, data):
+    _, t = data
+    plans = [
+        [[t[0], t[3]], [t[1], t[4]], [t[2], t[5], t[6], t[7]]],
+        [[t[0], t[1], t[2], t[3]], [], [t[4], t[5], t[6], t[7]]],   # device 1 holds nothing
+        [[t[7]], [t[6].with_dim(8)], [t[5], t[0]]],
+    ]
+    pids = ev.worker_pids
+    for shards in plans:
+        res = ev.evaluate(shards, no_cache=True)
+        assert not res.from_cache
+        check_result(res, shards)
+        assert all(dev[1] > 0 and dev[2] > 0 for dev in res.device_costs_ms)  # all exchange data
+    assert ev.worker_pids == pids  # the same workers served every plan
+
+
+def test_all_to_all_moves_the_right_bytes(ev, data):
+    _, t = data
+    shards = [[t[0], t[3]], [], [t[5], t[6], t[7]]]
+    res = ev.evaluate(shards, no_cache=True)
+    dims = [sum(x.dim for x in s) for s in shards]
+    bs = batch_slices(B, 3)
+    assert bs == [334, 333, 333] and sum(bs) == B
+    total_sent = total_recv = 0
+    for d, sp in enumerate(res.comm):   # split sizes reported by the workers themselves
+        assert list(sp.fw_send) == [bs[j] * dims[d] for j in range(3)]
+        assert list(sp.fw_recv) == [bs[d] * dims[k] for k in range(3)]
+        assert list(sp.bw_send) == list(sp.fw_recv) and list(sp.bw_recv) == list(sp.fw_send)
+        assert sp.bytes_sent("fw") == 4 * sum(bs[j] * dims[d] for j in range(3) if j != d)
+        assert sp.bytes_received("fw") == 4 * bs[d] * sum(dims[k] for k in range(3) if k != d)
+        assert sp.bytes_received("fw", remote_only=False) == 4 * bs[d] * sum(dims)   # [B_d, sum dims]
+        assert sp == comm_splits(dims, B, d)
+        total_sent += sp.bytes_sent("fw")
+        total_recv += sp.bytes_received("fw")
+    assert total_sent == total_recv
+    assert res.comm[1].bytes_sent("fw") == 0 and res.comm[1].bytes_received("fw") > 0
+
+
+def test_more_lookups_cost_more(ev, data):
+    _, t = data
+    res = ev.evaluate([[t[0]], [t[1]], []], no_cache=True)   # t[1]: 10x the lookups of t[0]
+    light, heavy = res.device_costs_ms[0], res.device_costs_ms[1]
+    assert heavy[0] + heavy[3] > light[0] + light[3]
+    assert heavy[3] > light[3]
+
+
+def test_cache_hit_returns_the_stored_numbers(ev, data):
+    _, t = data
+    shards = [[t[4], t[6]], [t[2]], [t[3], t[7]]]
+    first = ev.evaluate(shards)
+    assert not first.from_cache
+    hits = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        again = ev.evaluate([[t[6], t[4]], [t[2]], [t[7], t[3]]])  # same shards, other table order
+        hits.append(time.perf_counter() - t0)
+        assert again.from_cache and again.comm is None
+        assert again.device_costs_ms == first.device_costs_ms
+        assert again.cost_ms == first.cost_ms
+    assert sorted(hits)[2] < 0.010
+    # the shards were stored one by one: a plan that reuses them measures only communication
+    swapped = ev.evaluate([[t[3], t[7]], [t[2]], [t[4], t[6]]])
+    assert not swapped.from_cache and swapped.compute_from_cache == [True, True, True]
+    assert swapped.device_costs_ms[0][0] == first.device_costs_ms[2][0]
+    assert swapped.device_costs_ms[2][3] == first.device_costs_ms[0][3]
+    entries = ev.cache.shard_entries(ev.context)
+    assert any(e.tables == ((2, t[2].row, t[2].dim),) for e in entries)
+    assert len(ev.cache.plan_entries(ev.context, ndevices=3)) >= 2
+    # measure_shard uses (and fills) the same per-shard entries
+    assert ev.measure_shard([t[2]]).fw_ms == first.device_costs_ms[1][0]
+
+
+def test_comm_with_start_delays(ev):
+    costs, splits = ev.measure_comm([32, 16, 0], delays_ms=[60.0, 0.0, 0.0])
+    fw = [c[0] for c in costs]
+    assert fw[1] > 45 and fw[2] > 45       # they wait for the late device 0
+    assert fw[0] < fw[1] and fw[0] < fw[2]
+    assert splits[2].bytes_sent("fw") == 0
+    plain, _ = ev.measure_comm([32, 16, 0])
+    assert max(c[0] for c in plain) < 45
+
+
+def test_waits_for_the_machine_measurement_lock(ev, data):
+    from shardcore.benchmark import host_measurement_lock
+
+    _, t = data
+    pids = ev.worker_pids
+    old = ev.lock_timeout_s
+    ev.lock_timeout_s = 0.3
+    try:
+        with host_measurement_lock():  # another process measuring on this machine
+            with pytest.raises(ShardError, match="measurement lock"):
+                ev.evaluate([[t[0]], [t[3]], [t[5]]], no_cache=True)
+    finally:
+        ev.lock_timeout_s = old
+    assert ev.worker_pids == pids
+    check_result(ev.evaluate([[t[0]], [t[3]], [t[5]]], no_cache=True), [[1], [1], [1]])
+
+
+def test_oversize_shard_refused_without_restart(ev, data):
+    _, t = data
+    pids = ev.worker_pids
+    huge = TableConfig(0, 10 ** 12, 64, 4.0)
+    with pytest.raises(ShardError, match="refused before allocation"):
+        ev.evaluate([[t[1]], [huge], [t[2]]], no_cache=True)
+    assert ev.worker_pids == pids
+    check_result(ev.evaluate([[t[1]], [t[0]], [t[2]]], no_cache=True), [[1], [1], [1]])
+
+
+def test_bad_plans_are_clear_errors(ev, data):
+    _, t = data
+    with pytest.raises(ShardError, match="3 devices"):
+        ev.evaluate([[t[0]], [t[1]]])
+    with pytest.raises(ShardError, match="out of range"):
+        ev.evaluate([[TableConfig(42, 10, 4, 1.0)], [], []])
+
+
+def test_killed_worker_is_a_clear_error(ev, data):
+    _, t = data
+    victim = ev.worker_pids[1]
+    old_iters = ev.bench_iters
+    ev.bench_iters = 3000  # a long measurement, so the kill lands mid-way
+    killer = threading.Timer(1.0, lambda: os.kill(victim, signal.SIGKILL))
+    killer.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(ShardError, match=r"device 1 worker was killed by SIGKILL"):
+            ev.evaluate([[t[1], t[3]], [t[1], t[5]], [t[1], t[7]]], no_cache=True)
+    finally:
+        killer.cancel()
+        ev.bench_iters = old_iters
+    assert time.perf_counter() - t0 < ev.timeout_s
+    assert not ev.running
+    # the next plan starts fresh workers
+    res = ev.evaluate([[t[0]], [t[3]], [t[5]]], no_cache=True)
+    check_result(res, [[1], [1], [1]])
+    assert victim not in ev.worker_pids
+
+
+def test_hung_worker_times_out(ev, data):
+    _, t = data
+    pids = ev.worker_pids
+    old_timeout = ev.timeout_s
+    ev.timeout_s = 3.0
+    os.kill(pids[2], signal.SIGSTOP)  # a worker that never answers
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(ShardError, match=r"did not finish .* within 3 s"):
+            ev.evaluate([[t[0]], [t[3]], [t[6]]], no_cache=True)
+    finally:
+        ev.timeout_s = old_timeout
+    assert time.perf_counter() - t0 < 3.0 + 10.0
+    time.sleep(0.2)
+    assert not any(alive(p) for p in pids)  # every worker was stopped, the frozen one included
+
+
+_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from shardcore.evaluator import PlanEvaluator
+    from shardcore.dataset import load_dataset
+
+    if __name__ == "__main__":
+        t = load_dataset({data!r}).tables
+        try:
+            with PlanEvaluator({data!r}, ndevices=2, bench_iters=50, warmup_iters=1) as ev:
+                print("PIDS", *ev.worker_pids, flush=True)
+                while True:
+                    ev.evaluate([[t[1], t[3]], [t[7]]], no_cache=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_orphans_after_ctrl_c_or_parent_death(data, tmp_path, sig):
+    path, _ = data
+    script = tmp_path / "run.py"
+    script.write_text(_SCRIPT.format(root=ROOT, data=str(path)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), line + proc.stderr.read()
+        pids = [int(x) for x in line.split()[1:]]
+        assert all(alive(p) for p in pids)
+        time.sleep(1.0)   # mid-way through a plan
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if sig == signal.SIGINT:
+        assert code == 130
+    deadline = time.time() + 10
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)
