@@ -1,4 +1,4 @@
-# make demo: synthetic data -> tasks -> every baseline side by side.  make test: the test suite.
+# make demo: synthetic data -> tasks -> baselines and a short DreamShard run, measured side by side.  make test: the test suite.
 # Both create .venv and install what they need (torch 2.13.0 CPU, fbgemm-gpu-cpu 1.8.0, torchrec 1.8.0
 # without its dependencies, so that the CUDA fbgemm-gpu never replaces the CPU build).
 PYTHON ?= python3
@@ -8,6 +8,7 @@ STAMP  := $(VENV)/.installed
 DATA   := data/dlrm_datasets
 TASKS  := data/dlrm_tasks_50
 DEMO_ALGS := random,naive,dim_greedy,size_greedy,lookup_greedy,size_lookup_greedy
+DEMO_MEASURED := random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy
 
 .PHONY: demo test install clean
 
@@ -25,11 +26,19 @@ $(STAMP): requirements.txt setup.py
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# The demo: synthetic data (856 tables, batch 4096), 50-table tasks, every baseline planned, a short
+# DreamShard training, then the baselines and DreamShard measured side by side on 4 logical devices.
 demo: $(STAMP)
 	$(PY) tools/gen_dlrm_data.py --synthetic --out-dir $(DATA)
 	$(PY) tools/gen_tasks.py --data-dir $(DATA) --T 50 --num-train 50 --num-test 10 --out-dir $(TASKS)
 	$(PY) eval.py --alg $(DEMO_ALGS) --task-path $(TASKS)/test.txt --data-dir $(DATA) \
-		--gpu-devices 0,1,2,3 --max-memory 5 --plan-only --quiet --out data/demo_plans.jsonl
+		--gpu-devices 0,1,2,3 --max-memory 5 --plan-only --quiet
+	rm -rf models/demo_dreamshard
+	$(PY) train_dreamshard.py --task-path $(TASKS)/train.txt --data-dir $(DATA) --gpu-devices 0,1,2,3 \
+		--max-memory 5 --out-dir models/demo_dreamshard --num-iterations 3 --bench-steps 5 --rl-num-batches 20
+	$(PY) eval.py --alg $(DEMO_MEASURED),models/demo_dreamshard/2.pt --task-path $(TASKS)/test.txt \
+		--data-dir $(DATA) --gpu-devices 0,1,2,3 --max-memory 5 --max-tasks 5 --quiet \
+		--task-set "DLRM-50 (4)" --out data/demo_results.jsonl
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -71,6 +71,16 @@ class DreamShardModel:
         return model
 
     @torch.no_grad()
+    def predict(self, tables: Sequence[TableConfig], plan: Plan) -> tuple[torch.Tensor, float]:
+        """The cost network's prediction for a plan: per device ``[D, 3]`` (forward compute, backward
+        compute, communication) and the plan cost, in ms."""
+        x = self.features(plan.expand(tables)).unsqueeze(0)
+        assign = torch.zeros(1, plan.ndevices, len(plan.allocation))
+        assign[0, torch.tensor(plan.allocation), torch.arange(len(plan.allocation))] = 1.0
+        dc, overall = self.cost_net(x, assign)
+        return dc[0] * self.cost_scale, float(overall[0]) * self.cost_scale
+
+    @torch.no_grad()
     def place(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
               precision: str = "fp16", sample: bool = False, batch: int = 1,
               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -138,7 +138,7 @@ class DreamShardTrainer:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), self.cfg.grad_clip)
             self.cost_opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
         net.eval()
         with torch.no_grad():
             _, ape = self.cost_loss(self.buffer)

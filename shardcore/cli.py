@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -12,7 +13,15 @@ from .tables import PRECISION_BYTES
 
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
     """Run a script's ``main``; a :class:`ShardError` prints ``error: <message>`` and exits 2,
-    Ctrl-C exits 130 without a traceback."""
+    Ctrl-C exits 130 without a traceback.
+
+    The script's own torch work (planning, training small networks) runs on one thread
+    (``SHARDKIT_NUM_THREADS`` overrides): these tensors are tiny, and on a busy machine idle OpenMP
+    threads spinning against other processes made RL training ~60x slower with 2 threads than with 1.
+    The benchmark's workers pin their own threads."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("SHARDKIT_NUM_THREADS", "1")))
     try:
         code = main(argv)
     except ShardError as exc:

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""How well a DreamShard cost network predicts measured plans it never saw.
+
+Reads the measured plans of an ``eval.py --out`` file (any algorithms, typically test tasks), asks
+the checkpoint's cost network for each plan's per-device and overall costs, and prints the mean
+absolute percentage error (MAPE) of the plan cost and of the per-device forward compute, backward
+compute and communication costs.
+
+  python tools/dreamshard_cost_accuracy.py --model models/dreamshard/9.pt \\
+      --results results.jsonl --task-path data/dlrm_tasks_50/test.txt
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from dreamshard.sharder import DreamShardModel  # noqa: E402
+from shardcore.cli import run_main  # noqa: E402
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+from shardcore.plan import Plan  # noqa: E402
+from shardcore.report import format_table  # noqa: E402
+from shardcore.tasks import load_tasks  # noqa: E402
+
+
+def mape(pred, true) -> float:
+    pred, true = np.asarray(pred, dtype=float), np.asarray(true, dtype=float)
+    keep = true > 0
+    return float(np.mean(np.abs(pred[keep] - true[keep]) / true[keep]) * 100) if keep.any() else float("nan")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="DreamShard checkpoint")
+    p.add_argument("--results", required=True, help="eval.py --out file with measured plans (cost_ms)")
+    p.add_argument("--task-path", required=True, help="the task file those results were measured on")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="dataset directory (default %(default)s)")
+    args = p.parse_args(argv)
+    model = DreamShardModel.load(args.model)
+    tables = load_dataset(args.data_dir, with_lookups=False).tables
+    tasks = load_tasks(args.task_path, num_tables=len(tables))
+    if not os.path.isfile(args.results):
+        raise ShardError(f"results file not found: {args.results}")
+    rows = [json.loads(line) for line in open(args.results) if line.strip()]
+    rows = [r for r in rows if r.get("cost_ms") is not None]
+    if not rows:
+        raise ShardError(f"{args.results}: no measured plans (run eval.py without --plan-only)")
+    pred_all, true_all, pred_dev, true_dev = [], [], [], []
+    for r in rows:
+        if r["task"] >= len(tasks):
+            raise ShardError(f"{args.results}: task {r['task']} is not in {args.task_path}")
+        plan = Plan(tuple(r["allocation"]), len(r["device_costs_ms"]), tuple(r["splits"]) if r.get("splits") else None)
+        dev, overall = model.predict(tasks[r["task"]].tables(tables), plan)
+        pred_all.append(overall)
+        true_all.append(r["cost_ms"])
+        for d, c in enumerate(r["device_costs_ms"]):
+            pred_dev.append(dev[d].tolist())
+            true_dev.append([c[0], c[3], c[1] + c[2]])
+    pred_dev, true_dev = np.array(pred_dev), np.array(true_dev)
+    print(f"{len(rows)} measured plans from {args.results}; model {args.model}")
+    print(format_table(["quantity", "MAPE %", "mean measured ms", "mean predicted ms"], [
+        ["plan cost", f"{mape(pred_all, true_all):.1f}", f"{np.mean(true_all):.2f}", f"{np.mean(pred_all):.2f}"],
+        ["device forward compute", f"{mape(pred_dev[:, 0], true_dev[:, 0]):.1f}",
+         f"{true_dev[:, 0].mean():.2f}", f"{pred_dev[:, 0].mean():.2f}"],
+        ["device backward compute", f"{mape(pred_dev[:, 1], true_dev[:, 1]):.1f}",
+         f"{true_dev[:, 1].mean():.2f}", f"{pred_dev[:, 1].mean():.2f}"],
+        ["device communication", f"{mape(pred_dev[:, 2], true_dev[:, 2]):.1f}",
+         f"{true_dev[:, 2].mean():.2f}", f"{pred_dev[:, 2].mean():.2f}"],
+    ]))
+
+
+if __name__ == "__main__":
+    run_main(main)
