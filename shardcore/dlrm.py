@@ -161,14 +161,14 @@ def load_raw(path: str | os.PathLike, tmp_dir: str | os.PathLike | None = None) 
             target = tmp
         else:
             target = path
-        obj = _torch_load(target, source)
+        obj = _read_torch_file(target, source)
     finally:
         if tmp is not None and tmp.exists():
             tmp.unlink()  # a mapping stays valid after the unlink
     return validate_raw(obj, source)
 
 
-def _torch_load(path: Path, source: str):
+def _read_torch_file(path: Path, source: str):
     mappable = zipfile.is_zipfile(path)
     try:
         return torch.load(path, weights_only=True, mmap=mappable, map_location="cpu")
