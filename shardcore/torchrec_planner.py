@@ -44,7 +44,9 @@ batches of all ranks, so the planner gets ``batch_size / ndevices`` per rank.
 "max_memory_gb", "memory_gb": [...]}``), :func:`torchrec_plan_json` a form that
 :func:`load_torchrec_plan` / :func:`sharding_plan_from_json` turn back into TorchRec's
 ``ShardingPlan`` (one ``ParameterSharding`` per table: table-wise, ``fused``, ``ranks=[r]``, one
-shard ``[0, 0] + [rows, dim]`` placed on ``rank:r/cuda:r``, or ``rank:r/cpu``). JSON rather than a
+shard ``[0, 0] + [rows, dim]`` placed on ``rank:r/cuda:r``, or ``rank:r/cpu``; a table that a plan
+splits column-wise (NeuroShard, :attr:`Plan.splits`) is ``column_wise`` with one shard of
+``[rows, dim/k]`` per column block, on the ranks its column shards were given). JSON rather than a
 pickle, so loading a plan never executes code. :func:`export_plan` writes both files for one task;
 :func:`export_plans` writes a directory for many (task, algorithm) records.
 """
@@ -279,22 +281,42 @@ def _check_names(tables: Sequence[TableConfig], names: Sequence[str] | None) -> 
     return names
 
 
+def column_shards(tables: Sequence[TableConfig], plan: Plan) -> list[list[tuple[int, int, int]]]:
+    """Per task table, its column shards as ``(rank, dim offset, dim)``: one shard covering the whole
+    table when the plan does not split it, ``k`` shards of ``dim / k`` (in column order, on the ranks
+    the plan's allocation gives the expanded table list) when ``plan.splits`` cuts it into ``k``."""
+    plan.expand(tables)   # checks that the plan and its splits match the tables
+    splits = plan.splits if plan.splits is not None else (1,) * len(tables)
+    out, pos = [], 0
+    for t, k in zip(tables, splits):
+        width = t.dim // k
+        out.append([(int(plan.allocation[pos + j]), j * width, width) for j in range(k)])
+        pos += k
+    return out
+
+
 def plan_json(tables: Sequence[TableConfig], plan: Plan, max_memory_gb: float, precision: str = "fp16",
               names: Sequence[str] | None = None, device_ids: Sequence[int] | None = None,
               **meta: Any) -> dict:
     """The plain form: ``{"tables": [{"name", "index", "rows", "dim", "pooling_factor", "device"}],
     "ndevices", "max_memory_gb", "memory_gb": [...], ...}``. ``device`` is the rank (0..N-1);
     ``device_ids`` (optional) names the physical device of each rank; ``meta`` (e.g. ``alg``,
-    ``task``) is added as top-level keys."""
+    ``task``) is added as top-level keys. A table the plan splits column-wise has ``"device": null``
+    and ``"column_shards": [{"device", "dim_offset", "dim"}, ...]`` (its ``k`` shards in column order)."""
     names = _check_names(tables, names)
-    plan._check_len(tables)
+    shards = column_shards(tables, plan)
     if device_ids is not None and len(device_ids) != plan.ndevices:
         raise ShardError(f"{len(device_ids)} device ids for a plan over {plan.ndevices} devices")
     out: dict[str, Any] = {"format": PLAN_FORMAT}
     out.update(meta)
-    out["tables"] = [{"name": n, "index": t.index, "rows": t.row, "dim": t.dim,
-                      "pooling_factor": t.pooling_factor, "device": int(d)}
-                     for n, t, d in zip(names, tables, plan.allocation)]
+    rows = []
+    for n, t, cols in zip(names, tables, shards):
+        row = {"name": n, "index": t.index, "rows": t.row, "dim": t.dim, "pooling_factor": t.pooling_factor,
+               "device": cols[0][0] if len(cols) == 1 else None}
+        if len(cols) > 1:
+            row["column_shards"] = [{"device": r, "dim_offset": o, "dim": d} for r, o, d in cols]
+        rows.append(row)
+    out["tables"] = rows
     out["ndevices"] = plan.ndevices
     if device_ids is not None:
         out["device_ids"] = [int(x) for x in device_ids]
@@ -307,20 +329,23 @@ def plan_json(tables: Sequence[TableConfig], plan: Plan, max_memory_gb: float, p
 
 def torchrec_plan_json(tables: Sequence[TableConfig], plan: Plan, names: Sequence[str] | None = None,
                        precision: str = "fp16", module_path: str = "", compute_kernel: str = "fused") -> dict:
-    """The TorchRec form: per table (by name) a table-wise ``ParameterSharding`` on one rank.
+    """The TorchRec form: per table (by name) a ``ParameterSharding``: table-wise on one rank, or,
+    for a table the plan splits into ``k`` column shards, column-wise with the ranks of its shards
+    (``ranks=[r_0, .., r_k-1]``, shard ``j`` at offsets ``[0, j x dim/k]`` of size ``[rows, dim/k]``).
     ``module_path`` is where the ``EmbeddingBagCollection`` sits in the user's model ("" when the
     model is the collection itself, e.g. ``"sparse_arch.embedding_bag_collection"``)."""
     names = _check_names(tables, names)
-    plan._check_len(tables)
+    shards = column_shards(tables, plan)
     return {
         "format": TORCHREC_FORMAT,
         "world_size": plan.ndevices,
         "module_path": module_path,
         "data_type": precision,
-        "tables": [{"name": n, "sharding_type": "table_wise", "compute_kernel": compute_kernel,
-                    "ranks": [int(d)], "rows": t.row, "dim": t.dim,
-                    "shards": [{"offsets": [0, 0], "sizes": [t.row, t.dim], "rank": int(d)}]}
-                   for n, t, d in zip(names, tables, plan.allocation)],
+        "tables": [{"name": n, "sharding_type": "table_wise" if len(cols) == 1 else "column_wise",
+                    "compute_kernel": compute_kernel, "ranks": [r for r, _, _ in cols], "rows": t.row,
+                    "dim": t.dim,
+                    "shards": [{"offsets": [0, o], "sizes": [t.row, d], "rank": r} for r, o, d in cols]}
+                   for n, t, cols in zip(names, tables, shards)],
     }
 
 

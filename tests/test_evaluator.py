@@ -62,7 +62,8 @@ def data(tmp_path_factory):
 def ev(data, tmp_path_factory):
     path, _ = data
     cache = CostCache(tmp_path_factory.mktemp("cache") / "cache.sqlite")
-    with PlanEvaluator(path, ndevices=3, bench_iters=3, warmup_iters=1, cache=cache, timeout_s=30) as e:
+    with PlanEvaluator(path, ndevices=3, bench_iters=3, warmup_iters=1, cache=cache, timeout_s=30,
+                       host_lock=False) as e:  # timings are not asserted; never wait on other measurers
         yield e
     assert all(not alive(p) for p in e.worker_pids)
 
@@ -168,12 +169,14 @@ def test_waits_for_the_machine_measurement_lock(ev, data):
     pids = ev.worker_pids
     old = ev.lock_timeout_s
     ev.lock_timeout_s = 0.3
+    ev.host_lock = True   # the fixture measures without the lock
     try:
         with host_measurement_lock():  # another process measuring on this machine
             with pytest.raises(ShardError, match="measurement lock"):
                 ev.evaluate([[t[0]], [t[3]], [t[5]]], no_cache=True)
     finally:
         ev.lock_timeout_s = old
+        ev.host_lock = False
     assert ev.worker_pids == pids
     check_result(ev.evaluate([[t[0]], [t[3]], [t[5]]], no_cache=True), [[1], [1], [1]])
 
