@@ -57,12 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def dataset_batch(args) -> int | None:
-    """The batch size the plans will be measured at (the dataset's, unless --batch-size)."""
-    from shardcore.dataset import load_dataset as _load
-
+def measured_batch_size(args) -> int | None:
+    """The batch size plans are measured at: --batch-size, else the dataset's (None without lookups)."""
+    if args.batch_size is not None:
+        return args.batch_size
     try:
-        return _load(args.data_dir).batch_size
+        return load_dataset(args.data_dir).batch_size   # data.pt is memory-mapped: cheap
     except ShardError:
         return None
 
@@ -80,8 +80,8 @@ def main(argv=None):
     tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
     if args.max_tasks is not None:
         tasks = tasks[: args.max_tasks]
-    sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=args.batch_size or dataset_batch(args))
-                for name in names}
+    batch_size = measured_batch_size(args)
+    sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=batch_size) for name in names}
 
     def show(result, task):
         if args.quiet:
