@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-torchrec", default=None, metavar="DIR",
                    help="also write every plan as DIR/<alg>/task_<k>.json (plain) and .torchrec.json "
                         "(TorchRec ParameterSharding, table-wise) plus DIR/index.json")
+    ns = p.add_argument_group("NeuroShard (--alg neuroshard)")
+    ns.add_argument("--compute-model", default=None, metavar="PT",
+                    help="pre-trained compute cost model (default models/neuroshard/compute.pt)")
+    ns.add_argument("--fw-comm-model", default=None, metavar="PT",
+                    help="forward communication cost model (default models/neuroshard/fw_comm.pt)")
+    ns.add_argument("--bw-comm-model", default=None, metavar="PT",
+                    help="backward communication cost model (default models/neuroshard/bw_comm.pt)")
     p.add_argument("--task-set", default=None, metavar="NAME",
                    help="row label of the paper-style table (default: derived from the task file)")
     add_oracle_args(p)
@@ -81,7 +88,9 @@ def main(argv=None):
     if args.max_tasks is not None:
         tasks = tasks[: args.max_tasks]
     batch_size = measured_batch_size(args)
-    sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=batch_size) for name in names}
+    models = {"compute_model": args.compute_model, "fw_comm_model": args.fw_comm_model,
+              "bw_comm_model": args.bw_comm_model}
+    sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=batch_size, **models) for name in names}
 
     def show(result, task):
         if args.quiet:
