@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Collect NeuroShard's communication cost data: real all-to-alls with random per-device loads and
+random start delays.
+
+  python collect_comm_cost_data.py --gpu_devices 0,1,2,3 --T_range 10,60 --sleep_range 0,200 \\
+      --max_dim 128 --out_dir data/cost_data/comm_4
+
+Each sample deals T tables (--T_range) with dims from --max_dim, --max_dim/2, .., 4 to the devices
+with random imbalance, and lets every device start its forward all-to-all after a random delay
+from --sleep_range (ms) that mimics imbalanced compute; per device the forward and backward
+exchange times are measured. Rows go to <out_dir>/comm_costs.csv (one directory per device count);
+an existing file is appended to until it holds --data_size samples.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from neuroshard import config  # noqa: E402
+from neuroshard.cli import add_devices, devices, float_list  # noqa: E402
+from neuroshard.collect import collect_comm  # noqa: E402
+from shardcore.cli import add_oracle_args, int_list, open_evaluator, positive_int, run_main  # noqa: E402
+from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=config.COMM_SAMPLES,
+                   help="samples the output should hold; collection stops there (default %(default)s)")
+    add_devices(p, default="0,1,2,3")
+    p.add_argument("--T_range", "--T-range", dest="T_range", type=int_list, default=list(config.T_RANGE),
+                   metavar="MIN,MAX", help="tables per sample (default %s)" % ",".join(map(str, config.T_RANGE)))
+    p.add_argument("--sleep_range", "--sleep-range", dest="sleep_range", type=float_list,
+                   default=list(config.SLEEP_RANGE_MS), metavar="MIN,MAX",
+                   help="start delay of each device's forward all-to-all, ms (default %g,%g)" % config.SLEEP_RANGE_MS)
+    p.add_argument("--max_dim", "--max-dim", dest="max_dim", type=positive_int, default=config.MAX_DIM,
+                   help="largest table dim (default %(default)s)")
+    p.add_argument("--dataset_dir", "--dataset-dir", "--data-dir", "--data_dir", dest="dataset_dir",
+                   default=DEFAULT_DATA_DIR, help="processed dataset directory the workers load (default %(default)s)")
+    p.add_argument("--out_dir", "--out-dir", dest="out_dir", default=None,
+                   help="output directory (default data/cost_data/comm_<number of devices>)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--from-cache", action="store_true",
+                   help="also import the all-to-alls of every plan in the measurement cache (same setting "
+                        "and device count; measured without delays)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_oracle_args(p)
+    p.set_defaults(weights_precision="fp16")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    ids = devices(args)
+    if len(ids) < 2:
+        raise ShardError("communication needs at least 2 devices (--gpu_devices 0,1,...)")
+    out_dir = args.out_dir or os.path.join(config.COST_DATA_DIR, f"comm_{len(ids)}")
+    with open_evaluator(args, args.dataset_dir, ids) as ev:
+        print(f"measuring on {ev.device_type} ({ev.ndevices} devices, batch {ev.batch_size}); "
+              f"workers up in {ev.startup_s:.1f} s")
+        stats = collect_comm(ev, out_dir, args.data_size, t_range=args.T_range, sleep_range=args.sleep_range,
+                             max_dim=args.max_dim, seed=args.seed, from_cache=args.from_cache,
+                             progress=not args.quiet)
+    print(f"{stats.path}: {stats.total} samples ({stats.added} added, {stats.from_cache} of them from the "
+          f"measurement cache) in {stats.seconds:.1f} s")
+
+
+if __name__ == "__main__":
+    run_main(main)

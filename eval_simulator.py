@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Shard tasks with one or more algorithms and score the plans with NeuroShard's simulator.
+
+  python eval_simulator.py --alg neuroshard,lookup_greedy,random --task-path data/ns_tasks/test.txt \\
+      --ndevices 4 --max_mem 0.75
+
+--alg takes neuroshard, the baselines (random, naive, dim_greedy, size_greedy, lookup_greedy,
+size_lookup_greedy) or a checkpoint, comma-separated; every plan is scored by the simulator built
+from --compute-model, --fw-comm-model and --bw-comm-model (defaults under models/neuroshard/), no
+hardware involved. With --measure the plans are also measured on this machine's hardware (as
+eval.py does) and the simulator's error against the measurements is reported (MAPE of the plan
+cost and of each of the four per-device costs).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from tqdm import tqdm  # noqa: E402
+
+from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, search_kwargs  # noqa: E402
+from neuroshard.simulator import Simulator  # noqa: E402
+from shardcore import algorithms, report  # noqa: E402
+from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids,  # noqa: E402
+                           open_evaluator, run_main)
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+from shardcore.evaluation import evaluate  # noqa: E402
+from shardcore.io import atomic_open  # noqa: E402
+from shardcore.tasks import load_tasks  # noqa: E402
+
+COMPONENTS = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--alg", default="neuroshard",
+                   help="algorithm(s), comma-separated: neuroshard, random, naive, dim_greedy, size_greedy, "
+                        "lookup_greedy, size_lookup_greedy, or a checkpoint (default neuroshard)")
+    p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/test.txt",
+                   help="task file, one task per line (default %(default)s)")
+    p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
+                   help=f"processed dataset directory (default {DEFAULT_DATA_DIR})")
+    add_device_args(p)
+    add_memory_args(p)
+    add_model_paths(p)
+    add_search_args(p)
+    p.add_argument("--max-tasks", type=int, default=None, metavar="N", help="only the first N tasks")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
+    p.add_argument("--measure", action="store_true",
+                   help="also measure every plan on hardware and report the simulator's error")
+    p.add_argument("--out", default=None, metavar="FILE.jsonl", help="one JSON object per task and algorithm")
+    p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
+    add_oracle_args(p)
+    return p
+
+
+def mape_table(results) -> str:
+    rows = []
+    groups: dict = {}
+    for r in results:
+        if r.cost_ms is not None and "simulated_cost_ms" in r.extra:
+            groups.setdefault(r.alg, []).append(r)
+    everything = [r for rs in groups.values() for r in rs]
+    for alg, rs in list(groups.items()) + ([("all", everything)] if len(groups) > 1 else []):
+        plan = [abs(r.extra["simulated_cost_ms"] - r.cost_ms) / r.cost_ms * 100 for r in rs]
+        comp = []
+        for j in range(4):
+            errs = [abs(s[j] - m[j]) / max(m[j], 1e-3) * 100
+                    for r in rs for s, m in zip(r.extra["simulated_device_costs_ms"], r.device_costs_ms)]
+            comp.append(f"{statistics.fmean(errs):.1f}%")
+        sim = statistics.fmean(r.extra["simulated_cost_ms"] for r in rs)
+        meas = statistics.fmean(r.cost_ms for r in rs)
+        rows.append([alg, len(rs), f"{sim:.2f}", f"{meas:.2f}", f"{statistics.fmean(plan):.1f}%",
+                     f"{max(plan):.1f}%"] + comp)
+    return report.format_table(["alg", "plans", "simulated ms", "measured ms", "plan cost MAPE", "worst",
+                                *(f"{c} MAPE" for c in COMPONENTS)], rows)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    devices = device_ids(args)
+    ndevices = len(devices)
+    names = [a.strip() for a in args.alg.split(",") if a.strip()]
+    if not names or len(set(names)) != len(names):
+        raise ShardError(f"--alg must name distinct algorithms, got {args.alg!r}")
+    dataset = load_dataset(args.data_dir, with_lookups=False)
+    tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
+    if args.max_tasks is not None:
+        tasks = tasks[: args.max_tasks]
+    paths = model_kwargs(args)
+    sim = Simulator.load(paths["compute_model"], paths["fw_comm_model"], paths["bw_comm_model"])
+    kwargs = dict(paths, **search_kwargs(args))
+    sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=args.batch_size, **kwargs)
+                for name in names}
+    last_sim: dict = {}
+
+    def simulate(shard_tables):
+        costs = sim.device_costs(shard_tables)
+        return float(costs.sum(-1).max()), costs.tolist()
+
+    def show(result, task):
+        if result.cost_ms is not None and "sim" in last_sim:
+            s_cost, s_dev = last_sim.pop("sim")
+            result.extra["simulated_cost_ms"] = s_cost
+            result.extra["simulated_device_costs_ms"] = s_dev
+        if args.quiet:
+            return
+        if not result.feasible:
+            tqdm.write(f"task {result.task:3d} {result.alg:>20s}: {result.error}")
+            return
+        split = f", {sum(result.splits) - len(result.splits)} column splits" if result.splits else ""
+        line = f"task {result.task:3d} {result.alg:>20s}: "
+        if args.measure:
+            line += f"measured {result.cost_ms:8.3f} ms, simulated {result.extra['simulated_cost_ms']:8.3f} ms"
+        else:
+            line += f"simulated {result.cost_ms:8.3f} ms"
+        tqdm.write(line + f", planning {1e3 * result.planning_seconds:.1f} ms{split}")
+
+    mode = "simulated and measured on hardware" if args.measure else "simulated"
+    print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GB "
+          f"({args.weights_precision}), {mode}; algorithms: {', '.join(names)}")
+    if args.measure:
+        with open_evaluator(args, args.data_dir, devices) as ev:
+            print(f"workers up in {ev.startup_s:.1f} s on {ev.device_type} (batch {ev.batch_size})")
+            sim.check_setting(batch_size=ev.batch_size)
+
+            def measure(shard_tables):
+                last_sim["sim"] = simulate(shard_tables)
+                r = ev.evaluate(shard_tables)
+                return r.cost_ms, r.device_costs_ms
+
+            with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:
+                results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory,
+                                   args.weights_precision, measure=measure, on_result=show, progress=bar)
+    else:
+        with tqdm(total=len(tasks) * len(sharders), desc="simulating", unit="plan", disable=None) as bar:
+            results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory, args.weights_precision,
+                               measure=simulate, on_result=show, progress=bar)
+    task_set = f"{os.path.basename(os.path.dirname(os.path.abspath(args.task_path)))}/" \
+               f"{os.path.basename(args.task_path)} ({ndevices})"
+    print()
+    if args.measure:
+        print("measured on hardware:")
+        print(report.measured_summary(results))
+        print()
+        simulated = []
+        for r in results:
+            c = type(r)(**{**r.__dict__, "extra": dict(r.extra)})
+            if r.cost_ms is not None:
+                c.cost_ms = r.extra["simulated_cost_ms"]
+                c.device_costs_ms = r.extra["simulated_device_costs_ms"]
+            simulated.append(c)
+        print("simulated:")
+        print(report.measured_summary(simulated))
+        print()
+        print("simulator error against the measurements:")
+        print(mape_table(results))
+        print("(fw_comm differs by design: the simulator's forward exchange includes each device's wait for the "
+              "slowest one, the start delays of imbalanced compute; the evaluator times it from a barrier. The "
+              "plan cost, the max over devices, compares like with like.)")
+    else:
+        print("simulated:")
+        print(report.measured_summary(results))
+        print()
+        print(report.paper_table(results, task_set))
+    if args.out:
+        with atomic_open(args.out) as fh:
+            for r in results:
+                obj = r.to_json()
+                if not args.measure and r.cost_ms is not None:
+                    obj["simulated_cost_ms"] = obj.pop("cost_ms")
+                    obj["simulated_device_costs_ms"] = obj.pop("device_costs_ms")
+                fh.write(json.dumps(obj) + "\n")
+        print(f"wrote {len(results)} records to {args.out}")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,127 @@
+"""Command-line flags shared by the NeuroShard scripts (both the original underscore spellings,
+e.g. ``--gpu_devices``, and the dashed ones, e.g. ``--gpu-devices``, are accepted)."""
+
+from __future__ import annotations
+
+import argparse
+
+from shardcore.cli import int_list, positive_float, positive_int
+from shardcore.errors import ShardError
+
+from . import config
+from .config import ModelConfig, SearchConfig
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def add_devices(p: argparse.ArgumentParser, default: str = "0,1,2,3") -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--gpu-devices", "--gpu_devices", dest="gpu_devices", type=int_list, default=None, metavar="IDS",
+                   help=f"devices to measure on, e.g. 0,1,2,3; on a CPU-only machine logical devices "
+                        f"(default {default})")
+    g.add_argument("--ndevices", type=positive_int, default=None, metavar="N",
+                   help="number of devices, same as --gpu-devices 0,..,N-1")
+    p.set_defaults(_default_devices=default)
+
+
+def devices(args: argparse.Namespace) -> list[int]:
+    if args.gpu_devices is not None:
+        ids = list(args.gpu_devices)
+        if len(set(ids)) != len(ids) or min(ids) < 0:
+            raise ShardError(f"--gpu-devices must list distinct non-negative ids, got {ids}")
+        return ids
+    if args.ndevices is not None:
+        return list(range(args.ndevices))
+    return int_list(args._default_devices)
+
+
+def add_model_paths(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("NeuroShard models")
+    g.add_argument("--compute-model", "--compute_model", dest="compute_model", default=None, metavar="PT",
+                   help=f"compute cost model (default {config.COMPUTE_MODEL})")
+    g.add_argument("--fw-comm-model", "--fw_comm_model", dest="fw_comm_model", default=None, metavar="PT",
+                   help=f"forward communication cost model (default {config.FW_COMM_MODEL})")
+    g.add_argument("--bw-comm-model", "--bw_comm_model", dest="bw_comm_model", default=None, metavar="PT",
+                   help=f"backward communication cost model (default {config.BW_COMM_MODEL})")
+
+
+def model_kwargs(args: argparse.Namespace) -> dict:
+    return {"compute_model": args.compute_model, "fw_comm_model": args.fw_comm_model,
+            "bw_comm_model": args.bw_comm_model}
+
+
+def add_search_args(p: argparse.ArgumentParser) -> None:
+    d = SearchConfig()
+    g = p.add_argument_group("NeuroShard search")
+    g.add_argument("--k", type=positive_int, default=None, help=f"beam width of the column-wise search (default {d.k})")
+    g.add_argument("--n", type=positive_int, default=None,
+                   help=f"split candidates per step: the n largest and n most costly tables (default {d.n})")
+    g.add_argument("--max-length", "--max_length", dest="max_length", type=int, default=None,
+                   help=f"most column-wise steps, 0 = table-wise only (default {d.max_length})")
+    g.add_argument("--search-steps", "--search_steps", dest="search_steps", type=positive_int, default=None,
+                   help=f"dim-sum caps tried by the table-wise search (default {d.search_steps})")
+    g.add_argument("--cap-start", type=positive_float, default=None,
+                   help=f"smallest dim-sum cap, x the mean dim sum per device (default {d.cap_start})")
+    g.add_argument("--cap-end", type=positive_float, default=None,
+                   help=f"largest dim-sum cap (default {d.cap_end})")
+    g.add_argument("--no-column-wise", action="store_true", help="table-wise search only: never split a table")
+
+
+def search_kwargs(args: argparse.Namespace) -> dict:
+    out = {k: getattr(args, k) for k in ("k", "n", "max_length", "search_steps", "cap_start", "cap_end")
+           if getattr(args, k) is not None}
+    if args.no_column_wise:
+        out["column_wise"] = False
+    return out
+
+
+def add_training_args(p: argparse.ArgumentParser, defaults: ModelConfig, prefix: str = "",
+                      what: str = "") -> None:
+    """``--epochs``, ``--lr``, sizes ... for one model (``prefix`` e.g. ``comm-`` when a script trains several)."""
+    g = p.add_argument_group(f"{what or 'model'} training")
+    dest = prefix.replace("-", "_")
+
+    def add(name, **kw):
+        names = [f"--{prefix}{name}"]
+        if "-" in name or prefix:
+            names.append(f"--{(prefix + name).replace('-', '_')}")
+        g.add_argument(*dict.fromkeys(names), dest=dest + name.replace("-", "_"), **kw)
+
+    add("epochs", type=positive_int, default=defaults.epochs, help=f"training epochs (default {defaults.epochs})")
+    add("lr", type=positive_float, default=defaults.lr, help=f"learning rate (default {defaults.lr})")
+    add("train-batch-size", type=positive_int, default=defaults.batch_size,
+        help=f"samples per gradient step (default {defaults.batch_size})")
+    add("hidden", type=positive_int, default=defaults.hidden, help=f"MLP width (default {defaults.hidden})")
+    add("embed", type=positive_int, default=defaults.embed,
+        help=f"pooled representation width (default {defaults.embed})")
+    add("head-hidden", type=positive_int, default=defaults.head_hidden,
+        help=f"head MLP width (default {defaults.head_hidden})")
+    add("val-fraction", type=float, default=defaults.val_fraction,
+        help=f"share of samples for model selection (default {defaults.val_fraction})")
+    add("test-fraction", type=float, default=defaults.test_fraction,
+        help=f"share of samples held out for the test MAPE (default {defaults.test_fraction})")
+
+
+def training_config(args: argparse.Namespace, defaults: ModelConfig, prefix: str = "", seed: int = 0) -> ModelConfig:
+    dest = prefix.replace("-", "_")
+    cfg = ModelConfig(**defaults.to_dict())
+    cfg.epochs = getattr(args, dest + "epochs")
+    cfg.lr = getattr(args, dest + "lr")
+    cfg.batch_size = getattr(args, dest + "train_batch_size")
+    cfg.hidden = getattr(args, dest + "hidden")
+    cfg.embed = getattr(args, dest + "embed")
+    cfg.head_hidden = getattr(args, dest + "head_hidden")
+    cfg.val_fraction = getattr(args, dest + "val_fraction")
+    cfg.test_fraction = getattr(args, dest + "test_fraction")
+    cfg.seed = seed
+    if not (0 < cfg.val_fraction < 1 and 0 < cfg.test_fraction < 1 and cfg.val_fraction + cfg.test_fraction < 1):
+        raise ShardError("--val-fraction and --test-fraction must be in (0, 1) and sum to less than 1")
+    return cfg

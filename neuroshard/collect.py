@@ -1,0 +1,391 @@
+"""Cost-data collection for pre-training: random shards (compute) and random all-to-alls (communication).
+
+Both run on the hardware oracle (:class:`~shardcore.evaluator.PlanEvaluator`) and write tidy CSV
+tables (pandas) into an output directory, next to a ``meta.json`` that records the measurement
+setting (hardware fingerprint, dataset digest, batch size, optimizer, precision).
+
+**Compute** (``compute_costs.csv``, one row per shard): a random shard has 1..``max_tables``
+distinct tables drawn from the dataset's *training pool* (the same seeded train/test split as
+``tools/gen_tasks.py``, so test tasks keep unseen tables; ``pool="all"`` uses every table), each with
+a dim drawn from ``max_dim, max_dim/2, ..., 4`` (data augmentation: the same table at many dims);
+if the shard's weights exceed ``max_mem`` GB, its largest tables are dropped until it fits. Shards
+are measured through :meth:`PlanEvaluator.measure_shards`, which reads and fills the measurement
+cache, so a shard measured before (by any script) costs nothing. Columns: ``sample``,
+``num_tables``, ``table_ids``, ``dims``, ``rows``, ``pooling_factors`` (``;``-separated, one entry
+per table), ``bins`` (JSON, 17 reuse-histogram values per table), ``dim_sum``, ``mem_gb``,
+``fw_ms``, ``bw_ms``, ``total_ms``, ``from_cache``, ``source`` (``random``, or ``cache`` for shards
+imported from the measurement cache with ``from_cache=True``). The table columns rebuild every
+:class:`~shardcore.tables.TableConfig` without the dataset.
+
+**Communication** (``comm_costs.csv``, one row per sample): ``T`` tables (``T_range``) with random
+dims are dealt to the devices with random imbalance (device shares drawn from a Dirichlet whose
+concentration is itself random), giving per-device dim sums; each device starts its forward
+all-to-all after a random delay from ``sleep_range`` (ms), mimicking imbalanced compute; the real
+all-to-alls are timed by :meth:`PlanEvaluator.measure_comm`. Columns: ``sample``, ``ndevices``,
+``num_tables``, then per device ``d``: ``dim_sum_d``, ``delay_ms_d``, ``fw_ms_d``, ``bw_ms_d``;
+``source`` (``random``, or ``cache``: plans measured earlier by ``eval.py`` and friends, with no
+delays, imported with ``from_cache=True``).
+
+Collection is resumable: an existing CSV in the output directory is kept and appended to until it
+holds ``data_size`` samples (the random draws continue with a fresh seed), provided it was measured
+in the same setting. The CSV is rewritten atomically after every chunk of samples, so an interrupted
+run loses at most one chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from shardcore import io
+from shardcore.errors import ShardError
+from shardcore.tables import NUM_BINS, TableConfig
+from shardcore.taskgen import halving_dims, split_pools
+
+from . import config
+
+LIST_COLUMNS = ("table_ids", "dims", "rows", "pooling_factors")
+SETTING_KEYS = ("hardware", "dataset", "batch_size", "optimizer", "precision")
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling
+# ----------------------------------------------------------------------------------------------
+def table_pool(num_tables: int, pool: str = "train", train_fraction: float = config.TRAIN_FRACTION,
+               seed: int = config.POOL_SEED) -> list[int]:
+    """Dataset table ids to draw from: ``train`` / ``test`` (gen_tasks.py's split) or ``all``."""
+    if pool == "all":
+        return list(range(num_tables))
+    if pool not in ("train", "test"):
+        raise ShardError(f"--pool must be train, test or all, got {pool!r}")
+    train, test = split_pools(num_tables, train_fraction, np.random.default_rng(seed))
+    return train if pool == "train" else test
+
+
+def random_shard(rng: np.random.Generator, tables: Sequence[TableConfig], pool: Sequence[int], max_tables: int,
+                 max_mem_gb: float, dims: Sequence[int], precision: str = "fp16") -> list[TableConfig]:
+    """1..max_tables distinct pool tables with random dims, trimmed (largest first) to ``max_mem_gb``."""
+    n = int(rng.integers(1, min(max_tables, len(pool)) + 1))
+    ids = rng.choice(np.asarray(pool), size=n, replace=False)
+    ds = rng.choice(np.asarray(dims), size=n)
+    shard = [tables[int(i)].with_dim(int(d)) for i, d in zip(ids, ds)]
+    shard.sort(key=lambda t: t.memory_gb(precision))
+    while len(shard) > 1 and sum(t.memory_gb(precision) for t in shard) > max_mem_gb:
+        shard.pop()
+    if shard[0].memory_gb(precision) > max_mem_gb:   # a lone table over the cap: smallest dim that fits
+        t = shard[0]
+        for d in sorted(dims, reverse=True):
+            if t.with_dim(int(d)).memory_gb(precision) <= max_mem_gb:
+                return [t.with_dim(int(d))]
+        return []
+    rng.shuffle(shard)
+    return shard
+
+
+def random_comm_sample(rng: np.random.Generator, ndevices: int, t_range: Sequence[int], dims: Sequence[int],
+                       sleep_range: Sequence[float]) -> tuple[int, list[int], list[float]]:
+    """``(T, dim sums per device, delays in ms per device)`` for one communication sample."""
+    t = int(rng.integers(int(t_range[0]), int(t_range[1]) + 1))
+    table_dims = rng.choice(np.asarray(dims), size=t)
+    alpha = float(10 ** rng.uniform(-0.5, 1.0))        # 0.3 (very uneven) .. 10 (nearly even)
+    share = rng.dirichlet([alpha] * ndevices)
+    dev = rng.choice(ndevices, size=t, p=share)
+    dim_sums = np.bincount(dev, weights=table_dims, minlength=ndevices).astype(int).tolist()
+    lo, hi = float(sleep_range[0]), float(sleep_range[1])
+    if rng.random() < 0.1:   # some samples with all devices starting together (as a plan is measured)
+        delays = [0.0] * ndevices
+    else:
+        delays = [round(float(x), 3) for x in rng.uniform(lo, hi, size=ndevices)]
+    return t, dim_sums, delays
+
+
+# ----------------------------------------------------------------------------------------------
+# CSV rows
+# ----------------------------------------------------------------------------------------------
+def _join(values) -> str:
+    return ";".join(str(v) for v in values)
+
+
+def shard_row(sample: int, shard: Sequence[TableConfig], fw_ms: float, bw_ms: float, precision: str = "fp16",
+              from_cache: bool = False, source: str = "random") -> dict:
+    return {
+        "sample": int(sample), "num_tables": len(shard),
+        "table_ids": _join(t.index for t in shard), "dims": _join(t.dim for t in shard),
+        "rows": _join(t.row for t in shard), "pooling_factors": _join(repr(float(t.pooling_factor)) for t in shard),
+        "bins": json.dumps([[round(float(b), 6) for b in t.bins] for t in shard], separators=(",", ":")),
+        "dim_sum": sum(t.dim for t in shard), "mem_gb": round(sum(t.memory_gb(precision) for t in shard), 6),
+        "fw_ms": float(fw_ms), "bw_ms": float(bw_ms), "total_ms": float(fw_ms) + float(bw_ms),
+        "from_cache": bool(from_cache), "source": source,
+    }
+
+
+def row_tables(row) -> list[TableConfig]:
+    """Rebuild a compute row's tables."""
+    ids = [int(x) for x in str(row["table_ids"]).split(";")]
+    dims = [int(x) for x in str(row["dims"]).split(";")]
+    rows = [int(x) for x in str(row["rows"]).split(";")]
+    pfs = [float(x) for x in str(row["pooling_factors"]).split(";")]
+    bins = json.loads(row["bins"]) if isinstance(row.get("bins"), str) and row["bins"] else [[0.0] * NUM_BINS] * len(ids)
+    if not (len(ids) == len(dims) == len(rows) == len(pfs) == len(bins)):
+        raise ShardError(f"compute sample {row.get('sample')}: table columns of different lengths")
+    return [TableConfig(i, r, d, p, tuple(float(b) for b in bs)) for i, d, r, p, bs in zip(ids, dims, rows, pfs, bins)]
+
+
+def comm_row(sample: int, num_tables: int, dim_sums: Sequence[int], delays: Sequence[float],
+             costs: Sequence[Sequence[float]], source: str = "random") -> dict:
+    row = {"sample": int(sample), "ndevices": len(dim_sums), "num_tables": int(num_tables)}
+    for d, v in enumerate(dim_sums):
+        row[f"dim_sum_{d}"] = int(v)
+    for d, v in enumerate(delays):
+        row[f"delay_ms_{d}"] = float(v)
+    for d, (fw, bw) in enumerate(costs):
+        row[f"fw_ms_{d}"] = float(fw)
+        row[f"bw_ms_{d}"] = float(bw)
+    row["source"] = source
+    return row
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path, dtype={c: str for c in LIST_COLUMNS})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ShardError(f"{path}: cannot read cost data ({type(exc).__name__}: {exc})") from None
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with io.atomic_open(path) as fh:
+        pd.DataFrame(rows).to_csv(fh, index=False)
+
+
+def _csv_paths(paths: str | os.PathLike | Sequence, name: str) -> list[Path]:
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [p for p in str(paths).split(",") if p.strip()]
+    out = []
+    for p in paths:
+        p = Path(p)
+        f = p / name if p.is_dir() else p
+        if not f.is_file():
+            raise ShardError(f"no cost data at {f} (collect it first: collect_compute_cost_data.py / "
+                             "collect_comm_cost_data.py, or train_neuroshard.py)")
+        out.append(f)
+    return out
+
+
+def read_meta(csv_path: Path) -> dict:
+    meta = csv_path.parent / config.META_JSON
+    if not meta.is_file():
+        return {}
+    try:
+        return json.loads(meta.read_text())
+    except json.JSONDecodeError:
+        return {}
+
+
+def common_setting(metas: Sequence[dict]) -> dict:
+    """The setting shared by several data files (keys on which they disagree are dropped)."""
+    settings = [m.get("setting", {}) for m in metas]
+    out = {}
+    for key in SETTING_KEYS:
+        values = {json.dumps(s.get(key)) for s in settings}
+        if len(values) == 1 and settings and settings[0].get(key) is not None:
+            out[key] = settings[0][key]
+    return out
+
+
+def load_compute_data(paths) -> tuple[list[list[TableConfig]], np.ndarray, dict]:
+    """Shards, costs ``[N, 2]`` (fw, bw ms) and the common setting from compute data directories/CSVs."""
+    files = _csv_paths(paths, config.COMPUTE_CSV)
+    shards, costs, metas = [], [], []
+    for f in files:
+        df = _read_csv(f)
+        missing = [c for c in ("table_ids", "dims", "rows", "pooling_factors", "fw_ms", "bw_ms") if c not in df]
+        if missing:
+            raise ShardError(f"{f}: not a compute cost table (missing {', '.join(missing)})")
+        for _, row in df.iterrows():
+            shards.append(row_tables(row))
+            costs.append((float(row["fw_ms"]), float(row["bw_ms"])))
+        metas.append(read_meta(f))
+    return shards, np.asarray(costs, dtype=np.float64).reshape(-1, 2), common_setting(metas)
+
+
+def load_comm_data(paths) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray], dict]:
+    """Per sample: dim sums, delays, fw ms and bw ms per device (device counts may differ), and the setting."""
+    files = _csv_paths(paths, config.COMM_CSV)
+    dims, delays, fw, bw, metas = [], [], [], [], []
+    for f in files:
+        df = _read_csv(f)
+        if "ndevices" not in df:
+            raise ShardError(f"{f}: not a communication cost table (no ndevices column)")
+        for _, row in df.iterrows():
+            n = int(row["ndevices"])
+            try:
+                dims.append(np.array([row[f"dim_sum_{d}"] for d in range(n)], dtype=np.float64))
+                delays.append(np.array([row[f"delay_ms_{d}"] for d in range(n)], dtype=np.float64))
+                fw.append(np.array([row[f"fw_ms_{d}"] for d in range(n)], dtype=np.float64))
+                bw.append(np.array([row[f"bw_ms_{d}"] for d in range(n)], dtype=np.float64))
+            except KeyError as exc:
+                raise ShardError(f"{f}: sample {row.get('sample')} lacks column {exc}") from None
+        metas.append(read_meta(f))
+    return dims, delays, fw, bw, common_setting(metas)
+
+
+# ----------------------------------------------------------------------------------------------
+# Collection
+# ----------------------------------------------------------------------------------------------
+def evaluator_setting(ev) -> dict:
+    ctx = ev.context
+    return {"hardware": ctx.hardware, "dataset": ctx.dataset, "batch_size": int(ctx.batch_size),
+            "optimizer": ctx.optimizer, "precision": ctx.precision}
+
+
+def _prepare(out_dir: Path, csv_name: str, kind: str, setting: dict, params: dict) -> list[dict]:
+    """Existing rows of a resumable collection (after checking its setting); writes meta.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = out_dir / csv_name
+    meta_path = out_dir / config.META_JSON
+    rows: list[dict] = []
+    if csv_path.is_file():
+        old = read_meta(csv_path)
+        old_setting = old.get("setting", {})
+        diff = [k for k in SETTING_KEYS if k in old_setting and old_setting[k] != setting.get(k)]
+        if old.get("kind", kind) != kind:
+            raise ShardError(f"{out_dir} holds {old.get('kind')} data, not {kind} data: choose another --out_dir")
+        if diff:
+            raise ShardError(f"{csv_path} was measured in another setting ({', '.join(diff)} differ): "
+                             "choose another --out_dir to collect for this one")
+        df = _read_csv(csv_path)
+        rows = df.to_dict("records")
+        for r in rows:
+            for c in LIST_COLUMNS:
+                if c in r:
+                    r[c] = str(r[c])
+    io.write_json(meta_path, {"kind": kind, "setting": setting, "params": params,
+                              "updated": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return rows
+
+
+@dataclass
+class CollectStats:
+    path: Path
+    total: int           # samples in the file now
+    added: int           # samples added by this run
+    from_cache: int      # of which answered by the measurement cache
+    seconds: float
+
+
+def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: int = config.MAX_TABLES,
+                    max_mem_gb: float = config.MAX_MEM_GB, max_dim: int = config.MAX_DIM, pool: str = "train",
+                    pool_seed: int = config.POOL_SEED, train_fraction: float = config.TRAIN_FRACTION,
+                    seed: int = 0, chunk: int = config.COLLECT_CHUNK, from_cache: bool = False,
+                    progress: bool = True) -> CollectStats:
+    """Measure random shards until ``out_dir/compute_costs.csv`` holds ``data_size`` of them."""
+    from tqdm import tqdm
+
+    from shardcore.cache import shard_key
+
+    t0 = time.perf_counter()
+    if max_tables < 1 or max_mem_gb <= 0:
+        raise ShardError("--max_tables must be >= 1 and --max_mem positive")
+    dims = halving_dims(max_dim, config.MIN_DIM)
+    tables = ev.dataset.tables
+    ids = table_pool(len(tables), pool, train_fraction, pool_seed)
+    precision = ev.precision
+    out_dir = Path(out_dir)
+    params = {"max_tables": max_tables, "max_mem_gb": max_mem_gb, "max_dim": max_dim, "pool": pool,
+              "pool_seed": pool_seed, "train_fraction": train_fraction, "seed": seed}
+    rows = _prepare(out_dir, config.COMPUTE_CSV, "compute", evaluator_setting(ev), params)
+    csv_path = out_dir / config.COMPUTE_CSV
+    added = hits = 0
+    if from_cache and ev.cache is not None:
+        have = {shard_key(row_tables(r)) for r in rows}
+        allowed = set(ids)
+        for e in ev.cache.shard_entries(ev.context):
+            if e.tables in have or any(i not in allowed or i >= len(tables) for i, _, _ in e.tables):
+                continue
+            shard = [TableConfig(i, r, d, tables[i].pooling_factor, tables[i].bins) for i, r, d in e.tables]
+            rows.append(shard_row(len(rows), shard, e.fw_ms, e.bw_ms, precision, True, "cache"))
+            have.add(e.tables)
+            added += 1
+            hits += 1
+        if added:
+            _write_csv(csv_path, rows)
+    rng = np.random.default_rng([int(seed), len(rows)])
+    todo = max(0, int(data_size) - len(rows))
+    with tqdm(total=max(int(data_size), len(rows)), initial=len(rows), desc="compute samples", unit="shard",
+              disable=not progress, dynamic_ncols=True) as bar:
+        while todo > 0:
+            batch = []
+            while len(batch) < min(chunk, todo):
+                s = random_shard(rng, tables, ids, max_tables, max_mem_gb, dims, precision)
+                if s:
+                    batch.append(s)
+            cached = [ev.cache is not None and not ev.no_cache and ev.cache.get_shard(ev.context, s) is not None
+                      for s in batch]
+            costs = ev.measure_shards(batch)
+            for s, c, hit in zip(batch, costs, cached):
+                rows.append(shard_row(len(rows), s, c.fw_ms, c.bw_ms, precision, hit))
+            _write_csv(csv_path, rows)
+            added += len(batch)
+            hits += sum(cached)
+            todo -= len(batch)
+            bar.update(len(batch))
+    return CollectStats(csv_path, len(rows), added, hits, time.perf_counter() - t0)
+
+
+def collect_comm(ev, out_dir: str | os.PathLike, data_size: int, t_range: Sequence[int] = config.T_RANGE,
+                 sleep_range: Sequence[float] = config.SLEEP_RANGE_MS, max_dim: int = config.MAX_DIM,
+                 seed: int = 0, chunk: int = config.COLLECT_CHUNK, from_cache: bool = False,
+                 progress: bool = True) -> CollectStats:
+    """Time random all-to-alls until ``out_dir/comm_costs.csv`` holds ``data_size`` samples."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    if len(t_range) != 2 or not 1 <= t_range[0] <= t_range[1]:
+        raise ShardError(f"--T_range takes MIN,MAX with 1 <= MIN <= MAX, got {list(t_range)}")
+    if len(sleep_range) != 2 or not 0 <= sleep_range[0] <= sleep_range[1]:
+        raise ShardError(f"--sleep_range takes MIN,MAX milliseconds with 0 <= MIN <= MAX, got {list(sleep_range)}")
+    dims = halving_dims(max_dim, config.MIN_DIM)
+    n = ev.ndevices
+    out_dir = Path(out_dir)
+    params = {"ndevices": n, "T_range": list(t_range), "sleep_range": list(sleep_range), "max_dim": max_dim,
+              "seed": seed}
+    rows = _prepare(out_dir, config.COMM_CSV, "comm", evaluator_setting(ev), params)
+    if any(int(r.get("ndevices", n)) != n for r in rows):
+        raise ShardError(f"{out_dir} holds communication data of another device count: choose another --out_dir")
+    csv_path = out_dir / config.COMM_CSV
+    added = hits = 0
+    if from_cache and ev.cache is not None:
+        seen = {tuple(r[f"dim_sum_{d}"] for d in range(n)) for r in rows if r.get("source") == "cache"}
+        for e in ev.cache.plan_entries(ev.context, ndevices=n):
+            dim_sums = tuple(int(sum(t[2] for t in s)) for s in e.shards)
+            if dim_sums in seen:
+                continue
+            seen.add(dim_sums)
+            num = sum(len(s) for s in e.shards)
+            rows.append(comm_row(len(rows), num, dim_sums, [0.0] * n, [(c[1], c[2]) for c in e.device_costs_ms],
+                                 "cache"))
+            added += 1
+            hits += 1
+        if added:
+            _write_csv(csv_path, rows)
+    rng = np.random.default_rng([int(seed), len(rows)])
+    todo = max(0, int(data_size) - len(rows))
+    with tqdm(total=max(int(data_size), len(rows)), initial=len(rows), desc="comm samples", unit="sample",
+              disable=not progress, dynamic_ncols=True) as bar:
+        while todo > 0:
+            for _ in range(min(chunk, todo)):
+                t, dim_sums, delays = random_comm_sample(rng, n, t_range, dims, sleep_range)
+                costs, _ = ev.measure_comm(dim_sums, delays)
+                rows.append(comm_row(len(rows), t, dim_sums, delays, costs))
+                added += 1
+                todo -= 1
+                bar.update(1)
+            _write_csv(csv_path, rows)
+    return CollectStats(csv_path, len(rows), added, hits, time.perf_counter() - t0)

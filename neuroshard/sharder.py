@@ -1,0 +1,107 @@
+"""NeuroShard as a :class:`~shardcore.baselines.Sharder` (``--alg neuroshard`` or a checkpoint path).
+
+``load_sharder(path, compute_model=..., fw_comm_model=..., bw_comm_model=..., **kw)``:
+
+- ``path=None`` (``--alg neuroshard``): the three models from ``compute_model``, ``fw_comm_model``
+  and ``bw_comm_model``, each defaulting to ``models/neuroshard/{compute,fw_comm,bw_comm}.pt``;
+- ``path`` a bundle (``models/neuroshard/neuroshard.pt``, written by ``train_neuroshard.py``): all
+  three from it, unless a model path is given explicitly;
+- ``path`` one model's checkpoint (e.g. ``models/neuroshard/compute.pt``): that model from it, the
+  others from the explicit paths or from their default names beside it.
+
+Search settings (``k``, ``n``, ``max_length``, ``search_steps``, ``cap_start``, ``cap_end``,
+``column_wise``) may be passed as keyword arguments; ``batch_size`` (the batch the plans will run
+at) is checked against the models' training data. Other keyword arguments are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from shardcore.baselines import Sharder
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.plan import Plan
+from shardcore.tables import TableConfig
+
+from . import config
+from .config import SearchConfig
+from .models import read_checkpoint
+from .search import SearchResult, search
+from .simulator import Simulator
+
+SEARCH_KEYS = ("k", "n", "max_length", "search_steps", "cap_start", "cap_end", "column_wise")
+
+
+@dataclass
+class NeuroShardSharder(Sharder):
+    simulator: Simulator = None
+    search: SearchConfig = field(default_factory=SearchConfig)
+    last_result: SearchResult | None = field(default=None, init=False, repr=False)
+
+    def search_plan(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
+                    precision: str = "fp16") -> SearchResult:
+        return search(self.simulator, tables, ndevices, max_memory_gb, precision, self.search)
+
+    def shard(self, tables, ndevices, max_memory_gb, precision="fp16") -> Plan:
+        if not tables:
+            return Plan((), ndevices)
+        result = self.search_plan(tables, ndevices, max_memory_gb, precision)
+        self.last_result = result
+        if result.plan is None:
+            raise InfeasibleError(
+                f"infeasible: NeuroShard found no placement of {len(tables)} tables on {ndevices} devices "
+                f"under the {max_memory_gb:g} GB cap, even with column-wise splits")
+        return result.plan
+
+
+def _search_config(base: dict | None, overrides: dict) -> SearchConfig:
+    cfg = SearchConfig.from_dict(dict(base or {}))
+    for key in SEARCH_KEYS:
+        value = overrides.get(key)
+        if value is not None:
+            setattr(cfg, key, type(getattr(cfg, key))(value))
+    if cfg.k < 1 or cfg.n < 1 or cfg.max_length < 0 or cfg.search_steps < 1:
+        raise ShardError(f"neuroshard: k, n and search_steps must be >= 1 and max_length >= 0 (got k={cfg.k}, "
+                         f"n={cfg.n}, max_length={cfg.max_length}, search_steps={cfg.search_steps})")
+    if not 0 < cfg.cap_start <= cfg.cap_end:
+        raise ShardError(f"neuroshard: need 0 < cap_start <= cap_end, got {cfg.cap_start}, {cfg.cap_end}")
+    return cfg
+
+
+def load_sharder(path=None, compute_model=None, fw_comm_model=None, bw_comm_model=None,
+                 batch_size: int | None = None, **kwargs) -> NeuroShardSharder:
+    """See the module docstring."""
+    paths = {"compute": compute_model, "fw_comm": fw_comm_model, "bw_comm": bw_comm_model}
+    bundle = None
+    search_defaults: dict = {}
+    name = "neuroshard"
+    if path is not None:
+        obj = read_checkpoint(path)
+        kind = obj.get("kind")
+        name = str(path)
+        if kind == "bundle":
+            bundle = path
+            search_defaults = dict(obj.get("search") or {})
+        elif kind in paths:
+            folder = Path(path).parent
+            if paths[kind] is None:
+                paths[kind] = path
+            for other in paths:
+                if paths[other] is None:
+                    paths[other] = str(folder / Path(getattr(config, f"{other.upper()}_MODEL")).name)
+        else:
+            raise ShardError(f"{path}: unknown NeuroShard checkpoint kind {kind!r}")
+    sim = Simulator.load(paths["compute"], paths["fw_comm"], paths["bw_comm"], bundle=bundle)
+    sim.check_setting(batch_size=int(batch_size) if batch_size is not None else None)
+    return NeuroShardSharder(name=name, simulator=sim, search=_search_config(search_defaults, kwargs))
+
+
+def default_model_paths() -> dict[str, str]:
+    return {"compute": config.COMPUTE_MODEL, "fw_comm": config.FW_COMM_MODEL, "bw_comm": config.BW_COMM_MODEL}
+
+
+def models_exist(paths: dict[str, str | os.PathLike] | None = None) -> bool:
+    return all(os.path.isfile(p) for p in (paths or default_model_paths()).values())

@@ -1,0 +1,97 @@
+"""NeuroShard end to end on tiny data with the real evaluator (CPU, gloo): collect -> train -> search -> measure."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import collect_comm_cost_data
+import collect_compute_cost_data
+import eval_simulator
+import train_comm_cost_model
+import train_compute_cost_model
+import train_neuroshard
+from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data
+from neuroshard.sharder import load_sharder
+from shardcore.errors import ShardError
+from shardcore.evaluator import PlanEvaluator
+from shardcore.tasks import Task, save_tasks
+
+from helpers import make_dataset
+
+torch.set_num_threads(1)
+
+
+def test_collect_train_search_measure(tmp_path, capsys):
+    ds = tmp_path / "ds"
+    tables = make_dataset(ds, num_tables=24, batch_size=64, dims=(8, 16, 32))
+    compute_dir, comm_dir, models = tmp_path / "compute", tmp_path / "comm_2", tmp_path / "models"
+    with PlanEvaluator(ds, ndevices=2, bench_iters=2, warmup_iters=1, cache=tmp_path / "c.sqlite",
+                       timeout_s=60) as ev:
+        s = collect_compute(ev, compute_dir, 24, max_tables=5, max_mem_gb=1.0, max_dim=32, pool="all",
+                            progress=False)
+        assert s.total == 24 and s.added == 24
+        s = collect_compute(ev, compute_dir, 28, max_tables=5, max_mem_gb=1.0, max_dim=32, pool="all",
+                            progress=False)   # resumes: only the missing samples
+        assert (s.total, s.added) == (28, 4)
+        s = collect_comm(ev, comm_dir, 12, t_range=(2, 10), sleep_range=(0.0, 3.0), max_dim=32, progress=False)
+        assert s.total == 12
+        df = pd.read_csv(compute_dir / "compute_costs.csv")
+        assert len(df) == 28 and (df.fw_ms > 0).all() and (df.bw_ms > 0).all()
+        assert set(df.columns) >= {"table_ids", "dims", "rows", "pooling_factors", "bins", "fw_ms", "bw_ms"}
+        shards, costs, setting = load_compute_data(compute_dir)
+        assert setting["batch_size"] == 64 and len(shards) == 28 and costs.shape == (28, 2)
+        assert all(t.dim in (4, 8, 16, 32) and t.row == tables[t.index].row for s in shards for t in s)
+        dims, delays, fw, bw, _ = load_comm_data(comm_dir)
+        assert len(dims) == 12 and all(len(d) == 2 for d in dims) and all((f > 0).all() for f in fw)
+
+        train_compute_cost_model.main(["--data_dir", str(compute_dir), "--epochs", "8", "--out_path",
+                                       str(models / "compute.pt"), "--quiet"])
+        train_comm_cost_model.main(["--data_dir", str(comm_dir), "--epochs", "8", "--fw_out_path",
+                                    str(models / "fw_comm.pt"), "--bw_out_path", str(models / "bw_comm.pt"), "--quiet"])
+        out = capsys.readouterr().out
+        assert "held-out test MAPE" in out and out.count("held-out test MAPE") == 3
+        kw = {k: str(models / f"{k.replace('_model', '')}.pt") for k in ("compute_model", "fw_comm_model",
+                                                                        "bw_comm_model")}
+        sharder = load_sharder(None, batch_size=64, **kw)
+
+        # a task whose largest table fits no device whole: NeuroShard must split it column-wise
+        big = max(tables, key=lambda t: t.row).with_dim(32)
+        task_tables = [t for t in tables if t.index != big.index][:9] + [big]
+        cap = max(0.6 * big.memory_gb(), max(t.memory_gb() for t in task_tables[:-1]),
+                  sum(t.memory_gb() for t in task_tables) / 2 * 1.1)
+        assert big.memory_gb() > cap
+        plan = sharder.shard(task_tables, 2, cap)
+        assert plan.is_feasible(task_tables, cap) and plan.splits is not None and plan.splits[-1] >= 2
+        measured = ev.evaluate(plan.shard_tables(task_tables))   # split tables measured as split
+        assert measured.cost_ms > 0 and len(measured.device_costs_ms) == 2
+        simulated = sharder.simulator.plan_cost(task_tables, plan)
+        assert np.isfinite(simulated) and simulated > 0
+
+    save_tasks(tmp_path / "tasks.txt", [Task(tuple(range(0, 10)), tuple([8] * 10)), Task(tuple(range(10, 20)))])
+    eval_simulator.main(["--alg", "neuroshard,lookup_greedy,random", "--task-path", str(tmp_path / "tasks.txt"),
+                         "--data-dir", str(ds), "--ndevices", "2", "--max_mem", "1", "--max-length", "2",
+                         "--compute-model", kw["compute_model"], "--fw-comm-model", kw["fw_comm_model"],
+                         "--bw-comm-model", kw["bw_comm_model"], "--quiet", "--out", str(tmp_path / "sim.jsonl")])
+    out = capsys.readouterr().out
+    assert "simulated" in out and "% over random" in out
+    assert len((tmp_path / "sim.jsonl").read_text().splitlines()) == 6
+
+
+def test_script_flags_accept_original_and_dashed_spellings():
+    a = collect_compute_cost_data.build_parser().parse_args(
+        ["--gpu_devices", "0,1", "--max_tables", "7", "--max_mem", "2", "--max_dim", "64", "--dataset_dir", "d",
+         "--out_dir", "o", "--data_size", "9"])
+    b = collect_compute_cost_data.build_parser().parse_args(
+        ["--gpu-devices", "0,1", "--max-tables", "7", "--max-memory", "2", "--max-dim", "64", "--dataset-dir", "d",
+         "--out-dir", "o", "--data-size", "9"])
+    assert vars(a) == vars(b) and a.gpu_devices == [0, 1] and a.max_memory == 2.0
+    c = collect_comm_cost_data.build_parser().parse_args(["--T_range", "5,9", "--sleep_range", "1,20"])
+    d = collect_comm_cost_data.build_parser().parse_args(["--T-range", "5,9", "--sleep-range", "1,20"])
+    assert vars(c) == vars(d) and c.T_range == [5, 9] and c.sleep_range == [1.0, 20.0]
+    e = train_comm_cost_model.build_parser().parse_args(["--fw_out_path", "a", "--bw-out-path", "b", "--epochs", "3"])
+    assert (e.fw_out_path, e.bw_out_path, e.epochs) == ("a", "b", 3)
+    f = train_neuroshard.build_parser().parse_args(["--comm-epochs", "4", "--epochs", "5", "--max_mem", "1"])
+    assert (f.comm_epochs, f.epochs, f.max_memory) == (4, 5, 1.0)
+    with pytest.raises(ShardError, match="no cost data"):
+        train_compute_cost_model.main(["--data_dir", "/nonexistent/dir", "--quiet"])

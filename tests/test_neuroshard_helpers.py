@@ -1,0 +1,89 @@
+"""Shared by the NeuroShard tests: synthetic cost functions and tiny trained models (CPU, seconds).
+
+(Named test_* so that it sits with the other NeuroShard test files; its one test checks the
+synthetic cost itself.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardcore.tables import TableConfig
+
+from neuroshard.config import ModelConfig
+from neuroshard.models import fit_comm_model, fit_compute_model
+from neuroshard.simulator import Simulator
+
+DIMS = (4, 8, 16, 32, 64)
+
+
+def synthetic_tables(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    return [TableConfig(i, int(10 ** rng.uniform(2, 6)), 16, float(rng.choice([0.5, 1, 3, 10, 40]) * rng.uniform(0.5, 1.5)),
+                        tuple(rng.dirichlet(np.ones(17)))) for i in range(n)]
+
+
+def shard_cost(shard):
+    """Known compute cost: proportional to the lookups x dim of the shard, plus a fixed overhead."""
+    c = sum(t.dim * t.pooling_factor for t in shard) / 100.0 + 0.05
+    return 0.3 * c, 0.7 * c
+
+
+def comm_cost(dims, delays):
+    """Known all-to-all times: backward from the dim sums; forward adds the wait for the latest starter."""
+    dims = np.asarray(dims, dtype=float)
+    delays = np.asarray(delays, dtype=float)
+    bw = 1.0 + dims / 200.0 + dims.sum() / 800.0
+    return bw + (delays.max() - delays), bw
+
+
+def compute_data(n=300, seed=0, tables=None, max_tables=8):
+    rng = np.random.default_rng(seed)
+    tables = tables or synthetic_tables()
+    shards, costs = [], []
+    for _ in range(n):
+        k = int(rng.integers(1, max_tables + 1))
+        ids = rng.choice(len(tables), size=k, replace=False)
+        s = [tables[int(i)].with_dim(int(rng.choice(DIMS))) for i in ids]
+        shards.append(s)
+        costs.append(shard_cost(s))
+    return shards, np.array(costs)
+
+
+def comm_data(n=150, ndevices=4, seed=0):
+    rng = np.random.default_rng(seed)
+    dims, delays, fw, bw = [], [], [], []
+    for _ in range(n):
+        d = rng.integers(0, 2000, ndevices).astype(float)
+        dl = rng.uniform(0, 50, ndevices)
+        f, b = comm_cost(d, dl)
+        dims.append(d)
+        delays.append(dl)
+        fw.append(f)
+        bw.append(b)
+    return dims, delays, fw, bw
+
+
+def small_cfg(epochs=60, **kw):
+    base = dict(hidden=64, embed=32, head_hidden=64, epochs=epochs, batch_size=32, lr=3e-3, lr_decay=0.98)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def train_simulator(compute_samples=300, comm_samples=150, epochs=60, seed=0):
+    shards, costs = compute_data(compute_samples, seed)
+    compute, _ = fit_compute_model(shards, costs, small_cfg(epochs, seed=seed))
+    dims, delays, fw, bw = comm_data(comm_samples, seed=seed)
+    ccfg = small_cfg(epochs, hidden=32, embed=16, head_hidden=32, batch_size=16, seed=seed)
+    fw_model, _ = fit_comm_model("fw_comm", dims, fw, delays, ccfg)
+    bw_model, _ = fit_comm_model("bw_comm", dims, bw, delays, ccfg)
+    return Simulator(compute, fw_model, bw_model)
+
+
+def test_synthetic_cost_is_what_the_tests_claim():
+    t = synthetic_tables(3)
+    fw, bw = shard_cost(t)
+    assert fw + bw == pytest.approx(sum(x.dim * x.pooling_factor for x in t) / 100 + 0.05)
+    f, b = comm_cost([100, 300], [0.0, 5.0])
+    assert f[0] == pytest.approx(b[0] + 5.0) and f[1] == pytest.approx(b[1])

@@ -1,0 +1,94 @@
+"""NeuroShard cost models: they learn known synthetic costs; checkpoints round-trip (weights_only)."""
+
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.models import (CommCostModel, ComputeCostModel, fit_comm_model, fit_compute_model, load_model,
+                               mape, save_bundle, save_model)
+from shardcore.errors import ShardError
+
+from test_neuroshard_helpers import comm_data, compute_data, small_cfg
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def compute_model():
+    shards, costs = compute_data(400, seed=0)
+    model, res = fit_compute_model(shards, costs, small_cfg(80))
+    return model, res
+
+
+@pytest.fixture(scope="module")
+def comm_models():
+    dims, delays, fw, bw = comm_data(200, seed=1)
+    cfg = small_cfg(80, hidden=32, embed=16, head_hidden=32, batch_size=16)
+    return {kind: fit_comm_model(kind, dims, y, delays, cfg) for kind, y in (("fw_comm", fw), ("bw_comm", bw))}
+
+
+def test_compute_model_learns_lookups_times_dim(compute_model):
+    model, res = compute_model
+    assert res.test_mape["total"] < 10.0, res.test_mape
+    assert 0 <= res.best_epoch < 80 and res.num_train > res.num_val > 0 and res.num_test > 0
+    # unseen shards, larger than any seen in training (up to 8 tables there, 16 here)
+    shards, costs = compute_data(100, seed=7, max_tables=16)
+    pred = model.predict_shards(shards)
+    assert mape(pred.sum(1), costs.sum(1)) < 15.0
+    assert np.all(model.predict_shards([[]]) == 0.0)
+
+
+def test_compute_model_numpy_path_matches_torch(compute_model):
+    model, _ = compute_model
+    shards, _ = compute_data(20, seed=3)
+    from neuroshard.models import _pad_shards
+    x, m = _pad_shards([model.scaler.transform(s) for s in shards])
+    with torch.no_grad():
+        ref = model.net(x, m).double().numpy() * np.asarray(model.target_scale)
+    assert np.allclose(model.predict_shards(shards), ref, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["fw_comm", "bw_comm"])
+def test_comm_models_learn_dim_sums_and_waits(comm_models, kind):
+    model, res = comm_models[kind]
+    assert res.test_mape["per_device"] < 5.0, res.test_mape
+    dims, delays, fw, bw = comm_data(50, seed=9)
+    true = np.array(fw if kind == "fw_comm" else bw)
+    pred = model.predict(np.array(dims), np.array(delays))
+    assert mape(pred, true) < 6.0
+
+
+def test_comm_models_are_permutation_equivariant_and_take_any_device_count(comm_models):
+    model, _ = comm_models["fw_comm"]
+    dims = np.array([100.0, 1500.0, 700.0, 30.0])
+    delays = np.array([10.0, 0.0, 40.0, 5.0])
+    perm = np.array([2, 0, 3, 1])
+    out = model.predict(dims, delays)
+    assert np.allclose(model.predict(dims[perm], delays[perm]), out[perm])
+    eight = model.predict(np.tile(dims, 2), np.tile(delays, 2))
+    assert eight.shape == (8,) and np.all(np.isfinite(eight)) and np.all(eight > 0)
+    assert out[1] > out[2]   # the device that starts first waits longest
+
+
+def test_checkpoints_roundtrip_with_weights_only(tmp_path, compute_model, comm_models):
+    model, _ = compute_model
+    save_model(model, tmp_path / "compute.pt")
+    obj = torch.load(tmp_path / "compute.pt", weights_only=True)
+    assert obj["method"] == "neuroshard" and obj["kind"] == "compute" and "test_mape" in obj["metrics"]
+    again = load_model(tmp_path / "compute.pt", "compute")
+    shards, _ = compute_data(10, seed=4)
+    assert np.allclose(again.predict_shards(shards), model.predict_shards(shards))
+    fw, bw = comm_models["fw_comm"][0], comm_models["bw_comm"][0]
+    save_model(fw, tmp_path / "fw.pt")
+    assert isinstance(load_model(tmp_path / "fw.pt", "fw_comm"), CommCostModel)
+    with pytest.raises(ShardError, match="expected 'bw_comm'"):
+        load_model(tmp_path / "fw.pt", "bw_comm")
+    save_bundle(tmp_path / "all.pt", model, fw, bw, {"k": 2})
+    assert isinstance(load_model(tmp_path / "all.pt", "compute"), ComputeCostModel)
+    d = np.array([10.0, 20.0, 30.0])
+    assert np.allclose(load_model(tmp_path / "all.pt", "bw_comm").predict(d), bw.predict(d))
+    with pytest.raises(ShardError, match="not found"):
+        load_model(tmp_path / "missing.pt", "compute")
+    torch.save({"method": "dreamshard"}, tmp_path / "other.pt")
+    with pytest.raises(ShardError, match="not a NeuroShard checkpoint"):
+        load_model(tmp_path / "other.pt", "compute")

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""NeuroShard end to end: collect cost data on the hardware oracle, pre-train the three cost models.
+
+  python train_neuroshard.py --gpu-devices 0,1,2,3 --dataset-dir data/dlrm_datasets \\
+      --compute-samples 2000 --comm-samples 500 --out-dir models/neuroshard
+
+Steps (each with a progress bar): (1) random shards -> data/cost_data/compute/compute_costs.csv;
+(2) random all-to-alls with start delays -> data/cost_data/comm_<N>/comm_costs.csv; (3) the
+compute cost model; (4) the forward and backward communication models. Collection resumes from
+existing data (only the missing samples are measured; --skip-collection trains on what is there).
+Writes <out-dir>/compute.pt, fw_comm.pt, bw_comm.pt and neuroshard.pt (all three in one file:
+`eval.py --alg <out-dir>/neuroshard.pt`, or `--alg neuroshard` with the default paths).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from tqdm import tqdm  # noqa: E402
+
+from neuroshard import config  # noqa: E402
+from neuroshard.cli import add_devices, add_training_args, devices, float_list, training_config  # noqa: E402
+from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data  # noqa: E402
+from neuroshard.config import SearchConfig  # noqa: E402
+from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model  # noqa: E402
+from shardcore.cli import add_memory_args, add_oracle_args, int_list, open_evaluator, positive_int, run_main  # noqa: E402
+from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_devices(p, default="0,1,2,3")
+    p.add_argument("--dataset-dir", "--dataset_dir", "--data-dir", "--data_dir", dest="dataset_dir",
+                   default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")
+    p.add_argument("--compute-data-dir", default=config.COMPUTE_DATA_DIR,
+                   help="compute cost data directory (default %(default)s)")
+    p.add_argument("--comm-data-dir", default=None,
+                   help="communication cost data directory (default data/cost_data/comm_<number of devices>)")
+    p.add_argument("--out-dir", "--out_dir", dest="out_dir", default=config.MODEL_DIR,
+                   help="where the models go (default %(default)s)")
+    c = p.add_argument_group("collection")
+    c.add_argument("--compute-samples", type=int, default=config.COMPUTE_SAMPLES,
+                   help="compute samples to hold (default %(default)s)")
+    c.add_argument("--comm-samples", type=int, default=config.COMM_SAMPLES,
+                   help="communication samples to hold (default %(default)s)")
+    c.add_argument("--max-tables", "--max_tables", dest="max_tables", type=positive_int, default=config.MAX_TABLES,
+                   help="most tables in a random shard (default %(default)s)")
+    add_memory_args(p, default_max_memory=config.MAX_MEM_GB)
+    c.add_argument("--max-dim", "--max_dim", dest="max_dim", type=positive_int, default=config.MAX_DIM,
+                   help="largest table dim (default %(default)s)")
+    c.add_argument("--T-range", "--T_range", dest="T_range", type=int_list, default=list(config.T_RANGE),
+                   metavar="MIN,MAX", help="tables per communication sample (default %s)" % ",".join(map(str, config.T_RANGE)))
+    c.add_argument("--sleep-range", "--sleep_range", dest="sleep_range", type=float_list,
+                   default=list(config.SLEEP_RANGE_MS), metavar="MIN,MAX",
+                   help="start delays of the forward all-to-all, ms (default %g,%g)" % config.SLEEP_RANGE_MS)
+    c.add_argument("--pool", choices=["train", "test", "all"], default="train",
+                   help="tables of the random shards: tools/gen_tasks.py's training pool (default), test pool, or all")
+    c.add_argument("--skip-collection", action="store_true", help="train on the data already collected")
+    c.add_argument("--from-cache", action="store_true",
+                   help="also import the measurement cache's shards and plans as samples")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_training_args(p, config.compute_model_config(), what="compute model")
+    add_training_args(p, config.comm_model_config(), prefix="comm-", what="communication models")
+    add_oracle_args(p)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    ids = devices(args)
+    if len(ids) < 2:
+        raise ShardError("NeuroShard's communication data need at least 2 devices")
+    comm_dir = args.comm_data_dir or os.path.join(config.COST_DATA_DIR, f"comm_{len(ids)}")
+    compute_cfg = training_config(args, config.compute_model_config(), seed=args.seed)
+    comm_cfg = training_config(args, config.comm_model_config(), prefix="comm-", seed=args.seed)
+    t0 = time.perf_counter()
+    if not args.skip_collection:
+        with open_evaluator(args, args.dataset_dir, ids) as ev:
+            print(f"[1/4] compute data: workers up in {ev.startup_s:.1f} s on {ev.device_type} "
+                  f"({ev.ndevices} devices, batch {ev.batch_size})")
+            s = collect_compute(ev, args.compute_data_dir, args.compute_samples, max_tables=args.max_tables,
+                                max_mem_gb=args.max_memory, max_dim=args.max_dim, pool=args.pool, seed=args.seed,
+                                from_cache=args.from_cache, progress=not args.quiet)
+            print(f"      {s.path}: {s.total} shards ({s.added} added, {s.from_cache} from the cache) "
+                  f"in {s.seconds:.1f} s")
+            print("[2/4] communication data")
+            s = collect_comm(ev, comm_dir, args.comm_samples, t_range=args.T_range, sleep_range=args.sleep_range,
+                             max_dim=args.max_dim, seed=args.seed, from_cache=args.from_cache,
+                             progress=not args.quiet)
+            print(f"      {s.path}: {s.total} samples ({s.added} added) in {s.seconds:.1f} s")
+    shards, costs, setting = load_compute_data(args.compute_data_dir)
+    print(f"[3/4] compute model on {len(shards)} shards")
+    with tqdm(total=compute_cfg.epochs, desc="compute model", unit="epoch", disable=args.quiet,
+              dynamic_ncols=True) as bar:
+        compute, res = fit_compute_model(shards, costs, compute_cfg, setting=setting, progress=bar)
+    save_model(compute, os.path.join(args.out_dir, "compute.pt"))
+    t = res.test_mape
+    print(f"      held-out test MAPE: total {t['total']:.2f}%, forward {t['fw']:.2f}%, backward {t['bw']:.2f}% "
+          f"(best epoch {res.best_epoch}, {res.num_test} test shards)")
+    dims, delays, fw, bw, setting = load_comm_data(comm_dir)
+    print(f"[4/4] communication models on {len(dims)} samples")
+    models = {}
+    for kind, targets in (("fw_comm", fw), ("bw_comm", bw)):
+        with tqdm(total=comm_cfg.epochs, desc=kind, unit="epoch", disable=args.quiet, dynamic_ncols=True) as bar:
+            models[kind], res = fit_comm_model(kind, dims, targets, delays, comm_cfg, setting=setting, progress=bar)
+        save_model(models[kind], os.path.join(args.out_dir, f"{kind}.pt"))
+        print(f"      {kind}: held-out test MAPE {res.test_mape['per_device']:.2f}% per device "
+              f"(best epoch {res.best_epoch}, {res.num_test} test samples)")
+    bundle = os.path.join(args.out_dir, "neuroshard.pt")
+    save_bundle(bundle, compute, models["fw_comm"], models["bw_comm"], SearchConfig().to_dict())
+    print(f"wrote {args.out_dir}/compute.pt, fw_comm.pt, bw_comm.pt and neuroshard.pt in "
+          f"{time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    run_main(main)
