@@ -24,8 +24,8 @@ the best epoch's weights are kept; the held-out test MAPE is reported. Feature s
 (:class:`TableScaler` for tables, mean / std for the communication features)
 and the target scale are fitted on the training split and saved in the checkpoint.
 
-**Checkpoints** are dicts of plain tensors, numbers and strings (``torch.load(...,
-weights_only=True)``): ``method`` ("neuroshard"), ``kind`` ("compute", "fw_comm" or "bw_comm"),
+**Checkpoints** are dicts of plain tensors, numbers and strings (they load with
+``weights_only=True``): ``method`` ("neuroshard"), ``kind`` ("compute", "fw_comm" or "bw_comm"),
 ``version``, ``config``, the standardisation, ``target_scale``, ``state_dict``, ``metrics`` (best
 epoch, validation and test MAPE) and ``setting`` (hardware, dataset, batch size the data were
 measured at). A bundle (``kind`` "bundle", :func:`save_bundle`) holds all three in one file.

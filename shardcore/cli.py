@@ -67,7 +67,7 @@ def positive_int(text: str) -> int:
 def add_device_args(parser: argparse.ArgumentParser, default_ndevices: int = 4) -> None:
     """``--gpu-devices 0,1,2,3`` or ``--ndevices N`` (on a CPU: N logical devices)."""
     g = parser.add_mutually_exclusive_group()
-    g.add_argument("--gpu-devices", type=int_list, default=None, metavar="IDS",
+    g.add_argument("--gpu-devices", "--gpu_devices", dest="gpu_devices", type=int_list, default=None, metavar="IDS",
                    help="devices to shard over, e.g. 0,1,2,3; on a CPU-only machine these are logical "
                         f"devices (default: {default_ndevices} devices)")
     g.add_argument("--ndevices", type=positive_int, default=None, metavar="N",
