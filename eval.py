@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
     p.add_argument("--export-torchrec", default=None, metavar="DIR",
                    help="also write every plan as DIR/<alg>/task_<k>.json (plain) and .torchrec.json "
-                        "(TorchRec ParameterSharding, table-wise) plus DIR/index.json")
+                        "(TorchRec ParameterSharding: table-wise, column-wise for split tables) plus DIR/index.json")
     ns = p.add_argument_group("NeuroShard (--alg neuroshard)")
     ns.add_argument("--compute-model", default=None, metavar="PT",
                     help="pre-trained compute cost model (default models/neuroshard/compute.pt)")
