@@ -19,7 +19,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from neuroshard import config  # noqa: E402
-from neuroshard.cli import add_devices, devices, float_list  # noqa: E402
+from neuroshard.cli import float_list  # noqa: E402
+from shardcore.cli import add_device_args, device_ids  # noqa: E402
 from neuroshard.collect import collect_comm  # noqa: E402
 from shardcore.cli import add_oracle_args, int_list, open_evaluator, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=config.COMM_SAMPLES,
                    help="samples the output should hold; collection stops there (default %(default)s)")
-    add_devices(p, default="0,1,2,3")
+    add_device_args(p, default_ndevices=4)
     p.add_argument("--T_range", "--T-range", dest="T_range", type=int_list, default=list(config.T_RANGE),
                    metavar="MIN,MAX", help="tables per sample (default %s)" % ",".join(map(str, config.T_RANGE)))
     p.add_argument("--sleep_range", "--sleep-range", dest="sleep_range", type=float_list,
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    ids = devices(args)
+    ids = device_ids(args)
     if len(ids) < 2:
         raise ShardError("communication needs at least 2 devices (--gpu_devices 0,1,...)")
     out_dir = args.out_dir or os.path.join(config.COST_DATA_DIR, f"comm_{len(ids)}")

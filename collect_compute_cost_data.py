@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from neuroshard import config  # noqa: E402
-from neuroshard.cli import add_devices, devices  # noqa: E402
+from shardcore.cli import add_device_args, device_ids  # noqa: E402
 from neuroshard.collect import collect_compute  # noqa: E402
 from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=config.COMPUTE_SAMPLES,
                    help="samples the output should hold; collection stops there (default %(default)s)")
-    add_devices(p, default="0")
+    add_device_args(p, default_ndevices=1)
     p.add_argument("--max_tables", "--max-tables", dest="max_tables", type=positive_int, default=config.MAX_TABLES,
                    help="most tables in a shard (default %(default)s)")
     add_memory_args(p, default_max_memory=config.MAX_MEM_GB)
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    with open_evaluator(args, args.dataset_dir, devices(args)) as ev:
+    with open_evaluator(args, args.dataset_dir, device_ids(args)) as ev:
         print(f"measuring on {ev.device_type} ({ev.ndevices} device(s), batch {ev.batch_size}, {ev.optimizer}, "
               f"{ev.precision}); workers up in {ev.startup_s:.1f} s")
         stats = collect_compute(ev, args.out_dir, args.data_size, max_tables=args.max_tables,

@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tqdm import tqdm  # noqa: E402
 
 from neuroshard import config  # noqa: E402
-from neuroshard.cli import add_devices, add_training_args, devices, float_list, training_config  # noqa: E402
+from neuroshard.cli import add_training_args, float_list, training_config  # noqa: E402
+from shardcore.cli import add_device_args, device_ids  # noqa: E402
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data  # noqa: E402
 from neuroshard.config import SearchConfig  # noqa: E402
 from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model  # noqa: E402
@@ -33,7 +34,7 @@ from shardcore.errors import ShardError  # noqa: E402
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_devices(p, default="0,1,2,3")
+    add_device_args(p, default_ndevices=4)
     p.add_argument("--dataset-dir", "--dataset_dir", "--data-dir", "--data_dir", dest="dataset_dir",
                    default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")
     p.add_argument("--compute-data-dir", default=config.COMPUTE_DATA_DIR,
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    ids = devices(args)
+    ids = device_ids(args)
     if len(ids) < 2:
         raise ShardError("NeuroShard's communication data need at least 2 devices")
     comm_dir = args.comm_data_dir or os.path.join(config.COST_DATA_DIR, f"comm_{len(ids)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardcore.cli import int_list, positive_float, positive_int
+from shardcore.cli import positive_float, positive_int
 from shardcore.errors import ShardError
 
 from . import config
@@ -20,27 +20,6 @@ def float_list(text: str) -> list[float]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one number")
     return values
-
-
-def add_devices(p: argparse.ArgumentParser, default: str = "0,1,2,3") -> None:
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--gpu-devices", "--gpu_devices", dest="gpu_devices", type=int_list, default=None, metavar="IDS",
-                   help=f"devices to measure on, e.g. 0,1,2,3; on a CPU-only machine logical devices "
-                        f"(default {default})")
-    g.add_argument("--ndevices", type=positive_int, default=None, metavar="N",
-                   help="number of devices, same as --gpu-devices 0,..,N-1")
-    p.set_defaults(_default_devices=default)
-
-
-def devices(args: argparse.Namespace) -> list[int]:
-    if args.gpu_devices is not None:
-        ids = list(args.gpu_devices)
-        if len(set(ids)) != len(ids) or min(ids) < 0:
-            raise ShardError(f"--gpu-devices must list distinct non-negative ids, got {ids}")
-        return ids
-    if args.ndevices is not None:
-        return list(range(args.ndevices))
-    return int_list(args._default_devices)
 
 
 def add_model_paths(p: argparse.ArgumentParser) -> None:
