@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--alg", default="random",
                    help="algorithm(s), comma-separated: random, naive, dim_greedy, size_greedy, "
-                        "lookup_greedy, size_lookup_greedy, or a model checkpoint path (default random)")
+                        "lookup_greedy, size_lookup_greedy, torchrec, neuroshard, autoshard, or a model "
+                        "checkpoint path (default random)")
     p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/test.txt",
                    help="task file, one task per line (default data/dlrm_tasks_50/test.txt)")
     p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="forward communication cost model (default models/neuroshard/fw_comm.pt)")
     ns.add_argument("--bw-comm-model", default=None, metavar="PT",
                     help="backward communication cost model (default models/neuroshard/bw_comm.pt)")
+    p.add_argument("--checkpoint", default=None, metavar="PT",
+                   help="AutoShard checkpoint for --alg autoshard (default models/autoshard/default/model.pt)")
     p.add_argument("--task-set", default=None, metavar="NAME",
                    help="row label of the paper-style table (default: derived from the task file)")
     add_oracle_args(p)
@@ -89,7 +92,7 @@ def main(argv=None):
         tasks = tasks[: args.max_tasks]
     batch_size = measured_batch_size(args)
     models = {"compute_model": args.compute_model, "fw_comm_model": args.fw_comm_model,
-              "bw_comm_model": args.bw_comm_model}
+              "bw_comm_model": args.bw_comm_model, "checkpoint": args.checkpoint}
     sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=batch_size, **models) for name in names}
 
     def show(result, task):

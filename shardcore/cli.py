@@ -93,10 +93,14 @@ def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float =
                              "counts 4 (default fp16, as the original code)")
 
 
-def add_oracle_args(parser: argparse.ArgumentParser) -> None:
-    """Flags of the hardware cost oracle (the FBGEMM micro-benchmark and the plan evaluator)."""
+def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-size") -> None:
+    """Flags of the hardware cost oracle (the FBGEMM micro-benchmark and the plan evaluator).
+
+    ``batch_flag`` renames the benchmark's batch flag where ``--batch-size`` means something else
+    (``train_autoshard.py``: the learner's batch); its value is then ``args.oracle_batch_size``."""
     g = parser.add_argument_group("hardware measurement")
-    g.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+    dest = "batch_size" if batch_flag == "--batch-size" else "oracle_batch_size"
+    g.add_argument(batch_flag, dest=dest, type=positive_int, default=None, metavar="B",
                    help="samples per benchmark iteration, the first B of the dataset's batch "
                         "(default: the dataset's whole batch)")
     g.add_argument("--bench-iters", type=positive_int, default=None, metavar="N",
@@ -113,6 +117,11 @@ def add_oracle_args(parser: argparse.ArgumentParser) -> None:
                    help="seconds a worker may take for one plan before it is declared hung (default 120)")
 
 
+def oracle_batch_size(args: argparse.Namespace) -> int | None:
+    """The benchmark batch size given by :func:`add_oracle_args`'s flag (None: the dataset's)."""
+    return args.oracle_batch_size if hasattr(args, "oracle_batch_size") else args.batch_size
+
+
 def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[int]):
     """A :class:`~shardcore.evaluator.PlanEvaluator` configured from :func:`add_oracle_args` flags
     (use it as a context manager: workers start on entry and stop on exit)."""
@@ -125,5 +134,5 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
         kwargs["warmup_iters"] = args.warmup_iters
     cache = args.cache_path if args.cache_path else True
     return PlanEvaluator(data_dir, device_ids=list(devices), optimizer=args.optimizer,
-                         precision=args.weights_precision, batch_size=args.batch_size, cache=cache,
+                         precision=args.weights_precision, batch_size=oracle_batch_size(args), cache=cache,
                          no_cache=args.no_cache, timeout_s=args.timeout, **kwargs)

@@ -158,7 +158,7 @@ class PlanResult:
 # --------------------------------------------------------------------------------------------
 # Worker side
 # --------------------------------------------------------------------------------------------
-def _set_parent_death_signal() -> None:
+def set_parent_death_signal() -> None:
     """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
     if not sys.platform.startswith("linux"):
         return
@@ -195,7 +195,7 @@ def _error_reply(req, exc: BaseException, phase: str):
 
 
 def _worker_main(rank: int, world: int, conn, cfg: _WorkerConfig) -> None:
-    _set_parent_death_signal()
+    set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     if os.getppid() != cfg.parent_pid:
         return

@@ -1,0 +1,511 @@
+"""AutoShard's actor-learner training (IMPALA with V-trace), read top to bottom:
+
+* **actors** (processes) roll out episodes with a recent copy of the policy and the cost model,
+  ``unroll_length`` steps at a time, and send the unrolls to the learner. When an episode ends the
+  actor sends its plan to the **measurement server** and waits for the reward.
+* the **measurement server** (a thread of the learner's process) owns the shared
+  :class:`~shardcore.evaluator.PlanEvaluator` and its cache: it measures the plans of all actors one at
+  a time on the hardware, answers with the per-device costs, and hands the measured shards' compute
+  costs to the cost model's buffer.
+* the **learner** takes ``batch_size`` unrolls, recomputes the policy and values over them, corrects
+  for the actors' lag with V-trace, and takes one step on policy, value and entropy losses; then a few
+  steps of the cost model on the measured shards; then publishes the weights to the actors (shared
+  memory).
+
+Logs: ``train_log.csv`` (one row per learner update), ``episodes.csv`` (one row per episode),
+``train_curve.png``; checkpoint ``model.pt`` every ``checkpoint_interval_s`` and at the end (also on
+Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import queue
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.multiprocessing as tmp
+
+from shardcore import io
+from shardcore.errors import ShardError
+from shardcore.evaluator import set_parent_death_signal
+from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.tasks import Task
+
+from . import vtrace
+from .config import AutoShardConfig
+from .env import ShardingEnv, final_reward, stack_obs
+from .networks import AutoShardNet, CostModel
+from .sharder import AutoShardModel
+
+LOG_FIELDS = ["update", "step", "episodes", "mean_return", "mean_cost_ms", "cost_model_mape", "pg_loss",
+              "baseline_loss", "entropy", "sps", "elapsed_s"]
+EPISODE_FIELDS = ["episode", "step", "actor", "task", "return", "cost_ms", "overflow_gb"]
+ARRAY_KEYS = ("table", "frac", "action", "mask", "done", "reward", "act", "logits")
+
+
+# ------------------------------------------------------------------------------------------------
+# Actors
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class ActorSpec:
+    cfg: dict
+    scaler: dict
+    tasks: list            # list of lists of TableConfig
+    ndevices: int
+    max_memory_gb: float
+    precision: str
+
+
+def actor_main(actor_id: int, spec: ActorSpec, shared_net: AutoShardNet, shared_cost: CostModel,
+               req_q, resp_q, out_q, stop) -> None:
+    """Entry point of an actor process (errors are reported to the learner, never raised)."""
+    set_parent_death_signal()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the learner handles Ctrl-C and stops us
+    torch.set_num_threads(1)
+    try:
+        _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, stop)
+    except _Stopped:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
+        out_q.put(("error", actor_id, f"{type(exc).__name__}: {exc}"))
+    finally:
+        out_q.cancel_join_thread()
+        req_q.cancel_join_thread()
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, stop) -> None:
+    cfg = AutoShardConfig.from_dict(spec.cfg)
+    net, cost = AutoShardNet(cfg), CostModel(cfg)
+    env = ShardingEnv(FeatureScaler.from_state(spec.scaler), cost if cfg.use_cost_model else None,
+                      spec.ndevices, spec.max_memory_gb, spec.precision)
+    seed = cfg.seed * 1000 + actor_id + 1
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+
+    def sync() -> None:
+        net.load_state_dict(shared_net.state_dict())
+        cost.load_state_dict(shared_cost.state_dict())
+
+    def measure(shards: list[list[TableConfig]]) -> list[float]:
+        req_q.put((actor_id, shards))
+        while True:
+            try:
+                reply = resp_q.get(timeout=0.5)
+            except queue.Empty:
+                if stop.is_set():
+                    raise _Stopped
+                continue
+            if reply[0] == "ok":
+                return reply[1]
+            raise _Stopped  # the server failed; it reports the error itself
+
+    @torch.no_grad()
+    def act(obs: dict, done: bool, state):
+        inputs = stack_obs([obs])
+        inputs["done"] = torch.tensor([[done]])
+        logits, _, new_state = net(inputs, state)
+        probs = torch.softmax(logits[0, 0], -1)
+        return logits[0, 0], int(torch.multinomial(probs, 1, generator=gen)), new_state
+
+    def new_episode():
+        k = rng.randrange(len(spec.tasks))
+        return k, env.reset(spec.tasks[k])
+
+    sync()
+    task, obs = new_episode()
+    reward, done = 0.0, True
+    state = net.initial_state(1)
+    prev_state = state
+    logits, action, state = act(obs, done, state)
+    current = (obs, reward, done, action, logits)
+    while not stop.is_set():
+        sync()
+        h0, c0 = prev_state
+        steps, episodes = [current], []
+        for _ in range(cfg.unroll_length):
+            before = env.potential()
+            obs = env.step(action)
+            # potential-based shaping (Ng et al., 1999): gamma * phi(s') - phi(s), phi = 0 at the end, so
+            # an episode's shaped return is its measured reward minus phi(s_0): the optimum is unchanged
+            shaped = cfg.shaping * (cfg.discounting * env.potential() - before)
+            if obs is None:
+                final, info = final_reward(env, measure, cfg.overflow_penalty)
+                episodes.append({"actor": actor_id, "task": task, "return": final, "cost_ms": info["cost_ms"],
+                                 "overflow_gb": info["overflow_gb"]})
+                task, obs = new_episode()
+                reward, done = final + shaped, True
+            else:
+                reward, done = shaped, False
+            prev_state = state
+            logits, action, state = act(obs, done, state)
+            current = (obs, reward, done, action, logits)
+            steps.append(current)
+        out_q.put(("unroll", actor_id, _pack(steps, h0, c0), episodes))
+
+
+def _pack(steps, h0, c0) -> dict:
+    return {"table": np.stack([s[0]["table"].numpy() for s in steps]),
+            "frac": np.array([float(s[0]["frac"]) for s in steps], dtype=np.float32),
+            "action": np.stack([s[0]["action"].numpy() for s in steps]),
+            "mask": np.stack([s[0]["mask"].numpy() for s in steps]),
+            "reward": np.array([s[1] for s in steps], dtype=np.float32),
+            "done": np.array([s[2] for s in steps], dtype=bool),
+            "act": np.array([s[3] for s in steps], dtype=np.int64),
+            "logits": np.stack([s[4].numpy() for s in steps]),
+            "h0": h0.numpy(), "c0": c0.numpy()}
+
+
+# ------------------------------------------------------------------------------------------------
+# Measurement server
+# ------------------------------------------------------------------------------------------------
+class MeasurementServer(threading.Thread):
+    """Measures the actors' plans one at a time with the shared evaluator (and its cache)."""
+
+    def __init__(self, measure: Callable, req_q, resp_qs, on_measured: Callable):
+        super().__init__(name="autoshard-measure", daemon=True)
+        self.measure, self.req_q, self.resp_qs, self.on_measured = measure, req_q, resp_qs, on_measured
+        self.stop_event = threading.Event()
+        self.error: str | None = None
+        self.plans = 0
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                actor, shards = self.req_q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                device_costs = self.measure(shards)
+            except BaseException as exc:  # noqa: BLE001 - the learner raises it
+                self.error = str(exc) if isinstance(exc, ShardError) else f"{type(exc).__name__}: {exc}"
+                self.resp_qs[actor].put(("error",))
+                return
+            self.plans += 1
+            self.on_measured(shards, device_costs)
+            totals = [float(sum(c)) for c in device_costs]
+            self.resp_qs[actor].put(("ok", totals))
+
+
+# ------------------------------------------------------------------------------------------------
+# Cost model data
+# ------------------------------------------------------------------------------------------------
+class ShardBuffer:
+    """Measured shards (features and compute cost in ms) for the cost model; thread safe.
+
+    New shards wait in ``pending`` until the learner has scored them with the current model (the
+    online error, on shards the model has never seen) and moved them into the training set."""
+
+    def __init__(self):
+        self.features: list[np.ndarray] = []
+        self.costs: list[float] = []
+        self.pending: list[tuple[np.ndarray, float]] = []
+        self.lock = threading.Lock()
+
+    def add(self, features: np.ndarray, cost_ms: float) -> None:
+        with self.lock:
+            self.pending.append((features.astype(np.float32), float(cost_ms)))
+
+    def take_pending(self) -> list[tuple[np.ndarray, float]]:
+        with self.lock:
+            new, self.pending = self.pending, []
+        return new
+
+    def extend(self, items) -> None:
+        for f, c in items:
+            self.features.append(f)
+            self.costs.append(c)
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+    def to_state(self) -> dict:
+        pending = self.take_pending()
+        self.extend(pending)
+        lengths = [len(f) for f in self.features]
+        feats = np.concatenate(self.features) if self.features else np.zeros((0, 0), np.float32)
+        return {"features": torch.from_numpy(feats), "lengths": torch.tensor(lengths, dtype=torch.long),
+                "costs": torch.tensor(self.costs, dtype=torch.float64)}
+
+    def load_state(self, state: dict) -> None:
+        feats = state["features"].numpy()
+        start = 0
+        for n, c in zip(state["lengths"].tolist(), state["costs"].tolist()):
+            self.features.append(feats[start:start + n])
+            self.costs.append(float(c))
+            start += n
+
+
+def pad(shards: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    n = max(len(s) for s in shards)
+    x = torch.zeros(len(shards), n, shards[0].shape[1])
+    mask = torch.zeros(len(shards), n, dtype=torch.bool)
+    for p, s in enumerate(shards):
+        x[p, : len(s)] = torch.from_numpy(s)
+        mask[p, : len(s)] = True
+    return x, mask
+
+
+# ------------------------------------------------------------------------------------------------
+# Learner
+# ------------------------------------------------------------------------------------------------
+class AutoShardTrainer:
+    def __init__(self, cfg: AutoShardConfig, dataset_tables: Sequence[TableConfig], tasks: Sequence[Task],
+                 ndevices: int, max_memory_gb: float, measure: Callable, out_dir: str | os.PathLike,
+                 precision: str = "fp16", model: AutoShardModel | None = None,
+                 checkpoint_interval_s: float = 300.0, log: Callable[[str], None] = print):
+        """``measure(shards)`` -> per device ``[fw compute, fw comm, bw comm, bw compute]`` in ms."""
+        self.cfg = cfg
+        self.tasks = list(tasks)
+        self.task_tables = [t.tables(dataset_tables) for t in self.tasks]
+        for t, ts in zip(self.tasks, self.task_tables):
+            if not ts:
+                raise ShardError("a training task has no tables")
+        self.ndevices, self.cap, self.precision = int(ndevices), float(max_memory_gb), precision
+        self.measure = measure
+        self.out_dir = Path(out_dir)
+        self.checkpoint_interval_s = float(checkpoint_interval_s)
+        self.log = log
+        resumed = model is not None
+        if model is None:
+            train_tables = list({t.index: t for ts in self.task_tables for t in ts}.values())
+            model = AutoShardModel.new(cfg, FeatureScaler.fit(train_tables))
+        self.model = model
+        torch.manual_seed(cfg.seed + model.steps)
+        self.rng = random.Random(cfg.seed + model.steps)
+        self.opt = torch.optim.Adam(model.net.parameters(), lr=cfg.learning_rate)
+        self.cost_opt = torch.optim.Adam(model.cost_model.parameters(), lr=cfg.cost_lr)
+        self.buffer = ShardBuffer()
+        extra = model.extra or {}
+        self.updates = int(extra.get("updates", 0))
+        self.episodes = int(extra.get("episodes", 0))
+        self.elapsed_before = float(extra.get("elapsed_s", 0.0))
+        if resumed and extra:
+            self.opt.load_state_dict(extra["optimizer"])
+            self.cost_opt.load_state_dict(extra["cost_optimizer"])
+            self.buffer.load_state(extra["cost_buffer"])
+        self.have_scale = resumed and len(self.buffer) > 0
+        self.interrupted = False
+        self.replay: list[dict] = []
+        self.timed_out = False
+
+    # -- cost model --------------------------------------------------------------------------
+    def _on_measured(self, shards: list[list[TableConfig]], device_costs) -> None:
+        for tables, c in zip(shards, device_costs):
+            if tables:
+                self.buffer.add(self.model.scaler.transform(tables), float(c[0]) + float(c[3]))
+
+    def update_cost_model(self) -> float | None:
+        """Score the newly measured shards (online MAPE), add them, take a few training steps."""
+        new = self.buffer.take_pending()
+        cm = self.model.cost_model
+        mape = None
+        if new:
+            if not self.have_scale:   # fix the cost unit once, from the first measurements
+                self.model.cost_scale = max(float(np.mean([c for _, c in new])), 1e-6)
+                self.have_scale = True
+            with torch.no_grad():
+                pred = cm(*pad([f for f, _ in new])) * self.model.cost_scale
+            target = torch.tensor([c for _, c in new])
+            mape = float(((pred - target).abs() / target.clamp_min(1e-6)).mean())
+            self.buffer.extend(new)
+        if not len(self.buffer):
+            return mape
+        for _ in range(self.cfg.cost_steps_per_update):
+            idx = [self.rng.randrange(len(self.buffer)) for _ in range(min(self.cfg.cost_batch_size, len(self.buffer)))]
+            x, mask = pad([self.buffer.features[i] for i in idx])
+            y = torch.tensor([self.buffer.costs[i] for i in idx], dtype=torch.float32) / self.model.cost_scale
+            loss = ((cm(x, mask) - y) ** 2).mean()
+            self.cost_opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(cm.parameters(), self.cfg.grad_norm_clipping)
+            self.cost_opt.step()
+        return mape
+
+    # -- policy ------------------------------------------------------------------------------
+    def learn(self, unrolls: Sequence[dict]) -> dict:
+        """One V-trace update on ``batch_size`` unrolls of ``unroll_length + 1`` steps."""
+        cfg = self.cfg
+        b = {k: torch.from_numpy(np.stack([u[k] for u in unrolls], 1)) for k in ARRAY_KEYS}
+        state = (torch.from_numpy(np.concatenate([u["h0"] for u in unrolls], 1)),
+                 torch.from_numpy(np.concatenate([u["c0"] for u in unrolls], 1)))
+        logits, values, _ = self.model.net(b, state)
+        discounts = cfg.discounting * (~b["done"][1:]).float()
+        returns, logp = vtrace.from_logits(b["logits"][:-1], logits[:-1], b["act"][:-1], discounts,
+                                           b["reward"][1:], values[:-1].detach(), values[-1].detach(),
+                                           rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, pg_rho_bar=cfg.pg_rho_bar)
+        pg_loss = -(logp * returns.pg_advantages).mean()
+        baseline_loss = 0.5 * ((returns.vs - values[:-1]) ** 2).mean()
+        probs = torch.softmax(logits[:-1], -1)
+        entropy = -(probs * torch.log_softmax(logits[:-1], -1)).sum(-1).mean()
+        loss = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
+        self.opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.net.parameters(), cfg.grad_norm_clipping)
+        self.opt.step()
+        return {"pg_loss": pg_loss.item(), "baseline_loss": baseline_loss.item(), "entropy": entropy.item()}
+
+    # -- checkpoint and logs -----------------------------------------------------------------
+    def save(self, elapsed_s: float) -> Path:
+        self.model.extra = {"optimizer": self.opt.state_dict(), "cost_optimizer": self.cost_opt.state_dict(),
+                            "cost_buffer": self.buffer.to_state(), "updates": self.updates,
+                            "episodes": self.episodes, "elapsed_s": float(elapsed_s),
+                            "tasks": [t.to_line() for t in self.tasks], "ndevices": self.ndevices,
+                            "max_memory_gb": self.cap}
+        path = self.out_dir / "model.pt"
+        self.model.save(path)
+        return path
+
+    def _open_logs(self, fresh: bool):
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for name, fields in (("train_log.csv", LOG_FIELDS), ("episodes.csv", EPISODE_FIELDS)):
+            path = self.out_dir / name
+            new = fresh or not path.exists()
+            f = open(path, "w" if new else "a", newline="")
+            w = csv.DictWriter(f, fieldnames=fields)
+            if new:
+                w.writeheader()
+            files[name] = (f, w)
+        return files
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, total_steps: int, num_actors: int | None = None, progress=None,
+            time_limit_s: float | None = None) -> dict:
+        """Train until ``total_steps`` (or ``time_limit_s`` of this run, or Ctrl-C); save; summarise."""
+        cfg = self.cfg
+        num_actors = num_actors or cfg.num_actors
+        fresh = self.model.steps == 0
+        start_steps = self.model.steps
+        logs = self._open_logs(fresh)
+        ctx = tmp.get_context("spawn")
+        shared_net, shared_cost = AutoShardNet(cfg), CostModel(cfg)
+        shared_net.load_state_dict(self.model.net.state_dict())
+        shared_cost.load_state_dict(self.model.cost_model.state_dict())
+        shared_net.share_memory()
+        shared_cost.share_memory()
+        spec = ActorSpec(cfg.to_dict(), self.model.scaler.to_state(), self.task_tables, self.ndevices, self.cap,
+                         self.precision)
+        req_q, out_q, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+        resp_qs = [ctx.Queue() for _ in range(num_actors)]
+        server = MeasurementServer(self.measure, req_q, resp_qs, self._on_measured)
+        actors = []
+        t_start = time.perf_counter()
+        last_ckpt = t_start
+        recent: list[float] = []
+        recent_cost: list[float] = []
+        mape = None
+        try:
+            old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # children start with Ctrl-C ignored
+            try:
+                for a in range(num_actors):
+                    p = ctx.Process(target=actor_main, name=f"autoshard-actor-{a}", daemon=True,
+                                    args=(a, spec, shared_net, shared_cost, req_q, resp_qs[a], out_q, stop))
+                    p.start()
+                    actors.append(p)
+            finally:
+                signal.signal(signal.SIGINT, old)
+            server.start()
+            while self.model.steps < total_steps:
+                if time_limit_s is not None and time.perf_counter() - t_start >= time_limit_s:
+                    self.timed_out = True
+                    break
+                unrolls, episodes = [], []
+                while len(unrolls) < cfg.batch_size:
+                    msg = self._next(out_q, server, actors)
+                    unrolls.append(msg[2])
+                    episodes.extend(msg[3])
+                stats = self.learn(unrolls)
+                self.replay.extend(unrolls)
+                self.replay = self.replay[-cfg.replay_size:]
+                for _ in range(cfg.replay_ratio):   # reuse recent unrolls; V-trace corrects for their age
+                    self.learn(self.rng.sample(self.replay, min(cfg.batch_size, len(self.replay))))
+                m = self.update_cost_model()
+                mape = m if m is not None else mape
+                shared_net.load_state_dict(self.model.net.state_dict())
+                shared_cost.load_state_dict(self.model.cost_model.state_dict())
+                steps = cfg.batch_size * cfg.unroll_length
+                self.model.steps += steps
+                self.updates += 1
+                elapsed = self.elapsed_before + time.perf_counter() - t_start
+                for e in episodes:
+                    self.episodes += 1
+                    logs["episodes.csv"][1].writerow({"episode": self.episodes, "step": self.model.steps, **e})
+                    recent.append(e["return"])
+                    if e["cost_ms"] is not None:
+                        recent_cost.append(e["cost_ms"])
+                recent, recent_cost = recent[-50:], recent_cost[-50:]
+                row = {"update": self.updates, "step": self.model.steps, "episodes": self.episodes,
+                       "mean_return": round(float(np.mean([e["return"] for e in episodes])), 5) if episodes else "",
+                       "mean_cost_ms": round(float(np.mean([e["cost_ms"] for e in episodes if e["cost_ms"] is not None])), 4)
+                       if any(e["cost_ms"] is not None for e in episodes) else "",
+                       "cost_model_mape": round(m, 5) if m is not None else "",
+                       **{k: round(v, 6) for k, v in stats.items()},
+                       "sps": round((self.model.steps - start_steps) / max(time.perf_counter() - t_start, 1e-9), 2),
+                       "elapsed_s": round(elapsed, 2)}
+                logs["train_log.csv"][1].writerow(row)
+                for f, _ in logs.values():
+                    f.flush()
+                if progress is not None:
+                    progress.update(steps)
+                    progress.set_postfix_str(
+                        f"return {np.mean(recent) if recent else float('nan'):.3f} "
+                        f"cost {np.mean(recent_cost) if recent_cost else float('nan'):.1f} ms "
+                        f"model-err {100 * mape if mape is not None else float('nan'):.0f}% eps {self.episodes}")
+                if time.perf_counter() - last_ckpt >= self.checkpoint_interval_s:
+                    self.save(elapsed)
+                    last_ckpt = time.perf_counter()
+        except KeyboardInterrupt:
+            self.interrupted = True
+        finally:
+            stop.set()
+            server.stop_event.set()
+            self._stop_actors(actors, out_q)
+            server.join(timeout=60)
+            for f, _ in logs.values():
+                f.close()
+        elapsed = self.elapsed_before + time.perf_counter() - t_start
+        path = self.save(elapsed)
+        return {"checkpoint": str(path), "steps": self.model.steps, "updates": self.updates,
+                "episodes": self.episodes, "plans_measured": server.plans, "elapsed_s": elapsed,
+                "interrupted": self.interrupted, "timed_out": self.timed_out}
+
+    def _next(self, out_q, server: MeasurementServer, actors) -> tuple:
+        while True:
+            if server.error is not None:
+                raise ShardError(f"measurement failed: {server.error}")
+            try:
+                msg = out_q.get(timeout=1.0)
+            except queue.Empty:
+                for a, p in enumerate(actors):
+                    if not p.is_alive():
+                        raise ShardError(f"actor {a} died (exit code {p.exitcode})")
+                continue
+            if msg[0] == "error":
+                raise ShardError(f"actor {msg[1]} failed: {msg[2]}")
+            return msg
+
+    @staticmethod
+    def _stop_actors(actors, out_q) -> None:
+        deadline = time.monotonic() + 10
+        while any(p.is_alive() for p in actors) and time.monotonic() < deadline:
+            try:   # drain, so that no actor blocks on a full pipe
+                out_q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        for p in actors:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)

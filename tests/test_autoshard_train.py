@@ -1,0 +1,146 @@
+"""AutoShard end to end on tiny data with the real evaluator (CPU, gloo): training, resume, Ctrl-C,
+clean actor shutdown, evaluation."""
+
+import csv
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from autoshard.config import AutoShardConfig
+from autoshard.trainer import AutoShardTrainer
+from shardcore.dataset import load_dataset
+from shardcore.evaluator import PlanEvaluator
+from shardcore.tasks import Task, save_tasks
+
+from helpers import make_dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("autoshard")
+    make_dataset(d / "ds", num_tables=24, batch_size=64)
+    save_tasks(d / "train.txt", [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)])
+    save_tasks(d / "test.txt", [Task(tuple(range(12, 20))), Task(tuple(range(16, 24)))])
+    return d
+
+
+def common(d):
+    return ["--data-dir", d / "ds", "--ndevices", 2, "--max-memory", 5, "--cache-path", d / "c.sqlite",
+            "--bench-iters", 2, "--warmup-iters", 1]
+
+
+def train_cmd(d, steps, *extra):
+    return list(map(str, [sys.executable, os.path.join(ROOT, "train_autoshard.py"), "--task-path", d / "train.txt",
+                          "--savedir", d / "models", "--total-steps", steps, "--unroll-length", 10,
+                          "--batch-size", 2, "--num-actors", 2, "--replay-ratio", 2] + common(d) + list(extra)))
+
+
+def descendants(pid):
+    """Live processes below ``pid`` (from /proc)."""
+    children = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open(f"/proc/{p}/stat").read()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(p))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid):
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_train_resume_and_eval(tiny):
+    d = tiny
+    proc = subprocess.run(train_cmd(d, 120), capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = d / "models" / "default"
+    for name in ("model.pt", "train_log.csv", "episodes.csv", "train_curve.png"):
+        assert (out / name).exists(), name
+    assert (out / "train_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader(open(out / "train_log.csv")))
+    assert [int(r["step"]) for r in rows] == [20 * (k + 1) for k in range(6)]
+    episodes = list(csv.DictReader(open(out / "episodes.csv")))
+    assert episodes and all(0.0 <= float(e["return"]) <= 1.0 and float(e["cost_ms"]) > 0 for e in episodes)
+    ckpt = torch.load(out / "model.pt", weights_only=True)
+    assert ckpt["method"] == "autoshard" and ckpt["steps"] == 120
+    assert len(ckpt["extra"]["cost_buffer"]["costs"]) >= 2 * len(episodes) - 2
+
+    # an existing checkpoint is never overwritten by a fresh run
+    proc = subprocess.run(train_cmd(d, 120), capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error:") and "--resume" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+    proc = subprocess.run(train_cmd(d, 160, "--resume"), capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert torch.load(out / "model.pt", weights_only=True)["steps"] == 160
+    assert len(list(csv.DictReader(open(out / "train_log.csv")))) == 8
+
+    # evaluate on unseen tables and another device count, beside a baseline
+    res = d / "r.jsonl"
+    cmd = list(map(str, [sys.executable, os.path.join(ROOT, "eval.py"), "--alg", "random,autoshard", "--checkpoint",
+                         out / "model.pt", "--task-path", d / "test.txt", "--out", res, "--quiet"] + common(d)))
+    cmd[cmd.index("--ndevices") + 1] = "3"
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(res.read_text().splitlines()) == 4 and "% over random" in proc.stdout
+
+
+def test_actors_stop_cleanly_in_process(tiny):
+    d = tiny
+    ds = load_dataset(d / "ds", with_lookups=False)
+    tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)]
+    cfg = AutoShardConfig(unroll_length=10, batch_size=2, replay_ratio=1)
+    with PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1, cache=d / "c2.sqlite") as ev:
+        trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, lambda s: ev.evaluate(s).device_costs_ms,
+                                   d / "inproc", log=lambda *_: None)
+        summary = trainer.run(40, num_actors=2)
+        workers = ev.worker_pids
+    assert summary["steps"] == 40 and not summary["interrupted"] and summary["plans_measured"] >= 1
+    assert (d / "inproc" / "model.pt").exists()
+    # the actors are gone (the evaluator's workers belong to the evaluator, closed by its with-block)
+    assert [p for p in multiprocessing.active_children() if p.name.startswith("autoshard-actor")] == []
+    assert not any(alive(p) for p in workers)
+
+
+def test_ctrl_c_saves_and_leaves_no_processes(tiny):
+    d = tiny
+    cmd = train_cmd(d, 100000, "--xpid", "interrupted")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    episodes = d / "models" / "interrupted" / "episodes.csv"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:   # wait until it trains (a few episodes logged)
+        if episodes.exists() and len(episodes.read_text().splitlines()) > 3:
+            break
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        time.sleep(0.5)
+    kids = descendants(proc.pid)
+    assert len(kids) >= 2 + 2          # 2 actors, 2 evaluator workers (and helpers)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted, saved" in _ or "interrupted, saved" in err
+    ckpt = torch.load(d / "models" / "interrupted" / "model.pt", weights_only=True)
+    assert ckpt["steps"] > 0
+    time.sleep(1.0)
+    assert [k for k in kids if alive(k)] == []

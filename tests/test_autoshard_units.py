@@ -1,0 +1,224 @@
+"""AutoShard's parts without hardware: V-trace, the environment (masking, order, rewards), the
+network and checkpoints."""
+
+import math
+
+import pytest
+import torch
+
+from autoshard.config import AutoShardConfig
+from autoshard.env import ShardingEnv, balance, final_reward, stack_obs
+from autoshard.networks import NUM_ACTION_FEATURES, AutoShardNet, CostModel
+from autoshard.sharder import AutoShardModel, load_sharder
+from autoshard.vtrace import from_importance_weights, from_logits
+from shardcore import algorithms
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.tables import FeatureScaler, TableConfig
+
+
+def gb_rows(gb, dim=64):
+    """Rows of a dim-``dim`` fp16 table of ``gb`` GB."""
+    return int(round(gb * 2 ** 30 / (dim * 2)))
+
+
+def tables(n=10):
+    return [TableConfig(i, 1000 * (i + 1), [8, 16, 32, 64][i % 4], float(1 + 3 * i)) for i in range(n)]
+
+
+# -- V-trace ---------------------------------------------------------------------------------------
+def test_vtrace_matches_a_hand_computed_case():
+    # rho = (0.5, 2, 1) -> clipped (0.5, 1, 1); c = (0.5, 1, 1); gamma = (0.9, 0.9, 0)
+    log_rhos = torch.log(torch.tensor([[0.5], [2.0], [1.0]]))
+    discounts = torch.tensor([[0.9], [0.9], [0.0]])
+    rewards = torch.tensor([[1.0], [0.0], [2.0]])
+    values = torch.tensor([[0.5], [1.0], [1.5]])
+    bootstrap = torch.tensor([3.0])
+    out = from_importance_weights(log_rhos, discounts, rewards, values, bootstrap)
+    # deltas: 0.5*(1+0.9*1-0.5)=0.7, 1*(0+0.9*1.5-1)=0.35, 1*(2+0-1.5)=0.5
+    # v_s - V: 0.5 ; 0.35+0.9*1*0.5=0.8 ; 0.7+0.9*0.5*0.8=1.06
+    assert out.vs[:, 0].tolist() == pytest.approx([1.56, 1.8, 2.0])
+    # A_s = min(1,rho)(r + gamma v_{s+1} - V): 0.5*(1+0.9*1.8-0.5)=1.06, 0.9*2-1=0.8, 2-1.5=0.5
+    assert out.pg_advantages[:, 0].tolist() == pytest.approx([1.06, 0.8, 0.5])
+
+
+def test_vtrace_on_policy_gives_monte_carlo_returns():
+    T = 5
+    rewards = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.5]).unsqueeze(1)
+    discounts = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0]).unsqueeze(1)  # an episode ends at t=2
+    values = torch.randn(T, 1)
+    out = from_importance_weights(torch.zeros(T, 1), discounts, rewards, values, torch.tensor([2.0]))
+    assert out.vs[:, 0].tolist() == pytest.approx([1.0, 1.0, 1.0, 2.5, 2.5])
+
+
+def test_vtrace_from_logits_uses_the_taken_actions():
+    logits = torch.tensor([[[0.0, 0.0]], [[1.0, -1.0]]])
+    actions = torch.tensor([[1], [0]])
+    ret, logp = from_logits(logits, logits.clone().requires_grad_(), actions, torch.ones(2, 1),
+                            torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(1))
+    assert logp[:, 0].tolist() == pytest.approx([math.log(0.5), -math.log1p(math.exp(-2.0))])
+    assert logp.requires_grad
+
+
+# -- environment -----------------------------------------------------------------------------------
+def make_env(ts, ndevices=3, cap=5.0, with_model=True):
+    cfg = AutoShardConfig()
+    torch.manual_seed(0)
+    return ShardingEnv(FeatureScaler.fit(ts), CostModel(cfg) if with_model else None, ndevices, cap)
+
+
+def test_observation_shapes_and_fraction_placed():
+    ts = tables(7)
+    env = make_env(ts)
+    obs = env.reset(ts)
+    seen = 0
+    while obs is not None:
+        assert obs["action"].shape == (3, NUM_ACTION_FEATURES)
+        assert float(obs["frac"]) == pytest.approx(seen / 7)
+        obs = env.step(seen % 3)
+        seen += 1
+    assert seen == 7 and sorted(env.allocation) == sorted([k % 3 for k in range(7)])
+    assert sum(len(s) for s in env.shards()) == 7
+
+
+def test_without_cost_model_tables_go_largest_lookup_cost_first():
+    ts = tables(6)
+    env = make_env(ts, with_model=False)
+    env.reset(ts)
+    keys = [t.dim * t.pooling_factor for t in ts]
+    assert [keys[i] for i in env.order] == sorted(keys, reverse=True)
+    # no cost model: the predicted-cost features are zero
+    assert env.observation()["action"][:, -4:-2].abs().sum() == 0
+
+
+def test_cost_model_orders_by_predicted_single_table_cost():
+    ts = tables(8)
+    env = make_env(ts)
+    env.reset(ts)
+    with torch.no_grad():
+        single = env.cost_model.cost(env.cost_model.embed(env.x))
+    assert [float(single[i]) for i in env.order] == sorted(single.tolist(), reverse=True)
+
+
+def test_full_devices_are_masked_and_memory_features_track_use():
+    ts = [TableConfig(i, gb_rows(0.4), 64, 1.0) for i in range(5)]
+    env = make_env(ts, ndevices=3, cap=1.0)
+    obs = env.reset(ts)
+    obs = env.step(0)
+    obs = env.step(0)   # device 0 holds 0.8 GB: no room for another 0.4 GB table
+    assert obs["mask"].tolist() == [False, True, True]
+    assert obs["action"][0, -2].item() == pytest.approx(0.8, abs=1e-3)        # memory used / cap
+    assert obs["action"][0, -1].item() == pytest.approx(1.2, abs=1e-3)        # ... after taking this table
+    obs = env.step(1)
+    obs = env.step(1)
+    assert obs["mask"].tolist() == [False, False, True]
+
+
+def test_reward_is_the_measured_balance():
+    ts = tables(6)
+    env = make_env(ts, ndevices=2)
+    obs = env.reset(ts)
+    while obs is not None:
+        obs = env.step(0 if env.pos < 2 else 1)
+    calls = []
+
+    def measure(shards):
+        calls.append(shards)
+        return [10.0 * len(s) for s in shards]
+
+    reward, info = final_reward(env, measure)
+    assert len(calls) == 1 and reward == pytest.approx(2 / 4)
+    assert info["cost_ms"] == pytest.approx(40.0) and info["overflow_gb"] == 0
+    assert balance([5.0, 10.0, 0.0]) == 0.0 and balance([3.0, 3.0]) == 1.0
+
+
+def test_over_cap_plan_gets_a_negative_reward_proportional_to_overflow_and_is_not_measured():
+    ts = [TableConfig(i, gb_rows(0.6), 64, 1.0) for i in range(4)]   # 2.4 GB on 2 x 1 GB
+    env = make_env(ts, ndevices=2, cap=1.0)
+    obs = env.reset(ts)
+    while obs is not None:
+        if env.pos >= 2:   # both devices hold 0.6 GB: nothing fits anymore, so every device is allowed
+            assert obs["mask"].tolist() == [True, True]
+        obs = env.step(env.pos % 2)
+    assert env.overflow_gb() == pytest.approx(0.4, abs=1e-3)
+
+    def measure(shards):
+        raise AssertionError("an over-cap plan must not be measured")
+
+    reward, info = final_reward(env, measure, overflow_penalty=2.0)
+    assert reward == pytest.approx(-2.0 * 0.4 / 1.0, abs=1e-3) and info["cost_ms"] is None
+
+
+def test_shaping_potential_is_zero_at_the_end():
+    ts = tables(4)
+    env = make_env(ts)
+    obs = env.reset(ts)
+    assert env.potential() == 0.0          # nothing placed: every device empty
+    env.step(0)
+    assert env.potential() < 0.0
+    while not env.done:
+        env.step(1)
+    assert env.potential() == 0.0
+
+
+# -- network and checkpoints ---------------------------------------------------------------------
+@pytest.mark.parametrize("D", [2, 5])
+def test_network_masks_and_resets_state(D):
+    cfg = AutoShardConfig()
+    net = AutoShardNet(cfg)
+    T, B = 4, 3
+    obs = {"table": torch.randn(T, B, 21), "frac": torch.rand(T, B), "action": torch.randn(T, B, D, NUM_ACTION_FEATURES),
+           "mask": torch.ones(T, B, D, dtype=torch.bool), "done": torch.zeros(T, B, dtype=torch.bool)}
+    obs["mask"][:, :, 0] = False
+    logits, value, state = net(obs, net.initial_state(B))
+    assert logits.shape == (T, B, D) and value.shape == (T, B) and state[0].shape == (1, B, cfg.lstm_hidden)
+    assert (torch.softmax(logits, -1)[..., 0] == 0).all()
+    # a step flagged done starts afresh: the result does not depend on the incoming state
+    obs["done"][0] = True
+    a, _, _ = net(obs, net.initial_state(B))
+    b, _, _ = net(obs, (torch.randn(1, B, cfg.lstm_hidden), torch.randn(1, B, cfg.lstm_hidden)))
+    assert torch.allclose(a, b)
+
+
+def test_checkpoint_round_trip_and_resolve(tmp_path):
+    ts = tables(12)
+    model = AutoShardModel.new(AutoShardConfig(seed=3), FeatureScaler.fit(ts))
+    model.cost_scale, model.steps = 12.5, 400
+    path = tmp_path / "m" / "model.pt"
+    model.save(path)
+    back = AutoShardModel.load(path)
+    assert back.steps == 400 and back.cost_scale == 12.5 and back.cfg.seed == 3
+    for a, b in zip(model.net.state_dict().values(), back.net.state_dict().values()):
+        assert torch.equal(a, b)
+    assert model.place(ts, 3, 5.0) == back.place(ts, 3, 5.0)
+    sharder = algorithms.resolve(str(path))
+    plan = sharder.shard(ts, 4, 5.0)
+    assert plan.ndevices == 4 and len(plan.allocation) == 12
+    assert load_sharder(None, checkpoint=str(path)).shard(ts, 4, 5.0) == plan
+
+
+def test_inference_reports_infeasible_tasks(tmp_path):
+    ts = [TableConfig(i, gb_rows(0.6), 64, 1.0) for i in range(4)]
+    model = AutoShardModel.new(AutoShardConfig(), FeatureScaler.fit(ts))
+    model.save(tmp_path / "model.pt")
+    with pytest.raises(InfeasibleError):
+        load_sharder(tmp_path / "model.pt").shard(ts, 2, 1.0)
+
+
+def test_bad_checkpoints_give_clear_errors(tmp_path):
+    with pytest.raises(ShardError, match="not found"):
+        load_sharder(None, checkpoint=str(tmp_path / "missing.pt"))
+    torch.save({"method": "dreamshard"}, tmp_path / "other.pt")
+    with pytest.raises(ShardError, match="not an AutoShard checkpoint"):
+        AutoShardModel.load(tmp_path / "other.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ShardError, match="cannot read"):
+        AutoShardModel.load(tmp_path / "junk.pt")
+
+
+def test_stack_obs_batches_steps():
+    ts = tables(3)
+    env = make_env(ts)
+    o1 = env.reset(ts)
+    o2 = env.step(0)
+    s = stack_obs([o1, o2])
+    assert s["action"].shape == (2, 1, 3, NUM_ACTION_FEATURES) and s["mask"].dtype == torch.bool

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Train AutoShard: actors roll out sharding episodes with an LSTM policy, their plans are measured on
+the hardware (shared evaluator and cache), and a learner updates policy, value (V-trace) and the cost
+model. Writes <savedir>/<xpid>/model.pt (periodically and at the end; Ctrl-C saves and exits),
+train_log.csv (per update), episodes.csv (per episode) and train_curve.png.
+
+  python train_autoshard.py --task-path data/dlrm_tasks_50/train.txt --gpu-devices 0,1,2,3 \\
+      --max-memory 5 --total-steps 30000
+  python eval.py --alg autoshard --task-path data/dlrm_tasks_50/test.txt --gpu-devices 0,1,2,3 --max-memory 5
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from tqdm import tqdm  # noqa: E402
+
+from autoshard.config import AutoShardConfig, default_num_actors  # noqa: E402
+from autoshard.curve import plot_curve  # noqa: E402
+from autoshard.sharder import AutoShardModel  # noqa: E402
+from autoshard.trainer import AutoShardTrainer  # noqa: E402
+from shardcore.baselines import make_baseline  # noqa: E402
+from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids,  # noqa: E402
+                           open_evaluator, positive_float, positive_int, run_main)
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
+from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
+from shardcore.tasks import load_tasks  # noqa: E402
+
+C = AutoShardConfig()
+
+
+def unit_float(text: str) -> float:
+    v = float(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/train.txt",
+                   help="training tasks, one per line (default %(default)s)")
+    p.add_argument("--data-dir", "--data_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
+                   help="processed dataset directory (default %(default)s)")
+    add_device_args(p)
+    add_memory_args(p)
+    p.add_argument("--savedir", default="models/autoshard", help="root of the experiment folders (default %(default)s)")
+    p.add_argument("--xpid", default="default",
+                   help="experiment id: outputs go to <savedir>/<xpid>/ (default %(default)s, which is where "
+                        "`eval.py --alg autoshard` looks)")
+    p.add_argument("--resume", action="store_true", help="continue <savedir>/<xpid>/model.pt up to --total-steps")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    r = p.add_argument_group("actor-learner (IMPALA / V-trace)")
+    r.add_argument("--total-steps", type=positive_int, default=C.total_steps,
+                   help="environment steps to train for, one step = one table placed (default %(default)s)")
+    r.add_argument("--num-actors", type=positive_int, default=None,
+                   help=f"actor processes (default: one per CPU core, at least 2; here {default_num_actors()})")
+    r.add_argument("--batch-size", type=positive_int, default=C.batch_size,
+                   help="unrolls per learner update (default %(default)s)")
+    r.add_argument("--unroll-length", type=positive_int, default=C.unroll_length,
+                   help="steps per unroll (default %(default)s)")
+    r.add_argument("--learning-rate", type=positive_float, default=C.learning_rate,
+                   help="Adam learning rate of policy and value (default %(default)s)")
+    r.add_argument("--entropy-cost", type=float, default=C.entropy_cost, help="entropy bonus weight (default %(default)s)")
+    r.add_argument("--baseline-cost", type=float, default=C.baseline_cost,
+                   help="weight of the value loss (default %(default)s)")
+    r.add_argument("--discounting", type=unit_float, default=C.discounting,
+                   help="discount factor; the only reward is at the end of an episode (default %(default)s)")
+    r.add_argument("--grad-norm-clipping", type=positive_float, default=C.grad_norm_clipping,
+                   help="global gradient-norm clip (default %(default)s)")
+    r.add_argument("--disable-cost-model", action="store_true",
+                   help="no cost model: no predicted-cost action features, tables ordered by dim x pooling factor")
+    r.add_argument("--replay-ratio", type=int, default=C.replay_ratio,
+                   help="extra learner updates on replayed recent unrolls per fresh batch (default %(default)s)")
+    r.add_argument("--shaping", type=float, default=C.shaping,
+                   help="weight of potential-based reward shaping from the cost model's predicted loads; "
+                        "0 gives the paper's final reward only (default %(default)s)")
+    r.add_argument("--cost-learning-rate", type=positive_float, default=C.cost_lr,
+                   help="cost model learning rate (default %(default)s)")
+    r.add_argument("--time-limit", type=positive_float, default=None, metavar="MIN",
+                   help="stop after this many minutes of training (saved like a finished run; default: none)")
+    r.add_argument("--checkpoint-interval", type=positive_float, default=300.0, metavar="S",
+                   help="seconds between checkpoints (default 300; one is always written at the end)")
+    add_oracle_args(p, batch_flag="--bench-batch-size")
+    return p
+
+
+def check_tasks(tasks, dataset, ndevices: int, cap: float, precision: str) -> None:
+    """Every training task must have a feasible plan (found by the size greedy), or training is moot."""
+    greedy = make_baseline("size_greedy")
+    for k, task in enumerate(tasks):
+        try:
+            greedy.shard(task.tables(dataset.tables), ndevices, cap, precision)
+        except InfeasibleError:
+            raise ShardError(f"training task {k} does not fit on {ndevices} devices under the {cap:g} GB cap "
+                             "(raise --max-memory or use more devices)") from None
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    devices = device_ids(args)
+    dataset = load_dataset(args.data_dir, with_lookups=False)
+    tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
+    check_tasks(tasks, dataset, len(devices), args.max_memory, args.weights_precision)
+    out_dir = os.path.join(args.savedir, args.xpid)
+    ckpt = os.path.join(out_dir, "model.pt")
+    model = None
+    if args.resume:
+        if not os.path.isfile(ckpt):
+            raise ShardError(f"--resume: no checkpoint {ckpt}")
+        model = AutoShardModel.load(ckpt)
+        if model.extra.get("tasks") and model.extra["tasks"] != [t.to_line() for t in tasks]:
+            raise ShardError(f"--resume: {ckpt} was trained on other tasks than {args.task_path}")
+        if model.steps >= args.total_steps:
+            raise ShardError(f"--resume: {ckpt} has already trained {model.steps} steps (>= --total-steps)")
+        print(f"resuming {ckpt} at step {model.steps} (its hyper-parameters are kept)")
+    elif os.path.exists(ckpt):
+        raise ShardError(f"{ckpt} exists: pass --resume, or choose another --xpid")
+    cfg = model.cfg if model is not None else AutoShardConfig(
+        total_steps=args.total_steps, num_actors=args.num_actors or default_num_actors(),
+        batch_size=args.batch_size, unroll_length=args.unroll_length, learning_rate=args.learning_rate,
+        entropy_cost=args.entropy_cost, baseline_cost=args.baseline_cost, discounting=args.discounting,
+        grad_norm_clipping=args.grad_norm_clipping, use_cost_model=not args.disable_cost_model,
+        cost_lr=args.cost_learning_rate, replay_ratio=args.replay_ratio, shaping=args.shaping, seed=args.seed)
+    num_actors = args.num_actors or cfg.num_actors
+    print(f"AutoShard: {len(tasks)} training tasks, {len(devices)} devices, cap {args.max_memory:g} GB, "
+          f"{num_actors} actors, {args.total_steps} steps -> {out_dir}/")
+    with open_evaluator(args, args.data_dir, devices) as ev:
+        trainer = AutoShardTrainer(cfg, dataset.tables, tasks, len(devices), args.max_memory,
+                                   lambda shards: ev.evaluate(shards).device_costs_ms, out_dir,
+                                   precision=args.weights_precision, model=model,
+                                   checkpoint_interval_s=args.checkpoint_interval, log=tqdm.write)
+        with tqdm(total=args.total_steps, initial=trainer.model.steps, unit="step", desc="training") as bar:
+            summary = trainer.run(args.total_steps, num_actors, progress=bar,
+                                  time_limit_s=args.time_limit * 60 if args.time_limit else None)
+    curve = plot_curve(os.path.join(out_dir, "episodes.csv"), os.path.join(out_dir, "train_curve.png"))
+    state = ("interrupted, saved" if summary["interrupted"] else
+             "time limit reached, saved" if summary["timed_out"] else "done")
+    print(f"{state}: {summary['checkpoint']} at step {summary['steps']} ({summary['episodes']} episodes, "
+          f"{summary['plans_measured']} plans measured this run, {summary['elapsed_s'] / 60:.1f} min)")
+    print(f"logs: {out_dir}/train_log.csv, {out_dir}/episodes.csv; curve: {curve}")
+    return 130 if summary["interrupted"] else 0
+
+
+if __name__ == "__main__":
+    run_main(main)
