@@ -1,4 +1,4 @@
-# make demo: synthetic data -> tasks -> baselines and a short DreamShard run, measured side by side.  make test: the test suite.
+# make demo: synthetic data -> tasks -> baselines, short DreamShard and AutoShard runs, measured side by side.  make test: the test suite.
 # Both create .venv and install what they need (torch 2.13.0 CPU, fbgemm-gpu-cpu 1.8.0, torchrec 1.8.0
 # without its dependencies, so that the CUDA fbgemm-gpu never replaces the CPU build).
 PYTHON ?= python3
@@ -10,7 +10,7 @@ TASKS  := data/dlrm_tasks_50
 DEMO_ALGS := random,naive,dim_greedy,size_greedy,lookup_greedy,size_lookup_greedy
 DEMO_MEASURED := random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean experiments
 
 install: $(STAMP)
 
@@ -26,8 +26,8 @@ $(STAMP): requirements.txt setup.py
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-# The demo: synthetic data (856 tables, batch 4096), 50-table tasks, every baseline planned, a short
-# DreamShard training, then the baselines and DreamShard measured side by side on 4 logical devices.
+# The demo: synthetic data (856 tables, batch 4096), 50-table tasks, every baseline planned, short
+# DreamShard and AutoShard trainings, then the baselines and both measured side by side on 4 logical devices.
 demo: $(STAMP)
 	$(PY) tools/gen_dlrm_data.py --synthetic --out-dir $(DATA)
 	$(PY) tools/gen_tasks.py --data-dir $(DATA) --T 50 --num-train 50 --num-test 10 --out-dir $(TASKS)
@@ -36,9 +36,21 @@ demo: $(STAMP)
 	rm -rf models/demo_dreamshard
 	$(PY) train_dreamshard.py --task-path $(TASKS)/train.txt --data-dir $(DATA) --gpu-devices 0,1,2,3 \
 		--max-memory 5 --out-dir models/demo_dreamshard --num-iterations 3 --bench-steps 5 --rl-num-batches 20
-	$(PY) eval.py --alg $(DEMO_MEASURED),models/demo_dreamshard/2.pt --task-path $(TASKS)/test.txt \
+	rm -rf models/demo_autoshard
+	$(PY) train_autoshard.py --task-path $(TASKS)/train.txt --data-dir $(DATA) --gpu-devices 0,1,2,3 \
+		--max-memory 5 --savedir models --xpid demo_autoshard --total-steps 20000 --time-limit 3 --bench-iters 3
+	$(PY) eval.py --alg $(DEMO_MEASURED),models/demo_dreamshard/2.pt,models/demo_autoshard/model.pt --task-path $(TASKS)/test.txt \
 		--data-dir $(DATA) --gpu-devices 0,1,2,3 --max-memory 5 --max-tasks 5 --quiet \
 		--task-set "DLRM-50 (4)" --out data/demo_results.jsonl
+
+# The experiments: the paper-style results table and plots at the small scale (DLRM-20/50 on 4 devices,
+# DLRM-40/80 on 8, 5 test tasks each, every algorithm incl. short training of the learned methods) and
+# the planning-time/memory scaling benchmark, all written to results/ (see results/README.md).
+# About 35-45 minutes on a 2-core CPU. The synthetic dataset is generated first if there is none.
+experiments: $(STAMP)
+	test -f $(DATA)/table_configs.json -a -f $(DATA)/data.pt || $(PY) tools/gen_dlrm_data.py --synthetic --out-dir $(DATA)
+	$(PY) tools/run_experiments.py --scale small --data-dir $(DATA) --out-dir results
+	$(PY) tools/bench_planning.py --data-dir $(DATA) --out-dir results --models-dir models/experiments/small
 
 clean:
 	rm -rf $(VENV) build *.egg-info
