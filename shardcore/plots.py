@@ -1,0 +1,157 @@
+"""PNG figures of the experiment runner (matplotlib, Agg backend: no display needed).
+
+Every figure is written atomically (a temporary file renamed onto the target).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+
+from .io import atomic_path  # noqa: E402
+
+PART_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
+
+
+def _colors(labels: Sequence[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10")
+    return {lab: cmap(i % 10) for i, lab in enumerate(labels)}
+
+
+def _save(fig, path: str | os.PathLike) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _empty(path, title: str, message: str) -> None:
+    fig, ax = plt.subplots(figsize=(6, 2.5))
+    ax.axis("off")
+    ax.set_title(title, fontsize=10)
+    ax.text(0.5, 0.5, message, ha="center", va="center")
+    _save(fig, path)
+
+
+def plot_costs(sets: Sequence[tuple[str, dict[str, Sequence[float]]]], path: str | os.PathLike,
+               title: str = "Plan cost per algorithm") -> None:
+    """One panel per task set: per algorithm the mean plan cost (bar), its std (error bar) and every
+    task's cost (dots); the best mean is outlined. ``sets``: ``[(task set, {label: costs_ms})]``."""
+    sets = [(name, {k: list(v) for k, v in algs.items()}) for name, algs in sets]
+    if not sets or not any(any(v) for _, a in sets for v in a.values()):
+        _empty(path, title, "no measured plan")
+        return
+    labels = list(dict.fromkeys(lab for _, algs in sets for lab in algs))
+    colors = _colors(labels)
+    ncols = min(3, len(sets))
+    nrows = math.ceil(len(sets) / ncols)
+    width = max(4.0, 0.55 * len(labels) + 1.5)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 3.6 * nrows), squeeze=False)
+    for ax, (name, algs) in zip(axes.flat, sets):
+        means = {lab: statistics.fmean(v) for lab, v in algs.items() if v}
+        best = min(means, key=means.get) if means else None
+        for i, lab in enumerate(labels):
+            v = algs.get(lab) or []
+            if not v:
+                ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+                continue
+            m = statistics.fmean(v)
+            s = statistics.pstdev(v) if len(v) > 1 else 0.0
+            ax.bar(i, m, yerr=s, color=colors[lab], alpha=0.85, capsize=3,
+                   edgecolor="black" if lab == best else "none", linewidth=1.8 if lab == best else 0)
+            ax.scatter([i] * len(v), v, s=8, color="black", zorder=3)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
+        ax.set_title(name, fontsize=10)
+        ax.set_ylabel("plan cost (ms)")
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(sets):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_breakdown(panels: Sequence[tuple[str, Sequence[Sequence[float]], float]], path: str | os.PathLike,
+                   parts: Sequence[str] = ("fw_comp", "fw_comm", "bw_comm", "bw_comp"),
+                   title: str = "Per-device cost breakdown") -> None:
+    """Side-by-side panels (e.g. the best and the worst algorithm on one task): per device a stacked
+    bar of its cost parts. ``panels``: ``[(name, device_costs_ms [D][parts], plan cost ms)]``."""
+    if not panels:
+        _empty(path, title, "no measured plan")
+        return
+    ndev = max(len(p[1]) for p in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(4.0, 0.5 * ndev + 2.5) * len(panels), 3.8),
+                             sharey=True, squeeze=False)
+    for ax, (name, costs, total) in zip(axes[0], panels):
+        bottom = [0.0] * len(costs)
+        for j, part in enumerate(parts):
+            vals = [float(c[j]) for c in costs]
+            ax.bar(range(len(costs)), vals, bottom=bottom, color=PART_COLORS[j % len(PART_COLORS)], label=part)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.axhline(total, color="black", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(costs)))
+        ax.set_xlabel("device")
+        ax.set_title(f"{name}: {total:.1f} ms", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("cost (ms)")
+    axes[0][-1].legend(fontsize=8, loc="upper right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_planning(series: dict[tuple[str, str], list[tuple[int, float, float | None]]], path: str | os.PathLike,
+                  tables_title: str = "tables grow", devices_title: str = "devices grow",
+                  mem_floor_mb: float = 0.01) -> None:
+    """2 x 2 log-log panels: planning time and peak memory against tables and against devices.
+    ``series[(sweep, label)] = [(x, planning_ms, peak_mem_mb)]`` with sweep "tables" or "devices".
+    Memory below ``mem_floor_mb`` (e.g. 0: nothing measurable) is drawn at the floor."""
+    if not series:
+        _empty(path, "Planning time and memory", "nothing planned")
+        return
+    labels = list(dict.fromkeys(lab for _, lab in series))
+    colors = _colors(labels)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for col, (sweep, xlabel, sub) in enumerate((("tables", "tables", tables_title),
+                                                ("devices", "devices", devices_title))):
+        for lab in labels:
+            pts = sorted(series.get((sweep, lab), []))
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            axes[0][col].plot(xs, [max(p[1], 1e-3) for p in pts], marker="o", color=colors[lab], label=lab)
+            mem = [(p[0], max(p[2], mem_floor_mb)) for p in pts if p[2] is not None]
+            if mem:
+                axes[1][col].plot([m[0] for m in mem], [m[1] for m in mem], marker="o", color=colors[lab], label=lab)
+        xs_all = sorted({p[0] for (sw, _), pts in series.items() if sw == sweep for p in pts})
+        for row, ylabel in ((0, "planning time (ms)"), (1, f"peak memory (MB; < {mem_floor_mb:g} drawn at it)")):
+            ax = axes[row][col]
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            if xs_all:
+                ax.set_xticks(xs_all)
+                ax.set_xticklabels([str(x) for x in xs_all])
+                ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.set_title(sub, fontsize=10)
+            ax.grid(alpha=0.3, which="both")
+    handles, names = [], []
+    for ax in axes.flat:
+        for h, n in zip(*ax.get_legend_handles_labels()):
+            if n not in names:
+                handles.append(h)
+                names.append(n)
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 5), fontsize=9, frameon=False)
+    fig.suptitle("Planning time and peak memory (log axes)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    _save(fig, path)

@@ -1,0 +1,213 @@
+"""The experiment runner end to end on tiny data (2 logical CPU devices), the planning benchmark,
+the training orchestration (with stand-in training scripts) and one-line errors."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import matplotlib.image as mpimg
+import pandas as pd
+import pytest
+
+from shardcore import experiments
+from shardcore.errors import ShardError
+from shardcore.tasks import load_tasks
+
+from helpers import make_dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", os.path.join(ROOT, "tools", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 40-table dataset and an (untrained) DreamShard checkpoint: the learned path, without training."""
+    from dreamshard.config import DreamShardConfig
+    from dreamshard.sharder import DreamShardModel
+    from shardcore.tables import FeatureScaler
+
+    root = tmp_path_factory.mktemp("exp")
+    tables = make_dataset(root / "ds", num_tables=40, batch_size=64)
+    ckpt = root / "ds_model.pt"
+    DreamShardModel.new(DreamShardConfig(), FeatureScaler.fit(tables)).save(ckpt)
+    return root, tables, ckpt
+
+
+def _check_png(path):
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 50 and img.shape[1] > 50
+
+
+def test_pipeline_end_to_end(tiny, capsys):
+    root, tables, ckpt = tiny
+    out, models = root / "results", root / "models"
+    _tool("run_experiments").main([
+        "--scale", "tiny", "--data-dir", str(root / "ds"), "--out-dir", str(out), "--models-dir", str(models),
+        "--algs", "random,size_greedy,lookup_greedy,dreamshard,neuroshard,autoshard",
+        "--dreamshard-model", str(ckpt), "--skip-train", "--cache-path", str(root / "c.sqlite"), "--quiet"])
+    printed = capsys.readouterr().out
+    assert "DLRM-6 (2)" in printed and "wrote" in printed
+
+    for name in ("measurements.csv", "results.md", "costs.png", "breakdown.png", "summary.json"):
+        assert (out / name).is_file(), name
+    # every measurement: 2 sets x 2 tasks x 4 algorithms, all measured, 2 devices x 4 parts each
+    df = pd.read_csv(out / "measurements.csv")
+    assert len(df) == 16
+    assert set(df.alg) == {"random", "size_greedy", "lookup_greedy", "dreamshard"}
+    assert set(df.task_set) == {"DLRM-6 (2)", "DLRM-10 (2)"}
+    assert (df.status == "ok").all() and (df.cost_ms > 0).all() and (df.planning_ms >= 0).all()
+    for cell, total in zip(df.device_costs_ms, df.cost_ms):
+        costs = json.loads(cell)
+        assert len(costs) == 2 and all(len(c) == 4 for c in costs)
+        assert max(sum(c) for c in costs) == pytest.approx(total, abs=1e-2)
+    assert (df[df.alg == "dreamshard"].checkpoint == str(ckpt)).all()
+    # the paper-layout table: header, one row per set, best in bold, % over random
+    md = (out / "results.md").read_text()
+    table = [l for l in md.splitlines() if l.startswith("| ")]
+    assert table[0].split("|")[1].strip() == "Task"
+    assert [c.strip() for c in table[0].split("|")[2:6]] == ["Random", "Size-based", "Lookup-based", "DreamShard"]
+    rows = {l.split("|")[1].strip(): l for l in table}
+    for name in ("DLRM-6 (2)", "DLRM-10 (2)"):
+        assert name in rows and "**" in rows[name] and "%)" in rows[name] and "±" in rows[name]
+    # skipped methods are noted, not fatal
+    assert "## Skipped" in md and "autoshard" in md and "neuroshard" in md
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] is True and summary["scale"] == "tiny"
+    assert {"machine", "date", "command", "versions", "timings_s"} <= set(summary)
+    assert "torch" in summary["versions"] and summary["timings_s"]["total"] > 0
+    assert any(n.startswith("autoshard") for n in summary["notes"])
+    assert any(n.startswith("neuroshard") for n in summary["notes"])
+    assert [s["task_set"] for s in summary["task_sets"]] == ["DLRM-6 (2)", "DLRM-10 (2)"]
+    assert summary["task_sets"][0]["algorithms"]["lookup_greedy"]["pct_over_random"] is not None
+    _check_png(out / "costs.png")
+    _check_png(out / "breakdown.png")
+    # test tasks use only tables of the test pool; the same split for every set
+    train = load_tasks(out / "tasks" / "dlrm6_2dev" / "train.txt")
+    for slug in ("dlrm6_2dev", "dlrm10_2dev"):
+        test = load_tasks(out / "tasks" / slug / "test.txt")
+        assert len(test) == 2
+        assert not {i for t in test for i in t.table_ids} & {i for t in train for i in t.table_ids}
+
+
+def test_bench_planning_tiny(tiny, capsys):
+    root, tables, ckpt = tiny
+    out = root / "bench"
+    _tool("bench_planning").main([
+        "--data-dir", str(root / "ds"), "--out-dir", str(out), "--algs", "random,lookup_greedy,dreamshard",
+        "--dreamshard-model", str(ckpt), "--tables", "5,10,100", "--tables-ndevices", "2",
+        "--devices", "2,4", "--devices-tables", "12", "--repeats", "2", "--models-dir", str(root / "none")])
+    for name in ("planning_tables.csv", "planning_devices.csv", "planning.md", "planning.png"):
+        assert (out / name).is_file(), name
+    tab = pd.read_csv(out / "planning_tables.csv")
+    assert sorted(set(tab.num_tables)) == [5, 10, 40]          # 100 > the dataset's 40 tables: all of them
+    assert set(tab.alg) == {"random", "lookup_greedy", "dreamshard"} and len(tab) == 9
+    assert (tab.status == "ok").all() and (tab.planning_ms > 0).all() and (tab.peak_mem_mb >= 0).all()
+    dev = pd.read_csv(out / "planning_devices.csv")
+    assert sorted(set(dev.ndevices)) == [2, 4] and (dev.num_tables == 12).all() and (dev.status == "ok").all()
+    md = (out / "planning.md").read_text()
+    assert "| algorithm" in md and "Peak memory" in md and "DreamShard" in md
+    _check_png(out / "planning.png")
+    # the time limit: once a size is over it, the larger sizes of that sweep are skipped
+    _tool("bench_planning").main([
+        "--data-dir", str(root / "ds"), "--out-dir", str(root / "bench2"), "--algs", "lookup_greedy",
+        "--tables", "5,10", "--devices", "2,4", "--devices-tables", "8", "--time-limit", "1e-9"])
+    tab = pd.read_csv(root / "bench2" / "planning_tables.csv")
+    assert list(tab.status) == ["ok", "skipped"] and "limit" in tab.error[1]
+    assert list(pd.read_csv(root / "bench2" / "planning_devices.csv").status) == ["ok", "skipped"]
+
+
+FAKE_TRAIN = textwrap.dedent("""
+    import os, sys, time
+    args = sys.argv[1:]
+    out = args[args.index("--out-dir") + 1]
+    n = [int(args[i + 1]) for i, a in enumerate(args) if a == "--num-iterations"][-1]   # the last one wins
+    mode = os.environ["FAKE_MODE"]
+    print("fake training", " ".join(args), flush=True)
+    if mode == "fail":
+        print("error: the fake trainer fails", file=sys.stderr)
+        sys.exit(3)
+    for i in range(n):
+        open(os.path.join(out, f"{i}.pt"), "w").write("x")
+        if mode == "hang":
+            time.sleep(60)
+""")
+
+
+def test_training_orchestration(tmp_path, monkeypatch):
+    """Train / reuse / fail / time-out paths of the learned methods, with a stand-in train_dreamshard.py."""
+    (tmp_path / "train_dreamshard.py").write_text(FAKE_TRAIN)
+    monkeypatch.setattr(experiments, "ROOT", tmp_path)
+    ts = experiments.TaskSetDef(6, 2)
+    cfg = experiments.ExperimentConfig(data_dir=str(tmp_path), out_dir=str(tmp_path / "out"),
+                                       models_dir=str(tmp_path / "models"), scale="tiny",
+                                       train_args={"dreamshard": "--num-iterations 3"}).resolved()
+    paths = {ts: tmp_path / "train.txt"}
+
+    monkeypatch.setenv("FAKE_MODE", "ok")
+    notes = []
+    models = experiments.prepare_learned(cfg, "dreamshard", paths, notes, echo=False)
+    assert notes == [] and models[2].source == "trained" and models[2].checkpoint.endswith("dreamshard_2dev/2.pt")
+    log = (tmp_path / "out" / "logs" / "train_dreamshard_2dev.log").read_text()
+    assert "--task-path" in log and "--gpu-devices 0,1" in log and "fake training" in log
+    # a finished checkpoint is reused
+    models = experiments.prepare_learned(cfg, "dreamshard", paths, notes, echo=False)
+    assert models[2].source == "existing"
+
+    monkeypatch.setenv("FAKE_MODE", "fail")
+    notes = []
+    retrain = dataclasses.replace(cfg, retrain=True)
+    assert experiments.prepare_learned(retrain, "dreamshard", paths, notes, echo=False) == {}
+    assert len(notes) == 1 and "exit status 3" in notes[0] and "fake trainer fails" in notes[0]
+
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    notes = []
+    hang = dataclasses.replace(retrain, train_timeout_s=3.0)
+    models = experiments.prepare_learned(hang, "dreamshard", paths, notes, echo=False)
+    assert models[2].source == "partial" and models[2].checkpoint.endswith("0.pt") and notes == []
+
+    # --skip-train without a checkpoint: a note, no model
+    notes = []
+    skip = dataclasses.replace(cfg, models_dir=str(tmp_path / "empty"), skip_train=True)
+    assert experiments.prepare_learned(skip, "dreamshard", paths, notes, echo=False) == {}
+    assert "--skip-train" in notes[0]
+
+
+def test_config_errors():
+    assert experiments.parse_task_sets("20:4, 50:4,40:8")[2] == experiments.TaskSetDef(40, 8)
+    for bad in ("20x4", "0:4", "", "20:4,20:4"):
+        with pytest.raises(ShardError):
+            experiments.parse_task_sets(bad)
+    with pytest.raises(ShardError, match="unknown algorithm"):
+        experiments.ExperimentConfig(algs=("random", "bogus")).resolved()
+    with pytest.raises(ShardError, match="checkpoint not found"):
+        experiments.ExperimentConfig(model_paths={"dreamshard": "/nonexistent/9.pt"}).resolved()
+    # the small scale's shape (documented in results/README.md)
+    small = experiments.SCALES["small"]
+    assert [t.name for t in small.task_sets] == ["DLRM-20 (4)", "DLRM-50 (4)", "DLRM-40 (8)", "DLRM-80 (8)"]
+    assert small.num_test == 5 and small.train_sets == (experiments.TaskSetDef(50, 4),)
+
+
+@pytest.mark.parametrize("script,args", [
+    ("run_experiments.py", ["--scale", "tiny", "--data-dir", "/nonexistent/ds"]),
+    ("run_experiments.py", ["--scale", "tiny", "--algs", "random,bogus"]),
+    ("bench_planning.py", ["--data-dir", "/nonexistent/ds"]),
+])
+def test_bad_input_gives_one_line_error(tmp_path, script, args):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", script), "--out-dir", str(tmp_path / "o")]
+                          + args, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert not (tmp_path / "o" / "results.md").exists()
