@@ -57,16 +57,7 @@ class AutoShardModel:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "AutoShardModel":
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise ShardError(f"checkpoint not found: {path}") from None
-        except Exception as exc:
-            raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
-        if not isinstance(obj, dict) or obj.get("method") != METHOD:
-            raise ShardError(f"{path}: not an AutoShard checkpoint")
-        if obj.get("version") != VERSION:
-            raise ShardError(f"{path}: checkpoint version {obj.get('version')} is not {VERSION}")
+        obj = io.load_checkpoint(path, METHOD, VERSION, "an AutoShard")
         cfg = AutoShardConfig.from_dict(obj["config"])
         model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), AutoShardNet(cfg), CostModel(cfg),
                     float(obj["cost_scale"]), int(obj["steps"]), obj.get("extra", {}))

@@ -34,7 +34,6 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.evaluator import set_parent_death_signal
 from shardcore.tables import FeatureScaler, TableConfig

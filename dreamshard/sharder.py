@@ -55,14 +55,7 @@ class DreamShardModel:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "DreamShardModel":
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
-        if not isinstance(obj, dict) or obj.get("method") != METHOD:
-            raise ShardError(f"{path}: not a DreamShard checkpoint")
-        if obj.get("version") != VERSION:
-            raise ShardError(f"{path}: checkpoint version {obj.get('version')} is not {VERSION}")
+        obj = io.load_checkpoint(path, METHOD, VERSION, "a DreamShard")
         cfg = DreamShardConfig.from_dict(obj["config"])
         model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), CostNet(cfg), PolicyNet(cfg),
                     float(obj["cost_scale"]), int(obj["iteration"]), obj.get("extra", {}))

@@ -449,10 +449,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     if not os.path.isfile(path):
         raise ShardError(f"NeuroShard model not found: {path} (train one with train_neuroshard.py, or "
                          "train_compute_cost_model.py / train_comm_cost_model.py)")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
+    obj = io.load_checkpoint(path)
     _check_state(obj, None, str(path))
     return obj
 

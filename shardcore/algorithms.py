@@ -11,10 +11,9 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-import torch
-
 from .baselines import BASELINES, Sharder, make_baseline
 from .errors import ShardError
+from .io import load_checkpoint
 
 # Plain names (not paths) that a method package answers to, e.g. ``--alg neuroshard``.
 NAMED_METHODS = ("autoshard", "dreamshard", "neuroshard")
@@ -23,11 +22,7 @@ CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner"}
 
 
 def checkpoint_method(path: Path) -> str:
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
-    method = obj.get("method") if isinstance(obj, dict) else None
+    method = load_checkpoint(path).get("method")
     if not isinstance(method, str):
         raise ShardError(f"{path}: not a shardcore checkpoint (no 'method' entry)")
     return method

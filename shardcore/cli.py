@@ -44,6 +44,16 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def name_list(text: str) -> tuple[str, ...]:
+    """argparse type for ``random,lookup_greedy``: at least one name, none twice."""
+    names = tuple(a.strip() for a in text.split(",") if a.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected at least one name")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a name is given twice: {text!r}")
+    return names
+
+
 def positive_float(text: str) -> float:
     try:
         v = float(text)

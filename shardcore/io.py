@@ -61,3 +61,23 @@ def torch_save(obj: Any, path: str | os.PathLike) -> None:
     so that the file loads with ``torch.load(..., weights_only=True)``."""
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)
+
+
+def load_checkpoint(path: str | os.PathLike, method: str | None = None, version: int | None = None,
+                    label: str | None = None) -> dict:
+    """A checkpoint dict read with ``weights_only=True`` (never unpickles code). A missing or unreadable
+    file, another method's checkpoint (``method``) or another format version (``version``) raise
+    :class:`~shardcore.errors.ShardError` with one line; ``label`` names the kind ("an AutoShard")."""
+    from .errors import ShardError
+
+    if not os.path.isfile(path):
+        raise ShardError(f"checkpoint not found: {path}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
+    if not isinstance(obj, dict) or (method is not None and obj.get("method") != method):
+        raise ShardError(f"{path}: not {label or 'a shardcore'} checkpoint")
+    if version is not None and obj.get("version") != version:
+        raise ShardError(f"{path}: checkpoint version {obj.get('version')} is not {version}")
+    return obj

@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardcore.cli import int_list, positive_float, positive_int, run_main  # noqa: E402
+from shardcore.cli import int_list, name_list, positive_float, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.planning_bench import (DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, LEARNED,  # noqa: E402
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", "--data_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
                    help=f"processed dataset directory (default {DEFAULT_DATA_DIR}); only table configs are read")
     p.add_argument("--out-dir", default="results", help="where the outputs go (default results)")
-    p.add_argument("--algs", default=None,
+    p.add_argument("--algs", type=name_list, default=None,
                    help="comma-separated algorithms (default: every baseline of the paper, torchrec, and "
                         "the learned methods that have a checkpoint)")
     p.add_argument("--tables", type=int_list, default=list(DEFAULT_TABLE_SIZES), metavar="N,...",
@@ -69,11 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    algs = None
-    if args.algs is not None:
-        algs = tuple(a.strip() for a in args.algs.split(",") if a.strip())
-        if not algs:
-            raise ShardError("--algs names no algorithm")
+    algs = args.algs
     if min(args.tables) < 1 or min(args.devices) < 1:
         raise ShardError("--tables and --devices take positive counts")
     if args.headroom < 1:

@@ -26,12 +26,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardcore.cli import add_oracle_args, positive_float, positive_int, run_main  # noqa: E402
+from shardcore.cli import add_memory_args, add_oracle_args, name_list, positive_float, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.experiments import (ALL_ALGS, LEARNED, SCALES, ExperimentConfig,  # noqa: E402
                                    parse_task_sets, run_experiments)
-from shardcore.tables import PRECISION_BYTES  # noqa: E402
 
 
 def task_sets_arg(text: str):
@@ -52,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-dir", default=None,
                    help="where learned models are trained to / looked for: <dir>/<method>_<N>dev/ "
                         "(default models/experiments/<scale>)")
-    p.add_argument("--algs", default=None,
+    p.add_argument("--algs", type=name_list, default=None,
                    help=f"comma-separated algorithms (default all: {','.join(ALL_ALGS)}); also naive")
     p.add_argument("--task-sets", type=task_sets_arg, default=None, metavar="T:D,...",
                    help="task sets to evaluate as tables-per-task:devices, e.g. 20:4,50:4,40:8 "
@@ -64,10 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training tasks per set (default: the scale's; 50 full, 20 small)")
     p.add_argument("--num-test", type=positive_int, default=None, metavar="N",
                    help="test tasks per set, all measured (default: the scale's; 50 full, 5 small)")
-    p.add_argument("--max-memory", "--max_mem", dest="max_memory", type=positive_float, default=5.0, metavar="GB",
-                   help="memory cap per device for embedding weights, in GB (default 5)")
-    p.add_argument("--weights-precision", choices=sorted(PRECISION_BYTES), default="fp16",
-                   help="weight precision counted toward the cap and measured (default fp16)")
+    add_memory_args(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline and of training (default 0)")
     p.add_argument("--task-seed", type=int, default=0,
                    help="seed of task generation and of the train/test table split (default 0; NeuroShard's "
@@ -96,11 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    algs = None
-    if args.algs is not None:
-        algs = tuple(a.strip() for a in args.algs.split(",") if a.strip())
-        if not algs:
-            raise ShardError("--algs names no algorithm")
+    algs = args.algs
     if args.breakdown_set is not None and len(args.breakdown_set) != 1:
         raise ShardError("--breakdown-set takes one T:D")
     if args.num_train is not None and args.num_train < 0:
