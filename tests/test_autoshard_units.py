@@ -151,7 +151,7 @@ def test_over_cap_plan_gets_a_negative_reward_proportional_to_overflow_and_is_no
 def test_shaping_potential_is_zero_at_the_end():
     ts = tables(4)
     env = make_env(ts)
-    obs = env.reset(ts)
+    env.reset(ts)
     assert env.potential() == 0.0          # nothing placed: every device empty
     env.step(0)
     assert env.potential() < 0.0
