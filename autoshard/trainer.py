@@ -76,9 +76,8 @@ def actor_main(actor_id: int, spec: ActorSpec, shared_net: AutoShardNet, shared_
         pass
     except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
         out_q.put(("error", actor_id, f"{type(exc).__name__}: {exc}"))
-    finally:
-        out_q.cancel_join_thread()
-        req_q.cancel_join_thread()
+    # On exit the queues' feeder threads finish their writes (the learner drains out_q meanwhile):
+    # a message cut off half-way would leave the learner's next read waiting forever.
 
 
 class _Stopped(Exception):
@@ -406,8 +405,12 @@ class AutoShardTrainer:
         recent: list[float] = []
         recent_cost: list[float] = []
         mape = None
+        self._stop_requested = False
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous_handler = signal.getsignal(signal.SIGINT) if main_thread else None
         try:
-            old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # children start with Ctrl-C ignored
+            if main_thread:  # the actors start with Ctrl-C ignored (they inherit it through exec)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
                 for a in range(num_actors):
                     p = ctx.Process(target=actor_main, name=f"autoshard-actor-{a}", daemon=True,
@@ -415,9 +418,14 @@ class AutoShardTrainer:
                     p.start()
                     actors.append(p)
             finally:
-                signal.signal(signal.SIGINT, old)
+                if main_thread:
+                    # Ctrl-C only raises a flag, checked between steps: an exception in the middle of
+                    # reading an unroll from the queue would leave its pipe unreadable
+                    signal.signal(signal.SIGINT, self._request_stop)
             server.start()
             while self.model.steps < total_steps:
+                if self._stop_requested:
+                    raise KeyboardInterrupt
                 if time_limit_s is not None and time.perf_counter() - t_start >= time_limit_s:
                     self.timed_out = True
                     break
@@ -469,6 +477,8 @@ class AutoShardTrainer:
         except KeyboardInterrupt:
             self.interrupted = True
         finally:
+            if main_thread:
+                signal.signal(signal.SIGINT, previous_handler)
             stop.set()
             server.stop_event.set()
             self._stop_actors(actors, out_q)
@@ -481,8 +491,13 @@ class AutoShardTrainer:
                 "episodes": self.episodes, "plans_measured": server.plans, "elapsed_s": elapsed,
                 "interrupted": self.interrupted, "timed_out": self.timed_out}
 
+    def _request_stop(self, signum, frame) -> None:
+        self._stop_requested = True
+
     def _next(self, out_q, server: MeasurementServer, actors) -> tuple:
         while True:
+            if self._stop_requested:
+                raise KeyboardInterrupt
             if server.error is not None:
                 raise ShardError(f"measurement failed: {server.error}")
             try:
@@ -498,9 +513,11 @@ class AutoShardTrainer:
 
     @staticmethod
     def _stop_actors(actors, out_q) -> None:
+        """Wait for the actors to leave (draining their unrolls, so none blocks on a full pipe); kill
+        those still there after 10 s. Nothing is read after a kill (its last write may be cut)."""
         deadline = time.monotonic() + 10
         while any(p.is_alive() for p in actors) and time.monotonic() < deadline:
-            try:   # drain, so that no actor blocks on a full pipe
+            try:
                 out_q.get(timeout=0.1)
             except queue.Empty:
                 pass

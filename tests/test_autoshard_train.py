@@ -128,16 +128,26 @@ def test_ctrl_c_saves_and_leaves_no_processes(tiny):
     cmd = train_cmd(d, 100000, "--xpid", "interrupted")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     episodes = d / "models" / "interrupted" / "episodes.csv"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:   # wait until it trains (a few episodes logged)
-        if episodes.exists() and len(episodes.read_text().splitlines()) > 3:
-            break
-        assert proc.poll() is None, proc.stderr.read()[-2000:]
-        time.sleep(0.5)
-    kids = descendants(proc.pid)
-    assert len(kids) >= 2 + 2          # 2 actors, 2 evaluator workers (and helpers)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    kids = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:   # wait until it trains (a few episodes logged)
+            if episodes.exists() and len(episodes.read_text().splitlines()) > 3:
+                break
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            time.sleep(0.5)
+        kids = descendants(proc.pid)
+        assert len(kids) >= 2 + 2          # 2 actors, 2 evaluator workers (and helpers)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:   # never leave a stuck run behind for the other tests
+        if proc.poll() is None:
+            for k in kids + [proc.pid]:
+                try:
+                    os.kill(k, signal.SIGKILL)
+                except OSError:
+                    pass
+            proc.wait()
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted, saved" in _ or "interrupted, saved" in err
     ckpt = torch.load(d / "models" / "interrupted" / "model.pt", weights_only=True)
