@@ -239,7 +239,8 @@ def test_hung_worker_times_out(ev, data):
 
 
 _SCRIPT = textwrap.dedent("""
-    import sys
+    import faulthandler, signal, sys
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test dumps the stacks if it hangs
     sys.path.insert(0, {root!r})
     from shardcore.evaluator import PlanEvaluator
     from shardcore.dataset import load_dataset
@@ -271,7 +272,13 @@ def test_no_orphans_after_ctrl_c_or_parent_death(data, tmp_path, sig):
         assert all(alive(p) for p in pids)
         time.sleep(1.0)   # mid-way through a plan
         proc.send_signal(sig)
-        code = proc.wait(timeout=30)
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2.0)
+            proc.kill()
+            raise AssertionError("no exit 30 s after the signal; stacks:\n" + proc.stderr.read()[-6000:]) from None
     finally:
         if proc.poll() is None:
             proc.kill()
