@@ -241,6 +241,8 @@ def test_hung_worker_times_out(ev, data):
 _SCRIPT = textwrap.dedent("""
     import faulthandler, signal, sys
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test dumps the stacks if it hangs
+    # a suite started in the background (`make test &`) passes an ignored SIGINT down to its children
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {root!r})
     from shardcore.evaluator import PlanEvaluator
     from shardcore.dataset import load_dataset
