@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from neuroshard import config  # noqa: E402
 from neuroshard.cli import float_list  # noqa: E402
-from shardcore.cli import add_device_args, device_ids  # noqa: E402
+from shardcore.cli import add_device_args, device_ids, num_devices  # noqa: E402
 from neuroshard.collect import collect_comm  # noqa: E402
 from shardcore.cli import add_oracle_args, int_list, open_evaluator, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
@@ -56,9 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     ids = device_ids(args)
-    if len(ids) < 2:
+    ndevices = num_devices(args)
+    if ndevices < 2:
         raise ShardError("communication needs at least 2 devices (--gpu_devices 0,1,...)")
-    out_dir = args.out_dir or os.path.join(config.COST_DATA_DIR, f"comm_{len(ids)}")
+    out_dir = args.out_dir or os.path.join(config.COST_DATA_DIR, f"comm_{ndevices}")
     with open_evaluator(args, args.dataset_dir, ids) as ev:
         print(f"measuring on {ev.device_type} ({ev.ndevices} devices, batch {ev.batch_size}); "
               f"workers up in {ev.startup_s:.1f} s")

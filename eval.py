@@ -22,7 +22,7 @@ from tqdm import tqdm  # noqa: E402
 
 from shardcore import algorithms, report  # noqa: E402
 from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids,  # noqa: E402
-                           open_evaluator, run_main)
+                           num_devices, open_evaluator, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import evaluate  # noqa: E402
@@ -68,19 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def measured_batch_size(args) -> int | None:
-    """The batch size plans are measured at: --batch-size, else the dataset's (None without lookups)."""
+    """The batch size plans are measured at: --batch-size, else the dataset's (from data.pt, which is
+    memory-mapped, or the ``batch_size`` its table configs record; None when neither says)."""
+    from shardcore.oracles import configs_batch_size
+
     if args.batch_size is not None:
         return args.batch_size
-    try:
-        return load_dataset(args.data_dir).batch_size   # data.pt is memory-mapped: cheap
-    except ShardError:
-        return None
+    return configs_batch_size(args.data_dir)
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     devices = device_ids(args)
-    ndevices = len(devices)
+    ndevices = num_devices(args)
     names = [a.strip() for a in args.alg.split(",") if a.strip()]
     if not names:
         raise ShardError("--alg names no algorithm")
@@ -109,7 +109,8 @@ def main(argv=None):
             tqdm.write(f"task {result.task:3d} {result.alg:>20s}: feasible, memory GB [{mem}], "
                        f"allocation {result.allocation}")
 
-    mode = "plan only" if args.plan_only else "measured on hardware"
+    mode = "plan only" if args.plan_only else ("measured on hardware" if args.oracle == "measured"
+                                               else f"judged by the {args.oracle} oracle")
     print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GB "
           f"({args.weights_precision}), {mode}; algorithms: {', '.join(names)}")
     if args.plan_only:
@@ -119,23 +120,35 @@ def main(argv=None):
         print()
         print(report.plan_only_summary(results))
     else:
-        with open_evaluator(args, args.data_dir, devices) as ev:
-            print(f"workers up in {ev.startup_s:.1f} s on {ev.device_type} "
-                  f"(batch {ev.batch_size}, {ev.optimizer}, {ev.precision})")
+        with open_evaluator(args, args.data_dir, devices, ndevices) as ev:
+            ev.start()
+            print(f"oracle ready in {ev.startup_s:.1f} s: {ev.hardware} "
+                  f"(batch {ev.batch_size}, {ev.optimizer}, {ev.precision}); compute {ev.parts['compute']}, "
+                  f"communication {ev.parts['comm']}")
 
             def measure(shard_tables):
                 r = ev.evaluate(shard_tables)
                 return r.cost_ms, r.device_costs_ms
 
+            def show_and_mark(result, task):
+                if result.cost_ms is not None:
+                    result.extra.update(hardware=ev.hardware, parts=ev.parts, batch_size=ev.batch_size)
+                show(result, task)
+
             with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:
                 results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory,
-                                   args.weights_precision, measure=measure, on_result=show, progress=bar)
+                                   args.weights_precision, measure=measure, on_result=show_and_mark, progress=bar)
+            hardware, noise_pct = ev.hardware, ev.noise_pct
         task_set = args.task_set or f"{os.path.basename(os.path.dirname(os.path.abspath(args.task_path)))}/" \
                                     f"{os.path.basename(args.task_path)} ({ndevices})"
         print()
+        print(f"costs on: {hardware}, batch {ev.batch_size}")
         print(report.measured_summary(results))
         print()
-        print(report.paper_table(results, task_set))
+        verdict = report.noise_verdict(results, noise_pct)
+        if verdict:
+            print(verdict)
+        print(report.paper_table(results, task_set, bold=not verdict))
     if args.export_torchrec:
         from shardcore.torchrec_planner import PlanRecord, export_plans
 

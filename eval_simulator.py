@@ -25,7 +25,7 @@ from tqdm import tqdm  # noqa: E402
 from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, search_kwargs  # noqa: E402
 from neuroshard.simulator import Simulator  # noqa: E402
 from shardcore import algorithms, report  # noqa: E402
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids,  # noqa: E402
+from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,  # noqa: E402
                            open_evaluator, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
@@ -84,7 +84,7 @@ def mape_table(results) -> str:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     devices = device_ids(args)
-    ndevices = len(devices)
+    ndevices = num_devices(args)
     names = [a.strip() for a in args.alg.split(",") if a.strip()]
     if not names or len(set(names)) != len(names):
         raise ShardError(f"--alg must name distinct algorithms, got {args.alg!r}")

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from shardcore import algorithms  # noqa: E402
-from shardcore.cli import add_device_args, add_memory_args, device_ids, positive_int, run_main  # noqa: E402
+from shardcore.cli import add_device_args, add_memory_args, device_ids, num_devices, positive_int, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import lookup_load  # noqa: E402
 from shardcore.io import write_json  # noqa: E402
@@ -212,7 +212,7 @@ def main(argv=None):
     if args.torchrec and not args.out:
         raise ShardError("--torchrec writes beside the plan: give --out PLAN.json too")
     devices = device_ids(args)
-    ndevices = len(devices)
+    ndevices = num_devices(args)
     tables, names = read_tables(args.tables)
     check_fits(tables, names, args.max_memory, args.weights_precision)
     kwargs = {}

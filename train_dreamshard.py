@@ -18,7 +18,7 @@ from tqdm import tqdm  # noqa: E402
 from dreamshard.config import DreamShardConfig  # noqa: E402
 from dreamshard.sharder import DreamShardModel  # noqa: E402
 from dreamshard.trainer import DreamShardTrainer  # noqa: E402
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids,  # noqa: E402
+from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,  # noqa: E402
                            open_evaluator, positive_float, positive_int, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
@@ -66,6 +66,7 @@ def newest_checkpoint(out_dir: str) -> str | None:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     devices = device_ids(args)
+    ndevices = num_devices(args)
     dataset = load_dataset(args.data_dir, with_lookups=False)
     tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
     model = None
@@ -84,14 +85,14 @@ def main(argv=None):
         bench_training_steps=args.bench_training_steps, rl_num_batches=args.rl_num_batches,
         rl_batch_size=args.rl_batch_size, entropy_weight=args.entropy_weight, rl_lr=args.rl_lr,
         cost_lr=args.cost_lr, seed=args.seed)
-    print(f"DreamShard: {len(tasks)} training tasks, {len(devices)} devices, cap {args.max_memory:g} GB, "
+    print(f"DreamShard: {len(tasks)} training tasks, {ndevices} devices, cap {args.max_memory:g} GB, "
           f"{args.num_iterations} iterations -> {args.out_dir}/")
     with open_evaluator(args, args.data_dir, devices) as ev:
         def measure(shards):
             r = ev.evaluate(shards)
             return r.cost_ms, r.device_costs_ms
 
-        trainer = DreamShardTrainer(cfg, dataset.tables, tasks, len(devices), args.max_memory, measure,
+        trainer = DreamShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, measure,
                                     args.out_dir, precision=args.weights_precision, model=model, log=tqdm.write)
         start = trainer.model.iteration + 1
         with tqdm(total=args.num_iterations, initial=start, desc="iterations", unit="it") as bar:

@@ -23,7 +23,7 @@ from tqdm import tqdm  # noqa: E402
 
 from neuroshard import config  # noqa: E402
 from neuroshard.cli import add_training_args, float_list, training_config  # noqa: E402
-from shardcore.cli import add_device_args, device_ids  # noqa: E402
+from shardcore.cli import add_device_args, device_ids, num_devices  # noqa: E402
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data  # noqa: E402
 from neuroshard.config import SearchConfig  # noqa: E402
 from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model  # noqa: E402
@@ -74,9 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     ids = device_ids(args)
-    if len(ids) < 2:
+    ndevices = num_devices(args)
+    if ndevices < 2:
         raise ShardError("NeuroShard's communication data need at least 2 devices")
-    comm_dir = args.comm_data_dir or os.path.join(config.COST_DATA_DIR, f"comm_{len(ids)}")
+    comm_dir = args.comm_data_dir or os.path.join(config.COST_DATA_DIR, f"comm_{ndevices}")
     compute_cfg = training_config(args, config.compute_model_config(), seed=args.seed)
     comm_cfg = training_config(args, config.comm_model_config(), prefix="comm-", seed=args.seed)
     t0 = time.perf_counter()

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
+from .commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
 from .errors import ShardError
 from .tables import PRECISION_BYTES
 
@@ -64,6 +65,16 @@ def positive_float(text: str) -> float:
     return v
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (v >= 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite non-negative number, got {text!r}")
+    return v
+
+
 def positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -75,23 +86,36 @@ def positive_int(text: str) -> int:
 
 
 def add_device_args(parser: argparse.ArgumentParser, default_ndevices: int = 4) -> None:
-    """``--gpu-devices 0,1,2,3`` or ``--ndevices N`` (on a CPU: N logical devices)."""
-    g = parser.add_mutually_exclusive_group()
+    """``--gpu-devices 0,1,2,3`` and/or ``--ndevices N``: the plan has N devices (default: as many
+    as listed), measured on the listed devices (on a CPU-only machine: logical devices)."""
+    g = parser.add_argument_group("devices")
     g.add_argument("--gpu-devices", "--gpu_devices", dest="gpu_devices", type=int_list, default=None, metavar="IDS",
-                   help="devices to shard over, e.g. 0,1,2,3; on a CPU-only machine these are logical "
-                        f"devices (default: {default_ndevices} devices)")
+                   help="devices that measure, e.g. 0,1,2,3; on a CPU-only machine these are logical "
+                        f"devices (default: {default_ndevices} devices, or all GPUs up to --ndevices)")
     g.add_argument("--ndevices", type=positive_int, default=None, metavar="N",
-                   help=f"number of devices, same as --gpu-devices 0,..,N-1 (default {default_ndevices})")
+                   help="devices a plan has (default: as many as --gpu-devices lists, else "
+                        f"{default_ndevices}); more than --gpu-devices lists measures each plan device's "
+                        "compute on those devices in turn and models the all-to-all (--comm-bandwidth, "
+                        "--comm-latency; fitted to the real exchange when two or more devices are listed)")
     parser.set_defaults(_default_ndevices=default_ndevices)
 
 
 def device_ids(args: argparse.Namespace) -> list[int]:
+    """The devices that measure (``--gpu-devices``, else ``0..N-1``)."""
     if args.gpu_devices is not None:
         ids = list(args.gpu_devices)
         if len(set(ids)) != len(ids) or min(ids) < 0:
             raise ShardError(f"--gpu-devices must list distinct non-negative ids, got {ids}")
+        if args.ndevices is not None and args.ndevices < len(ids):
+            raise ShardError(f"--ndevices {args.ndevices} is fewer than the {len(ids)} devices --gpu-devices lists")
         return ids
     return list(range(args.ndevices or args._default_ndevices))
+
+
+def num_devices(args: argparse.Namespace) -> int:
+    """The number of devices a plan has (``--ndevices``, else as many as ``--gpu-devices`` lists)."""
+    ids = device_ids(args)
+    return args.ndevices if args.ndevices is not None else len(ids)
 
 
 def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float = 5.0) -> None:
@@ -125,6 +149,17 @@ def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-
     g.add_argument("--no-cache", action="store_true", help="measure everything again, ignoring the cache")
     g.add_argument("--timeout", type=positive_float, default=120.0, metavar="S",
                    help="seconds a worker may take for one plan before it is declared hung (default 120)")
+    g.add_argument("--oracle", default="measured", metavar="NAME",
+                   help="cost landscape the plans are judged on: 'measured' (default: this machine's "
+                        "hardware, FBGEMM on its CPU or CUDA GPUs) or 'emulated:h200' (an NVIDIA H200 "
+                        "emulated from real shard measurements, data/gpu_measurements/; needs no GPU and "
+                        "no data.pt, only the table configs)")
+    g.add_argument("--comm-bandwidth", type=positive_float, default=DEFAULT_COMM_BANDWIDTH_GBPS, metavar="GB/S",
+                   help="modelled all-to-all bandwidth per device and direction, used where the exchange "
+                        "is not measured (emulated oracle, or more plan devices than GPUs) (default "
+                        f"{DEFAULT_COMM_BANDWIDTH_GBPS:g}: NVLink 4 within one 8-GPU H100/H200 node, assumed)")
+    g.add_argument("--comm-latency", type=non_negative_float, default=DEFAULT_COMM_LATENCY_US, metavar="US",
+                   help=f"modelled start-up of one all-to-all in microseconds (default {DEFAULT_COMM_LATENCY_US:g})")
 
 
 def oracle_batch_size(args: argparse.Namespace) -> int | None:
@@ -132,17 +167,33 @@ def oracle_batch_size(args: argparse.Namespace) -> int | None:
     return args.oracle_batch_size if hasattr(args, "oracle_batch_size") else args.batch_size
 
 
-def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[int]):
-    """A :class:`~shardcore.evaluator.PlanEvaluator` configured from :func:`add_oracle_args` flags
-    (use it as a context manager: workers start on entry and stop on exit)."""
+def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[int], ndevices: int | None = None):
+    """The cost oracle chosen by :func:`add_oracle_args` flags: a
+    :class:`~shardcore.evaluator.PlanEvaluator` measuring on ``devices`` (use it as a context
+    manager: workers start on entry and stop on exit) or an emulated one
+    (:class:`~shardcore.oracles.EmulatedOracle`). ``ndevices``: devices per plan (default:
+    ``--ndevices`` when the parser has device flags, else ``len(devices)``)."""
+    from .commmodel import CommModel
     from .evaluator import PlanEvaluator
+    from .oracles import EMULATED_PREFIX, EmulatedOracle, parse_oracle
 
+    if ndevices is None:
+        ndevices = getattr(args, "ndevices", None) or len(devices)
+    oracle = parse_oracle(getattr(args, "oracle", "measured"))
+    comm = CommModel(bandwidth_gbps=getattr(args, "comm_bandwidth", DEFAULT_COMM_BANDWIDTH_GBPS),
+                     latency_us=getattr(args, "comm_latency", DEFAULT_COMM_LATENCY_US))
+    if oracle.startswith(EMULATED_PREFIX):
+        return EmulatedOracle(data_dir, ndevices, card=oracle[len(EMULATED_PREFIX):],
+                              batch_size=oracle_batch_size(args), optimizer=args.optimizer,
+                              precision=args.weights_precision, comm_model=comm)
     kwargs = {}
     if args.bench_iters is not None:
         kwargs["bench_iters"] = args.bench_iters
     if args.warmup_iters is not None:
         kwargs["warmup_iters"] = args.warmup_iters
     cache = args.cache_path if args.cache_path else True
-    return PlanEvaluator(data_dir, device_ids=list(devices), optimizer=args.optimizer,
+    # With --ndevices alone, let the evaluator use the GPUs this machine has (all of them up to N).
+    ids = None if getattr(args, "gpu_devices", "given") is None else list(devices)
+    return PlanEvaluator(data_dir, ndevices, device_ids=ids, optimizer=args.optimizer, comm_model=comm,
                          precision=args.weights_precision, batch_size=oracle_batch_size(args), cache=cache,
                          no_cache=args.no_cache, timeout_s=args.timeout, **kwargs)

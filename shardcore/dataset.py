@@ -52,8 +52,14 @@ def load_table_configs(path: str | os.PathLike) -> list[TableConfig]:
     return tables
 
 
-def save_table_configs(path: str | os.PathLike, tables: Sequence[TableConfig]) -> None:
-    io.write_json(path, {"tables": [t.to_json() for t in tables]})
+def save_table_configs(path: str | os.PathLike, tables: Sequence[TableConfig], batch_size: int | None = None) -> None:
+    """Write ``table_configs.json``; ``batch_size`` (the batch the pooling factors and reuse bins were
+    taken at) is recorded beside the tables, so an emulated oracle can use the configs without
+    ``data.pt`` (the original repositories' readers ignore the extra key)."""
+    obj: dict = {"tables": [t.to_json() for t in tables]}
+    if batch_size is not None:
+        obj["batch_size"] = int(batch_size)
+    io.write_json(path, obj)
 
 
 @dataclass
@@ -128,4 +134,4 @@ def save_dataset(out_dir: str | os.PathLike, tables: Sequence[TableConfig], indi
         "offsets": [t.to(torch.int32).contiguous() for t in offsets],
     }
     io.torch_save(obj, out_dir / DATA_FILE)
-    save_table_configs(out_dir / CONFIGS_FILE, tables)
+    save_table_configs(out_dir / CONFIGS_FILE, tables, batch_size)

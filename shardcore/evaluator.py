@@ -82,6 +82,7 @@ from .benchmark import (DEFAULT_BENCH_ITERS, DEFAULT_LOCK_TIMEOUT_S, DEFAULT_WAR
                         check_fits, host_measurement_lock,
                         normalize_optimizer, normalize_precision, resolve_batch_size, usable_bytes,
                         validate_tables)
+from .commmodel import CommModel, batch_slices, fit_comm_model, remote_bytes
 from .cache import CacheContext, CostCache, dataset_digest, hardware_fingerprint, open_cache, shard_key
 from .errors import ShardError
 from .tables import TableConfig
@@ -93,12 +94,6 @@ DEFAULT_CPU_COMPUTE_PASSES = None  # None: one pass per timed iteration (see the
 REWARM_ITERS = 0           # untimed iterations when a pass returns to a shard already warmed up
 OUTPUT_ELEMENT_SIZE = 4    # pooled outputs and their gradients are fp32
 COST_NAMES = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
-
-
-def batch_slices(batch_size: int, ndevices: int) -> list[int]:
-    """Samples per device: ``B`` split evenly, the first ``B mod n`` devices taking one more."""
-    base, rem = divmod(int(batch_size), int(ndevices))
-    return [base + (1 if j < rem else 0) for j in range(ndevices)]
 
 
 @dataclass(frozen=True)
@@ -140,6 +135,7 @@ class PlanResult:
     compute_from_cache: list[bool] = field(default_factory=list)   # per device
     comm: list[CommSplits] | None = None     # per device split sizes; None when from the cache
     wall_s: float = 0.0                      # wall time of this evaluate() call
+    parts: dict = field(default_factory=dict)  # {"compute": how obtained, "comm": how obtained}
 
     @property
     def device_totals_ms(self) -> list[float]:
@@ -314,6 +310,15 @@ def _worker_main(rank: int, world: int, conn, cfg: _WorkerConfig) -> None:
         pass
 
 
+def _relative_iqr(values: Sequence[float]) -> float:
+    """(q75 - q25) / median of ``values`` (0 for fewer than two values or a zero median)."""
+    if len(values) < 2:
+        return 0.0
+    qs = statistics.quantiles(values, n=4, method="inclusive")
+    med = statistics.median(values)
+    return float((qs[2] - qs[0]) / med) if med > 0 else 0.0
+
+
 def _start_error(exc: BaseException) -> str:
     from .errors import ShardError as _SE
 
@@ -402,7 +407,20 @@ class PlanEvaluator:
             result.cost_ms, result.device_costs_ms, result.from_cache
 
     ``device_ids`` (``--gpu-devices``) picks CUDA devices on a GPU machine; on the CPU it only sets
-    how many logical devices there are. ``cache``: a :class:`~shardcore.cache.CostCache`, a path,
+    how many logical devices there are.
+
+    **More plan devices than GPUs.** ``ndevices`` (``--ndevices``) is the number of devices a plan
+    has; it may exceed ``len(device_ids)``, the devices that really run (one worker each). Then plan
+    device ``d`` is measured on worker ``d mod workers``, each shard alone on its device (two shards
+    never share a GPU at the same time), and the all-to-alls, which cannot run as they would between
+    ``ndevices`` GPUs, come from a :class:`~shardcore.commmodel.CommModel`: the analytic one given by
+    ``comm_model`` with one worker, or, with two or more workers, one fitted at start-up to the
+    workers' measured all-to-alls (:meth:`calibrate_comm`). Every :class:`PlanResult` says in
+    ``parts`` which parts were measured and which modelled. On a GPU machine with fewer GPUs than
+    ``ndevices`` and no ``device_ids``, every GPU present serves. ``available_devices`` overrides how
+    many devices this machine has (tests fake a small GPU count with it on the CPU).
+
+    ``cache``: a :class:`~shardcore.cache.CostCache`, a path,
     ``True`` for the default file, or ``None`` for no cache. ``no_cache=True`` measures everything
     afresh (the fresh results still replace the stored ones). ``comm_iters`` defaults to
     ``bench_iters``. ``timeout_s`` bounds each phase of a measurement, ``start_timeout_s`` the
@@ -419,31 +437,45 @@ class PlanEvaluator:
                  cache: "CostCache | str | os.PathLike | bool | None" = None, no_cache: bool = False,
                  timeout_s: float = DEFAULT_TIMEOUT_S, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  device: str | None = None, compute_passes: int | None = None, host_lock: bool = True,
-                 lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S):
+                 lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S, comm_model: CommModel | None = None,
+                 available_devices: int | None = None):
         import torch
 
         from .dataset import load_dataset
 
-        if device_ids is not None:
-            device_ids = [int(d) for d in device_ids]
-            if ndevices is not None and ndevices != len(device_ids):
-                raise ShardError(f"ndevices={ndevices} but {len(device_ids)} device ids given")
-            if len(set(device_ids)) != len(device_ids) or min(device_ids, default=0) < 0:
-                raise ShardError(f"device ids must be distinct and non-negative, got {device_ids}")
-        else:
-            device_ids = list(range(ndevices if ndevices is not None else 4))
-        if not device_ids:
-            raise ShardError("the evaluator needs at least one device")
-        self.device_ids = tuple(device_ids)
-        self.ndevices = len(device_ids)
         self.device_type = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if self.device_type not in ("cpu", "cuda"):
             raise ShardError(f"unknown device type {device!r} (cpu or cuda)")
-        if self.device_type == "cuda":
-            count = torch.cuda.device_count()
-            bad = [d for d in self.device_ids if d >= count]
+        if available_devices is None and self.device_type == "cuda":
+            available_devices = torch.cuda.device_count()
+        if ndevices is not None and int(ndevices) < 1:
+            raise ShardError(f"the evaluator needs at least one device, got ndevices={ndevices}")
+        if device_ids is not None:
+            device_ids = [int(d) for d in device_ids]
+            if not device_ids:
+                raise ShardError("the evaluator needs at least one device")
+            if len(set(device_ids)) != len(device_ids) or min(device_ids) < 0:
+                raise ShardError(f"device ids must be distinct and non-negative, got {device_ids}")
+            if ndevices is not None and ndevices < len(device_ids):
+                raise ShardError(f"{ndevices} plan devices but {len(device_ids)} devices given to run them: "
+                                 "list at most as many devices as the plan has")
+        else:
+            n = ndevices if ndevices is not None else 4
+            device_ids = list(range(min(n, available_devices) if available_devices else n))
+        if available_devices is not None:
+            bad = [d for d in device_ids if d >= available_devices]
             if bad:
-                raise ShardError(f"GPU {bad[0]} requested but this machine has {count} GPU(s)")
+                what = "GPU(s)" if self.device_type == "cuda" else "device(s)"
+                raise ShardError(f"GPU {bad[0]} requested but this machine has {available_devices} {what}"
+                                 f" (run more plan devices on fewer GPUs with --ndevices N --gpu-devices "
+                                 f"{','.join(str(i) for i in range(max(1, available_devices)))})")
+        self.device_ids = tuple(device_ids)
+        self.nworkers = len(device_ids)
+        self.ndevices = int(ndevices) if ndevices is not None else self.nworkers
+        self.comm_model: CommModel | None = None
+        self._comm_model_given = comm_model or CommModel()
+        if self.ndevices > self.nworkers:
+            self.comm_model = self._comm_model_given
         if bench_iters < 1 or warmup_iters < 0:
             raise ShardError("bench_iters must be >= 1 and warmup_iters >= 0")
         self.bench_iters, self.warmup_iters = int(bench_iters), int(warmup_iters)
@@ -469,7 +501,48 @@ class PlanEvaluator:
         self._store = None
         self._req = 0
         self.startup_s: float | None = None
+        self._noise: list[float] = []   # relative spread of each measured shard's timed samples
         _LIVE.add(self)
+
+    # -- what is measured --------------------------------------------------------------------
+    @property
+    def oversubscribed(self) -> bool:
+        """More plan devices than devices that run (compute in turns, communication modelled)."""
+        return self.ndevices > self.nworkers
+
+    @property
+    def hardware(self) -> str:
+        """The hardware in words, for every figure this evaluator produces."""
+        if self.device_type == "cuda":
+            name = self._device_name or "GPU"
+            where = f"{self.nworkers} x {name}"
+        else:
+            from .cache import cpu_name
+
+            where = f"CPU ({cpu_name()}, {os.cpu_count()} cores), {self.nworkers} logical device(s)"
+        if self.oversubscribed:
+            where += f", {self.ndevices} plan devices measured in turns"
+        return where
+
+    @property
+    def parts(self) -> dict:
+        """How each cost part is obtained: ``{"compute": ..., "comm": ...}``."""
+        compute = f"measured ({self.device_type}, FBGEMM)"
+        if self.ndevices == 1:
+            comm = "none (one device)"
+        elif self.comm_model is None:
+            comm = f"measured ({'NCCL' if self.device_type == 'cuda' else 'gloo'} all-to-all)"
+        else:
+            comm = self.comm_model.describe()
+        return {"compute": compute, "comm": comm}
+
+    @property
+    def noise_pct(self) -> float | None:
+        """The oracle's measurement noise so far: the median over measured shards of the relative
+        interquartile range of their timed samples (fw + bw), in percent; None before any shard."""
+        if not self._noise:
+            return None
+        return 100.0 * float(statistics.median(self._noise))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> "PlanEvaluator":
@@ -519,9 +592,9 @@ class PlanEvaluator:
         old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
         try:
             try:
-                for rank in range(self.ndevices):
+                for rank in range(self.nworkers):
                     parent_end, child_end = ctx.Pipe(duplex=True)
-                    p = ctx.Process(target=_worker_main, args=(rank, self.ndevices, child_end, cfg),
+                    p = ctx.Process(target=_worker_main, args=(rank, self.nworkers, child_end, cfg),
                                     name=f"shardcore-device-{rank}", daemon=True)
                     p.start()
                     child_end.close()
@@ -531,7 +604,7 @@ class PlanEvaluator:
                 if main_thread:
                     signal.signal(signal.SIGINT, old_handler)
             self._procs, self._conns = procs, conns
-            replies = self._wait(list(range(self.ndevices)), None, self.start_timeout_s, "start-up")
+            replies = self._wait(list(range(self.nworkers)), None, self.start_timeout_s, "start-up")
         except BaseException:
             self._procs = self._conns = None
             self._store = None
@@ -545,7 +618,7 @@ class PlanEvaluator:
         shared by the workers, and at most 2 GiB each (see :class:`~shardcore.benchmark.BufferPool`)."""
         from .benchmark import host_available_bytes
 
-        return int(min(2 << 30, host_available_bytes() // (4 * self.ndevices)))
+        return int(min(2 << 30, host_available_bytes() // (4 * self.nworkers)))
 
     def close(self) -> None:
         """Stop the workers (politely, then by force)."""
@@ -607,8 +680,8 @@ class PlanEvaluator:
         pending = set(ranks)
         replies: dict = {}
         errors: list[tuple[int, str, str]] = []
-        by_conn = {self._conns[r]: r for r in range(self.ndevices)}
-        by_sentinel = {self._procs[r].sentinel: r for r in range(self.ndevices)}
+        by_conn = {self._conns[r]: r for r in range(self.nworkers)}
+        by_sentinel = {self._procs[r].sentinel: r for r in range(self.nworkers)}
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -709,7 +782,7 @@ class PlanEvaluator:
         CPU: one shard at a time, in ``compute_passes`` passes over all shards (see the module notes);
         GPU: one shard per device in flight, all devices at once, one pass.
         """
-        ranks = ranks or {k: k for k in shards}
+        ranks = ranks or {k: k % self.nworkers for k in shards}
         usable = self._usable()
         if usable is not None:
             for k, tables in shards.items():  # refuse before anything is built anywhere
@@ -747,6 +820,8 @@ class PlanEvaluator:
                     for k in group:
                         samples[k][0].extend(reps[ranks[k]]["fw"])
                         samples[k][1].extend(reps[ranks[k]]["bw"])
+        for fw, bw in samples.values():
+            self._noise.append(_relative_iqr([f + b for f, b in zip(fw, bw)]))
         return {k: ComputeCost(float(statistics.median(fw)), float(statistics.median(bw)))
                 for k, (fw, bw) in samples.items()}
 
@@ -756,7 +831,9 @@ class PlanEvaluator:
 
         ``delays_ms[d]`` (optional) makes device ``d`` start its forward exchange that much later
         (mimicking imbalanced compute); the others' forward times then include the wait.
-        Returns per device ``(fw_ms, bw_ms)`` and the split sizes.
+        Returns per device ``(fw_ms, bw_ms)`` and the split sizes. With more plan devices than
+        workers the times come from the communication model (``delays_ms`` is then refused: a
+        model has no waiting peers).
         """
         if len(dim_sums) != self.ndevices:
             raise ShardError(f"need {self.ndevices} dim sums, got {len(dim_sums)}")
@@ -765,12 +842,41 @@ class PlanEvaluator:
             raise ShardError("dim sums must be non-negative")
         if delays_ms is not None and len(delays_ms) != self.ndevices:
             raise ShardError(f"need {self.ndevices} delays, got {len(delays_ms)}")
+        if self.oversubscribed:
+            if delays_ms is not None:
+                raise ShardError("start delays need the real all-to-all: run as many devices as the plan has")
+            model = self.calibrate_comm()
+            splits = [comm_splits(dims, self.batch_size, d) for d in range(self.ndevices)]
+            return model.predict(dims, self.batch_size), splits
         delays = [float(x) for x in delays_ms] if delays_ms is not None else None
-        reps = self._request(list(range(self.ndevices)),
+        return self._measure_comm_workers(dims, delays)
+
+    def calibrate_comm(self) -> CommModel:
+        """The communication model of an oversubscribed evaluator: with two or more workers, fitted
+        once to their measured all-to-alls (four sizes, equal and unequal dim sums); with one, the
+        analytic model given to the constructor."""
+        if self.nworkers < 2 or self.comm_model is None or self.comm_model.source == "fitted":
+            return self.comm_model or self._comm_model_given
+        n = self.nworkers
+        pts: list[tuple[int, float]] = []
+        for scale in (16, 64, 256, 1024):
+            for dims in ([scale] * n, [scale * (1 + (j % 2) * 3) for j in range(n)]):
+                costs, _ = self._measure_comm_workers(dims, None)
+                for (sent, recv), (fw, bw) in zip(remote_bytes(dims, self.batch_size), costs):
+                    pts.append((max(sent, recv), fw))
+                    pts.append((max(sent, recv), bw))
+        link = (f"fitted to NCCL all-to-alls between {n} x {self._device_name or 'GPU'}" if self.device_type == "cuda"
+                else f"fitted to gloo all-to-alls between {n} local CPU processes")
+        self.comm_model = fit_comm_model(pts, link)
+        return self.comm_model
+
+    def _measure_comm_workers(self, dims: list[int], delays: list[float] | None
+                              ) -> tuple[list[tuple[float, float]], list[CommSplits]]:
+        reps = self._request(list(range(self.nworkers)),
                              lambda r, req: ("comm", req, dims, self.batch_size, self.warmup_iters,
                                              self.comm_iters, delays), "comm")
         costs, splits = [], []
-        for r in range(self.ndevices):
+        for r in range(self.nworkers):
             rep = reps[r]
             costs.append((rep["fw_ms"], rep["bw_ms"]))
             splits.append(CommSplits(r, tuple(rep["fw_send"]), tuple(rep["fw_recv"]),
@@ -804,7 +910,7 @@ class PlanEvaluator:
             if first_of[shard_key(s)] == k:
                 todo[k] = s
         if todo:
-            measured = self._compute(todo, {k: i % self.ndevices for i, k in enumerate(todo)})
+            measured = self._compute(todo, {k: i % self.nworkers for i, k in enumerate(todo)})
             for k, cost in measured.items():
                 out[k] = cost
                 if self.cache is not None:
@@ -824,11 +930,13 @@ class PlanEvaluator:
         no_cache = self.no_cache if no_cache is None else no_cache
         shards = self._check_shards(shards)
         ctx = self.context if self.cache is not None else None
-        if self.cache is not None and not no_cache:
+        # A plan's cache row holds measured communication; modelled communication is not stored.
+        plan_cache = self.cache is not None and not self.oversubscribed
+        if plan_cache and not no_cache:
             hit = self.cache.get_plan(ctx, shards)
             if hit is not None:
                 return PlanResult(hit, from_cache=True, compute_from_cache=[True] * self.ndevices,
-                                  wall_s=time.perf_counter() - t0)
+                                  wall_s=time.perf_counter() - t0, parts=self.parts)
         compute: dict[int, ComputeCost] = {}
         todo: dict[int, list[TableConfig]] = {}
         from_cache = [False] * self.ndevices
@@ -851,6 +959,7 @@ class PlanEvaluator:
             for d in todo:
                 self.cache.put_shard(ctx, shards[d], compute[d].fw_ms, compute[d].bw_ms, self.bench_iters,
                                      self.warmup_iters)
-            self.cache.put_plan(ctx, shards, costs, self.bench_iters, self.warmup_iters)
+            if plan_cache:
+                self.cache.put_plan(ctx, shards, costs, self.bench_iters, self.warmup_iters)
         return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
-                          wall_s=time.perf_counter() - t0)
+                          wall_s=time.perf_counter() - t0, parts=self.parts)

@@ -75,8 +75,9 @@ def measured_summary(results: Sequence[TaskResult], baseline: str = "random") ->
                          "imbalance max/mean", "infeasible", "planning ms"], rows)
 
 
-def paper_table(results: Sequence[TaskResult], task_set: str, baseline: str = "random") -> str:
-    """One row in the DreamShard results-table layout: each cell 'mean±std (+x%)', best in bold.
+def paper_table(results: Sequence[TaskResult], task_set: str, baseline: str = "random", bold: bool = True) -> str:
+    """One row in the DreamShard results-table layout: each cell 'mean±std (+x%)', best in bold
+    (``bold=False``: no cell marked, when the plans cannot be told apart, see :func:`noise_verdict`).
 
     Only tasks that every algorithm planned feasibly count, so all cells average the same tasks."""
     groups = _by_alg(results)
@@ -95,7 +96,50 @@ def paper_table(results: Sequence[TaskResult], task_set: str, baseline: str = "r
         means[alg] = mean
         gain = "" if base_mean is None or alg == baseline else f" ({improvement_over(base_mean, mean):+.1f}%)"
         cells[alg] = f"{mean:.1f}±{std:.1f}{gain}"
-    if means:
+    if means and bold:
         best = min(means, key=means.get)
         cells[best] = f"**{cells[best]}**"
     return format_table(["Task"] + list(groups), [[task_set] + [cells[a] for a in groups]])
+
+
+def _paired_distinct(a: Sequence[float], b: Sequence[float], noise: float, seed: int = 0,
+                     resamples: int = 2000) -> bool:
+    """Whether costs ``a`` and ``b`` (paired by task) differ: the mean relative difference exceeds
+    ``noise`` (a fraction) and, with two or more tasks, its 95% bootstrap interval excludes zero."""
+    import numpy as np
+
+    d = np.array([(x - y) / y for x, y in zip(a, b) if y > 0])
+    if d.size == 0 or abs(float(d.mean())) <= noise:
+        return False
+    if d.size == 1:
+        return True
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(resamples, d.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [0.025, 0.975])
+    return bool(lo > 0 or hi < 0)
+
+
+def noise_verdict(results: Sequence[TaskResult], noise_pct: float | None) -> str | None:
+    """One line when no two algorithms' plans can be told apart, else None.
+
+    Two algorithms differ when, over the tasks both planned, the mean relative difference of their
+    costs exceeds the oracle's measurement noise (``noise_pct``: the relative spread of a shard's
+    timed samples; None or 0 for a noise-free oracle) and its 95% bootstrap interval excludes 0."""
+    groups = {alg: {r.task: r.cost_ms for r in rs if r.cost_ms is not None} for alg, rs in _by_alg(results).items()}
+    groups = {alg: costs for alg, costs in groups.items() if costs}
+    if len(groups) < 2:
+        return None
+    noise = (noise_pct or 0.0) / 100.0
+    algs = list(groups)
+    for i, a in enumerate(algs):
+        for b in algs[i + 1:]:
+            common = sorted(set(groups[a]) & set(groups[b]))
+            if _paired_distinct([groups[a][t] for t in common], [groups[b][t] for t in common], noise):
+                return None
+    means = {alg: statistics.fmean(c.values()) for alg, c in groups.items()}
+    lo, hi = min(means.values()), max(means.values())
+    noise_txt = f"the oracle's measured noise ({noise_pct:.1f}% spread of a shard's timed samples)" \
+        if noise_pct else "the task-to-task spread"
+    return (f"no ranking: the {len(groups)} algorithms' plans cannot be told apart (mean costs "
+            f"{lo:.3f}..{hi:.3f} ms, {100 * (hi / lo - 1):.1f}% apart, within {noise_txt}); on a GPU, "
+            "measure at the dataset's full batch (tools/gen_dlrm_data.py --batch-size 65536)")

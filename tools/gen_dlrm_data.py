@@ -4,6 +4,11 @@ or from synthetic data of the same raw format and statistics when the real file 
 
     python tools/gen_dlrm_data.py --data PATH/fbgemm_t856_bs65536.pt.gz --out-dir data/dlrm_datasets
     python tools/gen_dlrm_data.py --synthetic --out-dir data/dlrm_datasets
+    python tools/gen_dlrm_data.py --synthetic --batch-size 65536 --out-dir data/dlrm_b65536   # for GPUs
+
+On a GPU, measure at the full batch of 65536: at the default 4096 a shard's cost is launch-bound
+(0.5-1.5 ms whatever its tables on an H200) and plans cannot be told apart. The full batch takes
+about 92 s and 11.7 GB of memory to generate and writes a 3.8 GB data.pt.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Process a raw DLRM dataset (Meta's dlrm_datasets format: a torch.save'd tuple "
                     "(indices, offsets, lengths), optionally gzipped) into table_configs.json + data.pt, "
-                    "or generate a synthetic one with the published statistics.")
+                    "or generate a synthetic one with the published statistics. For GPUs use "
+                    "--batch-size 65536: at 4096 a GPU cannot tell plans apart.")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--data", metavar="PATH", default=None,
                      help="raw dataset file (.pt or .pt.gz), e.g. fbgemm_t856_bs65536.pt.gz; a .gz is "
@@ -46,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random seed of the synthetic data and of the --dims draw (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                    help="samples per table to keep: with --data the first N of the file (default: all of "
-                        f"them); synthetic: the batch generated (default {dlrm.DEFAULT_SYNTHETIC_BATCH})")
+                        f"them); synthetic: the batch generated (default {dlrm.DEFAULT_SYNTHETIC_BATCH}). "
+                        "For GPUs generate --batch-size 65536 (the real dataset's, the papers'): at 4096 a "
+                        "GPU is launch-bound and measured plans differ only by noise (README, 'GPUs')")
     p.add_argument("--num-tables", type=positive_int, default=None, metavar="T",
                    help=f"synthetic only: number of tables (default {dlrm.DEFAULT_SYNTHETIC_TABLES})")
     p.add_argument("--raw-out", metavar="PATH", default=None,

@@ -104,6 +104,7 @@ def main(argv=None):
         task_seed=args.task_seed, batch_size=args.batch_size, bench_iters=args.bench_iters,
         warmup_iters=args.warmup_iters, optimizer=args.optimizer, cache_path=args.cache_path,
         no_cache=args.no_cache, timeout=args.timeout, skip_train=args.skip_train, retrain=args.retrain,
+        oracle=args.oracle, comm_bandwidth=args.comm_bandwidth, comm_latency=args.comm_latency,
         model_paths={m: getattr(args, f"{m}_model") for m in LEARNED},
         train_args={m: getattr(args, f"{m}_args") for m in LEARNED},
         train_timeout_s=args.train_timeout,

@@ -1,0 +1,117 @@
+"""A model of the embedding all-to-alls, for when they cannot be measured as they would run.
+
+A plan for ``n`` devices exchanges, per device ``d``, its pooled outputs for every other device's
+slice of the batch (forward) and the gradients back (backward); the split sizes are
+:func:`shardcore.evaluator.comm_splits`. When the plan has more devices than the machine has GPUs
+(``--ndevices 8 --gpu-devices 0``), or the oracle is emulated, that exchange cannot be timed, and
+its cost comes from this model instead:
+
+    t_d = latency + max(bytes d sends to others, bytes d receives from others) / bandwidth
+
+for each of the two phases (the all-to-all ends when a device's slowest direction has moved its
+bytes; each direction of a full-duplex link runs at ``bandwidth``). Bytes are those of fp32 pooled
+outputs (4 per element), as the real exchange.
+
+**Defaults** (flags ``--comm-bandwidth`` and ``--comm-latency`` change them): 200 GB/s per device
+and direction, 25 us per collective. They stand for NVLink 4 between the GPUs of one 8-GPU
+H100/H200 (HGX) node: 450 GB/s per GPU per direction nominal, of which an NCCL all-to-all achieves
+roughly half once the NVSwitch hops, protocol and kernel overheads are counted; 25 us is the order of
+a small NCCL collective's start-up. These are stated assumptions, not measurements of this project;
+a run with two or more real GPUs replaces them by a fit of the measured exchange
+(:func:`fit_comm_model`), and every record says which (``parts``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .errors import ShardError
+
+DEFAULT_COMM_BANDWIDTH_GBPS = 200.0
+DEFAULT_COMM_LATENCY_US = 25.0
+DEFAULT_LINK = "NVLink 4 within one 8-GPU H100/H200 node (assumed)"
+OUTPUT_ELEMENT_SIZE = 4
+
+
+def batch_slices(batch_size: int, ndevices: int) -> list[int]:
+    """Samples per device: ``B`` split evenly, the first ``B mod n`` devices taking one more."""
+    base, rem = divmod(int(batch_size), int(ndevices))
+    return [base + (1 if j < rem else 0) for j in range(ndevices)]
+
+
+def remote_bytes(dim_sums: Sequence[int], batch_size: int) -> list[tuple[int, int]]:
+    """Per device ``(bytes sent to others, bytes received from others)`` of the forward exchange
+    (the backward exchange moves the same amounts the other way)."""
+    n = len(dim_sums)
+    bs = batch_slices(batch_size, n)
+    total_dim = sum(int(x) for x in dim_sums)
+    out = []
+    for d in range(n):
+        own = int(dim_sums[d])
+        sent = own * (batch_size - bs[d])            # my outputs for everyone else's samples
+        recv = bs[d] * (total_dim - own)             # everyone else's outputs for my samples
+        out.append((OUTPUT_ELEMENT_SIZE * sent, OUTPUT_ELEMENT_SIZE * recv))
+    return out
+
+
+@dataclass(frozen=True)
+class CommModel:
+    """``latency_us + max(sent, received) / bandwidth`` per device and phase (see the module notes)."""
+
+    bandwidth_gbps: float = DEFAULT_COMM_BANDWIDTH_GBPS
+    latency_us: float = DEFAULT_COMM_LATENCY_US
+    link: str = DEFAULT_LINK
+    source: str = "analytic"   # "analytic" (stated constants) or "fitted" (from measured exchanges)
+
+    def __post_init__(self):
+        import math
+
+        if not (math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0):
+            raise ShardError(f"communication bandwidth must be a positive number of GB/s, got {self.bandwidth_gbps}")
+        if not (math.isfinite(self.latency_us) and self.latency_us >= 0):
+            raise ShardError(f"communication latency must be a non-negative number of us, got {self.latency_us}")
+
+    def phase_ms(self, nbytes: int) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return self.latency_us * 1e-3 + nbytes / (self.bandwidth_gbps * 1e9) * 1e3
+
+    def predict(self, dim_sums: Sequence[int], batch_size: int) -> list[tuple[float, float]]:
+        """Per device ``(fw_ms, bw_ms)`` of the two all-to-alls."""
+        if len(dim_sums) < 2:
+            return [(0.0, 0.0)] * len(dim_sums)
+        out = []
+        for sent, recv in remote_bytes(dim_sums, batch_size):
+            t = self.phase_ms(max(sent, recv))
+            out.append((t, t))
+        return out
+
+    def describe(self) -> str:
+        how = "fitted to measured all-to-alls" if self.source == "fitted" else "analytic"
+        return (f"modelled ({how}: {self.latency_us:.1f} us + bytes / {self.bandwidth_gbps:.1f} GB/s; "
+                f"{self.link})")
+
+    def to_json(self) -> dict:
+        return {"bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us, "link": self.link,
+                "source": self.source}
+
+
+def fit_comm_model(samples: Sequence[tuple[int, float]], link: str) -> CommModel:
+    """Least-squares fit of ``t_ms = latency + bytes / bandwidth`` to measured ``(bytes, ms)`` pairs
+    (the per-device maximum of bytes sent and received, and that device's measured time).
+
+    Needs at least two distinct byte counts; a non-positive slope or intercept is clipped (a
+    bandwidth cannot be infinite: the slope floor is 1e-9 ms per byte, 1000 GB/s)."""
+    import numpy as np
+
+    pts = [(float(b), float(t)) for b, t in samples if b > 0]
+    if len({b for b, _ in pts}) < 2:
+        raise ShardError("fitting the all-to-all model needs measurements at two or more sizes")
+    x = np.array([b for b, _ in pts])
+    y = np.array([t for _, t in pts])
+    a = np.stack([np.ones_like(x), x], axis=1)
+    (intercept, slope), *_ = np.linalg.lstsq(a, y, rcond=None)
+    slope = max(float(slope), 1e-9)
+    intercept = max(float(intercept), 0.0)
+    return CommModel(bandwidth_gbps=1e-6 / slope, latency_us=intercept * 1e3, link=link, source="fitted")

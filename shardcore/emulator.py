@@ -1,0 +1,476 @@
+"""An emulated GPU: shard compute costs predicted from table statistics, fitted on real measurements.
+
+:class:`GpuComputeModel` predicts the forward and backward(+SGD update) milliseconds of one fused
+FBGEMM ``SplitTableBatchedEmbeddingBagsCodegen`` shard (fp16 weights, exact SGD, one GPU, as
+measured by :class:`shardcore.benchmark.ShardRunner` on CUDA) from the shard's
+:class:`~shardcore.tables.TableConfig` s and the batch size. The shipped parameters
+(``data/gpu_measurements/h200_emulator.json``, read by :func:`load_gpu_model`) were fitted on
+NVIDIA H200 measurements (``data/gpu_measurements/*.jsonl``) by ``tools/fit_gpu_emulator.py``.
+
+**Features** (per table, summed over the shard; B = batch, m = the shard's largest dim, because
+the fused kernel picks its thread layout for the widest table):
+
+- lookups ``L = B x pooling_factor``; ``L x sectors`` (32-byte fp16 sectors per row, ceil(dim/16));
+- distinct rows ``D = min(row, L / mean reuse)``, the mean reuse from the 17 reuse bins (of the
+  distinct rows, the fraction looked up (0,1], (1,2], (2,4], ... times; a bin's representative
+  count is the mean of its integer range); ``D x sectors`` (compulsory DRAM reads, and the
+  backward's weight read-modify-write);
+- estimated DRAM traffic: compulsory misses plus repeated accesses whose reuse window
+  (the bytes of the table touched between two uses of a row) does not fit a cache of ``C`` bytes;
+- long segments: the lookups (and rows) of rows looked up more than 32 times in the batch (the
+  backward accumulates such rows in a slower path);
+- bag-length dispersion: the coefficient of variation (CV) of the per-sample lookup counts. The
+  forward kernel runs several bags per warp, so uneven bag lengths leave lanes idle; on the H200
+  this changes the per-lookup forward cost by up to 3x for the same L, D and reuse. A
+  ``TableConfig`` does not carry it: it comes from the ``length_cv`` argument, else from the
+  model's table of known tables (the default synthetic dataset, seed 0, 856 tables, matched by
+  index, hash size and pooling factor), else the fitted population's lookup-weighted median;
+- ``L x`` tensor-product hat functions of (CV, log10 bytes of distinct rows) — a small
+  non-parametric per-lookup cost surface;
+- ``B x dim`` (pooled outputs written, gradients read), the table count (per-table setup), a
+  constant (launches), and lookups of shards whose widest table is >= 64 / >= 128 wide.
+
+**Fit.** Non-negative least squares on the relative error (rows divided by the measured cost), so
+every coefficient adds cost and predictions are positive and non-decreasing in each feature;
+forward and backward separately; deterministic (no random state).
+
+**Other batch sizes.** Every feature scales with the batch through the lookups (``B x pooling
+factor``) and the per-sample outputs (``B x dim``); the reuse bins should be the ones measured at
+that batch (the table configs of a dataset at that batch). Two parameter sets are shipped: one
+fitted at batch 65536 (the primary landscape, bandwidth-bound) and one at batch 4096 (launch-bound:
+the H200 took 0.5-1.5 ms for every shard there, more than a linear model of the batch-65536 costs
+gives). A prediction is the larger of the batch-65536 set at the batch and the batch-4096 set at
+min(batch, 4096): the launch-bound floor below and around 4096, the bandwidth model above; both
+terms grow with the batch, so costs are non-decreasing in the batch and in the lookups, always
+>= the fitted constant (> 0). An empty shard costs (0.0, 0.0).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .errors import ShardError
+from .tables import NUM_BINS, TableConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"
+MODEL_FILES = {"h200": "h200_emulator.json"}
+FORMAT = "shardkit-gpu-emulator-1"
+
+# A representative lookup count per reuse bin: the mean of the integers in (0,1], (1,2], (2,4], ...,
+# (2^14, 2^15]; the open last bin (2^15, inf) is taken as 1.5 x 2^15.
+BIN_REPS = np.array([1.0, 2.0] + [(2.0 ** (k - 1) + 1.0 + 2.0 ** k) / 2.0 for k in range(2, NUM_BINS - 1)]
+                    + [1.5 * 2.0 ** 15])
+LONG_BIN = 6          # bins >= 6: rows looked up more than 32 times
+SECTOR_BYTES = 32
+BYTES_PER_WEIGHT = 2  # fp16
+
+DEFAULT_SPEC = {
+    "cache_bytes": 40e6,
+    "cv_knots": [0.25, 0.6, 1.0, 1.4],
+    "footprint_knots": [5.0, 6.0, 7.0, 8.0],
+}
+
+
+def feature_names(spec: Mapping) -> list[str]:
+    base = ["const", "tables", "lookups", "lookup_sectors", "dram_sectors", "distinct_sectors",
+            "batch_x_dim", "long_lookups", "long_rows", "lookups_x_cv2", "dram_x_cv2",
+            "distinct_x_maxdim", "lookups_maxdim_ge64", "lookups_maxdim_ge128"]
+    surf = [f"lookups_cv{a:g}_fp{b:g}" for a in spec["cv_knots"] for b in spec["footprint_knots"]]
+    return base + surf
+
+
+def _hat(x: np.ndarray, knots: Sequence[float]) -> np.ndarray:
+    """Piecewise-linear hat functions on ``knots`` (a partition of unity; x clipped to the range)."""
+    k = np.asarray(knots, dtype=float)
+    x = np.clip(x, k[0], k[-1])
+    out = np.zeros((len(x), len(k)))
+    j = np.clip(np.searchsorted(k, x, side="right") - 1, 0, len(k) - 2)
+    t = (x - k[j]) / (k[j + 1] - k[j])
+    rows = np.arange(len(x))
+    out[rows, j] = 1.0 - t
+    out[rows, j + 1] += t
+    return out
+
+
+class TableArrays:
+    """Column arrays of a flat list of tables (the per-table inputs of the features)."""
+
+    __slots__ = ("row", "pf", "dim", "bins", "cv")
+
+    def __init__(self, row, pf, dim, bins, cv):
+        self.row, self.pf, self.dim, self.bins, self.cv = row, pf, dim, bins, cv
+
+
+def shard_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_size: int,
+                   spec: Mapping) -> np.ndarray:
+    """The feature matrix ``[nshards, F]`` of shards whose tables are ``ta`` (``shard_of[i]``: the
+    shard of table ``i``, tables of a shard contiguous or not)."""
+    B = float(batch_size)
+    n = len(ta.row)
+    nf = len(feature_names(spec))
+    X = np.zeros((nshards, nf))
+    if n == 0:
+        return X
+    L = B * ta.pf
+    reuse = ta.bins @ BIN_REPS
+    with np.errstate(divide="ignore", invalid="ignore"):
+        D = np.where((reuse > 0) & (L > 0), L / np.where(reuse > 0, reuse, 1.0), np.minimum(L, ta.row))
+    D = np.minimum(D, ta.row)
+    sec = np.ceil(ta.dim * BYTES_PER_WEIGHT / SECTOR_BYTES)
+    rb = sec * SECTOR_BYTES
+    per_bin = D[:, None] * ta.bins                                   # distinct rows per reuse bin
+    window = np.minimum(L[:, None] / BIN_REPS[None, :], D[:, None]) * rb[:, None]
+    q = window / (window + float(spec["cache_bytes"]))                # share of repeats that miss
+    dram = (D + (per_bin * (BIN_REPS[None, :] - 1.0) * q).sum(1)) * sec
+    long_lookups = (per_bin[:, LONG_BIN:] * BIN_REPS[None, LONG_BIN:]).sum(1)
+    long_rows = per_bin[:, LONG_BIN:].sum(1)
+    maxdim = np.zeros(nshards)
+    np.maximum.at(maxdim, shard_of, ta.dim)
+    m = maxdim[shard_of]
+    cv2 = ta.cv ** 2
+    nonempty = (L > 0).astype(float)
+    cols = [np.ones(n), L, L * sec, dram, D * sec, B * ta.dim * nonempty / 1e3, long_lookups, long_rows,
+            L * cv2, dram * cv2, D * m / 128.0, L * (m >= 64), L * (m >= 128)]
+    footprint = np.log10(np.maximum(D * rb, 1.0))
+    hc = _hat(ta.cv, spec["cv_knots"])
+    hf = _hat(footprint, spec["footprint_knots"])
+    surf = (hc[:, :, None] * hf[:, None, :]).reshape(n, -1) * L[:, None]
+    T = np.concatenate([np.stack(cols, 1), surf], 1)
+    order = np.argsort(shard_of, kind="stable")
+    sorted_of = shard_of[order]
+    present, starts = np.unique(sorted_of, return_index=True)
+    X[present, 1:] = np.add.reduceat(T[order], starts, axis=0)
+    X[:, 0] = 1.0
+    return X
+
+
+def known_index(known: Mapping | None) -> dict:
+    """``{index: (hash size, pooling factor, cv)}`` of a known-tables block."""
+    known = known or {}
+    return {int(i): (float(r), float(p), float(c))
+            for i, r, p, c in zip(known.get("index", []), known.get("row", []),
+                                  known.get("pooling_factor", []), known.get("cv", []))}
+
+
+def known_cv(known: Mapping[int, tuple], t: TableConfig, default: float) -> float:
+    ref = known.get(int(t.index))
+    if ref is not None:
+        row, pf, cv = ref
+        if 0.98 * row <= t.row <= row * 1.0001 and (
+                (pf == 0 and t.pooling_factor == 0) or (pf > 0 and abs(t.pooling_factor - pf) <= 0.15 * pf)):
+            return cv
+    return default
+
+
+def table_arrays(shards: Sequence[Sequence[TableConfig]], length_cv: Sequence[Sequence[float]]
+                 ) -> tuple[TableArrays, np.ndarray]:
+    """The flat per-table inputs of ``shards`` and each table's shard number."""
+    flat = [t for s in shards for t in s]
+    shard_of = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
+    cv = np.array([c for cs in length_cv for c in cs], dtype=float)
+    if len(cv) != len(flat):
+        raise ShardError("length_cv must give one value per table of every shard")
+    ta = TableArrays(row=np.array([t.row for t in flat], dtype=float),
+                     pf=np.array([t.pooling_factor for t in flat], dtype=float),
+                     dim=np.array([t.dim for t in flat], dtype=float),
+                     bins=np.array([t.bins for t in flat], dtype=float).reshape(len(flat), NUM_BINS),
+                     cv=cv)
+    return ta, shard_of
+
+
+class GpuComputeModel:
+    """Predicts a shard's (fw_ms, bw_ms) on an emulated GPU; see the module docstring."""
+
+    def __init__(self, params: Mapping):
+        if params.get("format") != FORMAT:
+            raise ShardError(f"not a GPU emulator parameter set (format {params.get('format')!r})")
+        self.params = dict(params)
+        self.spec = dict(params["spec"])
+        self.card = params.get("card", "?")
+        sets = params["sets"]
+        self.batches = sorted(int(b) for b in sets)
+        self.weights = {int(b): (np.asarray(s["fw"], float), np.asarray(s["bw"], float)) for b, s in sets.items()}
+        nf = len(feature_names(self.spec))
+        for b, (wf, wb) in self.weights.items():
+            if wf.shape != (nf,) or wb.shape != (nf,):
+                raise ShardError(f"GPU emulator parameters for batch {b}: expected {nf} weights")
+        self.default_cv = float(params.get("default_cv", 0.7))
+        self._known = known_index(params.get("known_tables"))
+
+    # -- the bag-length CV of a table ----------------------------------------------------------
+    def table_cv(self, t: TableConfig) -> float:
+        """The CV of the table's per-sample lookup counts: from the known tables when ``t`` is one
+        of them (same index, hash size within 2% and pooling factor within 15%), else the default."""
+        return known_cv(self._known, t, self.default_cv)
+
+    def _arrays(self, shards: Sequence[Sequence[TableConfig]], length_cv=None) -> tuple[TableArrays, np.ndarray]:
+        if length_cv is None:
+            length_cv = [[self.table_cv(t) for t in s] for s in shards]
+        return table_arrays(shards, length_cv)
+
+    def _costs(self, ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_size: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """max over the parameter sets of set i at min(batch, its batch); the largest set at the batch."""
+        fw = np.zeros(nshards)
+        bw = np.zeros(nshards)
+        for i, b in enumerate(self.batches):
+            at = batch_size if i == len(self.batches) - 1 else min(batch_size, b)
+            X = shard_features(ta, shard_of, nshards, at, self.spec)
+            wf, wb = self.weights[b]
+            fw = np.maximum(fw, X @ wf)
+            bw = np.maximum(bw, X @ wb)
+        return fw, bw
+
+    # -- predictions ---------------------------------------------------------------------------
+    def predict_many(self, shards: Sequence[Sequence[TableConfig]], batch_size: int,
+                     length_cv: Sequence[Sequence[float]] | None = None) -> np.ndarray:
+        """``[len(shards), 2]`` array of (fw_ms, bw_ms); an empty shard gives (0, 0)."""
+        if int(batch_size) < 1:
+            raise ShardError(f"batch size must be positive, got {batch_size}")
+        shards = [list(s) for s in shards]
+        out = np.zeros((len(shards), 2))
+        if not shards:
+            return out
+        ta, shard_of = self._arrays(shards, length_cv)
+        fw, bw = self._costs(ta, shard_of, len(shards), int(batch_size))
+        empty = np.array([len(s) == 0 for s in shards])
+        out[:, 0] = np.where(empty, 0.0, fw)
+        out[:, 1] = np.where(empty, 0.0, bw)
+        return out
+
+    def predict(self, tables: Sequence[TableConfig], batch_size: int,
+                length_cv: Sequence[float] | None = None) -> tuple[float, float]:
+        """(fw_ms, bw_ms) of one shard; an empty shard costs (0.0, 0.0)."""
+        tables = list(tables)
+        if not tables:
+            return 0.0, 0.0
+        r = self.predict_many([tables], batch_size, None if length_cv is None else [list(length_cv)])
+        return float(r[0, 0]), float(r[0, 1])
+
+    def describe(self) -> str:
+        return f"{self.card} compute model fitted on {self.params.get('fitted_on', '?')}"
+
+
+def model_path(card: str) -> Path:
+    if card not in MODEL_FILES:
+        raise ShardError(f"no emulated GPU {card!r}: choose one of {', '.join(MODEL_FILES)}")
+    return MEASUREMENTS_DIR / MODEL_FILES[card]
+
+
+def read_params(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ShardError(f"GPU emulator parameters not found: {path} (run tools/fit_gpu_emulator.py)")
+    try:
+        obj = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise ShardError(f"{path}: not a GPU emulator parameter file")
+    return obj
+
+
+@functools.lru_cache(maxsize=None)
+def load_gpu_model(card: str = "h200") -> GpuComputeModel:
+    """The shipped emulated-GPU compute model of ``card`` (cached; ``"h200"`` only for now)."""
+    return GpuComputeModel(read_params(model_path(card)))
+
+
+# -- fitting (used by tools/fit_gpu_emulator.py and tools/emulator_accuracy.py) -------------------
+def nnls(A: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """Non-negative least squares min ||Ax - b||, x >= 0 (Lawson-Hanson active set)."""
+    m, n = A.shape
+    max_iter = max_iter or 3 * n + 50
+    passive = np.zeros(n, dtype=bool)
+    x = np.zeros(n)
+    tol = 1e-10 * max(1.0, float(np.abs(A).max())) * max(m, n)
+    w = A.T @ (b - A @ x)
+    for _ in range(max_iter):
+        if passive.all() or not (w[~passive] > tol).any():
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = float(np.min(x[neg] / (x[neg] - z[neg])))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        w = A.T @ (b - A @ x)
+    return x
+
+
+def fit_weights(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative weights minimising the squared relative error of ``X @ w`` against ``y`` > 0.
+    The constant column's weight is kept at least 1 microsecond so that costs stay positive."""
+    y = np.asarray(y, dtype=float)
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    A = X / scale / y[:, None]
+    w = nnls(A, np.ones(len(y))) / scale
+    w[0] = max(w[0], 1e-3)
+    return w
+
+
+def synthetic_length_cv(num_tables: int = 856, seed: int = 0) -> dict:
+    """The known-tables block of the default synthetic dataset: per table its index, hash size,
+    expected pooling factor and the CV of its per-sample lookup counts. The generator draws a
+    sample's count as Poisson(Gamma(k, pf / k)) (negative binomial), so CV^2 = 1 / pf + 1 / k."""
+    from .dlrm import synthetic_table_specs
+
+    specs = synthetic_table_specs(num_tables, seed)
+    cv = [math.sqrt(1.0 / s.pooling_factor + 1.0 / s.dispersion) if s.pooling_factor > 0 else 0.0
+          for s in specs]
+    return {"source": f"tools/gen_dlrm_data.py --synthetic (seed {seed}, {num_tables} tables): "
+                      "CV^2 = 1/pooling_factor + 1/dispersion of the generator's negative binomial",
+            "index": list(range(num_tables)), "row": [int(s.row) for s in specs],
+            "pooling_factor": [round(float(s.pooling_factor), 6) for s in specs],
+            "cv": [round(float(c), 6) for c in cv]}
+
+
+def read_shard_lines(path: str | os.PathLike, tables: Sequence[TableConfig], allow_wider: bool = False) -> list[dict]:
+    """Shard lines ``{"tables": [[table_index, dim], ...], ...}`` of a JSONL file, each returned as
+    its object plus ``"configs"`` (the TableConfigs, column-shard dims applied). A missing file, bad
+    JSON (with its line number), an unknown table id or a dim that is not a positive multiple of 4
+    no larger than the table's own dim raise a one-line :class:`ShardError`. ``allow_wider``
+    accepts dims above the table's own (the shipped random shards re-dim tables up to 128)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ShardError(f"shard file not found: {path}")
+    out = []
+    with open(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ShardError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("tables"), list):
+                raise ShardError(f'{where}: expected an object with a "tables" list of [table_index, dim]')
+            configs = []
+            for item in obj["tables"]:
+                if (not isinstance(item, list) or len(item) != 2
+                        or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)):
+                    raise ShardError(f"{where}: each table must be [table_index, dim] (integers), got {item!r}")
+                idx, dim = item
+                if not 0 <= idx < len(tables):
+                    raise ShardError(f"{where}: unknown table id {idx} (the table configs have {len(tables)} tables)")
+                own = tables[idx].dim
+                if dim < 4 or dim % 4 or (dim > own and not allow_wider):
+                    bound = "" if allow_wider else f" no larger than the table's dim {own}"
+                    raise ShardError(f"{where}: table {idx}: dim {dim} must be a positive multiple of 4{bound}")
+                configs.append(tables[idx] if dim == own else tables[idx].with_dim(dim))
+            for key in ("fw_ms", "bw_ms"):
+                v = obj.get(key)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
+                    raise ShardError(f"{where}: {key} must be a non-negative number, got {v!r}")
+            obj = dict(obj)
+            obj["configs"] = configs
+            out.append(obj)
+    return out
+
+
+def fit_params(sets: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]], spec: Mapping, *, card: str,
+               fitted_on: str, known_tables: Mapping | None, default_cv: float) -> dict:
+    """A parameter file: ``sets`` maps a batch size to (features X, measured fw, measured bw)."""
+    names = feature_names(spec)
+    out_sets = {}
+    for batch in sorted(sets):
+        X, fw, bw = sets[batch]
+        out_sets[str(batch)] = {"shards": int(len(fw)), "fw": [float(v) for v in fit_weights(X, fw)],
+                                "bw": [float(v) for v in fit_weights(X, bw)]}
+    return {"format": FORMAT, "card": card, "fitted_on": fitted_on, "spec": dict(spec),
+            "features": names, "default_cv": float(default_cv), "sets": out_sets,
+            "known_tables": dict(known_tables) if known_tables else None}
+
+
+# -- the shipped measurements ----------------------------------------------------------------------
+SHARD_FILES = {65536: ("h200_b65536_plan_shards.jsonl", "h200_b65536_random_shards.jsonl"),
+               4096: ("h200_b4096_plan_shards.jsonl",)}
+PLAN_FILES = {65536: "h200_b65536_plans.jsonl", 4096: "h200_b4096_plans.jsonl"}
+TASK_FILES = {"dlrm_tasks_50": "tasks/dlrm_tasks_50_test.txt", "dlrm_tasks_100": "tasks/dlrm_tasks_100_test.txt"}
+
+
+def load_measurements(batch: int, directory: str | os.PathLike = MEASUREMENTS_DIR) -> dict:
+    """The measured shards and plans of one batch size.
+
+    Returns ``{"tables", "shards", "plans"}``: ``shards`` a list of dicts (``configs``, ``fw_ms``,
+    ``bw_ms``, ``kind``: plan/random, ``tasks``: the (set, task) pairs whose plans use it);
+    ``plans`` a list of dicts (``set``, ``task``, ``alg``, ``gpu_cost_ms``, ``shards``: the shard
+    index of each device). The plans file holds no allocation: a device is matched to the shard
+    with its measured (fw, bw) whose tables all belong to the plan's task (unique for every device
+    of the shipped files)."""
+    from .dataset import load_table_configs
+
+    directory = Path(directory)
+    tables = load_table_configs(directory / f"dlrm_b{batch}" / "table_configs.json")
+    shards = []
+    for name in SHARD_FILES[batch]:
+        kind = "random" if "random" in name else "plan"
+        for obj in read_shard_lines(directory / name, tables, allow_wider=True):
+            shards.append({"configs": obj["configs"], "fw_ms": float(obj["fw_ms"]), "bw_ms": float(obj["bw_ms"]),
+                           "kind": kind, "tasks": set()})
+    task_tables = {}
+    for set_name, rel in TASK_FILES.items():
+        with open(directory / rel) as fh:
+            task_tables[set_name] = [set(int(v) for v in line.split()[0].split(",")) for line in fh if line.strip()]
+    plans = []
+    plan_shards = [k for k, s in enumerate(shards) if s["kind"] == "plan"]
+    with open(directory / PLAN_FILES[batch]) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            p = json.loads(line)
+            members = task_tables[p["set"]][p["task"]]
+            devs = []
+            for fw, bw in p["gpu_fw_bw_ms"]:
+                hits = [k for k in plan_shards
+                        if abs(shards[k]["fw_ms"] - fw) <= 1e-4 * max(1.0, fw)
+                        and abs(shards[k]["bw_ms"] - bw) <= 1e-4 * max(1.0, bw)
+                        and all(t.index in members for t in shards[k]["configs"])]
+                if len(hits) != 1:
+                    raise ShardError(f"{PLAN_FILES[batch]}:{lineno}: a device matches {len(hits)} measured shards")
+                devs.append(hits[0])
+                shards[hits[0]]["tasks"].add((p["set"], p["task"]))
+            plans.append({"set": p["set"], "task": p["task"], "alg": p["alg"],
+                          "gpu_cost_ms": float(p["gpu_cost_ms"]), "shards": devs})
+    return {"tables": tables, "shards": shards, "plans": plans}
+
+
+def measurement_features(meas: dict, batch: int, spec: Mapping, known: Mapping[int, tuple],
+                         default_cv: float) -> np.ndarray:
+    shards = [s["configs"] for s in meas["shards"]]
+    cv = [[known_cv(known, t, default_cv) for t in s] for s in shards]
+    ta, shard_of = table_arrays(shards, cv)
+    return shard_features(ta, shard_of, len(shards), batch, spec)
+
+
+def default_cv_of(known: Mapping, tables: Sequence[TableConfig], batch: int) -> float:
+    """The lookup-weighted median CV of the known tables (the fallback for unknown tables)."""
+    idx = known_index(known)
+    pairs = sorted((known_cv(idx, t, float("nan")), batch * t.pooling_factor) for t in tables if t.pooling_factor > 0)
+    pairs = [(c, w) for c, w in pairs if c == c]
+    if not pairs:
+        return 0.7
+    total = sum(w for _, w in pairs)
+    acc = 0.0
+    for c, w in pairs:
+        acc += w
+        if acc >= total / 2:
+            return round(c, 6)
+    return round(pairs[-1][0], 6)

@@ -1,0 +1,217 @@
+"""Cost oracles: which landscape a plan is judged on, chosen with ``--oracle``.
+
+- ``measured`` (default): this machine's hardware, :class:`~shardcore.evaluator.PlanEvaluator`
+  (FBGEMM on the CPU or on CUDA GPUs, real all-to-alls, or modelled ones when the plan has more
+  devices than the machine has GPUs).
+- ``emulated:h200``: an NVIDIA H200 emulated from real measurements (:class:`EmulatedOracle`):
+  each shard's forward and backward compute from :mod:`shardcore.emulator`'s model fitted on the
+  shipped H200 shard measurements (``data/gpu_measurements/``), the all-to-alls from the analytic
+  :class:`~shardcore.commmodel.CommModel`. It needs only the table configs (no ``data.pt``), no
+  workers and no cache, and answers in microseconds, so every trainer can use it.
+
+Both give the same :class:`~shardcore.evaluator.PlanResult` (per device ``[fw_comp, fw_comm,
+bw_comm, bw_comp]`` ms, plan cost = the slowest device) and say in ``hardware`` and ``parts``
+what the figures stand for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .benchmark import ComputeCost, normalize_optimizer, normalize_precision
+from .cache import CacheContext
+from .commmodel import CommModel
+from .errors import ShardError
+from .tables import TableConfig
+
+MEASURED = "measured"
+EMULATED_PREFIX = "emulated:"
+EMULATED_CARDS = ("h200",)
+ORACLE_CHOICES = (MEASURED,) + tuple(EMULATED_PREFIX + c for c in EMULATED_CARDS)
+CARD_NAMES = {"h200": "NVIDIA H200"}
+
+
+def parse_oracle(spec: str) -> str:
+    """Canonical oracle name, or a one-line error naming the choices."""
+    key = str(spec).strip().lower()
+    if key in ("measured", "hardware", "hw"):
+        return MEASURED
+    if key.startswith("emulated-"):
+        key = EMULATED_PREFIX + key[len("emulated-"):]
+    if key in ORACLE_CHOICES:
+        return key
+    raise ShardError(f"unknown oracle {spec!r}: choose one of {', '.join(ORACLE_CHOICES)}")
+
+
+def configs_batch_size(data_dir: str | os.PathLike) -> int | None:
+    """The batch a dataset's lookups were taken at, from ``data.pt`` or a ``batch_size`` key in
+    ``table_configs.json``; None when neither says."""
+    from .dataset import CONFIGS_FILE, load_dataset
+
+    path = Path(data_dir)
+    try:
+        with open(path / CONFIGS_FILE, "rb") as fh:
+            obj = json.loads(fh.read().decode("utf-8"))
+        if isinstance(obj, dict) and "batch_size" in obj:
+            value = obj["batch_size"]
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+            raise ShardError(f"{path / CONFIGS_FILE}: batch_size must be a positive integer, got {value!r}")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        pass  # the dataset loader reports unreadable configs
+    try:
+        return load_dataset(path).batch_size
+    except ShardError:
+        return None
+
+
+def _length_cv(data_dir: str, batch_size: int) -> list[float] | None:
+    """Per table the coefficient of variation of its per-sample lookup counts, from ``data.pt``
+    (the first ``batch_size`` samples); None without lookup data (the emulator then uses its table
+    of known tables, see :mod:`shardcore.emulator`)."""
+    import numpy as np
+
+    from .dataset import load_dataset
+
+    try:
+        ds = load_dataset(data_dir)
+    except ShardError:
+        return None
+    out = []
+    for off in ds.offsets:
+        n = min(batch_size, off.numel() - 1)
+        lengths = np.diff(off[: n + 1].numpy().astype(np.int64))
+        mean = float(lengths.mean()) if n > 0 else 0.0
+        out.append(float(lengths.std() / mean) if mean > 0 else 0.0)
+    return out
+
+
+class EmulatedOracle:
+    """Plan costs on an emulated GPU (see the module notes); the interface of
+    :class:`~shardcore.evaluator.PlanEvaluator` where it matters to its users (``evaluate``,
+    ``measure_shards``, ``measure_comm``, context manager, ``batch_size``, ``ndevices``...)."""
+
+    cache = None
+    no_cache = True
+    running = True
+    worker_pids: list[int] = []
+    bench_iters = 0
+    warmup_iters = 0
+
+    def __init__(self, dataset_dir: str | os.PathLike, ndevices: int = 4, *, card: str = "h200",
+                 batch_size: int | None = None, optimizer: str = "exact_sgd", precision: str = "fp16",
+                 comm_model: CommModel | None = None):
+        from .dataset import load_dataset
+        from .emulator import load_gpu_model
+
+        if card not in EMULATED_CARDS:
+            raise ShardError(f"no emulated GPU {card!r}: choose one of {', '.join(EMULATED_CARDS)}")
+        if int(ndevices) < 1:
+            raise ShardError(f"the oracle needs at least one device, got {ndevices}")
+        self.card = card
+        self.ndevices = int(ndevices)
+        self.nworkers = 0
+        self.optimizer = normalize_optimizer(optimizer)
+        self.precision = normalize_precision(precision)
+        if self.optimizer != "exact_sgd" or self.precision != "fp16":
+            raise ShardError(f"emulated:{card} was measured with exact_sgd and fp16 weights only; "
+                             f"got {self.optimizer} and {self.precision}")
+        self.dataset_dir = str(Path(dataset_dir))
+        self.dataset = load_dataset(self.dataset_dir, with_lookups=False)
+        batch = batch_size if batch_size is not None else configs_batch_size(self.dataset_dir)
+        if batch is None:
+            raise ShardError(f"{self.dataset_dir}: no data.pt and no batch_size in its table configs; "
+                             "give the batch the configs were taken at with --batch-size")
+        self.batch_size = int(batch)
+        if self.batch_size < 1:
+            raise ShardError(f"batch size must be positive, got {self.batch_size}")
+        self.model = load_gpu_model(card)
+        self.length_cv = _length_cv(self.dataset_dir, self.batch_size)
+        self.comm_model = comm_model or CommModel()
+        self.device_type = f"emulated:{card}"
+        self.startup_s = 0.0
+        self.noise_pct = None
+        self._ntables = self.dataset.num_tables
+
+    # -- what is measured --------------------------------------------------------------------
+    @property
+    def hardware(self) -> str:
+        return (f"emulated {CARD_NAMES.get(self.card, self.card)} (compute model fitted on real "
+                f"{CARD_NAMES.get(self.card, self.card)} measurements), {self.ndevices} devices")
+
+    @property
+    def parts(self) -> dict:
+        return {"compute": f"modelled (emulated:{self.card}, fitted on measured shards)",
+                "comm": "none (one device)" if self.ndevices == 1 else self.comm_model.describe()}
+
+    @property
+    def context(self) -> CacheContext:
+        from .cache import dataset_digest
+
+        return CacheContext(f"emulated:{self.card}", dataset_digest(self.dataset), self.batch_size,
+                            self.optimizer, self.precision)
+
+    # -- lifecycle (nothing to start) ----------------------------------------------------------
+    def __enter__(self) -> "EmulatedOracle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    # -- costs -------------------------------------------------------------------------------
+    def _check(self, tables: Sequence[TableConfig], what: str) -> list[TableConfig]:
+        tables = list(tables)
+        for t in tables:
+            if not 0 <= t.index < self._ntables:
+                raise ShardError(f"{what}: table id {t.index} out of range (the dataset has {self._ntables} tables)")
+            if t.dim < 1:
+                raise ShardError(f"{what}: table {t.index} has dim {t.dim}")
+        return tables
+
+    def measure_shards(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None
+                       ) -> list[ComputeCost]:
+        shards = [self._check(s, f"shard {k}") for k, s in enumerate(shards)]
+        cv = None if self.length_cv is None else [[self.length_cv[t.index] for t in s] for s in shards]
+        pred = self.model.predict_many(shards, self.batch_size, length_cv=cv)
+        return [ComputeCost(float(fw), float(bw)) for fw, bw in pred]
+
+    def measure_shard(self, tables: Sequence[TableConfig], no_cache: bool | None = None) -> ComputeCost:
+        return self.measure_shards([tables])[0]
+
+    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None):
+        from .evaluator import comm_splits
+
+        if len(dim_sums) != self.ndevices:
+            raise ShardError(f"need {self.ndevices} dim sums, got {len(dim_sums)}")
+        dims = [int(x) for x in dim_sums]
+        if min(dims) < 0:
+            raise ShardError("dim sums must be non-negative")
+        costs = self.comm_model.predict(dims, self.batch_size)
+        if delays_ms is not None:  # a late starter makes the others wait in the forward exchange
+            if len(delays_ms) != self.ndevices:
+                raise ShardError(f"need {self.ndevices} delays, got {len(delays_ms)}")
+            latest = max(float(x) for x in delays_ms)
+            costs = [(fw + latest - float(dl), bw) for (fw, bw), dl in zip(costs, delays_ms)]
+        return costs, [comm_splits(dims, self.batch_size, d) for d in range(self.ndevices)]
+
+    def evaluate(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None):
+        from .evaluator import PlanResult
+
+        t0 = time.perf_counter()
+        if len(shards) != self.ndevices:
+            raise ShardError(f"plan has {len(shards)} shards but the oracle has {self.ndevices} devices")
+        compute = self.measure_shards(shards)
+        comm, splits = self.measure_comm([sum(t.dim for t in s) for s in shards])
+        costs = [[c.fw_ms, f, b, c.bw_ms] for c, (f, b) in zip(compute, comm)]
+        return PlanResult(costs, from_cache=False, compute_from_cache=[False] * self.ndevices, comm=splits,
+                          wall_s=time.perf_counter() - t0, parts=self.parts)

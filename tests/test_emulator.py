@@ -1,0 +1,169 @@
+"""The emulated-GPU compute model: shipped parameters, physical properties, held-out accuracy,
+reproducible fit, and the predict_shard_costs CLI."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from shardcore.cli import run_main
+from shardcore.dataset import load_table_configs
+from shardcore.emulator import MEASUREMENTS_DIR, GpuComputeModel, load_gpu_model, read_params, model_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
+# Held-out 10-fold shard MAPE at batch 65536 as printed by tools/emulator_accuracy.py (fw, bw, fw+bw)
+REPORTED_KFOLD = {"fw": 5.57, "bw": 4.10, "fw+bw": 3.77}
+MARGIN = 0.3
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", os.path.join(ROOT, "tools", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return load_table_configs(CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_gpu_model("h200")
+
+
+def test_shipped_parameters_load(model):
+    params = read_params(model_path("h200"))
+    assert "NVIDIA H200" in params["fitted_on"] and "869 shards" in params["fitted_on"]
+    assert model.batches == [4096, 65536]
+    for wf, wb in model.weights.values():
+        assert len(wf) == len(params["features"]) and (wf >= 0).all() and (wb >= 0).all()
+        assert wf[0] > 0 and wb[0] > 0  # a launch cost: every non-empty shard costs something
+    assert load_gpu_model("h200") is model  # cached
+
+
+def test_empty_shard_costs_nothing(model, tables):
+    assert model.predict([], 65536) == (0.0, 0.0)
+    out = model.predict_many([[], tables[3:5], []], 65536)
+    assert out[0].tolist() == [0.0, 0.0] and out[2].tolist() == [0.0, 0.0] and (out[1] > 0).all()
+    assert np.allclose(out[1], model.predict(tables[3:5], 65536))
+
+
+def test_predictions_positive_and_monotone_in_lookups(model, tables):
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        shard = [tables[i] for i in rng.choice(len(tables), size=int(rng.integers(1, 40)), replace=False)]
+        last = (0.0, 0.0)
+        for scale in (0.25, 0.5, 1.0, 2.0, 4.0):
+            scaled = [dataclasses.replace(t, pooling_factor=t.pooling_factor * scale) for t in shard]
+            fw, bw = model.predict(scaled, 65536)
+            assert fw > 0 and bw > 0
+            assert fw >= last[0] - 1e-12 and bw >= last[1] - 1e-12
+            last = (fw, bw)
+        costs = [sum(model.predict(shard, b)) for b in (512, 4096, 16384, 65536, 262144)]
+        assert all(c > 0 for c in costs) and costs == sorted(costs)  # more samples, more lookups
+    # a wider table (or shard) costs at least as much
+    t = tables[154]
+    assert sum(model.predict([t.with_dim(128)], 65536)) > sum(model.predict([t.with_dim(16)], 65536))
+
+
+def test_known_tables_get_their_bag_length_cv(model, tables):
+    cvs = [model.table_cv(t) for t in tables if t.pooling_factor > 0]
+    assert len(set(cvs)) > 100  # the default dataset's tables are recognised
+    stranger = dataclasses.replace(tables[154], row=tables[154].row * 3)
+    assert model.table_cv(stranger) == model.default_cv
+    # the CV matters: the same table with a larger CV costs more in the forward
+    fw_lo, _ = model.predict([tables[154]], 65536, length_cv=[0.3])
+    fw_hi, _ = model.predict([tables[154]], 65536, length_cv=[1.3])
+    assert fw_hi > fw_lo
+
+
+def test_held_out_mape_matches_report():
+    acc = _tool("emulator_accuracy")
+    from shardcore.emulator import DEFAULT_SPEC, default_cv_of, synthetic_length_cv
+    from shardcore.dataset import load_table_configs as ltc
+
+    known = synthetic_length_cv()
+    cv0 = default_cv_of(known, ltc(CONFIGS), 65536)
+    land = acc.Landscape(65536, MEASUREMENTS_DIR, dict(DEFAULT_SPEC), known, cv0)
+    assert len(land.fw) == 869 and len(land.meas["plans"]) == 120
+    pred = land.kfold()
+    got = {"fw": acc.mape(pred[:, 0], land.fw), "bw": acc.mape(pred[:, 1], land.bw),
+           "fw+bw": acc.mape(pred.sum(1), land.fw + land.bw)}
+    for key, value in got.items():
+        assert value <= REPORTED_KFOLD[key] + MARGIN, (key, value)
+    # the held-out predictions are not the training fit: they are (slightly) worse than in-sample
+    wf, wb = land.fit(np.ones(len(land.fw), bool))
+    assert acc.mape(land.X @ wf, land.fw) < got["fw"]
+
+
+def test_refit_reproduces_shipped_parameters():
+    fit = _tool("fit_gpu_emulator")
+    fresh = json.loads(fit.format_params(fit.fit_from_measurements()))
+    shipped = read_params(model_path("h200"))
+    assert set(fresh) == set(shipped)
+    for key in fresh:
+        if key != "sets":
+            assert fresh[key] == shipped[key], key
+    for batch, s in shipped["sets"].items():
+        assert fresh["sets"][batch]["shards"] == s["shards"]
+        for part in ("fw", "bw"):
+            np.testing.assert_allclose(fresh["sets"][batch][part], s[part], rtol=1e-8, atol=1e-15)
+
+
+def _run_predict(argv, capsys):
+    tool = _tool("predict_shard_costs")
+    with pytest.raises(SystemExit) as exc:
+        run_main(tool.main, argv)
+    cap = capsys.readouterr()
+    return exc.value.code, cap.out, cap.err
+
+
+def test_predict_shard_costs_round_trip(tmp_path, capsys, model, tables):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"tables": [[1, 16], [2, 8]], "fw_ms": 0.5, "bw_ms": 0.9, "plan": "x"}) + "\n\n"
+                   + json.dumps({"tables": [[154, 16]]}) + "\n")
+    out = tmp_path / "out.jsonl"
+    code, text, err = _run_predict(["--oracle", "emulated:h200", "--shards", str(src), "--out", str(out)], capsys)
+    assert code == 0 and err == ""
+    assert "MAPE vs the file's measurements (1 shards)" in text
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2
+    assert rows[0]["measured_fw_ms"] == 0.5 and rows[0]["measured_bw_ms"] == 0.9 and rows[0]["plan"] == "x"
+    fw, bw = model.predict([tables[1], tables[2].with_dim(8)], 65536)
+    assert rows[0]["fw_ms"] == pytest.approx(fw, abs=1e-6) and rows[0]["bw_ms"] == pytest.approx(bw, abs=1e-6)
+    assert "measured_fw_ms" not in rows[1] and rows[1]["fw_ms"] > 0 and rows[1]["oracle"] == "emulated:h200"
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "shard file not found"),
+    ('{"tables": [[1, 16]]}\n{"tables": [[1, 16]\n', "in.jsonl:2: malformed JSON"),
+    ('{"tables": [[9999, 16]]}\n', "unknown table id 9999"),
+    ('{"tables": [[1, 6]]}\n', "dim 6 must be a positive multiple of 4"),
+    ('{"tables": [[1, 32]]}\n', "no larger than the table's dim 16"),
+    ('{"tables": [[1, 16]], "fw_ms": "fast"}\n', "fw_ms must be a non-negative number"),
+])
+def test_predict_shard_costs_errors(tmp_path, capsys, content, message):
+    src = tmp_path / "in.jsonl"
+    if content is not None:
+        src.write_text(content)
+    out = tmp_path / "out.jsonl"
+    code, text, err = _run_predict(["--shards", str(src), "--out", str(out)], capsys)
+    assert code == 2 and message in err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert not out.exists()  # nothing half-written
+
+
+def test_predict_shard_costs_unknown_oracle_and_missing_configs(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"tables": [[1, 16]]}\n')
+    code, _, err = _run_predict(["--oracle", "emulated:a100", "--shards", str(src), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.startswith("error: unknown oracle 'emulated:a100'") and err.count("\n") == 1
+    code, _, err = _run_predict(["--shards", str(src), "--out", str(tmp_path / "o"),
+                                 "--table-configs", str(tmp_path / "none.json")], capsys)
+    assert code == 2 and err.startswith("error: table configs not found") and err.count("\n") == 1

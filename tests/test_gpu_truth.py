@@ -1,0 +1,266 @@
+"""More plan devices than GPUs, the all-to-all model, the noise verdict, the emulated oracle and
+tools/gpu_check.py --device cpu (the GPU issue's CPU-testable parts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import make_dataset
+from shardcore import report
+from shardcore.commmodel import CommModel, fit_comm_model, remote_bytes
+from shardcore.errors import ShardError
+from shardcore.evaluation import TaskResult
+from shardcore.evaluator import PlanEvaluator, comm_splits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpu_truth_ds")
+    tables = make_dataset(path, num_tables=24, batch_size=96, seed=3)
+    return path, tables
+
+
+# -- the all-to-all model --------------------------------------------------------------------
+def test_remote_bytes_match_the_real_split_sizes():
+    dims, batch = [16, 0, 48, 8], 1001
+    for d, (sent, recv) in enumerate(remote_bytes(dims, batch)):
+        s = comm_splits(dims, batch, d)
+        assert sent == s.bytes_sent("fw") and recv == s.bytes_received("fw")
+        assert sent == s.bytes_received("bw") and recv == s.bytes_sent("bw")
+
+
+def test_analytic_model_is_latency_plus_bytes_over_bandwidth():
+    m = CommModel(bandwidth_gbps=100.0, latency_us=20.0)
+    dims, batch = [64, 32], 1000
+    (fw0, bw0), (fw1, bw1) = m.predict(dims, batch)
+    # device 0 sends 64 x 500 x 4 bytes and receives 32 x 500 x 4: the larger direction counts
+    assert fw0 == pytest.approx(0.020 + 64 * 500 * 4 / 100e9 * 1e3)
+    assert fw1 == pytest.approx(fw0) and bw0 == fw0 and bw1 == fw1
+    assert m.predict([0, 0, 0], 100) == [(0.0, 0.0)] * 3      # nothing to move costs nothing
+    assert m.predict([128], 100) == [(0.0, 0.0)]             # one device exchanges nothing
+    assert "modelled (analytic" in m.describe() and "NVLink" in m.describe()
+
+
+def test_fit_recovers_the_constants():
+    truth = CommModel(bandwidth_gbps=37.5, latency_us=80.0)
+    pts = [(b, truth.phase_ms(b)) for b in (10_000, 200_000, 3_000_000, 40_000_000)]
+    fitted = fit_comm_model(pts, link="test link")
+    assert fitted.bandwidth_gbps == pytest.approx(37.5, rel=1e-6)
+    assert fitted.latency_us == pytest.approx(80.0, rel=1e-6)
+    assert fitted.source == "fitted" and "fitted" in fitted.describe()
+    with pytest.raises(ShardError, match="two or more sizes"):
+        fit_comm_model([(1000, 1.0), (1000, 1.1)], link="x")
+
+
+@pytest.mark.parametrize("kw, msg", [({"bandwidth_gbps": 0.0}, "bandwidth"), ({"latency_us": -1.0}, "latency"),
+                                     ({"bandwidth_gbps": float("inf")}, "bandwidth")])
+def test_bad_model_constants_are_refused(kw, msg):
+    with pytest.raises(ShardError, match=msg):
+        CommModel(**kw)
+
+
+# -- N plan devices on fewer devices -------------------------------------------------------------
+def test_four_plan_devices_on_one_worker(tiny):
+    path, tables = tiny
+    shards = [tables[0:4], tables[4:7], [], tables[7:12]]
+    model = CommModel(bandwidth_gbps=50.0, latency_us=10.0)
+    with PlanEvaluator(path, 4, device_ids=[0], bench_iters=2, warmup_iters=1, cache=None, host_lock=False,
+                       comm_model=model) as ev:
+        assert ev.nworkers == 1 and ev.ndevices == 4 and ev.oversubscribed
+        assert "4 plan devices measured in turns" in ev.hardware
+        r = ev.evaluate(shards)
+        alone = ev.measure_shards([shards[3]], no_cache=True)[0]
+        assert ev.noise_pct is not None and ev.noise_pct >= 0
+    assert len(r.device_costs_ms) == 4
+    assert r.parts["compute"].startswith("measured") and r.parts["comm"].startswith("modelled (analytic")
+    expected = model.predict([sum(t.dim for t in s) for s in shards], 96)
+    for dev, (fw, bw), shard in zip(r.device_costs_ms, expected, shards):
+        assert dev[1] == pytest.approx(fw) and dev[2] == pytest.approx(bw)
+        assert (dev[0] > 0 and dev[3] > 0) if shard else (dev[0] == 0 and dev[3] == 0)
+    # the device measured in turn costs what its shard costs alone (same worker, noisy CPU: within 3x)
+    assert 1 / 3 < (r.device_costs_ms[3][0] + r.device_costs_ms[3][3]) / alone.total_ms < 3
+
+
+def test_fewer_fake_gpus_than_plan_devices_fits_the_model_to_the_real_exchange(tiny):
+    path, tables = tiny
+    shards = [tables[0:3], tables[3:6], tables[6:9], tables[9:12]]
+    # a machine with 2 devices and a plan for 4: both devices serve, the all-to-all is fitted on them
+    with PlanEvaluator(path, 4, bench_iters=2, warmup_iters=1, cache=None, host_lock=False,
+                       available_devices=2) as ev:
+        assert ev.device_ids == (0, 1) and ev.nworkers == 2
+        r = ev.evaluate(shards)
+        assert ev.comm_model.source == "fitted"
+        assert "gloo all-to-alls between 2" in r.parts["comm"]
+    assert len(r.device_costs_ms) == 4 and all(d[1] > 0 for d in r.device_costs_ms)
+
+
+def test_device_count_errors(tiny):
+    path, _ = tiny
+    with pytest.raises(ShardError, match="at most as many devices"):
+        PlanEvaluator(path, 2, device_ids=[0, 1, 2], cache=None)
+    with pytest.raises(ShardError, match=r"GPU 3 requested but this machine has 2 .*--ndevices N --gpu-devices 0,1"):
+        PlanEvaluator(path, 4, device_ids=[0, 3], cache=None, available_devices=2)
+
+
+def test_eval_cli_ndevices_on_one_device(tiny, tmp_path):
+    path, _ = tiny
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("0,1,2,3,4,5,6,7\n8,9,10,11,12,13,14,15\n")
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--alg", "random,lookup_greedy",
+                           "--task-path", str(tasks), "--data-dir", str(path), "--ndevices", "4",
+                           "--gpu-devices", "0", "--max-memory", "5", "--bench-iters", "2", "--warmup-iters", "1",
+                           "--no-cache", "--cache-path", str(tmp_path / "c.sqlite"), "--out", str(out),
+                           "--comm-bandwidth", "80", "--comm-latency", "5"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 plan devices measured in turns" in proc.stdout
+    assert "5.0 us + bytes / 80.0 GB/s" in proc.stdout
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 4
+    for rec in recs:
+        assert rec["ndevices"] == 4 and len(rec["device_costs_ms"]) == 4
+        assert rec["parts"]["comm"].startswith("modelled") and rec["parts"]["compute"].startswith("measured")
+        assert "CPU" in rec["hardware"] and rec["batch_size"] == 96
+
+
+def test_eval_cli_refuses_fewer_plan_devices_than_listed(tiny, tmp_path):
+    path, _ = tiny
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("0,1,2\n")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--task-path", str(tasks),
+                           "--data-dir", str(path), "--ndevices", "2", "--gpu-devices", "0,1,2", "--plan-only"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["error: --ndevices 2 is fewer than the 3 devices --gpu-devices lists"]
+
+
+# -- the noise verdict -----------------------------------------------------------------------
+def _results(costs: dict[str, list[float]]) -> list[TaskResult]:
+    out = []
+    for alg, cs in costs.items():
+        for t, c in enumerate(cs):
+            out.append(TaskResult(t, alg, 5, 2, 1.0, True, [0] * 5, [0.1, 0.1], 0.0, cost_ms=c,
+                                  device_costs_ms=[[c, 0, 0, 0], [c / 2, 0, 0, 0]]))
+    return out
+
+
+def test_noise_verdict_says_when_plans_cannot_be_told_apart():
+    # three algorithms within 1% of each other, noise 3%: no ranking
+    same = _results({"random": [1.00, 1.01, 0.99], "lookup_greedy": [1.005, 1.0, 1.0], "torchrec": [0.995, 1.01, 1.0]})
+    line = report.noise_verdict(same, noise_pct=3.0)
+    assert line is not None and line.startswith("no ranking") and "\n" not in line and "3.0%" in line
+    assert "**" not in report.paper_table(same, "x", bold=False)
+    # a consistent 30% gap is a ranking
+    apart = _results({"random": [1.3, 1.4, 1.35], "lookup_greedy": [1.0, 1.05, 1.02]})
+    assert report.noise_verdict(apart, noise_pct=3.0) is None
+    assert "**" in report.paper_table(apart, "x")
+    # a gap below the noise is not, however consistent
+    small = _results({"a": [1.00, 1.00, 1.00], "b": [1.02, 1.02, 1.02]})
+    assert report.noise_verdict(small, noise_pct=3.0) is not None
+    assert report.noise_verdict(small, noise_pct=1.0) is None
+
+
+# -- tools/gpu_check.py --device cpu ---------------------------------------------------------------
+def test_gpu_check_cpu(tmp_path):
+    work = tmp_path / "gc"
+    cmp_file = tmp_path / "elsewhere.jsonl"
+    # an eval.py --out file "measured elsewhere": the random plans of the first set cost more there
+    cmp_file.write_text("".join(json.dumps({"task": t, "alg": a, "cost_ms": c}) + "\n"
+                                for t in range(3) for a, c in (("random", 9.0 + t), ("lookup_greedy", 5.0 + t))))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu",
+                           "--work-dir", str(work), "--alg", "random,lookup_greedy,torchrec",
+                           "--compare", str(cmp_file), "--noise-repeats", "3", "--bench-iters", "2",
+                           "--time-budget", "400"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "micro-benchmark noise" in out and "emulated:h200 vs measured" in out and "vs the --compare file" in out
+    summary = json.loads((work / "gpu_check.json").read_text())
+    assert summary["device"] == "cpu" and summary["noise"]["repeats"] == 3
+    assert [s["ndevices"] for s in summary["sets"]] == [4, 8]
+    for s in summary["sets"]:
+        algs = {p["alg"] for p in s["plans"]}
+        assert algs == {"random", "lookup_greedy", "torchrec"}
+        assert all(p["cost_ms"] > 0 for p in s["plans"])
+        assert "emulated_h200" in s and s["emulated_h200"]["plans"] == len(s["plans"])
+    assert summary["sets"][0]["compare"][0]["plans"] == 6
+    lines = [json.loads(x) for x in (work / "measured_shards.jsonl").read_text().splitlines()]
+    assert lines and all(set(x) >= {"tables", "fw_ms", "bw_ms", "batch_size", "hardware", "date"} for x in lines)
+    assert all(x["fw_ms"] > 0 and x["bw_ms"] > 0 for x in lines)
+
+
+def test_gpu_check_bad_input(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu",
+                           "--compare", str(tmp_path / "nope.jsonl")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: --compare: file not found: {tmp_path / 'nope.jsonl'}"]
+
+
+# -- the emulated-H200 oracle ------------------------------------------------------------------
+SHIPPED = os.path.join(ROOT, "data", "gpu_measurements")
+
+
+def test_eval_on_the_emulated_h200_needs_no_data_pt(tmp_path):
+    out = tmp_path / "emu.jsonl"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--alg", "random,lookup_greedy",
+                           "--task-path", os.path.join(SHIPPED, "tasks", "dlrm_tasks_50_test.txt"),
+                           "--data-dir", os.path.join(SHIPPED, "dlrm_b65536"), "--max-tasks", "3",
+                           "--oracle", "emulated:h200", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "emulated NVIDIA H200" in proc.stdout and "batch 65536" in proc.stdout
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 6
+    for rec in recs:
+        assert rec["parts"]["compute"].startswith("modelled (emulated:h200")
+        assert rec["parts"]["comm"].startswith("modelled (analytic")
+        assert "emulated NVIDIA H200" in rec["hardware"] and rec["batch_size"] == 65536
+        assert 0.5 < rec["cost_ms"] < 20        # the H200 measured 2.7-5.4 ms for these plans' compute
+    mean = {a: sum(r["cost_ms"] for r in recs if r["alg"] == a) / 3 for a in ("random", "lookup_greedy")}
+    assert mean["lookup_greedy"] < mean["random"]   # the GPU landscape: 4.2 vs 2.8 ms measured
+
+
+def test_emulated_oracle_with_lookups_uses_the_measured_bag_lengths(tiny):
+    from shardcore.oracles import EmulatedOracle
+
+    path, tables = tiny
+    with EmulatedOracle(path, 3) as emu:
+        assert emu.batch_size == 96 and emu.length_cv is not None and len(emu.length_cv) == len(tables)
+        r = emu.evaluate([tables[:5], tables[5:9], []])
+    assert r.device_costs_ms[2] == [0.0, r.device_costs_ms[2][1], r.device_costs_ms[2][2], 0.0]
+    assert all(d[0] > 0 and d[3] > 0 for d in r.device_costs_ms[:2])
+    assert r.parts["compute"].startswith("modelled")
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--oracle", "emulated:a100"], "unknown oracle 'emulated:a100': choose one of measured, emulated:h200"),
+    (["--oracle", "emulated:h200", "--optimizer", "exact_adagrad"], "exact_sgd and fp16 weights only"),
+    (["--oracle", "emulated:h200", "--comm-bandwidth", "inf"], "communication bandwidth must be a positive number"),
+])
+def test_emulated_oracle_bad_input(extra, msg, tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--task-path",
+                           os.path.join(SHIPPED, "tasks", "dlrm_tasks_50_test.txt"), "--max-tasks", "1",
+                           "--data-dir", os.path.join(SHIPPED, "dlrm_b65536")] + extra,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], proc.stderr
+
+
+def test_emulated_oracle_without_a_batch_says_how(tmp_path):
+    cfgs = json.loads(open(os.path.join(SHIPPED, "dlrm_b65536", "table_configs.json")).read())
+    cfgs.pop("batch_size")
+    (tmp_path / "table_configs.json").write_text(json.dumps(cfgs))
+    from shardcore.oracles import EmulatedOracle
+
+    with pytest.raises(ShardError, match="--batch-size"):
+        EmulatedOracle(tmp_path, 4)
+    assert EmulatedOracle(tmp_path, 4, batch_size=65536).batch_size == 65536

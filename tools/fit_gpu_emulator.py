@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Refit the emulated-GPU compute model from the shipped shard measurements.
+
+Reads data/gpu_measurements/ (NVIDIA H200, measured 2026-11-26): the batch-65536 plan and random
+shards (the primary landscape) and the batch-4096 plan shards, fits the forward and backward
+weights of shardcore.emulator's features at each batch by non-negative least squares on the
+relative error (deterministic), and rewrites data/gpu_measurements/h200_emulator.json atomically.
+
+  python tools/fit_gpu_emulator.py                 # rewrite the shipped parameters
+  python tools/fit_gpu_emulator.py --out /tmp/h200.json
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from shardcore import io  # noqa: E402
+from shardcore.cli import run_main  # noqa: E402
+from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, SHARD_FILES, default_cv_of, fit_params,  # noqa: E402
+                                known_index, load_measurements, measurement_features, model_path,
+                                synthetic_length_cv)
+from shardcore.errors import ShardError  # noqa: E402
+
+CARD = "h200"
+MEASURED = "NVIDIA H200 (143,771 MiB), measured 2026-11-26, torch 2.11.0+cu130, fbgemm-gpu 1.6.0"
+
+
+def fit_from_measurements(directory=MEASUREMENTS_DIR, spec=None) -> dict:
+    """The parameter dict fitted on the measurement files in ``directory``."""
+    spec = dict(spec or DEFAULT_SPEC)
+    known = synthetic_length_cv()
+    idx = known_index(known)
+    sets, counts, default_cv = {}, [], None
+    for batch in sorted(SHARD_FILES, reverse=True):
+        meas = load_measurements(batch, directory)
+        if default_cv is None:
+            default_cv = default_cv_of(known, meas["tables"], batch)
+        X = measurement_features(meas, batch, spec, idx, default_cv)
+        fw = [s["fw_ms"] for s in meas["shards"]]
+        bw = [s["bw_ms"] for s in meas["shards"]]
+        sets[batch] = (X, fw, bw)
+        counts.append(f"batch {batch}: {len(fw)} shards ({', '.join(SHARD_FILES[batch])})")
+    fitted_on = f"{MEASURED}; fp16 weights, exact SGD, each shard alone; " + "; ".join(counts)
+    return fit_params(sets, spec, card=CARD, fitted_on=fitted_on, known_tables=known, default_cv=default_cv)
+
+
+def format_params(params: dict) -> str:
+    """JSON with one top-level key per line (diff-friendly, small)."""
+    lines = []
+    for key, value in params.items():
+        if key == "sets":
+            inner = ",\n".join(f"  {json.dumps(b)}: {json.dumps(v)}" for b, v in value.items())
+            lines.append(f' "sets": {{\n{inner}\n }}')
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--measurements", default=str(MEASUREMENTS_DIR), metavar="DIR",
+                   help="folder with the measured shards, plans, table configs and tasks (default %(default)s)")
+    p.add_argument("--out", default=str(model_path(CARD)), metavar="FILE",
+                   help="parameter file to write, atomically (default %(default)s)")
+    args = p.parse_args(argv)
+    if not os.path.isdir(args.measurements):
+        raise ShardError(f"measurement folder not found: {args.measurements}")
+    params = fit_from_measurements(args.measurements)
+    io.write_text(args.out, format_params(params))
+    for batch, s in params["sets"].items():
+        nz_f = sum(1 for w in s["fw"] if w > 0)
+        nz_b = sum(1 for w in s["bw"] if w > 0)
+        print(f"batch {batch}: {s['shards']} shards, {len(s['fw'])} features, non-zero weights fw {nz_f}, bw {nz_b}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    run_main(main)

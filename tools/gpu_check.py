@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""One command for a GPU check: data at batch 65536, the micro-benchmark's noise, the baselines,
+TorchRec and any checkpoints measured side by side on the same tasks, the emulated-H200 oracle
+beside them, the measured shards appended to a file, rank correlations with a run made elsewhere.
+
+  python tools/gpu_check.py                                   # on a machine with a GPU and fbgemm-gpu
+  python tools/gpu_check.py --checkpoint models/dreamshard/9.pt --compare cpu_run.jsonl
+  python tools/gpu_check.py --device cpu                      # the same steps, tiny, on the CPU
+
+Within --time-budget seconds (default 450, so within 8 minutes on one H100), never hanging: a stage
+past the budget is skipped, a stage that overruns is stopped with its workers. See README, "GPUs".
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from shardcore.cli import int_list, name_list, positive_float, positive_int, run_main  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+from shardcore.gpu_check import DEFAULT_ALGS, CheckConfig, run_check  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda (default): the full check on this machine's GPUs; cpu: the same steps at a "
+                        "tiny size on logical CPU devices")
+    p.add_argument("--work-dir", type=Path, default=Path("results/gpu_check"),
+                   help="where data, tasks, gpu_check.json and the measured shards go (default %(default)s)")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="use this processed dataset instead of generating one (default: generate the "
+                        "synthetic dataset at batch 65536 on cuda, a tiny one on cpu)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="measure at this batch (default: the dataset's whole batch)")
+    p.add_argument("--alg", type=name_list, default=DEFAULT_ALGS,
+                   help=f"algorithms to plan with (default {','.join(DEFAULT_ALGS)}; one that cannot be "
+                        "loaded here, e.g. torchrec without TorchRec, is skipped with a note)")
+    p.add_argument("--checkpoint", action="append", default=[], metavar="PT",
+                   help="a trained model's checkpoint to plan with as well (repeatable)")
+    p.add_argument("--sets", type=name_list, default=("DLRM-50", "DLRM-100"),
+                   help="task sets: DLRM-50 (4 devices), DLRM-100 (8 devices) (default both)")
+    p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N",
+                   help="measure only the first N tasks of each set (default all 10)")
+    p.add_argument("--gpu-devices", type=int_list, default=None, metavar="IDS",
+                   help="GPUs that measure (default: every GPU present, up to the plan's devices)")
+    p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GB",
+                   help="memory cap per device, fp16 weights (default 5)")
+    p.add_argument("--noise-repeats", type=positive_int, default=7,
+                   help="times one shard is measured afresh for the noise figure (default 7)")
+    p.add_argument("--bench-iters", type=positive_int, default=None,
+                   help="timed iterations per measurement (default: the evaluator's)")
+    p.add_argument("--compare", action="append", default=[], metavar="[SET=]FILE",
+                   help="an eval.py --out file measured elsewhere on the same tasks (default set: the first); "
+                        "prints the rank correlations of its costs with this run's (repeatable)")
+    p.add_argument("--shards-out", type=Path, default=None,
+                   help="append every measured shard here, one JSON line each (default WORK_DIR/measured_shards.jsonl)")
+    p.add_argument("--time-budget", type=positive_float, default=450.0, metavar="S",
+                   help="seconds the whole check may take (default 450)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    for sname in args.sets:
+        if sname not in ("DLRM-50", "DLRM-100"):
+            raise ShardError(f"--sets: unknown task set {sname!r} (DLRM-50 or DLRM-100)")
+    for pt in args.checkpoint:
+        if not os.path.isfile(pt):
+            raise ShardError(f"checkpoint not found: {pt}")
+    for spec in args.compare:
+        path = spec.rpartition("=")[2]
+        if not os.path.isfile(path):
+            raise ShardError(f"--compare: file not found: {path}")
+    if args.work_dir.exists() and not args.work_dir.is_dir():
+        raise ShardError(f"--work-dir {args.work_dir} exists and is not a directory")
+    if args.data_dir is not None and not args.data_dir.is_dir():
+        raise ShardError(f"--data-dir {args.data_dir}: not a directory")
+    cfg = CheckConfig(device=args.device, work_dir=args.work_dir, data_dir=args.data_dir,
+                      batch_size=args.batch_size, algs=tuple(args.alg), checkpoints=tuple(args.checkpoint),
+                      max_memory=args.max_memory, noise_repeats=args.noise_repeats, bench_iters=args.bench_iters,
+                      compare=tuple(args.compare), shards_out=args.shards_out, time_budget_s=args.time_budget,
+                      sets=tuple(args.sets), max_tasks=args.max_tasks, gpus=tuple(args.gpu_devices) if args.gpu_devices else None)
+    summary = run_check(cfg)
+    return 1 if summary.get("stopped") else 0
+
+
+if __name__ == "__main__":
+    run_main(main)

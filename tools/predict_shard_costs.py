@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Predict shards' forward and backward costs on an emulated GPU.
+
+Reads shard lines {"tables": [[table_index, dim], ...], ...} (the format of
+data/gpu_measurements/*_shards.jsonl; a dim below the table's own is a column shard: same rows and
+lookups, narrower) and writes them back with "fw_ms" and "bw_ms" set to the emulator's predictions
+and "oracle" naming it. Other keys are kept; a line's own "fw_ms"/"bw_ms" (measurements) move to
+"measured_fw_ms"/"measured_bw_ms", and the MAPE against them is printed.
+
+  python tools/predict_shard_costs.py --oracle emulated:h200 \\
+      --shards data/gpu_measurements/h200_b65536_plan_shards.jsonl --out /tmp/predicted.jsonl
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from shardcore import io  # noqa: E402
+from shardcore.cli import positive_int, run_main  # noqa: E402
+from shardcore.dataset import load_table_configs  # noqa: E402
+from shardcore.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+
+DEFAULT_CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
+ORACLES = tuple(f"emulated:{card}" for card in MODEL_FILES)
+
+
+def parse_oracle(text: str) -> str:
+    key = text.strip().lower()
+    if key not in ORACLES:
+        raise ShardError(f"unknown oracle {text!r}: choose one of {', '.join(ORACLES)}")
+    return key
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--oracle", default="emulated:h200",
+                   help=f"cost model: {', '.join(ORACLES)} (default %(default)s)")
+    p.add_argument("--shards", required=True, metavar="IN.jsonl",
+                   help='shard lines {"tables": [[table_index, dim], ...], ...}; measured "fw_ms"/"bw_ms" optional')
+    p.add_argument("--out", required=True, metavar="OUT.jsonl",
+                   help='where the lines go with predicted "fw_ms"/"bw_ms" (measured ones kept as '
+                        '"measured_fw_ms"/"measured_bw_ms"); written atomically')
+    p.add_argument("--table-configs", default=DEFAULT_CONFIGS, metavar="PATH",
+                   help="table_configs.json the table ids refer to; its pooling factors and reuse bins "
+                        "should be taken at --batch-size (default %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, default=65536, metavar="B",
+                   help="samples per iteration: lookups = B x pooling factor (default %(default)s)")
+    p.add_argument("--allow-wider-dims", action="store_true",
+                   help="accept dims above a table's own dim (the shipped random shards re-dim tables up to "
+                        "128); by default such a dim is an error")
+    args = p.parse_args(argv)
+    card = parse_oracle(args.oracle).split(":", 1)[1]
+    tables = load_table_configs(args.table_configs)
+    lines = read_shard_lines(args.shards, tables, allow_wider=args.allow_wider_dims)
+    model = load_gpu_model(card)
+    pred = model.predict_many([obj["configs"] for obj in lines], args.batch_size)
+    measured = []
+    with io.atomic_open(args.out) as fh:
+        for obj, (fw, bw) in zip(lines, pred):
+            out = {k: v for k, v in obj.items() if k != "configs"}
+            had = out.get("fw_ms") is not None and out.get("bw_ms") is not None
+            if had:
+                measured.append((out["fw_ms"], out["bw_ms"], float(fw), float(bw)))
+            for key in ("fw_ms", "bw_ms"):
+                if key in out:
+                    out["measured_" + key] = out.pop(key)
+            out["fw_ms"], out["bw_ms"], out["oracle"] = round(float(fw), 6), round(float(bw), 6), args.oracle
+            fh.write(json.dumps(out) + "\n")
+    print(f"{len(lines)} shards predicted by {args.oracle} at batch {args.batch_size}; wrote {args.out}")
+    m = np.array([r for r in measured if r[0] > 0 and r[1] > 0], dtype=float).reshape(-1, 4)
+    if len(m):
+        def mape(pr, tr):
+            return float(np.mean(np.abs(pr - tr) / tr) * 100)
+        print(f"MAPE vs the file's measurements ({len(m)} shards): fw {mape(m[:, 2], m[:, 0]):.2f}%, "
+              f"bw {mape(m[:, 3], m[:, 1]):.2f}%, fw+bw {mape(m[:, 2] + m[:, 3], m[:, 0] + m[:, 1]):.2f}%")
+
+
+if __name__ == "__main__":
+    run_main(main)
