@@ -610,7 +610,7 @@ class PlanEvaluator:
             self._store = None
             self._kill_workers(procs)
             raise
-        self._device_name = replies[0][1] if self.device_type == "cuda" else None
+        self._device_name = replies[0][2] if self.device_type == "cuda" else None
         self.startup_s = time.perf_counter() - t0
 
     def _pool_cap_bytes(self) -> int:

@@ -293,9 +293,10 @@ def run_check(cfg: CheckConfig) -> dict:
         for a in algs:
             try:
                 sharders[a] = algorithms.resolve(a, seed=0, batch_size=batch)
-            except ShardError as exc:
-                _say(cfg, f"skipped {a}: {exc}")
-                summary.setdefault("skipped", {})[a] = str(exc)
+            except Exception as exc:  # e.g. TorchRec whose FBGEMM build lacks an operator it registers
+                text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                _say(cfg, f"skipped {a}: {type(exc).__name__ if not isinstance(exc, ShardError) else 'error'}: {text}")
+                summary.setdefault("skipped", {})[a] = text
         if not sharders:
             raise ShardError("no algorithm could be planned with")
         emu_ok = batch == ds.batch_size
