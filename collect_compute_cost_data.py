@@ -23,10 +23,11 @@ from shardcore.cli import add_device_args, device_ids  # noqa: E402
 from neuroshard.collect import collect_compute  # noqa: E402
 from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=config.COMPUTE_SAMPLES,
                    help="samples the output should hold; collection stops there (default %(default)s)")
     add_device_args(p, default_ndevices=1)

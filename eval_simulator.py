@@ -32,12 +32,13 @@ from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import evaluate  # noqa: E402
 from shardcore.io import atomic_open  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 COMPONENTS = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--alg", default="neuroshard",
                    help="algorithm(s), comma-separated: neuroshard, random, naive, dim_greedy, size_greedy, "
                         "lookup_greedy, size_lookup_greedy, or a checkpoint (default neuroshard)")

@@ -27,6 +27,7 @@ from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, de
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 C = AutoShardConfig()
 
@@ -39,7 +40,7 @@ def unit_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/train.txt",
                    help="training tasks, one per line (default %(default)s)")
     p.add_argument("--data-dir", "--data_dir", dest="data_dir", default=DEFAULT_DATA_DIR,

@@ -23,12 +23,13 @@ from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, de
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 D = DreamShardConfig()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task-path", default="data/dlrm_tasks_50/train.txt", help="training tasks (default %(default)s)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")
     add_device_args(p)

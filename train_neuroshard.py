@@ -30,10 +30,11 @@ from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, sa
 from shardcore.cli import add_memory_args, add_oracle_args, int_list, open_evaluator, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_args(p, default_ndevices=4)
     p.add_argument("--dataset-dir", "--dataset_dir", "--data-dir", "--data_dir", dest="dataset_dir",
                    default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")

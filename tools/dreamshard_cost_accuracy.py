@@ -26,6 +26,7 @@ from shardcore.errors import ShardError  # noqa: E402
 from shardcore.plan import Plan  # noqa: E402
 from shardcore.report import format_table  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def mape(pred, true) -> float:
@@ -35,7 +36,7 @@ def mape(pred, true) -> float:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="DreamShard checkpoint")
     p.add_argument("--results", required=True, help="eval.py --out file with measured plans (cost_ms)")
     p.add_argument("--task-path", required=True, help="the task file those results were measured on")

@@ -20,10 +20,11 @@ from shardcore import dlrm  # noqa: E402
 from shardcore.cli import int_list, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         description="Process a raw DLRM dataset (Meta's dlrm_datasets format: a torch.save'd tuple "
                     "(indices, offsets, lengths), optionally gzipped) into table_configs.json + data.pt, "
                     "or generate a synthetic one with the published statistics.")

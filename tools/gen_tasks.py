@@ -16,10 +16,11 @@ from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.tasks import save_tasks  # noqa: E402
 from shardcore.taskgen import TaskSpec, generate_tasks, halving_dims  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", "--data_dir", default=DEFAULT_DATA_DIR,
                    help=f"processed dataset directory with table_configs.json (default {DEFAULT_DATA_DIR})")
     p.add_argument("--out-dir", "--out_dir", default=None,
