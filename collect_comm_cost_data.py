@@ -26,6 +26,8 @@ from shardcore.cli import add_oracle_args, int_list, open_evaluator, positive_in
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from neuroshard.collect import check_comm_args  # noqa: E402
+from shardcore.io import check_output_dir  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +62,8 @@ def main(argv=None):
     if len(ids) < 2:
         raise ShardError("communication needs at least 2 devices (--gpu_devices 0,1,...)")
     out_dir = args.out_dir or os.path.join(config.COST_DATA_DIR, f"comm_{len(ids)}")
+    check_comm_args(args.T_range, args.sleep_range, args.max_dim)
+    check_output_dir(out_dir, "--out_dir")
     with open_evaluator(args, args.dataset_dir, ids) as ev:
         print(f"measuring on {ev.device_type} ({ev.ndevices} devices, batch {ev.batch_size}); "
               f"workers up in {ev.startup_s:.1f} s")

@@ -21,6 +21,8 @@ from shardcore.cli import int_list, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from shardcore.io import check_output_dir, check_output_file  # noqa: E402
+from shardcore.tables import dim_problem  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +69,12 @@ def _fmt_hist(values) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     progress = not args.quiet
+    for d in [args.dim] + list(args.dims or []):
+        if dim_problem(d):
+            raise ShardError(f"--dim/--dims: {dim_problem(d)}")
+    check_output_dir(args.out_dir, "--out-dir")
+    if args.raw_out is not None:
+        check_output_file(args.raw_out, "--raw-out")
     t0 = time.time()
     if args.data is not None:
         if args.num_tables is not None or args.raw_out is not None:
