@@ -493,7 +493,12 @@ class AutoShardTrainer:
             try:
                 if self._saved_path is None and (self.interrupted or self.timed_out
                                                  or self.model.steps >= total_steps):
-                    self._saved_path = self.save(self.elapsed_before + time.perf_counter() - t_start)
+                    try:
+                        self._saved_path = self.save(self.elapsed_before + time.perf_counter() - t_start)
+                    except Exception as exc:  # noqa: BLE001 - said in one line, never silently skipped
+                        raise ShardError(f"{'interrupted; ' if self.interrupted else ''}the checkpoint could "
+                                         f"not be saved to {self.out_dir / 'model.pt'} "
+                                         f"({type(exc).__name__}: {exc})") from None
             finally:
                 stop.set()
                 server.stop_event.set()

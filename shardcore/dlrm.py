@@ -170,7 +170,7 @@ def load_raw(path: str | os.PathLike, tmp_dir: str | os.PathLike | None = None) 
 
 def _read_torch_file(path: Path, source: str):
     mappable = zipfile.is_zipfile(path)
-    return io.safe_torch_load(path, "torch file", name=source, mmap=mappable)
+    return io.safe_torch_load(path, "raw DLRM data", name=source, mmap=mappable)
 
 
 def save_raw(raw: RawDLRM | Sequence[torch.Tensor], path: str | os.PathLike, compresslevel: int = 1) -> None:

@@ -171,12 +171,16 @@ def safe_torch_load(path: str | os.PathLike, what: str = "file", name: str | Non
             warnings.simplefilter("ignore")
             return torch.load(path, weights_only=True, **kwargs)
     except pickle.UnpicklingError as exc:
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc) or "Weights only" in str(exc):
+        text = str(exc)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln), first_line(text))
+        if "GLOBAL" in text:   # it names code to import or call: never loaded
             raise ShardError(f"{label}: refused as unsafe: the {what} holds pickled Python objects other than "
                              "tensors and plain data, which shardkit never loads") from None
-        raise ShardError(f"{label}: not a readable {what} (corrupt pickle: {first_line(exc)})") from None
+        raise ShardError(f"{label}: cannot read {what}: not a readable torch file ({first_line(detail, 120)})") from None
     except Exception as exc:  # a truncated or foreign file
-        raise ShardError(f"{label}: not a readable {what} ({type(exc).__name__}: {first_line(exc)})") from None
+        raise ShardError(f"{label}: cannot read {what}: not a readable torch file "
+                         f"({type(exc).__name__}: {first_line(exc, 200)})") from None
 
 
 def load_checkpoint(path: str | os.PathLike, method: str | None = None, version: int | None = None,
