@@ -25,10 +25,13 @@ from neuroshard.collect import collect_comm  # noqa: E402
 from shardcore.cli import add_oracle_args, int_list, open_evaluator, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from neuroshard.collect import check_comm_args  # noqa: E402
+from shardcore.io import check_output_dir  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=config.COMM_SAMPLES,
                    help="samples the output should hold; collection stops there (default %(default)s)")
     add_device_args(p, default_ndevices=4)
@@ -60,6 +63,8 @@ def main(argv=None):
     if ndevices < 2:
         raise ShardError("communication needs at least 2 devices (--gpu_devices 0,1,...)")
     out_dir = args.out_dir or os.path.join(config.COST_DATA_DIR, f"comm_{ndevices}")
+    check_comm_args(args.T_range, args.sleep_range, args.max_dim)
+    check_output_dir(out_dir, "--out_dir")
     with open_evaluator(args, args.dataset_dir, ids) as ev:
         print(f"measuring on {ev.device_type} ({ev.ndevices} devices, batch {ev.batch_size}); "
               f"workers up in {ev.startup_s:.1f} s")

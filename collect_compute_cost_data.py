@@ -23,10 +23,13 @@ from shardcore.cli import add_device_args, device_ids  # noqa: E402
 from neuroshard.collect import collect_compute  # noqa: E402
 from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from neuroshard.collect import check_compute_args  # noqa: E402
+from shardcore.io import check_output_dir  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=config.COMPUTE_SAMPLES,
                    help="samples the output should hold; collection stops there (default %(default)s)")
     add_device_args(p, default_ndevices=1)
@@ -56,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_compute_args(args.max_tables, args.max_memory, args.max_dim)
+    check_output_dir(args.out_dir, "--out_dir")
     with open_evaluator(args, args.dataset_dir, device_ids(args)) as ev:
         print(f"measuring on {ev.device_type} ({ev.ndevices} device(s), batch {ev.batch_size}, {ev.optimizer}, "
               f"{ev.precision}); workers up in {ev.startup_s:.1f} s")

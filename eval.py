@@ -28,10 +28,12 @@ from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import evaluate  # noqa: E402
 from shardcore.io import atomic_open  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser, positive_int  # noqa: E402
+from shardcore.io import check_output_dir, check_output_file  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--alg", default="random",
                    help="algorithm(s), comma-separated: random, naive, dim_greedy, size_greedy, "
                         "lookup_greedy, size_lookup_greedy, torchrec, neuroshard, autoshard, or a model "
@@ -42,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"processed dataset directory (default {DEFAULT_DATA_DIR})")
     add_device_args(p)
     add_memory_args(p)
-    p.add_argument("--max-tasks", type=int, default=None, metavar="N", help="evaluate only the first N tasks")
+    p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N", help="evaluate only the first N tasks")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--plan-only", action="store_true",
                    help="plan without hardware: print allocations, per-device memory and feasibility")
@@ -74,11 +76,22 @@ def measured_batch_size(args) -> int | None:
 
     if args.batch_size is not None:
         return args.batch_size
+    if os.path.isfile(os.path.join(args.data_dir, "data.pt")):
+        return load_dataset(args.data_dir).batch_size   # memory-mapped, checked against the configs: cheap
     return configs_batch_size(args.data_dir)
+
+
+def check_outputs(args) -> None:
+    """Refuse unwritable --out / --export-torchrec paths before any planning or measuring."""
+    if args.out:
+        check_output_file(args.out, "--out")
+    if args.export_torchrec:
+        check_output_dir(args.export_torchrec, "--export-torchrec")
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_outputs(args)
     devices = device_ids(args)
     ndevices = num_devices(args)
     names = [a.strip() for a in args.alg.split(",") if a.strip()]

@@ -32,12 +32,14 @@ from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import evaluate  # noqa: E402
 from shardcore.io import atomic_open  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser, positive_int  # noqa: E402
+from shardcore.io import check_output_file  # noqa: E402
 
 COMPONENTS = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--alg", default="neuroshard",
                    help="algorithm(s), comma-separated: neuroshard, random, naive, dim_greedy, size_greedy, "
                         "lookup_greedy, size_lookup_greedy, or a checkpoint (default neuroshard)")
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_memory_args(p)
     add_model_paths(p)
     add_search_args(p)
-    p.add_argument("--max-tasks", type=int, default=None, metavar="N", help="only the first N tasks")
+    p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N", help="only the first N tasks")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--measure", action="store_true",
                    help="also measure every plan on hardware and report the simulator's error")
@@ -83,6 +85,8 @@ def mape_table(results) -> str:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.out:
+        check_output_file(args.out, "--out")
     devices = device_ids(args)
     ndevices = num_devices(args)
     names = [a.strip() for a in args.alg.split(",") if a.strip()]

@@ -27,10 +27,11 @@ from shardcore import algorithms  # noqa: E402
 from shardcore.cli import add_device_args, add_memory_args, device_ids, num_devices, positive_int, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import lookup_load  # noqa: E402
-from shardcore.io import write_json  # noqa: E402
+from shardcore.io import check_output_file, read_text, write_json  # noqa: E402
 from shardcore.report import format_table  # noqa: E402
-from shardcore.tables import BIN_NAMES, NUM_BINS, TableConfig  # noqa: E402
+from shardcore.tables import BIN_NAMES, NUM_BINS, TableConfig, dim_problem  # noqa: E402
 from shardcore.torchrec_planner import plan_json, torchrec_path_for, torchrec_plan_json  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
 
@@ -58,6 +59,8 @@ def _make_table(index, rows, dim, pf, bins, where):
         raise ShardError(f"{where}: rows and dim must be positive (got rows={rows}, dim={dim})")
     if pf < 0:
         raise ShardError(f"{where}: pooling_factor must be >= 0, got {pf}")
+    if dim_problem(dim):
+        raise ShardError(f"{where}: {dim_problem(dim)}")
     return TableConfig(index=index, row=rows, dim=dim, pooling_factor=float(pf), bins=tuple(bins))
 
 
@@ -71,7 +74,7 @@ def _check_duplicates(names, wheres):
 
 def read_tables_csv(path: Path):
     """``name, rows, dim, pooling_factor[, bin_0 .. bin_16]`` -> (tables, names)."""
-    text = path.read_text()
+    text = read_text(path, "CSV or JSON tables file")
     if not text.strip():
         raise ShardError(f"{path}: empty file (expected a header: {', '.join(REQUIRED_COLUMNS)})")
     reader = csv.DictReader(text.splitlines())
@@ -115,7 +118,7 @@ def read_tables_csv(path: Path):
 def read_tables_json(path: Path):
     """A table_configs.json; each entry may carry a ``name`` (default ``table_<index>``) and may use
     ``rows`` for ``row``; a missing ``index`` is the entry's position."""
-    text = path.read_text()
+    text = read_text(path, "CSV or JSON tables file")
     if not text.strip():
         raise ShardError(f"{path}: empty file (expected {{\"tables\": [...]}})")
     try:
@@ -187,7 +190,7 @@ def summary(tables, names, plan, devices, max_memory_gb, precision):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tables", required=True, metavar="FILE",
                    help="CSV (name,rows,dim,pooling_factor[,bin_0..bin_16]) or table_configs.json")
     add_device_args(p)
@@ -211,6 +214,10 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.torchrec and not args.out:
         raise ShardError("--torchrec writes beside the plan: give --out PLAN.json too")
+    if args.out:
+        check_output_file(args.out, "--out")
+        if args.torchrec:
+            check_output_file(torchrec_path_for(args.out), "--torchrec")
     devices = device_ids(args)
     ndevices = num_devices(args)
     tables, names = read_tables(args.tables)

@@ -27,19 +27,21 @@ from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, de
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser, finite_float, nonnegative_float, nonnegative_int  # noqa: E402
+from shardcore.io import check_output_dir  # noqa: E402
 
 C = AutoShardConfig()
 
 
 def unit_float(text: str) -> float:
-    v = float(text)
+    v = finite_float(text)
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
     return v
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/train.txt",
                    help="training tasks, one per line (default %(default)s)")
     p.add_argument("--data-dir", "--data_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
@@ -63,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps per unroll (default %(default)s)")
     r.add_argument("--learning-rate", type=positive_float, default=C.learning_rate,
                    help="Adam learning rate of policy and value (default %(default)s)")
-    r.add_argument("--entropy-cost", type=float, default=C.entropy_cost, help="entropy bonus weight (default %(default)s)")
-    r.add_argument("--baseline-cost", type=float, default=C.baseline_cost,
+    r.add_argument("--entropy-cost", type=finite_float, default=C.entropy_cost, help="entropy bonus weight (default %(default)s)")
+    r.add_argument("--baseline-cost", type=nonnegative_float, default=C.baseline_cost,
                    help="weight of the value loss (default %(default)s)")
     r.add_argument("--discounting", type=unit_float, default=C.discounting,
                    help="discount factor; the only reward is at the end of an episode (default %(default)s)")
@@ -72,9 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="global gradient-norm clip (default %(default)s)")
     r.add_argument("--disable-cost-model", action="store_true",
                    help="no cost model: no predicted-cost action features, tables ordered by dim x pooling factor")
-    r.add_argument("--replay-ratio", type=int, default=C.replay_ratio,
+    r.add_argument("--replay-ratio", type=nonnegative_int, default=C.replay_ratio,
                    help="extra learner updates on replayed recent unrolls per fresh batch (default %(default)s)")
-    r.add_argument("--shaping", type=float, default=C.shaping,
+    r.add_argument("--shaping", type=nonnegative_float, default=C.shaping,
                    help="weight of potential-based reward shaping from the cost model's predicted loads; "
                         "0 gives the paper's final reward only (default %(default)s)")
     r.add_argument("--cost-learning-rate", type=positive_float, default=C.cost_lr,
@@ -100,6 +102,7 @@ def check_tasks(tasks, dataset, ndevices: int, cap: float, precision: str) -> No
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_output_dir(os.path.join(args.savedir, args.xpid), "--savedir/--xpid")
     devices = device_ids(args)
     dataset = load_dataset(args.data_dir, with_lookups=False)
     tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)

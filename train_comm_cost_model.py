@@ -23,10 +23,11 @@ from neuroshard.cli import add_training_args, training_config  # noqa: E402
 from neuroshard.collect import load_comm_data  # noqa: E402
 from neuroshard.models import fit_comm_model, save_model  # noqa: E402
 from shardcore.cli import run_main  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_dir", "--data-dir", dest="data_dir", default=config.COMM_DATA_DIR,
                    help="communication data directory or CSV, comma-separated for several (default %(default)s)")
     p.add_argument("--fw_out_path", "--fw-out-path", dest="fw_out_path", default=config.FW_COMM_MODEL,

@@ -23,12 +23,14 @@ from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, de
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser, finite_float  # noqa: E402
+from shardcore.io import check_output_dir  # noqa: E402
 
 D = DreamShardConfig()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task-path", default="data/dlrm_tasks_50/train.txt", help="training tasks (default %(default)s)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")
     add_device_args(p)
@@ -44,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="policy updates per iteration (default %(default)s)")
     p.add_argument("--rl-batch-size", type=positive_int, default=D.rl_batch_size,
                    help="episodes per policy update, run in lockstep on one task (default %(default)s)")
-    p.add_argument("--entropy-weight", type=float, default=D.entropy_weight,
+    p.add_argument("--entropy-weight", type=finite_float, default=D.entropy_weight,
                    help="entropy bonus of the policy loss (default %(default)s)")
     p.add_argument("--rl-lr", type=positive_float, default=D.rl_lr, help="policy learning rate (default %(default)s)")
     p.add_argument("--cost-lr", type=positive_float, default=D.cost_lr,
@@ -65,6 +67,7 @@ def newest_checkpoint(out_dir: str) -> str | None:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_output_dir(args.out_dir, "--out-dir")
     devices = device_ids(args)
     ndevices = num_devices(args)
     dataset = load_dataset(args.data_dir, with_lookups=False)

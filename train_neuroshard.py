@@ -30,10 +30,13 @@ from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, sa
 from shardcore.cli import add_memory_args, add_oracle_args, int_list, open_evaluator, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser, nonnegative_int  # noqa: E402
+from neuroshard.collect import check_comm_args, check_compute_args  # noqa: E402
+from shardcore.io import check_output_dir  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_args(p, default_ndevices=4)
     p.add_argument("--dataset-dir", "--dataset_dir", "--data-dir", "--data_dir", dest="dataset_dir",
                    default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")
@@ -44,9 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", "--out_dir", dest="out_dir", default=config.MODEL_DIR,
                    help="where the models go (default %(default)s)")
     c = p.add_argument_group("collection")
-    c.add_argument("--compute-samples", type=int, default=config.COMPUTE_SAMPLES,
+    c.add_argument("--compute-samples", type=nonnegative_int, default=config.COMPUTE_SAMPLES,
                    help="compute samples to hold (default %(default)s)")
-    c.add_argument("--comm-samples", type=int, default=config.COMM_SAMPLES,
+    c.add_argument("--comm-samples", type=nonnegative_int, default=config.COMM_SAMPLES,
                    help="communication samples to hold (default %(default)s)")
     c.add_argument("--max-tables", "--max_tables", dest="max_tables", type=positive_int, default=config.MAX_TABLES,
                    help="most tables in a random shard (default %(default)s)")
@@ -80,6 +83,11 @@ def main(argv=None):
     comm_dir = args.comm_data_dir or os.path.join(config.COST_DATA_DIR, f"comm_{ndevices}")
     compute_cfg = training_config(args, config.compute_model_config(), seed=args.seed)
     comm_cfg = training_config(args, config.comm_model_config(), prefix="comm-", seed=args.seed)
+    # everything the later steps need is checked now, not after the collection (which takes long)
+    check_compute_args(args.max_tables, args.max_memory, args.max_dim)
+    check_comm_args(args.T_range, args.sleep_range, args.max_dim)
+    for d in (args.out_dir, args.compute_data_dir, comm_dir):
+        check_output_dir(d, "output directory")
     t0 = time.perf_counter()
     if not args.skip_collection:
         with open_evaluator(args, args.dataset_dir, ids) as ev:

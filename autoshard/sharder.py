@@ -58,11 +58,12 @@ class AutoShardModel:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "AutoShardModel":
         obj = io.load_checkpoint(path, METHOD, VERSION, "an AutoShard")
-        cfg = AutoShardConfig.from_dict(obj["config"])
-        model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), AutoShardNet(cfg), CostModel(cfg),
-                    float(obj["cost_scale"]), int(obj["steps"]), obj.get("extra", {}))
-        model.net.load_state_dict(obj["net"])
-        model.cost_model.load_state_dict(obj["cost_model"])
+        with io.checkpoint_contents(path):
+            cfg = AutoShardConfig.from_dict(obj["config"])
+            model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), AutoShardNet(cfg), CostModel(cfg),
+                        float(obj["cost_scale"]), int(obj["steps"]), obj.get("extra", {}))
+            model.net.load_state_dict(obj["net"])
+            model.cost_model.load_state_dict(obj["cost_model"])
         return model
 
     @torch.no_grad()

@@ -13,8 +13,10 @@
   memory).
 
 Logs: ``train_log.csv`` (one row per learner update), ``episodes.csv`` (one row per episode),
-``train_curve.png``; checkpoint ``model.pt`` every ``checkpoint_interval_s`` and at the end (also on
-Ctrl-C).
+``train_curve.png``; checkpoint ``model.pt`` every ``checkpoint_interval_s`` and at the end. Ctrl-C only
+raises a flag, checked between steps; the checkpoint is then written first, while further Ctrl-Cs are
+answered with a note and otherwise ignored. When an actor dies (checked about once a second) or a
+measurement fails, the checkpoint is saved and the failure reported in one line.
 """
 
 from __future__ import annotations
@@ -406,6 +408,10 @@ class AutoShardTrainer:
         recent_cost: list[float] = []
         mape = None
         self._stop_requested = False
+        self._stopping = False
+        self._actor_died = False
+        self._saved_path: Path | None = None
+        self._next_liveness_check = 0.0
         main_thread = threading.current_thread() is threading.main_thread()
         previous_handler = signal.getsignal(signal.SIGINT) if main_thread else None
         try:
@@ -476,23 +482,72 @@ class AutoShardTrainer:
                     last_ckpt = time.perf_counter()
         except KeyboardInterrupt:
             self.interrupted = True
+        except ShardError as exc:
+            # an actor or a measurement failed: keep what was learned, then report the failure (one line)
+            saved = self._save_after_failure(start_steps, t_start)
+            raise ShardError(f"{exc}; {saved}") from None
         finally:
-            if main_thread:
-                signal.signal(signal.SIGINT, previous_handler)
-            stop.set()
-            server.stop_event.set()
-            self._stop_actors(actors, out_q)
-            server.join(timeout=60)
-            for f, _ in logs.values():
-                f.close()
+            # Ctrl-C keeps only raising the flag until everything is stopped and saved: the checkpoint
+            # below is written before a second Ctrl-C can cut it short
+            self._stopping = True
+            try:
+                if self._saved_path is None and (self.interrupted or self.timed_out
+                                                 or self.model.steps >= total_steps):
+                    try:
+                        self._saved_path = self.save(self.elapsed_before + time.perf_counter() - t_start)
+                    except Exception as exc:  # noqa: BLE001 - said in one line, never silently skipped
+                        raise ShardError(f"{'interrupted; ' if self.interrupted else ''}the checkpoint could "
+                                         f"not be saved to {self.out_dir / 'model.pt'} "
+                                         f"({type(exc).__name__}: {exc})") from None
+            finally:
+                stop.set()
+                server.stop_event.set()
+                self._stop_actors(actors, out_q, drain=not self._actor_died)
+                server.join(timeout=60)
+                for f, _ in logs.values():
+                    f.close()
+                if main_thread:
+                    signal.signal(signal.SIGINT, previous_handler)
         elapsed = self.elapsed_before + time.perf_counter() - t_start
-        path = self.save(elapsed)
+        path = self._saved_path
         return {"checkpoint": str(path), "steps": self.model.steps, "updates": self.updates,
                 "episodes": self.episodes, "plans_measured": server.plans, "elapsed_s": elapsed,
                 "interrupted": self.interrupted, "timed_out": self.timed_out}
 
     def _request_stop(self, signum, frame) -> None:
+        if self._stop_requested or self._stopping:
+            # a second Ctrl-C: the checkpoint is being written; say so rather than lose it
+            try:
+                os.write(2, b"interrupted: stopping the actors and saving the checkpoint, please wait\n")
+            except OSError:
+                pass
         self._stop_requested = True
+
+    def _save_after_failure(self, start_steps: int, t_start: float) -> str:
+        """Save what this run learned before a failure is reported; the words for the error line."""
+        self._stopping = True
+        if self.model.steps <= start_steps:
+            return "nothing trained in this run, no checkpoint written"
+        try:
+            self._saved_path = self.save(self.elapsed_before + time.perf_counter() - t_start)
+        except Exception as exc:  # noqa: BLE001 - the original failure is the one to report
+            return f"the checkpoint could not be saved ({type(exc).__name__}: {exc})"
+        return f"checkpoint saved to {self._saved_path} at step {self.model.steps} (--resume continues)"
+
+    def _check_actors(self, actors) -> None:
+        """An actor that is gone (killed, crashed) stops training with one line; checked about once a
+        second even while the other actors keep the queue busy."""
+        now = time.monotonic()
+        if now < self._next_liveness_check:
+            return
+        self._next_liveness_check = now + 1.0
+        for a, p in enumerate(actors):
+            if not p.is_alive():
+                self._actor_died = True
+                code = p.exitcode
+                how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+                       and -code in signal.valid_signals() else f"exit code {code}")
+                raise ShardError(f"actor {a} died ({how})")
 
     def _next(self, out_q, server: MeasurementServer, actors) -> tuple:
         while True:
@@ -500,23 +555,27 @@ class AutoShardTrainer:
                 raise KeyboardInterrupt
             if server.error is not None:
                 raise ShardError(f"measurement failed: {server.error}")
+            self._check_actors(actors)
             try:
                 msg = out_q.get(timeout=1.0)
             except queue.Empty:
-                for a, p in enumerate(actors):
-                    if not p.is_alive():
-                        raise ShardError(f"actor {a} died (exit code {p.exitcode})")
+                self._next_liveness_check = 0.0
+                self._check_actors(actors)
                 continue
             if msg[0] == "error":
                 raise ShardError(f"actor {msg[1]} failed: {msg[2]}")
             return msg
 
     @staticmethod
-    def _stop_actors(actors, out_q) -> None:
+    def _stop_actors(actors, out_q, drain: bool = True) -> None:
         """Wait for the actors to leave (draining their unrolls, so none blocks on a full pipe); kill
-        those still there after 10 s. Nothing is read after a kill (its last write may be cut)."""
+        those still there after 10 s. Nothing is read after a kill (its last write may be cut), so
+        after an actor died on its own the queue is not drained either."""
         deadline = time.monotonic() + 10
         while any(p.is_alive() for p in actors) and time.monotonic() < deadline:
+            if not drain:
+                time.sleep(0.1)
+                continue
             try:
                 out_q.get(timeout=0.1)
             except queue.Empty:

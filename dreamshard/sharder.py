@@ -56,11 +56,12 @@ class DreamShardModel:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "DreamShardModel":
         obj = io.load_checkpoint(path, METHOD, VERSION, "a DreamShard")
-        cfg = DreamShardConfig.from_dict(obj["config"])
-        model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), CostNet(cfg), PolicyNet(cfg),
-                    float(obj["cost_scale"]), int(obj["iteration"]), obj.get("extra", {}))
-        model.cost_net.load_state_dict(obj["cost_net"])
-        model.policy.load_state_dict(obj["policy"])
+        with io.checkpoint_contents(path):
+            cfg = DreamShardConfig.from_dict(obj["config"])
+            model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), CostNet(cfg), PolicyNet(cfg),
+                        float(obj["cost_scale"]), int(obj["iteration"]), obj.get("extra", {}))
+            model.cost_net.load_state_dict(obj["cost_net"])
+            model.policy.load_state_dict(obj["policy"])
         return model
 
     @torch.no_grad()

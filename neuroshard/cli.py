@@ -4,6 +4,7 @@ e.g. ``--gpu_devices``, and the dashed ones, e.g. ``--gpu-devices``, are accepte
 from __future__ import annotations
 
 import argparse
+import math
 
 from shardcore.cli import positive_float, positive_int
 from shardcore.errors import ShardError
@@ -19,6 +20,8 @@ def float_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError("expected at least one number")
+    if not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers, got {text!r}")
     return values
 
 

@@ -35,6 +35,7 @@ run loses at most one chunk.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -280,6 +281,23 @@ class CollectStats:
     seconds: float
 
 
+def check_compute_args(max_tables: int, max_mem_gb: float, max_dim: int) -> tuple[int, ...]:
+    """Validate the compute collection's settings (call before starting any hardware); returns its dims."""
+    if max_tables < 1 or not (math.isfinite(max_mem_gb) and max_mem_gb > 0):
+        raise ShardError("--max_tables must be >= 1 and --max_mem a positive finite number")
+    return halving_dims(max_dim, config.MIN_DIM)
+
+
+def check_comm_args(t_range: Sequence[int], sleep_range: Sequence[float], max_dim: int) -> tuple[int, ...]:
+    """Validate the communication collection's settings (call before starting any hardware)."""
+    if len(t_range) != 2 or not 1 <= t_range[0] <= t_range[1]:
+        raise ShardError(f"--T_range takes MIN,MAX with 1 <= MIN <= MAX, got {list(t_range)}")
+    if (len(sleep_range) != 2 or not all(math.isfinite(float(v)) for v in sleep_range)
+            or not 0 <= sleep_range[0] <= sleep_range[1]):
+        raise ShardError(f"--sleep_range takes MIN,MAX milliseconds with 0 <= MIN <= MAX, got {list(sleep_range)}")
+    return halving_dims(max_dim, config.MIN_DIM)
+
+
 def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: int = config.MAX_TABLES,
                     max_mem_gb: float = config.MAX_MEM_GB, max_dim: int = config.MAX_DIM, pool: str = "train",
                     pool_seed: int = config.POOL_SEED, train_fraction: float = config.TRAIN_FRACTION,
@@ -291,9 +309,7 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
     from shardcore.cache import shard_key
 
     t0 = time.perf_counter()
-    if max_tables < 1 or max_mem_gb <= 0:
-        raise ShardError("--max_tables must be >= 1 and --max_mem positive")
-    dims = halving_dims(max_dim, config.MIN_DIM)
+    dims = check_compute_args(max_tables, max_mem_gb, max_dim)
     tables = ev.dataset.tables
     ids = table_pool(len(tables), pool, train_fraction, pool_seed)
     precision = ev.precision
@@ -347,11 +363,7 @@ def collect_comm(ev, out_dir: str | os.PathLike, data_size: int, t_range: Sequen
     from tqdm import tqdm
 
     t0 = time.perf_counter()
-    if len(t_range) != 2 or not 1 <= t_range[0] <= t_range[1]:
-        raise ShardError(f"--T_range takes MIN,MAX with 1 <= MIN <= MAX, got {list(t_range)}")
-    if len(sleep_range) != 2 or not 0 <= sleep_range[0] <= sleep_range[1]:
-        raise ShardError(f"--sleep_range takes MIN,MAX milliseconds with 0 <= MIN <= MAX, got {list(sleep_range)}")
-    dims = halving_dims(max_dim, config.MIN_DIM)
+    dims = check_comm_args(t_range, sleep_range, max_dim)
     n = ev.ndevices
     out_dir = Path(out_dir)
     params = {"ndevices": n, "T_range": list(t_range), "sleep_range": list(sleep_range), "max_dim": max_dim,

@@ -465,9 +465,10 @@ def load_model(path: str | os.PathLike, kind: str) -> "ComputeCostModel | CommCo
         if kind not in obj:
             raise ShardError(f"{path}: the bundle has no {kind} model")
         obj = obj[kind]
-    if kind == "compute":
-        return ComputeCostModel.from_state(obj, str(path))
-    return CommCostModel.from_state(obj, kind, str(path))
+    with io.checkpoint_contents(path):
+        if kind == "compute":
+            return ComputeCostModel.from_state(obj, str(path))
+        return CommCostModel.from_state(obj, kind, str(path))
 
 
 def save_bundle(path: str | os.PathLike, compute: ComputeCostModel, fw: CommCostModel, bw: CommCostModel,

@@ -22,13 +22,20 @@ CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner"}
 
 
 def checkpoint_method(path: Path) -> str:
+    """The method that wrote a checkpoint; only the known method names are accepted (the name is
+    used to import the method's package, so a checkpoint never chooses what gets imported)."""
     method = load_checkpoint(path).get("method")
     if not isinstance(method, str):
         raise ShardError(f"{path}: not a shardcore checkpoint (no 'method' entry)")
+    if method not in NAMED_METHODS:
+        shown = method if len(method) <= 40 else method[:37] + "..."
+        raise ShardError(f"{path}: unknown method {shown!r} in checkpoint (known: {', '.join(NAMED_METHODS)})")
     return method
 
 
 def _method_module(method: str):
+    if method not in NAMED_METHODS:
+        raise ShardError(f"unknown method {method!r} (known: {', '.join(NAMED_METHODS)})")
     try:
         return importlib.import_module(f"{method}.sharder")
     except ModuleNotFoundError as exc:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import sqlite3
@@ -271,6 +272,10 @@ class CostCache:
             conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', ?)",
                          (str(SCHEMA_VERSION),))
             version = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise ShardError(self._locked_message(exc)) from None
+            raise ShardError(f"cost cache {self.path}: {exc} (delete the file to start a new cache)") from None
         except sqlite3.DatabaseError as exc:
             raise ShardError(f"cost cache {self.path}: {exc} (delete the file to start a new cache)") from None
         except OSError as exc:
@@ -286,7 +291,45 @@ class CostCache:
         try:
             return self._conn().execute(sql, params)
         except sqlite3.DatabaseError as exc:
+            if _is_locked(exc):
+                raise ShardError(self._locked_message(exc)) from None
             raise ShardError(f"cost cache {self.path}: {exc}") from None
+
+    def _locked_message(self, exc: Exception) -> str:
+        return (f"cost cache {self.path}: {exc} for {self.busy_timeout_s:g} s: another process holds it; "
+                "wait for it to finish, or give this run its own --cache-path (do not delete a cache in use)")
+
+    def _bad_row(self, table: str, what: str) -> ShardError:
+        return ShardError(f"cost cache {self.path}: corrupt {table} entry ({what}); measure without it "
+                          "(--no-cache), or use another --cache-path")
+
+    def _costs(self, table: str, text, ndevices: int | None = None) -> list[list[float]]:
+        """A stored ``device_costs`` JSON: per device four finite costs >= 0 (ms)."""
+        try:
+            costs = json.loads(text)
+            costs = [[float(v) for v in dev] for dev in costs]
+        except (TypeError, ValueError):
+            raise self._bad_row(table, "device_costs is not a JSON list of per-device cost lists") from None
+        if not costs or any(len(c) != 4 for c in costs) or (ndevices is not None and len(costs) != ndevices):
+            raise self._bad_row(table, "device_costs must hold four costs per device")
+        if not all(math.isfinite(v) and v >= 0 for c in costs for v in c):
+            raise self._bad_row(table, "a negative or non-finite cost")
+        return costs
+
+    def _shard_costs(self, fw, bw) -> tuple[float, float]:
+        try:
+            fw, bw = float(fw), float(bw)
+        except (TypeError, ValueError):
+            raise self._bad_row("shard_costs", "non-numeric cost") from None
+        if not (math.isfinite(fw) and math.isfinite(bw) and fw >= 0 and bw >= 0):
+            raise self._bad_row("shard_costs", f"a negative or non-finite cost ({fw}, {bw})")
+        return fw, bw
+
+    def _json(self, table: str, column: str, text):
+        try:
+            return json.loads(text)
+        except (TypeError, ValueError):
+            raise self._bad_row(table, f"{column} is not JSON") from None
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -305,7 +348,7 @@ class CostCache:
         """The stored ``(fw_ms, bw_ms)`` of a shard, or ``None``."""
         key = _digest("shard", ctx, shard_key(tables))
         row = self._execute("SELECT fw_ms, bw_ms FROM shard_costs WHERE key = ?", (key,)).fetchone()
-        return None if row is None else (float(row[0]), float(row[1]))
+        return None if row is None else self._shard_costs(row[0], row[1])
 
     def put_shard(self, ctx: CacheContext, tables: Iterable[TableConfig | Sequence[int]], fw_ms: float,
                   bw_ms: float, bench_iters: int | None = None, warmup_iters: int | None = None) -> None:
@@ -324,7 +367,7 @@ class CostCache:
         """The stored per-device ``[fw_comp, fw_comm, bw_comm, bw_comp]`` of a plan, or ``None``."""
         key = _digest("plan", ctx, [shard_key(s) for s in shards])
         row = self._execute("SELECT device_costs FROM plan_costs WHERE key = ?", (key,)).fetchone()
-        return None if row is None else [[float(v) for v in dev] for dev in json.loads(row[0])]
+        return None if row is None else self._costs("plan_costs", row[0], len(shards))
 
     def put_plan(self, ctx: CacheContext, shards: Sequence[Iterable[TableConfig | Sequence[int]]],
                  device_costs_ms: Sequence[Sequence[float]], bench_iters: int | None = None,
@@ -370,7 +413,8 @@ class CostCache:
             sql += f" LIMIT {int(limit)}"
         out = []
         for shard, fw, bw, hw, ds, b, opt, prec, created in self._execute(sql, params).fetchall():
-            out.append(ShardEntry(tuple(tuple(t) for t in json.loads(shard)), float(fw), float(bw),
+            fw, bw = self._shard_costs(fw, bw)
+            out.append(ShardEntry(tuple(tuple(t) for t in self._json("shard_costs", "shard", shard)), fw, bw,
                                   hw, ds, int(b), opt, prec, float(created)))
         return out
 
@@ -387,10 +431,12 @@ class CostCache:
             sql += f" LIMIT {int(limit)}"
         out = []
         for shards, costs, cost, hw, ds, b, opt, prec, created in self._execute(sql, params).fetchall():
+            shards = self._json("plan_costs", "shards", shards)
+            costs = self._costs("plan_costs", costs, len(shards))
             out.append(PlanEntry(
-                tuple(tuple(tuple(t) for t in s) for s in json.loads(shards)),
-                tuple(tuple(float(v) for v in c) for c in json.loads(costs)),
-                float(cost), hw, ds, int(b), opt, prec, float(created)))
+                tuple(tuple(tuple(t) for t in s) for s in shards),
+                tuple(tuple(c) for c in costs),
+                max(sum(c) for c in costs), hw, ds, int(b), opt, prec, float(created)))
         return out
 
     def counts(self) -> dict[str, int]:
@@ -398,6 +444,11 @@ class CostCache:
         n_shard = self._execute("SELECT COUNT(*) FROM shard_costs").fetchone()[0]
         n_plan = self._execute("SELECT COUNT(*) FROM plan_costs").fetchone()[0]
         return {"shards": int(n_shard), "plans": int(n_plan)}
+
+
+def _is_locked(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
 
 
 def open_cache(cache: "CostCache | str | os.PathLike | None | bool") -> CostCache | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Callable, Sequence
@@ -34,6 +35,21 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     sys.exit(code or 0)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """An ``argparse.ArgumentParser`` whose errors follow the house rule: one line
+    ``error: <prog>: <message> (see --help)`` on stderr and exit status 2, no usage block."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's hook
+        text = " ".join(str(message).split())
+        self.exit(2, f"error: {self.prog}: {text} (see --help)\n")
+
+
+def make_parser(description: str | None = None, **kwargs) -> ArgumentParser:
+    """The scripts' parser: :class:`ArgumentParser` with the raw description layout by default."""
+    kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+    return ArgumentParser(description=description, **kwargs)
+
+
 def int_list(text: str) -> list[int]:
     """argparse type for ``1,2,3``."""
     try:
@@ -55,23 +71,38 @@ def name_list(text: str) -> tuple[str, ...]:
     return names
 
 
-def positive_float(text: str) -> float:
+def finite_float(text: str) -> float:
+    """argparse type for a finite number (``nan`` and ``inf`` are refused)."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def nonnegative_float(text: str) -> float:
+    v = finite_float(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    v = finite_float(text)
     if not v > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return v
 
 
-def non_negative_float(text: str) -> float:
+def nonnegative_int(text: str) -> int:
     try:
-        v = float(text)
+        v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (v >= 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite non-negative number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return v
 
 
@@ -158,7 +189,7 @@ def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-
                    help="modelled all-to-all bandwidth per device and direction, used where the exchange "
                         "is not measured (emulated oracle, or more plan devices than GPUs) (default "
                         f"{DEFAULT_COMM_BANDWIDTH_GBPS:g}: NVLink 4 within one 8-GPU H100/H200 node, assumed)")
-    g.add_argument("--comm-latency", type=non_negative_float, default=DEFAULT_COMM_LATENCY_US, metavar="US",
+    g.add_argument("--comm-latency", type=nonnegative_float, default=DEFAULT_COMM_LATENCY_US, metavar="US",
                    help=f"modelled start-up of one all-to-all in microseconds (default {DEFAULT_COMM_LATENCY_US:g})")
 
 

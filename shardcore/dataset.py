@@ -7,7 +7,10 @@
 ``torch.load(..., weights_only=True, mmap=True)``::
 
     {"format": "shardcore-lookups-v1", "batch_size": B,
-     "indices": [T int32 tensors], "offsets": [T int32 tensors of B + 1 entries, from 0]}
+     "indices": [T int32 tensors], "offsets": [T int32 tensors of B + 1 entries, from 0],
+     "min_index": int64 [T], "max_index": int64 [T]}   # per table, -1 without lookups
+
+Loading checks every table's ``row`` against ``max_index`` (files without it: computed once).
 
 Table ``i``'s sample ``b`` looks up ``indices[i][offsets[i][b]:offsets[i][b + 1]]``.
 Indices and offsets are stored as int32 (a table's rows and one batch's lookups per table fit) to
@@ -40,7 +43,7 @@ def load_table_configs(path: str | os.PathLike) -> list[TableConfig]:
     if not path.is_file():
         raise ShardError(f"table configs not found: {path} (run tools/gen_dlrm_data.py first)")
     try:
-        obj = json.loads(path.read_text())
+        obj = json.loads(io.read_text(path, "table_configs.json (JSON)"))
     except json.JSONDecodeError as exc:
         raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("tables"), list):
@@ -104,20 +107,49 @@ def load_dataset(data_dir: str | os.PathLike = DEFAULT_DATA_DIR, with_lookups: b
     data_path = data_dir / DATA_FILE
     if not data_path.is_file():
         raise ShardError(f"lookup data not found: {data_path} (run tools/gen_dlrm_data.py first)")
-    try:
-        obj = torch.load(data_path, weights_only=True, mmap=True)
-    except Exception as exc:  # a truncated or foreign file
-        raise ShardError(f"{data_path}: cannot read lookup data ({type(exc).__name__}: {exc})") from None
+    obj = io.safe_torch_load(data_path, "lookup data", mmap=True)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise ShardError(f"{data_path}: not a {FORMAT} file (regenerate it with tools/gen_dlrm_data.py)")
-    indices, offsets, batch = obj["indices"], obj["offsets"], int(obj["batch_size"])
+    indices, offsets, batch = obj.get("indices"), obj.get("offsets"), obj.get("batch_size")
+    if not (isinstance(indices, (list, tuple)) and isinstance(offsets, (list, tuple)) and isinstance(batch, int)
+            and batch > 0 and all(isinstance(t, torch.Tensor) for t in list(indices) + list(offsets))):
+        raise ShardError(f"{data_path}: malformed {FORMAT} file (regenerate it with tools/gen_dlrm_data.py)")
     if len(indices) != len(tables) or len(offsets) != len(tables):
         raise ShardError(f"{data_path}: holds {len(indices)} tables but {CONFIGS_FILE} lists {len(tables)}")
     for i, off in enumerate(offsets):
         if off.numel() != batch + 1:
             raise ShardError(f"{data_path}: table {i} has {off.numel() - 1} samples, expected {batch}")
+    check_rows(tables, index_range(obj, indices), data_path)
     ds.batch_size, ds.indices, ds.offsets = batch, list(indices), list(offsets)
     return ds
+
+
+def index_range(obj: dict, indices: Sequence[torch.Tensor]) -> tuple[list[int], list[int]]:
+    """Per table the smallest and largest row index looked up (``-1``, ``-1`` for a table without
+    lookups): stored in ``data.pt`` by :func:`save_dataset`, computed for files written before."""
+    lo, hi = obj.get("min_index"), obj.get("max_index")
+    if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor) and lo.numel() == hi.numel() == len(indices):
+        return [int(v) for v in lo.tolist()], [int(v) for v in hi.tolist()]
+    lo, hi = [], []
+    for idx in indices:
+        if idx.numel():
+            lo.append(int(idx.min()))
+            hi.append(int(idx.max()))
+        else:
+            lo.append(-1)
+            hi.append(-1)
+    return lo, hi
+
+
+def check_rows(tables: Sequence[TableConfig], index_range: tuple[list[int], list[int]], where) -> None:
+    """Every table's ``row`` must exceed every index its lookups use (and no index may be negative):
+    otherwise the kernels would read out of bounds and the measured cost would mean nothing."""
+    for t, lo, hi in zip(tables, *index_range):
+        if hi >= t.row:
+            raise ShardError(f"{where}: table {t.index} looks up row {hi} but {CONFIGS_FILE} gives it only "
+                             f"{t.row} rows: its row must exceed every index (regenerate the dataset)")
+        if lo < -1 or (hi >= 0 and lo < 0):
+            raise ShardError(f"{where}: table {t.index} looks up a negative row index {lo}")
 
 
 def save_dataset(out_dir: str | os.PathLike, tables: Sequence[TableConfig], indices: Sequence[torch.Tensor],
@@ -127,11 +159,16 @@ def save_dataset(out_dir: str | os.PathLike, tables: Sequence[TableConfig], indi
         raise ValueError("tables, indices and offsets must have one entry per table")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    lo = [int(t.min()) if t.numel() else -1 for t in indices]
+    hi = [int(t.max()) if t.numel() else -1 for t in indices]
+    check_rows(tables, (lo, hi), out_dir / DATA_FILE)
     obj = {
         "format": FORMAT,
         "batch_size": int(batch_size),
         "indices": [t.to(torch.int32).contiguous() for t in indices],
         "offsets": [t.to(torch.int32).contiguous() for t in offsets],
+        "min_index": torch.tensor(lo, dtype=torch.int64),
+        "max_index": torch.tensor(hi, dtype=torch.int64),
     }
     io.torch_save(obj, out_dir / DATA_FILE)
     save_table_configs(out_dir / CONFIGS_FILE, tables, batch_size)

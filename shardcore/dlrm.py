@@ -170,11 +170,7 @@ def load_raw(path: str | os.PathLike, tmp_dir: str | os.PathLike | None = None) 
 
 def _read_torch_file(path: Path, source: str):
     mappable = zipfile.is_zipfile(path)
-    try:
-        return torch.load(path, weights_only=True, mmap=mappable, map_location="cpu")
-    except Exception as exc:  # truncated, foreign or unsafe content
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ShardError(f"{source}: not a readable torch file ({type(exc).__name__}: {msg})") from None
+    return io.safe_torch_load(path, "raw DLRM data", name=source, mmap=mappable)
 
 
 def save_raw(raw: RawDLRM | Sequence[torch.Tensor], path: str | os.PathLike, compresslevel: int = 1) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -63,6 +64,125 @@ def torch_save(obj: Any, path: str | os.PathLike) -> None:
         torch.save(obj, tmp)
 
 
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """A text file's contents as UTF-8 (a leading byte-order mark is dropped). An unreadable file or
+    one that is not UTF-8 text raises :class:`~shardcore.errors.ShardError` with one line."""
+    from .errors import ShardError
+
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise ShardError(f"{path}: is a directory, expected a {what}") from None
+    except OSError as exc:
+        raise ShardError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ShardError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line}); "
+                         f"expected a {what}") from None
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_creatable(path: Path, flag: str) -> None:
+    """``path`` does not exist yet: its nearest existing ancestor must be a writable directory."""
+    from .errors import ShardError
+
+    base = _nearest_existing(path.absolute().parent)
+    if not base.is_dir():
+        raise ShardError(f"{flag} {path}: {base} is a file, not a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ShardError(f"{flag} {path}: directory {base} is not writable")
+
+
+def check_output_file(path: str | os.PathLike, flag: str = "output") -> None:
+    """Fail early (one line) when a file cannot be written at ``path``: it is a directory, a parent is
+    a file, or the directory is not writable. Creates nothing."""
+    from .errors import ShardError
+
+    path = Path(path)
+    if str(path) == "" or path.name in ("", ".", ".."):
+        raise ShardError(f"{flag} {str(path)!r}: not a file name")
+    if path.is_dir():
+        raise ShardError(f"{flag} {path}: is a directory, expected a file name")
+    if path.exists():
+        if not os.access(path.absolute().parent, os.W_OK | os.X_OK):
+            raise ShardError(f"{flag} {path}: directory {path.absolute().parent} is not writable")
+        return
+    _check_creatable(path, flag)
+
+
+def check_output_dir(path: str | os.PathLike, flag: str = "output directory") -> None:
+    """Fail early (one line) when ``path`` cannot be (or be created as) a writable directory."""
+    from .errors import ShardError
+
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise ShardError(f"{flag} {path}: is a file, not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ShardError(f"{flag} {path}: directory is not writable")
+        return
+    _check_creatable(path, flag)
+
+
+def first_line(text: object, limit: int = 300) -> str:
+    """The first non-empty line of a message, shortened to ``limit`` characters."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+@contextlib.contextmanager
+def checkpoint_contents(path: str | os.PathLike) -> Iterator[None]:
+    """Build a model from a checkpoint's entries: a missing entry, a wrong type or a tensor whose shape
+    does not fit the architecture becomes one line ``<path>: broken checkpoint (...)``."""
+    from .errors import ShardError
+
+    try:
+        yield
+    except ShardError:
+        raise
+    except KeyError as exc:
+        raise ShardError(f"{path}: broken checkpoint (no {exc.args[0]!r} entry)") from None
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError, OverflowError) as exc:
+        what = "weights do not match its config" if "state_dict" in str(exc) else first_line(exc)
+        raise ShardError(f"{path}: broken checkpoint ({what})") from None
+
+
+def safe_torch_load(path: str | os.PathLike, what: str = "file", name: str | None = None, **kwargs) -> Any:
+    """``torch.load(path, weights_only=True)``; a file that needs more than plain tensors, numbers,
+    strings, lists and dicts is refused as unsafe, other read failures give one line as well."""
+    import pickle
+
+    from .errors import ShardError
+
+    kwargs.setdefault("map_location", "cpu")
+    label = name or str(path)
+    try:
+        with warnings.catch_warnings():   # e.g. torch's note on the pickle protocol: not one line
+            warnings.simplefilter("ignore")
+            return torch.load(path, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln), first_line(text))
+        if "GLOBAL" in text:   # it names code to import or call: never loaded
+            raise ShardError(f"{label}: refused as unsafe: the {what} holds pickled Python objects other than "
+                             "tensors and plain data, which shardkit never loads") from None
+        raise ShardError(f"{label}: cannot read {what}: not a readable torch file ({first_line(detail, 120)})") from None
+    except Exception as exc:  # a truncated or foreign file
+        raise ShardError(f"{label}: cannot read {what}: not a readable torch file "
+                         f"({type(exc).__name__}: {first_line(exc, 200)})") from None
+
+
 def load_checkpoint(path: str | os.PathLike, method: str | None = None, version: int | None = None,
                     label: str | None = None) -> dict:
     """A checkpoint dict read with ``weights_only=True`` (never unpickles code). A missing or unreadable
@@ -72,10 +192,7 @@ def load_checkpoint(path: str | os.PathLike, method: str | None = None, version:
 
     if not os.path.isfile(path):
         raise ShardError(f"checkpoint not found: {path}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
+    obj = safe_torch_load(path, "checkpoint")
     if not isinstance(obj, dict) or (method is not None and obj.get("method") != method):
         raise ShardError(f"{path}: not {label or 'a shardcore'} checkpoint")
     if version is not None and obj.get("version") != version:

@@ -22,6 +22,8 @@ NUM_FEATURES = len(FEATURE_NAMES)  # 21
 SCALED_FEATURES = ("dim", "row", "pooling_factor", "size")
 
 PRECISION_BYTES = {"fp16": 2, "fp32": 4}
+# FBGEMM's embedding kernels need every table's dim to be a multiple of 4.
+DIM_MULTIPLE = 4
 GB = float(1 << 30)
 
 
@@ -34,6 +36,36 @@ def bytes_per_element(precision: str) -> int:
         raise ShardError(
             f"unknown weights precision {precision!r}: choose one of {', '.join(PRECISION_BYTES)}"
         ) from None
+
+
+def dim_problem(dim: int) -> str | None:
+    """Why ``dim`` cannot be an embedding table's dim (``None`` when it can)."""
+    if dim <= 0:
+        return f"dim must be positive, got {dim}"
+    if dim % DIM_MULTIPLE:
+        return f"dim {dim} is not a multiple of {DIM_MULTIPLE} (FBGEMM's kernels need that)"
+    return None
+
+
+def _number(value, name: str, where: str, integer: bool = False) -> float | int:
+    """A finite number from a JSON value (a number or a numeric string); ``integer``: a whole one."""
+    from .errors import ShardError
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ShardError(f"{where}: non-numeric {name} {value!r}")
+    try:
+        v = float(value)
+    except (ValueError, OverflowError):
+        raise ShardError(f"{where}: non-numeric {name} {value!r}") from None
+    if not math.isfinite(v):
+        raise ShardError(f"{where}: {name} must be finite, got {value!r}")
+    if integer:
+        if isinstance(value, int):
+            return value
+        if v != int(v):
+            raise ShardError(f"{where}: {name} must be a whole number, got {value!r}")
+        return int(v)
+    return v
 
 
 @dataclass(frozen=True)
@@ -75,16 +107,21 @@ class TableConfig:
         missing = [k for k in ("index", "row", "dim", "pooling_factor") if k not in obj]
         if missing:
             raise ShardError(f"{where}: missing field(s) {', '.join(missing)}")
-        try:
-            index, row, dim = int(obj["index"]), int(obj["row"]), int(obj["dim"])
-            pf = float(obj["pooling_factor"])
-            bins = tuple(float(obj.get(name, 0.0)) for name in BIN_NAMES)
-        except (TypeError, ValueError) as exc:
-            raise ShardError(f"{where}: non-numeric value ({exc})") from None
-        if row <= 0 or dim <= 0 or pf < 0 or not math.isfinite(pf):
+        index = _number(obj["index"], "index", where, integer=True)
+        row = _number(obj["row"], "row", where, integer=True)
+        dim = _number(obj["dim"], "dim", where, integer=True)
+        pf = _number(obj["pooling_factor"], "pooling_factor", where)
+        bins = tuple(_number(obj.get(name, 0.0), name, where) for name in BIN_NAMES)
+        if row <= 0 or dim <= 0 or pf < 0:
             raise ShardError(
                 f"{where}: row and dim must be positive and pooling_factor >= 0 "
                 f"(got row={row}, dim={dim}, pooling_factor={pf})")
+        problem = dim_problem(dim)
+        if problem:
+            raise ShardError(f"{where}: {problem}")
+        bad = [(n, b) for n, b in zip(BIN_NAMES, bins) if b < 0]
+        if bad:
+            raise ShardError(f"{where}: reuse bin {bad[0][0]} = {bad[0][1]} is negative")
         return cls(index=index, row=row, dim=dim, pooling_factor=pf, bins=bins)
 
 

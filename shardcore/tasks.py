@@ -15,7 +15,7 @@ from typing import Sequence
 
 from . import io
 from .errors import ShardError
-from .tables import TableConfig
+from .tables import TableConfig, dim_problem
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,9 @@ def parse_task_line(line: str, where: str = "task") -> Task:
             raise ShardError(f"{where}: {len(ids)} table ids but {len(dims)} dims")
         if any(d <= 0 for d in dims):
             raise ShardError(f"{where}: dims must be positive, got {parts[1]!r}")
+        problems = [dim_problem(d) for d in dims if dim_problem(d)]
+        if problems:
+            raise ShardError(f"{where}: {problems[0]}")
     return Task(ids, dims)
 
 
@@ -79,7 +82,7 @@ def load_tasks(path: str | os.PathLike, num_tables: int | None = None) -> list[T
     if not path.is_file():
         raise ShardError(f"task file not found: {path} (generate one with tools/gen_tasks.py)")
     tasks = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    for lineno, line in enumerate(io.read_text(path, "task file").splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"{path}:{lineno}"

@@ -433,7 +433,7 @@ def _read_json(path_or_obj: str | os.PathLike | Mapping) -> dict:
     if not path.is_file():
         raise ShardError(f"plan not found: {path}")
     try:
-        return json.loads(path.read_text())
+        return json.loads(io.read_text(path, "plan (JSON)"))
     except json.JSONDecodeError as exc:
         raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
 

@@ -123,7 +123,7 @@ def test_actors_stop_cleanly_in_process(tiny):
     assert not any(alive(p) for p in workers)
 
 
-def test_ctrl_c_saves_and_leaves_no_processes(tiny):
+def test_ctrl_c_twice_saves_and_leaves_no_processes(tiny):
     d = tiny
     cmd = train_cmd(d, 100000, "--xpid", "interrupted")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -139,6 +139,8 @@ def test_ctrl_c_saves_and_leaves_no_processes(tiny):
         kids = descendants(proc.pid)
         assert len(kids) >= 2 + 2          # 2 actors, 2 evaluator workers (and helpers)
         proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)    # an impatient second Ctrl-C must not cost the checkpoint
         _, err = proc.communicate(timeout=120)
     finally:   # never leave a stuck run behind for the other tests
         if proc.poll() is None:

@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -42,7 +41,7 @@ from shardcore.evaluator import PlanEvaluator  # noqa: E402
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"dataset directory (default {DEFAULT_DATA_DIR})")
     cli.add_device_args(p)
     p.add_argument("--batch-size", type=cli.positive_int, default=4096, help="batch size (default 4096)")

@@ -28,10 +28,11 @@ from shardcore.errors import ShardError  # noqa: E402
 from shardcore.planning_bench import (DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, LEARNED,  # noqa: E402
                                       BenchConfig, bench_planning)
 from shardcore.tables import PRECISION_BYTES  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", "--data_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
                    help=f"processed dataset directory (default {DEFAULT_DATA_DIR}); only table configs are read")
     p.add_argument("--out-dir", default="results", help="where the outputs go (default results)")

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from shardcore import dlrm  # noqa: E402
 from shardcore.cli import int_list, positive_int, run_main  # noqa: E402
 from shardcore.tables import NUM_BINS  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 PUB_L = np.array(dlrm.PUBLISHED_REUSE_BY_LOOKUPS)
 PUB_R = np.array(dlrm.PUBLISHED_REUSE_BY_ROWS)
@@ -234,7 +235,7 @@ def _spread(pools: np.ndarray, rows: np.ndarray, empty: np.ndarray) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = OneLineParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--num-tables", type=positive_int, default=dlrm.PUBLISHED_NUM_TABLES)
     p.add_argument("--batch-size", type=positive_int, default=dlrm.PUBLISHED_BATCH_SIZE)

@@ -26,6 +26,8 @@ from shardcore.errors import ShardError  # noqa: E402
 from shardcore.plan import Plan  # noqa: E402
 from shardcore.report import format_table  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from shardcore.io import read_text  # noqa: E402
 
 
 def mape(pred, true) -> float:
@@ -35,7 +37,7 @@ def mape(pred, true) -> float:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="DreamShard checkpoint")
     p.add_argument("--results", required=True, help="eval.py --out file with measured plans (cost_ms)")
     p.add_argument("--task-path", required=True, help="the task file those results were measured on")
@@ -46,8 +48,14 @@ def main(argv=None):
     tasks = load_tasks(args.task_path, num_tables=len(tables))
     if not os.path.isfile(args.results):
         raise ShardError(f"results file not found: {args.results}")
-    rows = [json.loads(line) for line in open(args.results) if line.strip()]
-    rows = [r for r in rows if r.get("cost_ms") is not None]
+    rows = []
+    for lineno, line in enumerate(read_text(args.results, "JSON-lines results file").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ShardError(f"{args.results}:{lineno}: malformed JSON ({exc.msg})") from None
+    rows = [r for r in rows if isinstance(r, dict) and r.get("cost_ms") is not None]
     if not rows:
         raise ShardError(f"{args.results}: no measured plans (run eval.py without --plan-only)")
     pred_all, true_all, pred_dev, true_dev = [], [], [], []

@@ -20,7 +20,6 @@ shardcore/emulator.py).
   python tools/emulator_accuracy.py [--out accuracy.json]
 """
 
-import argparse
 import os
 import sys
 
@@ -29,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 
 from shardcore import io  # noqa: E402
-from shardcore.cli import run_main  # noqa: E402
+from shardcore.cli import make_parser, run_main  # noqa: E402
 from shardcore.dataset import load_table_configs  # noqa: E402
 from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, GpuComputeModel, default_cv_of,  # noqa: E402
                                 fit_weights, known_index, load_measurements, measurement_features,
@@ -173,7 +172,7 @@ def evaluate(directory=MEASUREMENTS_DIR, params_path=None) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser(__doc__)
     p.add_argument("--measurements", default=str(MEASUREMENTS_DIR), metavar="DIR",
                    help="folder with the measured shards, plans, table configs and tasks (default %(default)s)")
     p.add_argument("--params", default=None, metavar="FILE",

@@ -10,7 +10,6 @@ relative error (deterministic), and rewrites data/gpu_measurements/h200_emulator
   python tools/fit_gpu_emulator.py --out /tmp/h200.json
 """
 
-import argparse
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from shardcore import io  # noqa: E402
-from shardcore.cli import run_main  # noqa: E402
+from shardcore.cli import make_parser, run_main  # noqa: E402
 from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, SHARD_FILES, default_cv_of, fit_params,  # noqa: E402
                                 known_index, load_measurements, measurement_features, model_path,
                                 synthetic_length_cv)
@@ -60,7 +59,7 @@ def format_params(params: dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser(__doc__)
     p.add_argument("--measurements", default=str(MEASUREMENTS_DIR), metavar="DIR",
                    help="folder with the measured shards, plans, table configs and tasks (default %(default)s)")
     p.add_argument("--out", default=str(model_path(CARD)), metavar="FILE",

@@ -25,10 +25,13 @@ from shardcore import dlrm  # noqa: E402
 from shardcore.cli import int_list, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from shardcore.io import check_output_dir, check_output_file  # noqa: E402
+from shardcore.tables import dim_problem  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         description="Process a raw DLRM dataset (Meta's dlrm_datasets format: a torch.save'd tuple "
                     "(indices, offsets, lengths), optionally gzipped) into table_configs.json + data.pt, "
                     "or generate a synthetic one with the published statistics. For GPUs use "
@@ -74,6 +77,12 @@ def _fmt_hist(values) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     progress = not args.quiet
+    for d in [args.dim] + list(args.dims or []):
+        if dim_problem(d):
+            raise ShardError(f"--dim/--dims: {dim_problem(d)}")
+    check_output_dir(args.out_dir, "--out-dir")
+    if args.raw_out is not None:
+        check_output_file(args.raw_out, "--raw-out")
     t0 = time.time()
     if args.data is not None:
         if args.num_tables is not None or args.raw_out is not None:

@@ -16,10 +16,13 @@ from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.tasks import save_tasks  # noqa: E402
 from shardcore.taskgen import TaskSpec, generate_tasks, halving_dims  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser, nonnegative_int  # noqa: E402
+from shardcore.io import check_output_dir  # noqa: E402
+from shardcore.tables import dim_problem  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", "--data_dir", default=DEFAULT_DATA_DIR,
                    help=f"processed dataset directory with table_configs.json (default {DEFAULT_DATA_DIR})")
     p.add_argument("--out-dir", "--out_dir", default=None,
@@ -28,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--T", type=positive_int, default=None, help="tables per task (default 50)")
     size.add_argument("--T-range", "--T_range", type=int_list, default=None, metavar="MIN,MAX",
                       help="draw the number of tables per task uniformly from MIN..MAX")
-    p.add_argument("--num-train", type=int, default=50, help="number of training tasks (default 50)")
-    p.add_argument("--num-test", type=int, default=50, help="number of test tasks (default 50)")
+    p.add_argument("--num-train", type=nonnegative_int, default=50, help="number of training tasks (default 50)")
+    p.add_argument("--num-test", type=nonnegative_int, default=50, help="number of test tasks (default 50)")
     p.add_argument("--train-fraction", type=float, default=0.5,
                    help="share of the dataset's tables in the training pool; the rest form the "
                         "disjoint test pool (default 0.5)")
@@ -61,14 +64,21 @@ def main(argv=None):
     dims = tuple(args.dims) if args.dims else (halving_dims(args.max_dim) if args.max_dim else None)
     if dims is not None and min(dims) <= 0:
         raise ShardError(f"--dims must be positive, got {dims}")
+    if dims is not None and any(dim_problem(d) for d in dims):
+        raise ShardError(f"--dims: {next(dim_problem(d) for d in dims if dim_problem(d))}")
+    if not 0 <= args.train_fraction <= 1:
+        raise ShardError(f"--train-fraction must be in [0, 1], got {args.train_fraction}")
+    if t_min < 1 or t_min > t_max:
+        raise ShardError(f"--T-range takes MIN,MAX with 1 <= MIN <= MAX, got {t_min},{t_max}")
     if args.max_mem is not None and dims is None:
         raise ShardError("--max-mem selects NeuroShard-style tasks: give --dims or --max-dim too")
+    out_dir = args.out_dir or os.path.join("data", f"dlrm_tasks_{t_max if t_min == t_max else f'{t_min}_{t_max}'}")
+    check_output_dir(out_dir, "--out-dir")
     tables = load_dataset(args.data_dir, with_lookups=False).tables
     spec = TaskSpec(t_min=t_min, t_max=t_max, num_train=args.num_train, num_test=args.num_test,
                     train_fraction=args.train_fraction, seed=args.seed, dims=dims,
                     max_mem_gb=args.max_mem, ndevices=args.ndevices, precision=args.weights_precision)
     train, test = generate_tasks(tables, spec)
-    out_dir = args.out_dir or os.path.join("data", f"dlrm_tasks_{t_max if t_min == t_max else f'{t_min}_{t_max}'}")
     save_tasks(os.path.join(out_dir, "train.txt"), train)
     save_tasks(os.path.join(out_dir, "test.txt"), test)
     style = "NeuroShard (ids dims)" if dims else "DreamShard (ids)"

@@ -18,13 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardcore.cli import int_list, name_list, positive_float, positive_int, run_main  # noqa: E402
+from shardcore.cli import int_list, make_parser, name_list, positive_float, positive_int, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.gpu_check import DEFAULT_ALGS, CheckConfig, run_check  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser(__doc__)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cuda (default): the full check on this machine's GPUs; cpu: the same steps at a "
                         "tiny size on logical CPU devices")

@@ -11,7 +11,6 @@ and "oracle" naming it. Other keys are kept; a line's own "fw_ms"/"bw_ms" (measu
       --shards data/gpu_measurements/h200_b65536_plan_shards.jsonl --out /tmp/predicted.jsonl
 """
 
-import argparse
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 
 from shardcore import io  # noqa: E402
-from shardcore.cli import positive_int, run_main  # noqa: E402
+from shardcore.cli import make_parser, positive_int, run_main  # noqa: E402
 from shardcore.dataset import load_table_configs  # noqa: E402
 from shardcore.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
@@ -38,7 +37,7 @@ def parse_oracle(text: str) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser(__doc__)
     p.add_argument("--oracle", default="emulated:h200",
                    help=f"cost model: {', '.join(ORACLES)} (default %(default)s)")
     p.add_argument("--shards", required=True, metavar="IN.jsonl",

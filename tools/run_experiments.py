@@ -31,6 +31,7 @@ from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.experiments import (ALL_ALGS, LEARNED, SCALES, ExperimentConfig,  # noqa: E402
                                    parse_task_sets, run_experiments)
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def task_sets_arg(text: str):
@@ -41,7 +42,7 @@ def task_sets_arg(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=sorted(SCALES), default="full",
                    help="preset task sets, task counts and training lengths (default full; small for a "
                         "CPU run under an hour; tiny for a smoke test)")
