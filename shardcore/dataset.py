@@ -26,6 +26,7 @@ import torch
 
 from . import io
 from .errors import ShardError
+from .originals import lookups_from_original, tables_from_original_list
 from .tables import TableConfig
 
 DEFAULT_DATA_DIR = "data/dlrm_datasets"
@@ -43,6 +44,8 @@ def load_table_configs(path: str | os.PathLike) -> list[TableConfig]:
         obj = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if isinstance(obj, list):   # NeuroShard's layout: a bare list of tables (shardcore.originals)
+        return tables_from_original_list(obj, path)
     if not isinstance(obj, dict) or not isinstance(obj.get("tables"), list):
         raise ShardError(f'{path}: expected an object with a "tables" list')
     tables = [TableConfig.from_json(t, where=f"{path}: tables[{k}]") for k, t in enumerate(obj["tables"])]
@@ -102,8 +105,8 @@ def load_dataset(data_dir: str | os.PathLike = DEFAULT_DATA_DIR, with_lookups: b
         obj = torch.load(data_path, weights_only=True, mmap=True)
     except Exception as exc:  # a truncated or foreign file
         raise ShardError(f"{data_path}: cannot read lookup data ({type(exc).__name__}: {exc})") from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise ShardError(f"{data_path}: not a {FORMAT} file (regenerate it with tools/gen_dlrm_data.py)")
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:   # the originals' layouts, else one line
+        obj = lookups_from_original(obj, data_path, FORMAT)
     indices, offsets, batch = obj["indices"], obj["offsets"], int(obj["batch_size"])
     if len(indices) != len(tables) or len(offsets) != len(tables):
         raise ShardError(f"{data_path}: holds {len(indices)} tables but {CONFIGS_FILE} lists {len(tables)}")
