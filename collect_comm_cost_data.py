@@ -22,7 +22,7 @@ from neuroshard import config  # noqa: E402
 from neuroshard.cli import float_list  # noqa: E402
 from shardcore.cli import add_device_args, device_ids, num_devices  # noqa: E402
 from neuroshard.collect import collect_comm  # noqa: E402
-from shardcore.cli import add_oracle_args, int_list, open_evaluator, positive_int, run_main  # noqa: E402
+from shardcore.cli import add_oracle_args, original_range, open_evaluator, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=config.COMM_SAMPLES,
                    help="samples the output should hold; collection stops there (default %(default)s)")
     add_device_args(p, default_ndevices=4)
-    p.add_argument("--T_range", "--T-range", dest="T_range", type=int_list, default=list(config.T_RANGE),
-                   metavar="MIN,MAX", help="tables per sample (default %s)" % ",".join(map(str, config.T_RANGE)))
+    p.add_argument("--T_range", "--T-range", dest="T_range", type=original_range, default=list(config.T_RANGE),
+                   metavar="MIN,MAX", help="tables per sample: MIN..MAX-1, MAX exclusive as in the original; N gives exactly N (default %s)" % config.T_RANGE_TEXT)
     p.add_argument("--sleep_range", "--sleep-range", dest="sleep_range", type=float_list,
                    default=list(config.SLEEP_RANGE_MS), metavar="MIN,MAX",
                    help="start delay of each device's forward all-to-all, ms (default %g,%g)" % config.SLEEP_RANGE_MS)

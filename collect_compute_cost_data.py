@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_args(p, default_ndevices=1)
     p.add_argument("--max_tables", "--max-tables", dest="max_tables", type=positive_int, default=config.MAX_TABLES,
                    help="most tables in a shard (default %(default)s)")
-    add_memory_args(p, default_max_memory=config.MAX_MEM_GB)
+    add_memory_args(p, default_max_memory=config.MAX_MEM_GB, default_precision="fp32")
     p.add_argument("--max_dim", "--max-dim", dest="max_dim", type=positive_int, default=config.MAX_DIM,
                    help="largest table dim; dims are max_dim, max_dim/2, .., 4 (default %(default)s)")
     p.add_argument("--dataset_dir", "--dataset-dir", "--data-dir", "--data_dir", dest="dataset_dir",

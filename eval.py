@@ -55,14 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write every plan as DIR/<alg>/task_<k>.json (plain) and .torchrec.json "
                         "(TorchRec ParameterSharding: table-wise, column-wise for split tables) plus DIR/index.json")
     ns = p.add_argument_group("NeuroShard (--alg neuroshard)")
-    ns.add_argument("--compute-model", default=None, metavar="PT",
+    ns.add_argument("--compute-model", "--compute_model", dest="compute_model", default=None, metavar="PT",
                     help="pre-trained compute cost model (default models/neuroshard/compute.pt)")
-    ns.add_argument("--fw-comm-model", default=None, metavar="PT",
+    ns.add_argument("--fw-comm-model", "--fw_comm_model", dest="fw_comm_model", default=None, metavar="PT",
                     help="forward communication cost model (default models/neuroshard/fw_comm.pt)")
-    ns.add_argument("--bw-comm-model", default=None, metavar="PT",
+    ns.add_argument("--bw-comm-model", "--bw_comm_model", dest="bw_comm_model", default=None, metavar="PT",
                     help="backward communication cost model (default models/neuroshard/bw_comm.pt)")
-    p.add_argument("--checkpoint", default=None, metavar="PT",
-                   help="AutoShard checkpoint for --alg autoshard (default models/autoshard/default/model.pt)")
+    p.add_argument("--checkpoint", "--checkpointpath", dest="checkpoint", default=None, metavar="PT",
+                   help="AutoShard checkpoint for --alg autoshard (default models/autoshard/default/model.pt; "
+                        "--checkpointpath is AutoShard's spelling, though its model.tar files cannot be loaded)")
     p.add_argument("--task-set", default=None, metavar="NAME",
                    help="row label of the paper-style table (default: derived from the task file)")
     add_oracle_args(p)

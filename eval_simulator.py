@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
                    help=f"processed dataset directory (default {DEFAULT_DATA_DIR})")
     add_device_args(p)
-    add_memory_args(p)
+    add_memory_args(p, default_precision="fp32")
     add_model_paths(p)
     add_search_args(p)
     p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N", help="only the first N tasks")

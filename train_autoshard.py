@@ -22,8 +22,8 @@ from autoshard.curve import plot_curve  # noqa: E402
 from autoshard.sharder import AutoShardModel  # noqa: E402
 from autoshard.trainer import AutoShardTrainer  # noqa: E402
 from shardcore.baselines import make_baseline  # noqa: E402
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids,  # noqa: E402
-                           open_evaluator, positive_float, positive_int, run_main)
+from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, add_refused_flag,  # noqa: E402
+                           device_ids, open_evaluator, positive_float, positive_int, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
@@ -85,8 +85,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after this many minutes of training (saved like a finished run; default: none)")
     r.add_argument("--checkpoint-interval", type=positive_float, default=300.0, metavar="S",
                    help="seconds between checkpoints (default 300; one is always written at the end)")
+    r.add_argument("--num-cost-updates", dest="cost_updates", type=positive_int, default=C.cost_steps_per_update,
+                   help="cost model gradient steps per learner update (default %(default)s)")
+    r.add_argument("--num-min-buf-size", dest="cost_min_buffer", type=int, default=C.cost_min_buffer,
+                   help="measured shards the cost model's buffer must hold before it trains (default %(default)s)")
+    r.add_argument("--reward-clipping", choices=["none", "abs_one"], default=C.reward_clipping,
+                   help="abs_one clips each step's reward to [-1, 1] (default %(default)s)")
+    r.add_argument("--num-learner-threads", "--num-threads", dest="learner_threads", type=learner_threads,
+                   default=1, metavar="1",
+                   help="learner threads: one here, as the original's default (torch's threads: the "
+                        "SHARDKIT_NUM_THREADS environment variable)")
+    o = p.add_argument_group("the original AutoShard's other flags (refused with the way forward)")
+    add_refused_flag(o, "--checkpoint-history", takes_value=False,
+                     pointer="one checkpoint, <savedir>/<xpid>/model.pt, is rewritten every --checkpoint-interval "
+                             "seconds; use another --xpid to keep a run's")
+    add_refused_flag(o, "--checkpoint-history-every",
+                     pointer="one checkpoint is rewritten every --checkpoint-interval S seconds")
+    add_refused_flag(o, "--disable-checkpoint", takes_value=False,
+                     pointer="the checkpoint is always written (it is what eval.py --alg autoshard loads); "
+                             "--checkpoint-interval S writes it less often")
+    for feature in ("dims", "rows", "pooling-factors", "sizes", "bins"):
+        add_refused_flag(o, f"--disable-{feature}", takes_value=False,
+                         pointer="feature ablations are not implemented: every table is described by its 21 "
+                                 "features (dim, row, pooling factor, size, 17 reuse bins)")
     add_oracle_args(p, batch_flag="--bench-batch-size")
     return p
+
+
+def learner_threads(text: str) -> int:
+    if text.strip() != "1":
+        raise ShardError(f"--num-learner-threads {text}: the learner runs one thread here (the original's default); "
+                         "torch's threads are set with SHARDKIT_NUM_THREADS")
+    return 1
 
 
 def check_tasks(tasks, dataset, ndevices: int, cap: float, precision: str) -> None:
@@ -126,7 +156,9 @@ def main(argv=None):
         batch_size=args.batch_size, unroll_length=args.unroll_length, learning_rate=args.learning_rate,
         entropy_cost=args.entropy_cost, baseline_cost=args.baseline_cost, discounting=args.discounting,
         grad_norm_clipping=args.grad_norm_clipping, use_cost_model=not args.disable_cost_model,
-        cost_lr=args.cost_learning_rate, replay_ratio=args.replay_ratio, shaping=args.shaping, seed=args.seed)
+        cost_lr=args.cost_learning_rate, replay_ratio=args.replay_ratio, shaping=args.shaping, seed=args.seed,
+        cost_steps_per_update=args.cost_updates, cost_min_buffer=args.cost_min_buffer,
+        reward_clipping=args.reward_clipping)
     num_actors = args.num_actors or cfg.num_actors
     print(f"AutoShard: {len(tasks)} training tasks, {len(devices)} devices, cap {args.max_memory:g} GB, "
           f"{num_actors} actors, {args.total_steps} steps -> {out_dir}/")

@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tqdm import tqdm  # noqa: E402
 
 from neuroshard import config  # noqa: E402
-from neuroshard.cli import add_training_args, training_config  # noqa: E402
+from neuroshard.cli import (add_original_training_args, add_training_args, apply_original_training_args,  # noqa: E402
+                            first_samples, training_config)
 from neuroshard.collect import load_comm_data  # noqa: E402
 from neuroshard.models import fit_comm_model, save_model  # noqa: E402
 from shardcore.cli import run_main  # noqa: E402
@@ -37,12 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the split and the initial weights (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_training_args(p, config.comm_model_config(), what="communication models")
+    add_original_training_args(p)
     return p
 
 
 def train(args) -> None:
+    apply_original_training_args(args, config.comm_model_config())
     cfg = training_config(args, config.comm_model_config(), seed=args.seed)
     dims, delays, fw, bw, setting = load_comm_data(args.data_dir)
+    dims, delays, fw, bw = first_samples(args.num_samples, dims, delays, fw, bw)
     print(f"{len(dims)} all-to-all samples from {args.data_dir}")
     for kind, targets, path in (("fw_comm", fw, args.fw_out_path), ("bw_comm", bw, args.bw_out_path)):
         with tqdm(total=cfg.epochs, desc=kind, unit="epoch", disable=args.quiet, dynamic_ncols=True) as bar:

@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tqdm import tqdm  # noqa: E402
 
 from neuroshard import config  # noqa: E402
-from neuroshard.cli import add_training_args, training_config  # noqa: E402
+from neuroshard.cli import (add_original_training_args, add_training_args, apply_original_training_args,  # noqa: E402
+                            first_samples, training_config)
 from neuroshard.collect import load_compute_data  # noqa: E402
 from neuroshard.models import fit_compute_model, save_model  # noqa: E402
 from shardcore.cli import run_main  # noqa: E402
@@ -35,12 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the split and the initial weights (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_training_args(p, config.compute_model_config(), what="compute model")
+    add_original_training_args(p)
     return p
 
 
 def train(args) -> None:
+    apply_original_training_args(args, config.compute_model_config())
     cfg = training_config(args, config.compute_model_config(), seed=args.seed)
     shards, costs, setting = load_compute_data(args.data_dir)
+    shards, costs = first_samples(args.num_samples, shards, costs)
     print(f"{len(shards)} shards from {args.data_dir} (mean {costs.sum(1).mean():.2f} ms, "
           f"{sum(map(len, shards)) / max(1, len(shards)):.1f} tables per shard)")
     with tqdm(total=cfg.epochs, desc="compute model", unit="epoch", disable=args.quiet, dynamic_ncols=True) as bar:

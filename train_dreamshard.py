@@ -31,7 +31,7 @@ D = DreamShardConfig()
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task-path", default="data/dlrm_tasks_50/train.txt", help="training tasks (default %(default)s)")
+    p.add_argument("--task-path", "--task_path", dest="task_path", default="data/dlrm_tasks_50/train.txt", help="training tasks (default %(default)s)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")
     add_device_args(p)
     add_memory_args(p)
@@ -51,10 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rl-lr", type=positive_float, default=D.rl_lr, help="policy learning rate (default %(default)s)")
     p.add_argument("--cost-lr", type=positive_float, default=D.cost_lr,
                    help="cost network learning rate (default %(default)s)")
+    p.add_argument("--batch-size", dest="cost_batch_size", type=positive_int, default=D.cost_batch_size,
+                   help="samples per gradient step of the cost network, as DreamShard's --batch-size "
+                        "(default %(default)s; the benchmark's batch is --bench-batch-size)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out-dir (its buffer and networks)")
-    add_oracle_args(p)
+    add_oracle_args(p, batch_flag="--bench-batch-size")
     return p
 
 
@@ -87,7 +90,7 @@ def main(argv=None):
         num_iterations=args.num_iterations, bench_steps=args.bench_steps,
         bench_training_steps=args.bench_training_steps, rl_num_batches=args.rl_num_batches,
         rl_batch_size=args.rl_batch_size, entropy_weight=args.entropy_weight, rl_lr=args.rl_lr,
-        cost_lr=args.cost_lr, seed=args.seed)
+        cost_lr=args.cost_lr, cost_batch_size=args.cost_batch_size, seed=args.seed)
     print(f"DreamShard: {len(tasks)} training tasks, {ndevices} devices, cap {args.max_memory:g} GB, "
           f"{args.num_iterations} iterations -> {args.out_dir}/")
     with open_evaluator(args, args.data_dir, devices) as ev:

@@ -27,7 +27,7 @@ from shardcore.cli import add_device_args, device_ids, num_devices  # noqa: E402
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data  # noqa: E402
 from neuroshard.config import SearchConfig  # noqa: E402
 from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model  # noqa: E402
-from shardcore.cli import add_memory_args, add_oracle_args, int_list, open_evaluator, positive_int, run_main  # noqa: E402
+from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, original_range, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser, nonnegative_int  # noqa: E402
@@ -53,11 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="communication samples to hold (default %(default)s)")
     c.add_argument("--max-tables", "--max_tables", dest="max_tables", type=positive_int, default=config.MAX_TABLES,
                    help="most tables in a random shard (default %(default)s)")
-    add_memory_args(p, default_max_memory=config.MAX_MEM_GB)
+    add_memory_args(p, default_max_memory=config.MAX_MEM_GB, default_precision="fp32")
     c.add_argument("--max-dim", "--max_dim", dest="max_dim", type=positive_int, default=config.MAX_DIM,
                    help="largest table dim (default %(default)s)")
-    c.add_argument("--T-range", "--T_range", dest="T_range", type=int_list, default=list(config.T_RANGE),
-                   metavar="MIN,MAX", help="tables per communication sample (default %s)" % ",".join(map(str, config.T_RANGE)))
+    c.add_argument("--T-range", "--T_range", dest="T_range", type=original_range, default=list(config.T_RANGE),
+                   metavar="MIN,MAX", help="tables per communication sample: MIN..MAX-1, MAX exclusive as in the original; N gives exactly N (default %s)" % config.T_RANGE_TEXT)
     c.add_argument("--sleep-range", "--sleep_range", dest="sleep_range", type=float_list,
                    default=list(config.SLEEP_RANGE_MS), metavar="MIN,MAX",
                    help="start delays of the forward all-to-all, ms (default %g,%g)" % config.SLEEP_RANGE_MS)

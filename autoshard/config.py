@@ -40,9 +40,11 @@ class AutoShardConfig:
     use_cost_model: bool = True
     cost_lr: float = 1e-3
     cost_batch_size: int = 64
-    cost_steps_per_update: int = 4
+    cost_steps_per_update: int = 4   # the original's --num-cost-updates
+    cost_min_buffer: int = 0         # measured shards needed before the cost model trains (--num-min-buf-size)
     # rewards
     overflow_penalty: float = 1.0   # reward of an over-cap plan: -penalty x overflow / cap
+    reward_clipping: str = "none"   # "abs_one" clips every step's reward to [-1, 1] (the original's flag)
     shaping: float = 2.0         # weight of potential-based shaping from the cost model (0: final reward only)
     seed: int = 0
 

@@ -149,6 +149,8 @@ def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, s
                 reward, done = final + shaped, True
             else:
                 reward, done = shaped, False
+            if cfg.reward_clipping == "abs_one":
+                reward = max(-1.0, min(1.0, reward))
             prev_state = state
             logits, action, state = act(obs, done, state)
             current = (obs, reward, done, action, logits)
@@ -321,7 +323,7 @@ class AutoShardTrainer:
             target = torch.tensor([c for _, c in new])
             mape = float(((pred - target).abs() / target.clamp_min(1e-6)).mean())
             self.buffer.extend(new)
-        if not len(self.buffer):
+        if len(self.buffer) < max(1, self.cfg.cost_min_buffer):
             return mape
         for _ in range(self.cfg.cost_steps_per_update):
             idx = [self.rng.randrange(len(self.buffer)) for _ in range(min(self.cfg.cost_batch_size, len(self.buffer)))]

@@ -107,3 +107,46 @@ def training_config(args: argparse.Namespace, defaults: ModelConfig, prefix: str
     if not (0 < cfg.val_fraction < 1 and 0 < cfg.test_fraction < 1 and cfg.val_fraction + cfg.test_fraction < 1):
         raise ShardError("--val-fraction and --test-fraction must be in (0, 1) and sum to less than 1")
     return cfg
+
+
+def add_original_training_args(p: argparse.ArgumentParser) -> None:
+    """NeuroShard's train_*_cost_model.py flags: ``--batch_size`` (= ``--train-batch-size``),
+    ``--train_ratio``/``--valid_ratio`` (the test share is the rest), ``--num_samples`` (train on the
+    first N samples) and ``--eval_every`` (validation runs after every epoch here: 1 only)."""
+    g = p.add_argument_group("NeuroShard's original flags")
+    g.add_argument("--batch_size", dest="train_batch_size", type=positive_int, default=argparse.SUPPRESS,
+                   metavar="B", help="NeuroShard's spelling of --train-batch-size")
+    g.add_argument("--train_ratio", type=float, default=None, metavar="R",
+                   help="share of samples for training (NeuroShard's default 0.8); the test share is "
+                        "1 - train_ratio - valid_ratio")
+    g.add_argument("--valid_ratio", type=float, default=None, metavar="R",
+                   help="share of samples for validation (NeuroShard's default 0.1); = --val-fraction")
+    g.add_argument("--num_samples", "--num-samples", dest="num_samples", type=positive_int, default=None,
+                   metavar="N", help="use only the first N samples of the data (default: all)")
+    g.add_argument("--eval_every", type=_eval_every, default=1, metavar="1",
+                   help="epochs between validations: every epoch here (the best epoch is kept), so only 1")
+
+
+def _eval_every(text: str) -> int:
+    if text.strip() != "1":
+        raise ShardError(f"--eval_every {text}: the model is validated after every epoch here and the best "
+                         "epoch is kept; only --eval_every 1 is accepted")
+    return 1
+
+
+def apply_original_training_args(args: argparse.Namespace, defaults: ModelConfig) -> None:
+    """Turn ``--train_ratio``/``--valid_ratio`` into ``val_fraction``/``test_fraction``."""
+    if args.train_ratio is None and args.valid_ratio is None:
+        return
+    train = 0.8 if args.train_ratio is None else args.train_ratio
+    valid = 0.1 if args.valid_ratio is None else args.valid_ratio
+    test = 1.0 - train - valid
+    if not (0 < train < 1 and 0 < valid < 1 and test > 1e-9):
+        raise ShardError(f"--train_ratio {train:g} and --valid_ratio {valid:g} must leave a test share above 0 "
+                         "(the held-out test MAPE is reported)")
+    args.val_fraction, args.test_fraction = valid, test
+
+
+def first_samples(n: int | None, *arrays):
+    """The first ``n`` entries of each sequence (all of them when ``n`` is None)."""
+    return arrays if n is None else tuple(a[:n] for a in arrays)

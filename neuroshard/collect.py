@@ -51,6 +51,7 @@ from shardcore.tables import NUM_BINS, TableConfig
 from shardcore.taskgen import halving_dims, split_pools
 
 from . import config
+from .original_data import is_original_dir, read_original_comm_data, read_original_compute_data
 
 LIST_COLUMNS = ("table_ids", "dims", "rows", "pooling_factors")
 SETTING_KEYS = ("hardware", "dataset", "batch_size", "optimizer", "precision")
@@ -165,9 +166,14 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         pd.DataFrame(rows).to_csv(fh, index=False)
 
 
-def _csv_paths(paths: str | os.PathLike | Sequence, name: str) -> list[Path]:
+def _split_paths(paths: str | os.PathLike | Sequence) -> list:
     if isinstance(paths, (str, os.PathLike)):
         paths = [p for p in str(paths).split(",") if p.strip()]
+    return list(paths)
+
+
+def _csv_paths(paths: str | os.PathLike | Sequence, name: str) -> list[Path]:
+    paths = _split_paths(paths)
     out = []
     for p in paths:
         p = Path(p)
@@ -202,8 +208,15 @@ def common_setting(metas: Sequence[dict]) -> dict:
 
 def load_compute_data(paths) -> tuple[list[list[TableConfig]], np.ndarray, dict]:
     """Shards, costs ``[N, 2]`` (fw, bw ms) and the common setting from compute data directories/CSVs."""
-    files = _csv_paths(paths, config.COMPUTE_CSV)
+    paths = _split_paths(paths)
+    originals = [p for p in paths if is_original_dir(p, config.COMPUTE_CSV)]   # NeuroShard's data.txt
+    files = _csv_paths([p for p in paths if p not in originals], config.COMPUTE_CSV) if len(originals) < len(paths) else []
     shards, costs, metas = [], [], []
+    for p in originals:
+        s, c, setting = read_original_compute_data(p)
+        shards += s
+        costs += [tuple(x) for x in c]
+        metas.append({"setting": setting})
     for f in files:
         df = _read_csv(f)
         missing = [c for c in ("table_ids", "dims", "rows", "pooling_factors", "fw_ms", "bw_ms") if c not in df]
@@ -218,8 +231,15 @@ def load_compute_data(paths) -> tuple[list[list[TableConfig]], np.ndarray, dict]
 
 def load_comm_data(paths) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray], dict]:
     """Per sample: dim sums, delays, fw ms and bw ms per device (device counts may differ), and the setting."""
-    files = _csv_paths(paths, config.COMM_CSV)
+    paths = _split_paths(paths)
+    originals = [p for p in paths if is_original_dir(p, config.COMM_CSV)]   # NeuroShard's data.txt
+    files = _csv_paths([p for p in paths if p not in originals], config.COMM_CSV) if len(originals) < len(paths) else []
     dims, delays, fw, bw, metas = [], [], [], [], []
+    for p in originals:
+        o = read_original_comm_data(p)
+        for arr, part in zip((dims, delays, fw, bw), o[:4]):
+            arr += part
+        metas.append({"setting": o[4]})
     for f in files:
         df = _read_csv(f)
         if "ndevices" not in df:

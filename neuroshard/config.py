@@ -26,12 +26,13 @@ META_JSON = "meta.json"
 
 # -- collection ---------------------------------------------------------------------------------
 MAX_TABLES = 15            # tables per random shard: 1..MAX_TABLES
-MAX_MEM_GB = 4.0           # total weight memory of a random shard (fp16 by default)
+MAX_MEM_GB = 4.0           # total weight memory of a random shard (fp32 by default, as the original)
 MAX_DIM = 128              # dims are drawn from MAX_DIM, MAX_DIM/2, ..., 4
 MIN_DIM = 4
 COMPUTE_SAMPLES = 2000     # --data_size of collect_compute_cost_data.py
 COMM_SAMPLES = 500         # --data_size of collect_comm_cost_data.py
-T_RANGE = (10, 60)         # tables per random communication sample
+T_RANGE = (10, 59)         # tables per random communication sample (inclusive): the original's --T_range 10,60
+T_RANGE_TEXT = "10,60"     # ... as typed: MAX exclusive, as in the original scripts
 SLEEP_RANGE_MS = (0.0, 300.0)
 COLLECT_CHUNK = 16         # samples measured between two (atomic) rewrites of the CSV
 TRAIN_FRACTION = 0.5       # tables pool: the same train/test split of the dataset as tools/gen_tasks.py

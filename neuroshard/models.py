@@ -449,7 +449,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     if not os.path.isfile(path):
         raise ShardError(f"NeuroShard model not found: {path} (train one with train_neuroshard.py, or "
                          "train_compute_cost_model.py / train_comm_cost_model.py)")
-    obj = io.load_checkpoint(path)
+    obj = io.load_checkpoint(path, METHOD, label="a NeuroShard")
     _check_state(obj, None, str(path))
     return obj
 

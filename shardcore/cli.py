@@ -149,13 +149,51 @@ def num_devices(args: argparse.Namespace) -> int:
     return args.ndevices if args.ndevices is not None else len(ids)
 
 
-def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float = 5.0) -> None:
-    parser.add_argument("--max-memory", "--max_mem", dest="max_memory", type=positive_float,
+
+PRECISION_ORIGIN = {"fp16": "as AutoShard's and DreamShard's original code",
+                    "fp32": "as NeuroShard's original code"}
+
+
+class _PrecisionAction(argparse.Action):
+    """``--weights-precision``: remembers that it was given, so ``--max_mem`` leaves it alone."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace._precision_given = True
+
+
+class _NeuroShardMaxMemAction(argparse.Action):
+    """NeuroShard's ``--max_mem`` in a script whose own default precision is fp16: the cap is counted
+    in fp32 (NeuroShard's meaning) unless ``--weights-precision`` is given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        if not getattr(namespace, "_precision_given", False):
+            namespace.weights_precision = "fp32"
+
+
+def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float = 5.0,
+                    default_precision: str = "fp16") -> None:
+    """``--max-memory GB`` (per device) and ``--weights-precision``. ``default_precision`` is the
+    precision of the repository a script mirrors: fp16 for AutoShard and DreamShard, fp32 for
+    NeuroShard. Where it is fp16, NeuroShard's spelling ``--max_mem`` keeps NeuroShard's meaning:
+    the same per-device cap, counted in fp32 unless ``--weights-precision`` says otherwise."""
+    parser.add_argument("--max-memory", dest="max_memory", type=positive_float,
                         default=default_max_memory, metavar="GB",
                         help=f"memory cap per device for embedding weights, in GB (default {default_max_memory})")
-    parser.add_argument("--weights-precision", choices=sorted(PRECISION_BYTES), default="fp16",
+    if default_precision == "fp32":
+        parser.add_argument("--max_mem", dest="max_memory", type=positive_float, metavar="GB",
+                            help="NeuroShard's spelling of --max-memory")
+    else:
+        parser.add_argument("--max_mem", dest="max_memory", type=positive_float, metavar="GB",
+                            action=_NeuroShardMaxMemAction,
+                            help="NeuroShard's spelling of --max-memory, with NeuroShard's meaning: the cap "
+                                 "counts weights in fp32 (4 bytes) unless --weights-precision is given")
+    parser.add_argument("--weights-precision", choices=sorted(PRECISION_BYTES), default=default_precision,
+                        action=_PrecisionAction,
                         help="weight precision: fp16 counts 2 bytes per weight toward the cap, fp32 "
-                             "counts 4 (default fp16, as the original code)")
+                             f"counts 4 (default {default_precision}, {PRECISION_ORIGIN[default_precision]})")
+    parser.set_defaults(_precision_given=False)
 
 
 def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-size") -> None:
@@ -228,3 +266,42 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
     return PlanEvaluator(data_dir, ndevices, device_ids=ids, optimizer=args.optimizer, comm_model=comm,
                          precision=args.weights_precision, batch_size=oracle_batch_size(args), cache=cache,
                          no_cache=args.no_cache, timeout_s=args.timeout, **kwargs)
+
+
+def original_range(text: str) -> list[int]:
+    """argparse type for the originals' ``--T-range``/``--T_range``: ``N`` (exactly N) or ``MIN,MAX``
+    with MAX *exclusive*, as in the original scripts (numpy's ``randint``): ``80,81`` is always 80,
+    ``10,60`` is 10..59. Returns the inclusive ``[MIN, MAX - 1]``."""
+    values = int_list(text)
+    if len(values) == 1:
+        lo = hi = values[0]
+    elif len(values) == 2:
+        lo, hi = values[0], values[1] - 1
+        if hi < lo:
+            raise argparse.ArgumentTypeError(
+                f"MIN,MAX with MAX exclusive (as the original scripts), so MAX must exceed MIN; got {text!r} "
+                f"(for exactly {values[0]} tables give {values[0]} or {values[0]},{values[0] + 1})")
+    else:
+        raise argparse.ArgumentTypeError(f"expected N or MIN,MAX, got {text!r}")
+    if lo < 1:
+        raise argparse.ArgumentTypeError(f"table counts must be at least 1, got {text!r}")
+    return [lo, hi]
+
+
+class OriginalFlagError(argparse.Action):
+    """An original repository's flag that this project does not implement: using it stops with one
+    line that names the way forward (``help`` is that line's pointer)."""
+
+    def __init__(self, option_strings, dest, pointer: str, nargs=None, **kwargs):
+        self.pointer = pointer
+        kwargs.setdefault("help", f"original flag, not supported: {pointer}")
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=nargs, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise ShardError(f"{option_string} (from the original code) is not supported here: {self.pointer}")
+
+
+def add_refused_flag(parser, *names: str, pointer: str, takes_value: bool = True) -> None:
+    """Declare an original flag that is refused with one line naming our equivalent (``pointer``)."""
+    parser.add_argument(*names, action=OriginalFlagError, pointer=pointer, nargs=None if takes_value else 0,
+                        metavar="X" if takes_value else None)

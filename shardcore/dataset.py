@@ -29,6 +29,7 @@ import torch
 
 from . import io
 from .errors import ShardError
+from .originals import lookups_from_original, tables_from_original_list
 from .tables import TableConfig
 
 DEFAULT_DATA_DIR = "data/dlrm_datasets"
@@ -46,6 +47,8 @@ def load_table_configs(path: str | os.PathLike) -> list[TableConfig]:
         obj = json.loads(io.read_text(path, "table_configs.json (JSON)"))
     except json.JSONDecodeError as exc:
         raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if isinstance(obj, list):   # NeuroShard's layout: a bare list of tables (shardcore.originals)
+        return tables_from_original_list(obj, path)
     if not isinstance(obj, dict) or not isinstance(obj.get("tables"), list):
         raise ShardError(f'{path}: expected an object with a "tables" list')
     tables = [TableConfig.from_json(t, where=f"{path}: tables[{k}]") for k, t in enumerate(obj["tables"])]
@@ -108,8 +111,8 @@ def load_dataset(data_dir: str | os.PathLike = DEFAULT_DATA_DIR, with_lookups: b
     if not data_path.is_file():
         raise ShardError(f"lookup data not found: {data_path} (run tools/gen_dlrm_data.py first)")
     obj = io.safe_torch_load(data_path, "lookup data", mmap=True)
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise ShardError(f"{data_path}: not a {FORMAT} file (regenerate it with tools/gen_dlrm_data.py)")
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:   # the originals' layouts, else one line
+        obj = lookups_from_original(obj, data_path, FORMAT)
     indices, offsets, batch = obj.get("indices"), obj.get("offsets"), obj.get("batch_size")
     if not (isinstance(indices, (list, tuple)) and isinstance(offsets, (list, tuple)) and isinstance(batch, int)
             and batch > 0 and all(isinstance(t, torch.Tensor) for t in list(indices) + list(offsets))):

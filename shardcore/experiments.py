@@ -369,9 +369,12 @@ def train_command(cfg: ExperimentConfig, method: str, train_set: TaskSetDef, tra
     data_dir = os.path.abspath(cfg.data_dir)
     extra = train_flags(cfg, method)
     if method == "dreamshard":
+        # train_dreamshard.py's --batch-size is the cost network's (DreamShard's meaning); the benchmark's
+        # batch is --bench-batch-size
+        oracle = ["--bench-batch-size" if f == "--batch-size" else f for f in _oracle_flags(cfg)]
         cmd = [py, script, "--task-path", str(train_path), "--data-dir", data_dir, "--gpu-devices", devices,
                "--max-memory", f"{cfg.max_memory:g}", "--weights-precision", cfg.precision,
-               "--out-dir", str(folder), "--seed", str(cfg.seed)] + _oracle_flags(cfg)
+               "--out-dir", str(folder), "--seed", str(cfg.seed)] + oracle
         if _numbered_checkpoints(folder):
             cmd.append("--resume")   # continue an interrupted run instead of starting over
     elif method == "neuroshard":

@@ -183,11 +183,27 @@ def safe_torch_load(path: str | os.PathLike, what: str = "file", name: str | Non
                          f"({type(exc).__name__}: {first_line(exc, 200)})") from None
 
 
+TRAIN_COMMANDS = {"autoshard": "python train_autoshard.py (or run_autoshard.py)",
+                  "dreamshard": "python train_dreamshard.py",
+                  "neuroshard": "python train_neuroshard.py (or train_compute_cost_model.py and "
+                                "train_comm_cost_model.py)"}
+
+
+def train_hint(method: str | None) -> str:
+    """``train one with python train_<method>.py``: the way forward from a checkpoint that cannot be used."""
+    if method in TRAIN_COMMANDS:
+        return f"train one with {TRAIN_COMMANDS[method]}"
+    return "train one with python train_autoshard.py, train_dreamshard.py or train_neuroshard.py"
+
+
 def load_checkpoint(path: str | os.PathLike, method: str | None = None, version: int | None = None,
                     label: str | None = None) -> dict:
     """A checkpoint dict read with ``weights_only=True`` (never unpickles code). A missing or unreadable
     file, another method's checkpoint (``method``) or another format version (``version``) raise
-    :class:`~shardcore.errors.ShardError` with one line; ``label`` names the kind ("an AutoShard")."""
+    :class:`~shardcore.errors.ShardError` with one line; ``label`` names the kind ("an AutoShard").
+    A checkpoint of the original repositories' code (a bare ``state_dict``, AutoShard's ``model.tar``,
+    or a pickle that needs code to load) is named as such, with the command that trains one here:
+    their networks differ from these, so their weights cannot be loaded."""
     from .errors import ShardError
 
     if not os.path.isfile(path):
@@ -195,6 +211,20 @@ def load_checkpoint(path: str | os.PathLike, method: str | None = None, version:
     obj = safe_torch_load(path, "checkpoint")
     if not isinstance(obj, dict) or (method is not None and obj.get("method") != method):
         raise ShardError(f"{path}: not {label or 'a shardcore'} checkpoint")
+
+
+    original = ("if it comes from the original AutoShard/DreamShard/NeuroShard code, it cannot be loaded here "
+                f"(their networks differ): {train_hint(method)}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {first}); {original}") from None
+    if not isinstance(obj, dict) or "method" not in obj:
+        raise ShardError(f"{path}: not {label or 'a shardkit'} checkpoint (no 'method' entry); {original}")
+    if method is not None and obj.get("method") != method:
+        raise ShardError(f"{path}: not {label or 'a shardkit'} checkpoint (it is a {obj.get('method')} one); "
+                         f"{train_hint(method)}")
     if version is not None and obj.get("version") != version:
         raise ShardError(f"{path}: checkpoint version {obj.get('version')} is not {version}")
     return obj

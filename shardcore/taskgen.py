@@ -33,6 +33,15 @@ class TaskSpec:
     max_mem_gb: float | None = None
     ndevices: int = 4
     precision: str = "fp16"
+    total_mem_gb: float | None = None    # NeuroShard's --max_mem: the whole task's weights fit this
+
+
+def _fits(tables: Sequence[TableConfig], ids: Sequence[int], dims: Sequence[int], spec: TaskSpec) -> bool:
+    bpe = bytes_per_element(spec.precision)
+    mems = [tables[i].row * d * bpe / GB for i, d in zip(ids, dims)]
+    if spec.max_mem_gb is not None and (max(mems) > spec.max_mem_gb or sum(mems) > spec.max_mem_gb * spec.ndevices):
+        return False
+    return spec.total_mem_gb is None or sum(mems) <= spec.total_mem_gb
 
 
 def halving_dims(max_dim: int, min_dim: int = 4) -> tuple[int, ...]:
@@ -60,25 +69,55 @@ def _draw_tasks(pool: Sequence[int], tables: Sequence[TableConfig], n: int, spec
     if spec.t_max > len(pool):
         raise ShardError(f"{which} pool has {len(pool)} tables, fewer than T={spec.t_max}: "
                          "lower --T / --T-range or use a larger dataset")
-    bpe = bytes_per_element(spec.precision)
     tasks = []
     tries = 0
     while len(tasks) < n:
         tries += 1
         if tries > MAX_TRIES_PER_TASK * n:
-            raise ShardError(f"could not draw {n} {which} tasks under --max-mem {spec.max_mem_gb} GB x "
-                             f"{spec.ndevices} devices: raise --max-mem or lower --T / --max-dim")
+            raise ShardError(f"could not draw {n} {which} tasks under the memory cap ({_cap_text(spec)}): "
+                             "raise it or lower --T / --max-dim")
         t = int(rng.integers(spec.t_min, spec.t_max + 1))
         ids = sorted(int(i) for i in rng.choice(pool, size=t, replace=False))
         if spec.dims is None:
             tasks.append(Task(tuple(ids)))
             continue
         dims = tuple(int(d) for d in rng.choice(spec.dims, size=t))
-        if spec.max_mem_gb is not None:
-            mems = [tables[i].row * d * bpe / GB for i, d in zip(ids, dims)]
-            if max(mems) > spec.max_mem_gb or sum(mems) > spec.max_mem_gb * spec.ndevices:
-                continue
+        if not _fits(tables, ids, dims, spec):
+            continue
         tasks.append(Task(tuple(ids), dims))
+    return tasks
+
+
+def _cap_text(spec: TaskSpec) -> str:
+    caps = []
+    if spec.max_mem_gb is not None:
+        caps.append(f"--max-mem {spec.max_mem_gb:g} GB x {spec.ndevices} devices")
+    if spec.total_mem_gb is not None:
+        caps.append(f"--max_mem {spec.total_mem_gb:g} GB per task")
+    return ", ".join(caps) + f", {spec.precision}"
+
+
+def generate_single_pool_tasks(tables: Sequence[TableConfig], num_tasks: int, spec: TaskSpec) -> list[Task]:
+    """NeuroShard's task file (its ``tools/gen_tasks.py --data_size N``): ``num_tasks`` tasks over
+    *all* tables, table ids drawn with replacement (a table may appear twice in a task: two tables),
+    a dim per table from ``spec.dims``; a task is kept when it fits the caps of ``spec``."""
+    if not 1 <= spec.t_min <= spec.t_max:
+        raise ShardError(f"table counts must satisfy 1 <= min <= max, got {spec.t_min},{spec.t_max}")
+    if not spec.dims:
+        raise ShardError("NeuroShard-style tasks need dims (--max_dim or --dims)")
+    rng = np.random.default_rng(spec.seed)
+    tasks: list[Task] = []
+    tries = 0
+    while len(tasks) < num_tasks:
+        tries += 1
+        if tries > MAX_TRIES_PER_TASK * num_tasks:
+            raise ShardError(f"could not draw {num_tasks} tasks under the memory cap ({_cap_text(spec)}): "
+                             "raise it or lower --T_range / --max_dim")
+        t = int(rng.integers(spec.t_min, spec.t_max + 1))
+        ids = [int(i) for i in rng.integers(0, len(tables), size=t)]
+        dims = [int(d) for d in rng.choice(spec.dims, size=t)]
+        if _fits(tables, ids, dims, spec):
+            tasks.append(Task(tuple(ids), tuple(dims)))
     return tasks
 
 
@@ -92,4 +131,43 @@ def generate_tasks(tables: Sequence[TableConfig], spec: TaskSpec) -> tuple[list[
     train_pool, test_pool = split_pools(len(tables), spec.train_fraction, rng)
     train = _draw_tasks(train_pool, tables, spec.num_train, spec, rng, "train")
     test = _draw_tasks(test_pool, tables, spec.num_test, spec, rng, "test")
+    return train, test
+
+
+def generate_autoshard_tasks(num_tables: int, t_min: int, t_max: int, num_train: int = 1, num_test: int = 1,
+                             transfer: bool = False, transfer_ratio: float = 1.0, test_as_train: bool = False,
+                             seed: int = 0) -> tuple[list[Task], list[Task]]:
+    """Tasks as AutoShard's ``gen_dlrm_data.py`` wrote them next to the dataset. Without ``transfer``
+    train and test tasks draw from *all* tables (test tables are seen in training). With ``transfer``
+    training draws from the first half of the tables and testing from a mix: the first
+    ``(1 - transfer_ratio)`` share of the first half plus the first ``transfer_ratio`` share of the
+    second half (1.0: only unseen tables). ``test_as_train`` makes the test task the (single) training task.
+    Ids within a task are distinct; ``t_min..t_max`` is inclusive."""
+    if not 1 <= t_min <= t_max:
+        raise ShardError(f"table counts must satisfy 1 <= min <= max, got {t_min},{t_max}")
+    if not 0.0 <= transfer_ratio <= 1.0:
+        raise ShardError(f"--transfer-ratio must be in [0, 1], got {transfer_ratio}")
+    if num_train < 0 or num_test < 0:
+        raise ShardError("--num-train and --num-test must be >= 0")
+    if test_as_train and (num_train != 1 or num_test != 1):
+        raise ShardError("--test-as-train takes one training and one test task (--num-train 1 --num-test 1)")
+    half = num_tables // 2
+    everything = list(range(num_tables))
+    train_pool = list(range(half)) if transfer else everything
+    test_pool = (list(range(int(half * (1.0 - transfer_ratio))))
+                 + list(range(half, half + int((num_tables - half) * transfer_ratio)))) if transfer else everything
+    rng = np.random.default_rng(seed)
+
+    def draw(pool: Sequence[int], n: int, which: str) -> list[Task]:
+        out = []
+        for _ in range(n):
+            t = int(rng.integers(t_min, t_max + 1))
+            if t > len(pool):
+                raise ShardError(f"the {which} tables number {len(pool)}, fewer than the {t} a task needs: "
+                                 "lower --T-range" + (" or change --transfer-ratio" if transfer else ""))
+            out.append(Task(tuple(int(i) for i in rng.choice(pool, size=t, replace=False))))
+        return out
+
+    train = draw(train_pool, num_train, "training")
+    test = list(train) if test_as_train else draw(test_pool, num_test, "test")
     return train, test

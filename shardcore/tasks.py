@@ -76,6 +76,24 @@ def parse_task_line(line: str, where: str = "task") -> Task:
     return Task(ids, dims)
 
 
+def parse_task_line_repeats(line: str, where: str = "task") -> Task:
+    """Like :func:`parse_task_line`, and also NeuroShard's task lines whose ids repeat a table
+    (its ``tools/gen_tasks.py`` draws ids with replacement): in an ``ids dims`` line a table id
+    that appears twice is two tables, each with its own dim. DreamShard-style lines (ids only)
+    must still name each table once."""
+    parts = line.split()
+    if len(parts) != 2:
+        return parse_task_line(line, where)
+    ids = _int_list(parts[0], "table ids", where)
+    if len(set(ids)) == len(ids):
+        return parse_task_line(line, where)
+    # repeated ids: validate the other fields the same way, then keep every occurrence
+    parse_task_line(",".join(str(k) for k in range(len(ids))) + " " + parts[1], where)
+    if any(i < 0 for i in ids):
+        raise ShardError(f"{where}: negative table id in {parts[0]!r}")
+    return Task(ids, _int_list(parts[1], "dims", where))
+
+
 def load_tasks(path: str | os.PathLike, num_tables: int | None = None) -> list[Task]:
     """Read a task file; with ``num_tables`` every table id is checked against the dataset."""
     path = Path(path)
@@ -86,7 +104,7 @@ def load_tasks(path: str | os.PathLike, num_tables: int | None = None) -> list[T
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"{path}:{lineno}"
-        task = parse_task_line(line, where)
+        task = parse_task_line_repeats(line, where)
         if num_tables is not None:
             bad = [i for i in task.table_ids if i >= num_tables]
             if bad:

@@ -263,8 +263,15 @@ def load_sharder(path=None, batch_size: int | None = None, memory_model: str = "
 # --------------------------------------------------------------------------------------------
 
 def default_names(tables: Sequence[TableConfig]) -> list[str]:
-    """``table_<dataset index>``: unique within a task (a task never repeats a table id)."""
-    return [f"table_{t.index}" for t in tables]
+    """``table_<dataset index>``; a table that a task uses more than once (NeuroShard's task files
+    draw ids with replacement) is named ``table_<index>_<k>`` at its k-th repeat, so names stay unique."""
+    seen: dict[int, int] = {}
+    names = []
+    for t in tables:
+        k = seen.get(t.index, 0)
+        seen[t.index] = k + 1
+        names.append(f"table_{t.index}" if k == 0 else f"table_{t.index}_{k}")
+    return names
 
 
 def _check_names(tables: Sequence[TableConfig], names: Sequence[str] | None) -> list[str]:

@@ -88,7 +88,7 @@ def test_script_flags_accept_original_and_dashed_spellings():
     assert vars(a) == vars(b) and a.gpu_devices == [0, 1] and a.max_memory == 2.0
     c = collect_comm_cost_data.build_parser().parse_args(["--T_range", "5,9", "--sleep_range", "1,20"])
     d = collect_comm_cost_data.build_parser().parse_args(["--T-range", "5,9", "--sleep-range", "1,20"])
-    assert vars(c) == vars(d) and c.T_range == [5, 9] and c.sleep_range == [1.0, 20.0]
+    assert vars(c) == vars(d) and c.T_range == [5, 8] and c.sleep_range == [1.0, 20.0]   # MAX exclusive, as the original
     e = train_comm_cost_model.build_parser().parse_args(["--fw_out_path", "a", "--bw-out-path", "b", "--epochs", "3"])
     assert (e.fw_out_path, e.bw_out_path, e.epochs) == ("a", "b", 3)
     f = train_neuroshard.build_parser().parse_args(["--comm-epochs", "4", "--epochs", "5", "--max_mem", "1"])

@@ -237,14 +237,16 @@ def _spread(pools: np.ndarray, rows: np.ndarray, empty: np.ndarray) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = OneLineParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--num-tables", type=positive_int, default=dlrm.PUBLISHED_NUM_TABLES)
-    p.add_argument("--batch-size", type=positive_int, default=dlrm.PUBLISHED_BATCH_SIZE)
+    p.add_argument("--num-tables", type=positive_int, default=dlrm.PUBLISHED_NUM_TABLES,
+                   help="tables of the generated data (the published file's count)")
+    p.add_argument("--batch-size", type=positive_int, default=dlrm.PUBLISHED_BATCH_SIZE,
+                   help="samples per table of the generated data (the published file's batch)")
     p.add_argument("--seed", type=int, default=0, help="seed of the measured data")
     p.add_argument("--expected", action="store_true", help="closed-form expected histograms only (for --seeds)")
     p.add_argument("--fit", action="store_true", help="re-fit the exponent / head parameters (for --seeds)")
     p.add_argument("--seeds", type=int_list, default=[0], help="populations for --expected / --fit")
     p.add_argument("--iters", type=positive_int, default=800, help="--fit: Adam iterations")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     if args.fit:
         params = fit(args.seeds, args.iters, args.num_tables, args.batch_size)

@@ -9,6 +9,12 @@ or from synthetic data of the same raw format and statistics when the real file 
 On a GPU, measure at the full batch of 65536: at the default 4096 a shard's cost is launch-bound
 (0.5-1.5 ms whatever its tables on an H200) and plans cannot be told apart. The full batch takes
 about 92 s and 11.7 GB of memory to generate and writes a 3.8 GB data.pt.
+
+Without --data or --synthetic it reads the original scripts' default raw path,
+dlrm_datasets/embedding_bag/fbgemm_t856_bs65536.pt (or ../dlrm_datasets/..., AutoShard's), and
+stops with the way forward when that file is absent. AutoShard's gen_dlrm_data.py flags work too:
+--dim-range (= --dims) and its task flags (--T-range, --num-train, --num-test, --test-as-train,
+--transfer, --transfer-ratio), which also write train.txt and test.txt into --out-dir as AutoShard did.
 """
 
 from __future__ import annotations
@@ -22,12 +28,18 @@ from typing import Sequence
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shardcore import dlrm  # noqa: E402
-from shardcore.cli import int_list, positive_int, run_main  # noqa: E402
+from shardcore.cli import int_list, original_range, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 from shardcore.io import check_output_dir, check_output_file  # noqa: E402
 from shardcore.tables import dim_problem  # noqa: E402
+from shardcore.tasks import save_tasks  # noqa: E402
+from shardcore.taskgen import generate_autoshard_tasks  # noqa: E402
+
+# the raw file the original scripts read when --data is not given (DreamShard/NeuroShard, AutoShard)
+ORIGINAL_DEFAULT_DATA = ("dlrm_datasets/embedding_bag/fbgemm_t856_bs65536.pt",
+                         "../dlrm_datasets/embedding_bag/fbgemm_t856_bs65536.pt")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,17 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--data", metavar="PATH", default=None,
                      help="raw dataset file (.pt or .pt.gz), e.g. fbgemm_t856_bs65536.pt.gz; a .gz is "
                           "decompressed to a temporary file in --out-dir (about 8 GB for the main file), "
-                          "deleted afterwards")
+                          "deleted afterwards (default, as the original scripts: "
+                          f"{ORIGINAL_DEFAULT_DATA[0]} or {ORIGINAL_DEFAULT_DATA[1]}, .gz accepted)")
     src.add_argument("--synthetic", action="store_true",
                      help="generate synthetic raw data (the same format, calibrated to the main file's "
-                          "published statistics); also what runs when --data is not given")
+                          "published statistics); implied by --num-tables and --raw-out")
     p.add_argument("--out-dir", default=DEFAULT_DATA_DIR, metavar="DIR",
                    help=f"where to write table_configs.json and data.pt (default {DEFAULT_DATA_DIR})")
     p.add_argument("--dim", type=positive_int, default=dlrm.DEFAULT_DIM,
                    help=f"embedding dimension given to every table (default {dlrm.DEFAULT_DIM})")
-    p.add_argument("--dims", type=int_list, default=None, metavar="D1,D2,...",
+    p.add_argument("--dims", "--dim-range", dest="dims", type=int_list, default=None, metavar="D1,D2,...",
                    help="draw each table's dim from this list instead of --dim (uniformly, reproducibly "
-                        "with --seed), e.g. 4,8,16,32,64,128")
+                        "with --seed), e.g. 4,8,16,32,64,128; --dim-range is AutoShard's spelling")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed of the synthetic data and of the --dims draw (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
@@ -64,6 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synthetic only: also keep the generated raw tuple (indices, offsets, lengths) "
                         "here, in the dlrm_datasets format (a .gz suffix gzips it)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    a = p.add_argument_group("AutoShard's tasks (its gen_dlrm_data.py wrote train.txt and test.txt beside the "
+                             "dataset; any of these flags does so here too; tools/gen_tasks.py is the usual way)")
+    a.add_argument("--T-range", dest="T_range", type=original_range, default=None, metavar="MIN,MAX",
+                   help="tables per task, MIN..MAX-1 (MAX exclusive, as AutoShard; default 80,81: 80 tables)")
+    a.add_argument("--num-train", type=int, default=None, metavar="N", help="training tasks (default 1)")
+    a.add_argument("--num-test", type=int, default=None, metavar="N", help="test tasks (default 1)")
+    a.add_argument("--test-as-train", action="store_true",
+                   help="the test task is the training task (needs --num-train 1 --num-test 1)")
+    a.add_argument("--transfer", action="store_true",
+                   help="train on the first half of the tables, test on --transfer-ratio of the second half "
+                        "(the rest from the first half); without it both draw from all tables")
+    a.add_argument("--transfer-ratio", type=float, default=None, metavar="R",
+                   help="with --transfer: share of test tables from the unseen half (default 1.0)")
     p.epilog = ("The summary at the end gives the aggregate reuse histograms: the fraction of all lookups, "
                 "and of all distinct (table, row) pairs, whose row is looked up (0,1], (1,2], (2,4], ... "
                 "times in the batch.")
@@ -84,6 +110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.raw_out is not None:
         check_output_file(args.raw_out, "--raw-out")
     t0 = time.time()
+    autoshard_tasks = (args.T_range is not None or args.num_train is not None or args.num_test is not None
+                       or args.test_as_train or args.transfer or args.transfer_ratio is not None)
+    if args.test_as_train and (args.num_train or 1, args.num_test or 1) != (1, 1):
+        raise ShardError("--test-as-train takes one training and one test task (--num-train 1 --num-test 1)")
+    if args.transfer_ratio is not None and not 0.0 <= args.transfer_ratio <= 1.0:
+        raise ShardError(f"--transfer-ratio must be in [0, 1], got {args.transfer_ratio}")
+    synthetic = args.synthetic or args.num_tables is not None or args.raw_out is not None
+    if args.data is None and not synthetic:
+        found = [c for base in ORIGINAL_DEFAULT_DATA for c in (base, base + ".gz") if os.path.isfile(c)]
+        if not found:
+            raise ShardError(f"no --data given and the original scripts' default {ORIGINAL_DEFAULT_DATA[0]} "
+                             "(or ../dlrm_datasets/..., .gz) is absent: pass --data PATH to Meta's "
+                             "fbgemm_t856_bs65536.pt(.gz), or --synthetic for synthetic data of the same format")
+        args.data = found[0]
+        print(f"no --data given: reading the original default {args.data}", flush=True)
     if args.data is not None:
         if args.num_tables is not None or args.raw_out is not None:
             raise ShardError("--num-tables and --raw-out apply to synthetic data only, not with --data")
@@ -91,9 +132,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raw = dlrm.load_raw(args.data, tmp_dir=args.out_dir)
         batch = args.batch_size
     else:
-        if not args.synthetic:
-            print("no --data given: generating synthetic data (pass --synthetic to silence this notice)",
-                  flush=True)
         num_tables = args.num_tables or dlrm.DEFAULT_SYNTHETIC_TABLES
         batch = args.batch_size or dlrm.DEFAULT_SYNTHETIC_BATCH
         print(f"generating synthetic data: {num_tables} tables, batch {batch}, seed {args.seed}", flush=True)
@@ -116,6 +154,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"reuse by distinct rows: {_fmt_hist(by_rows)}")
     print(f"wrote {os.path.join(args.out_dir, 'table_configs.json')} and "
           f"{os.path.join(args.out_dir, 'data.pt')} in {time.time() - t0:.1f} s")
+    if autoshard_tasks:
+        t_min, t_max = args.T_range or (80, 80)
+        train, test = generate_autoshard_tasks(
+            data.num_tables, t_min, t_max, num_train=1 if args.num_train is None else args.num_train,
+            num_test=1 if args.num_test is None else args.num_test, transfer=args.transfer,
+            transfer_ratio=1.0 if args.transfer_ratio is None else args.transfer_ratio,
+            test_as_train=args.test_as_train, seed=args.seed)
+        save_tasks(os.path.join(args.out_dir, "train.txt"), train)
+        save_tasks(os.path.join(args.out_dir, "test.txt"), test)
+        print(f"wrote {len(train)} train and {len(test)} test tasks (AutoShard style, {t_min}..{t_max} tables) "
+              f"to {os.path.join(args.out_dir, 'train.txt')} and test.txt")
     return 0
 
 

@@ -2,7 +2,14 @@
 """Generate sharding tasks (train.txt and test.txt) over disjoint train/test table pools.
 
 DreamShard style:  python tools/gen_tasks.py --T 50 --out-dir data/dlrm_tasks_50
-NeuroShard style:  python tools/gen_tasks.py --T-range 10,60 --max-dim 128 --max-mem 1 --out-dir data/ns_tasks
+NeuroShard style:  python tools/gen_tasks.py --T-range 10,61 --max-dim 128 --max-mem 1 --out-dir data/ns_tasks
+NeuroShard's file: python tools/gen_tasks.py --data_size 100 --T_range 10,60 --max_mem 15 --max_dim 128 \
+                       --out_dir data/tasks/4_gpu      # one data.txt, as NeuroShard's tools/gen_tasks.py
+
+--T-range MIN,MAX has the original scripts' meaning: MAX is exclusive (80,81 gives 80 tables), and a
+single number N gives exactly N. --max_mem (NeuroShard's spelling) keeps NeuroShard's meaning: the
+whole task's weights, counted in fp32 unless --weights-precision is given; --max-mem is this
+project's per-device cap (with --ndevices).
 """
 
 import argparse
@@ -11,11 +18,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardcore.cli import int_list, positive_float, positive_int, run_main  # noqa: E402
+from shardcore.cli import int_list, original_range, positive_float, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.tasks import save_tasks  # noqa: E402
-from shardcore.taskgen import TaskSpec, generate_tasks, halving_dims  # noqa: E402
+from shardcore.taskgen import TaskSpec, generate_single_pool_tasks, generate_tasks, halving_dims  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser, nonnegative_int  # noqa: E402
 from shardcore.io import check_output_dir  # noqa: E402
 from shardcore.tables import dim_problem  # noqa: E402
@@ -29,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where train.txt and test.txt go (default data/dlrm_tasks_<T>)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--T", type=positive_int, default=None, help="tables per task (default 50)")
-    size.add_argument("--T-range", "--T_range", type=int_list, default=None, metavar="MIN,MAX",
-                      help="draw the number of tables per task uniformly from MIN..MAX")
+    size.add_argument("--T-range", "--T_range", type=original_range, default=None, metavar="MIN,MAX",
+                      help="number of tables per task drawn uniformly from MIN..MAX-1 (MAX exclusive, as the "
+                           "original DreamShard/NeuroShard scripts: 80,81 gives 80); a single N gives N")
     p.add_argument("--num-train", type=nonnegative_int, default=50, help="number of training tasks (default 50)")
     p.add_argument("--num-test", type=nonnegative_int, default=50, help="number of test tasks (default 50)")
     p.add_argument("--train-fraction", type=float, default=0.5,
@@ -42,20 +50,31 @@ def build_parser() -> argparse.ArgumentParser:
     dims.add_argument("--dims", type=int_list, default=None, help="dims to draw from per table, e.g. 128,64,32,16,8,4")
     dims.add_argument("--max-dim", "--max_dim", type=positive_int, default=None,
                       help="shorthand for --dims MAX,MAX/2,..,4")
-    ns.add_argument("--max-mem", "--max_mem", type=positive_float, default=None, metavar="GB",
-                    help="per-device memory cap: keep only tasks whose tables each fit one device and "
-                         "whose total fits --ndevices x GB")
+    mem = ns.add_mutually_exclusive_group()
+    mem.add_argument("--max-mem", type=positive_float, default=None, metavar="GB",
+                     help="per-device memory cap: keep only tasks whose tables each fit one device and "
+                          "whose total fits --ndevices x GB")
+    mem.add_argument("--max_mem", dest="total_mem", type=positive_float, default=None, metavar="GB",
+                     help="NeuroShard's flag, NeuroShard's meaning: keep only tasks whose tables together fit "
+                          "GB, counted in fp32 unless --weights-precision is given (its default was 15 for "
+                          "4 devices)")
     ns.add_argument("--ndevices", type=positive_int, default=4, help="devices assumed by --max-mem (default 4)")
-    ns.add_argument("--weights-precision", choices=["fp16", "fp32"], default="fp16",
-                    help="bytes per weight counted by --max-mem (default fp16)")
+    ns.add_argument("--weights-precision", choices=["fp16", "fp32"], default=None,
+                    help="bytes per weight counted by the memory cap (default fp16 with --max-mem, fp32 with "
+                         "--max_mem, as the original NeuroShard)")
+    ns.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=None, metavar="N",
+                    help="NeuroShard's single task file: write N tasks to <out-dir>/data.txt, table ids drawn "
+                         "with replacement from all tables (a table may appear twice), dims from --max_dim "
+                         "(default 128), --T_range (default 10,60) and --max_mem (default 15) as in NeuroShard; "
+                         "--num-train/--num-test/--train-fraction do not apply")
     return p
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.data_size is not None:
+        return neuroshard_file(args)
     if args.T_range is not None:
-        if len(args.T_range) != 2:
-            raise ShardError(f"--T-range takes MIN,MAX, got {args.T_range}")
         t_min, t_max = args.T_range
     else:
         t_min = t_max = args.T or 50
@@ -70,20 +89,41 @@ def main(argv=None):
         raise ShardError(f"--train-fraction must be in [0, 1], got {args.train_fraction}")
     if t_min < 1 or t_min > t_max:
         raise ShardError(f"--T-range takes MIN,MAX with 1 <= MIN <= MAX, got {t_min},{t_max}")
-    if args.max_mem is not None and dims is None:
-        raise ShardError("--max-mem selects NeuroShard-style tasks: give --dims or --max-dim too")
+    if (args.max_mem is not None or args.total_mem is not None) and dims is None:
+        raise ShardError("--max-mem / --max_mem select NeuroShard-style tasks: give --dims or --max-dim too")
+    precision = args.weights_precision or ("fp32" if args.total_mem is not None else "fp16")
     out_dir = args.out_dir or os.path.join("data", f"dlrm_tasks_{t_max if t_min == t_max else f'{t_min}_{t_max}'}")
     check_output_dir(out_dir, "--out-dir")
     tables = load_dataset(args.data_dir, with_lookups=False).tables
     spec = TaskSpec(t_min=t_min, t_max=t_max, num_train=args.num_train, num_test=args.num_test,
                     train_fraction=args.train_fraction, seed=args.seed, dims=dims,
-                    max_mem_gb=args.max_mem, ndevices=args.ndevices, precision=args.weights_precision)
+                    max_mem_gb=args.max_mem, ndevices=args.ndevices, precision=precision,
+                    total_mem_gb=args.total_mem)
     train, test = generate_tasks(tables, spec)
     save_tasks(os.path.join(out_dir, "train.txt"), train)
     save_tasks(os.path.join(out_dir, "test.txt"), test)
     style = "NeuroShard (ids dims)" if dims else "DreamShard (ids)"
     print(f"wrote {len(train)} train and {len(test)} test tasks, {t_min}..{t_max} tables each, "
           f"{style} style, to {out_dir}/")
+
+
+def neuroshard_file(args) -> None:
+    """NeuroShard's tools/gen_tasks.py: one <out_dir>/data.txt of --data_size tasks over all tables."""
+    if args.max_mem is not None:
+        raise ShardError("--data_size writes NeuroShard's task file, whose cap is --max_mem (the whole task's "
+                         "memory), not --max-mem (per device)")
+    t_min, t_max = args.T_range if args.T_range is not None else ((args.T, args.T) if args.T else (10, 59))
+    dims = tuple(args.dims) if args.dims else halving_dims(args.max_dim or 128)
+    total = args.total_mem if args.total_mem is not None else 15.0
+    precision = args.weights_precision or "fp32"
+    tables = load_dataset(args.data_dir, with_lookups=False).tables
+    spec = TaskSpec(t_min=t_min, t_max=t_max, seed=args.seed, dims=dims, precision=precision, total_mem_gb=total)
+    tasks = generate_single_pool_tasks(tables, args.data_size, spec)
+    out_dir = args.out_dir or os.path.join("data", "tasks", "4_gpu")
+    save_tasks(os.path.join(out_dir, "data.txt"), tasks)
+    print(f"wrote {len(tasks)} NeuroShard-style tasks ({t_min}..{t_max} tables each, ids drawn from all "
+          f"{len(tables)} tables with replacement, total memory <= {total:g} GB in {precision}) to "
+          f"{os.path.join(out_dir, 'data.txt')}")
 
 
 if __name__ == "__main__":
