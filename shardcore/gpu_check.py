@@ -65,6 +65,8 @@ class CheckConfig:
     noise_repeats: int = 7
     bench_iters: int | None = None
     compare: tuple[str, ...] = ()
+    plans: tuple[str, ...] = ()
+    random_shards: int = 0
     shards_out: Path | None = None
     time_budget_s: float = 450.0
     sets: tuple[str, ...] = ("DLRM-50", "DLRM-100")
@@ -175,6 +177,24 @@ def _open(cfg: CheckConfig, data_dir: Path, ndevices: int, batch: int | None):
                          batch_size=batch, cache=None, timeout_s=120.0, host_lock=(cfg.device == "cpu"), **kw)
 
 
+def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60) -> list:
+    """``n`` random shards for cost-model data: 1..max_tables distinct tables of the whole dataset,
+    in half of them each table given a random dim from 4..128 (a column shard below its own dim,
+    a wider table above it)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    dims = (4, 8, 16, 32, 64, 128)
+    out = []
+    for k in range(n):
+        ids = rng.choice(len(tables), size=int(rng.integers(1, max_tables + 1)), replace=False)
+        shard = [tables[int(i)] for i in ids]
+        if k % 2:
+            shard = [t.with_dim(int(rng.choice(dims))) for t in shard]
+        out.append(shard)
+    return out
+
+
 def measure_noise(cfg: CheckConfig, ev, tables) -> dict:
     """One shard (the first up to 25 tables of a task) measured ``noise_repeats`` times afresh."""
     shard = tables[:25]
@@ -190,13 +210,7 @@ def measure_noise(cfg: CheckConfig, ev, tables) -> dict:
 
 def _load_compare(spec: str, names: Sequence[str]) -> tuple[str, dict]:
     name, _, path = spec.rpartition("=")
-    if not name:
-        name = names[0]
-    if name not in names:
-        matches = [n for n in names if n.startswith(name)]
-        if len(matches) != 1:
-            raise ShardError(f"--compare {spec}: no task set named {name!r} (sets: {', '.join(names)})")
-        name = matches[0]
+    name = _match_set(f"--compare {spec}", name or names[0], names)
     costs = {}
     try:
         with open(path, "rb") as fh:
@@ -215,6 +229,69 @@ def _load_compare(spec: str, names: Sequence[str]) -> tuple[str, dict]:
     return name, costs
 
 
+class PlannedElsewhere:
+    """A "sharder" that returns the plans of an ``eval.py --out`` file (made on another machine, e.g.
+    TorchRec's where TorchRec imports), matched to a task by its table ids."""
+
+    def __init__(self, alg: str, plans: dict):
+        self.name = alg
+        self.plans = plans   # tuple of table ids -> Plan
+
+    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+        from .errors import InfeasibleError
+
+        plan = self.plans.get(tuple(t.index for t in tables))
+        if plan is None:
+            raise InfeasibleError(f"{self.name}: the --plans file has no plan for this task")
+        if plan.ndevices != ndevices:
+            raise InfeasibleError(f"{self.name}: the --plans file's plan has {plan.ndevices} devices, not {ndevices}")
+        return plan
+
+
+def _load_plans(spec: str, names: Sequence[str], tasks_of: dict) -> tuple[str, dict[str, PlannedElsewhere]]:
+    """``[SET=]FILE``: the feasible plans of an eval.py --out file, per algorithm, keyed by the task's
+    table ids (the file's task numbers index that set's task file)."""
+    from .plan import Plan
+
+    name, _, path = spec.rpartition("=")
+    name = _match_set(spec, name or names[0], names)
+    tasks = tasks_of[name]
+    by_alg: dict[str, dict] = {}
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read().decode("utf-8").splitlines()
+        for k, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if not rec.get("feasible") or rec.get("allocation") is None:
+                continue
+            t = int(rec["task"])
+            if not 0 <= t < len(tasks):
+                raise ShardError(f"--plans {path}: line {k}: task {t} is not in {name}'s {len(tasks)} tasks")
+            splits = tuple(rec["splits"]) if rec.get("splits") else None
+            plan = Plan(tuple(int(d) for d in rec["allocation"]), int(rec["ndevices"]), splits)
+            if len(plan.splits or plan.allocation) != len(tasks[t]):
+                raise ShardError(f"--plans {path}: line {k}: the plan does not fit task {t} ({len(tasks[t])} tables)")
+            by_alg.setdefault(str(rec["alg"]), {})[tuple(tasks[t].table_ids)] = plan
+    except OSError as exc:
+        raise ShardError(f"--plans {path}: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ShardError(f"--plans {path}: not an eval.py --out file ({type(exc).__name__})") from None
+    if not by_alg:
+        raise ShardError(f"--plans {path}: no feasible plan in it")
+    return name, {alg: PlannedElsewhere(alg, plans) for alg, plans in by_alg.items()}
+
+
+def _match_set(spec: str, name: str, names: Sequence[str]) -> str:
+    if name in names:
+        return name
+    matches = [n for n in names if n.startswith(name)]
+    if len(matches) != 1:
+        raise ShardError(f"{spec}: no task set named {name!r} (sets: {', '.join(names)})")
+    return matches[0]
+
+
 def rank_agreement(a: dict, b: dict) -> dict:
     """Spearman over the (task, alg) pairs both hold, overall and the mean within a task."""
     keys = sorted(set(a) & set(b))
@@ -227,6 +304,8 @@ def rank_agreement(a: dict, b: dict) -> dict:
             per.append(rho)
     out["within_task"] = statistics.fmean(per) if per else float("nan")
     out["tasks"] = len(per)
+    rel = [abs(a[k] - b[k]) / b[k] for k in keys if b[k] > 0]
+    out["mean_abs_diff_pct"] = 100.0 * statistics.fmean(rel) if rel else float("nan")
     return out
 
 
@@ -288,6 +367,12 @@ def run_check(cfg: CheckConfig) -> dict:
         sets = task_sets(cfg, data_dir)
         names = [s.name for s in sets]
         compares = [_load_compare(c, names) for c in cfg.compare]
+        tasks_of = {ts.name: load_tasks(ts.task_path, num_tables=ds.num_tables)[: cfg.max_tasks] for ts in sets}
+        elsewhere: dict[str, dict[str, PlannedElsewhere]] = {}
+        for spec in cfg.plans:
+            name, got = _load_plans(spec, names, tasks_of)
+            elsewhere.setdefault(name, {}).update(got)
+            _say(cfg, f"{name}: plans made elsewhere for {', '.join(got)} ({spec})")
         algs = list(cfg.algs) + list(cfg.checkpoints)
         sharders = {}
         for a in algs:
@@ -300,12 +385,15 @@ def run_check(cfg: CheckConfig) -> dict:
         if not sharders:
             raise ShardError("no algorithm could be planned with")
         emu_ok = batch == ds.batch_size
-        shard_lines = []
+        shard_lines: list[dict] = []
         for k, ts in enumerate(sets):
             if remaining() < 20:
                 _say(cfg, f"{ts.name}: skipped, {remaining():.0f} s of the time budget left")
                 continue
-            tasks = load_tasks(ts.task_path, num_tables=ds.num_tables)[: cfg.max_tasks]
+            tasks = tasks_of[ts.name]
+            set_sharders = dict(sharders)
+            for alg, sh in elsewhere.get(ts.name, {}).items():
+                set_sharders[alg if alg not in set_sharders else f"{alg} (planned elsewhere)"] = sh
             with _open(cfg, data_dir, ts.ndevices, batch) as ev:
                 _say(cfg, f"\n== {ts.name}: {len(tasks)} tasks from {ts.task_path.name}, {ev.hardware}, batch {ev.batch_size}; "
                           f"workers up in {ev.startup_s:.1f} s")
@@ -319,6 +407,17 @@ def run_check(cfg: CheckConfig) -> dict:
                     _say(cfg, f"   micro-benchmark noise: one {noise['tables']}-table shard measured {noise['repeats']} "
                               f"times afresh: {noise['mean_ms']:.4f} ms, CV {noise['cv_pct']:.2f}% "
                               f"(range {noise['min_ms']:.4f}..{noise['max_ms']:.4f})")
+                if k == 0 and cfg.random_shards:
+                    shards = random_shards(ds.tables, cfg.random_shards)
+                    t1 = time.perf_counter()
+                    for i in range(0, len(shards), 10):   # in chunks, so a budget cut keeps what was measured
+                        costs = ev.measure_shards(shards[i:i + 10], no_cache=True)
+                        for sh, c in zip(shards[i:i + 10], costs):
+                            shard_lines.append({"tables": [[t.index, t.dim] for t in sh], "fw_ms": c.fw_ms,
+                                                "bw_ms": c.bw_ms, "batch_size": ev.batch_size, "kind": "random",
+                                                "hardware": ev.hardware, "date": now})
+                    _say(cfg, f"   {len(shards)} random shards (1-60 tables, dims 4-128) measured in "
+                              f"{time.perf_counter() - t1:.0f} s")
                 plans = {}
 
                 def measure(shard_tables):
@@ -338,7 +437,7 @@ def run_check(cfg: CheckConfig) -> dict:
                         entry["plans"].append({"task": result.task, "alg": result.alg, "error": result.error})
 
                 t1 = time.perf_counter()
-                results = evaluate(tasks, ds.tables, sharders, ts.ndevices, cfg.max_memory, "fp16",
+                results = evaluate(tasks, ds.tables, set_sharders, ts.ndevices, cfg.max_memory, "fp16",
                                    measure=measure, on_result=keep)
                 entry["measure_s"] = time.perf_counter() - t1
                 noise_pct = ev.noise_pct
@@ -356,7 +455,8 @@ def run_check(cfg: CheckConfig) -> dict:
                     agr = rank_agreement(measured, other)
                     entry.setdefault("compare", []).append(agr)
                     _say(cfg, f"   vs the --compare file: Spearman over {agr['plans']} plans {agr['overall']:.3f}, "
-                              f"within a task {agr['within_task']:.3f} (mean of {agr['tasks']} tasks)")
+                              f"within a task {agr['within_task']:.3f} (mean of {agr['tasks']} tasks); costs differ "
+                              f"by {agr['mean_abs_diff_pct']:.1f}% on average")
     except _Deadline:
         summary["stopped"] = f"time budget of {cfg.time_budget_s:.0f} s exceeded"
         _say(cfg, f"stopped: the time budget of {cfg.time_budget_s:.0f} s ran out; what was measured is kept")

@@ -178,6 +178,7 @@ def test_gpu_check_cpu(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu",
                            "--work-dir", str(work), "--alg", "random,lookup_greedy,torchrec",
                            "--compare", str(cmp_file), "--noise-repeats", "3", "--bench-iters", "2",
+                           "--random-shards", "4",
                            "--time-budget", "400"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -195,6 +196,7 @@ def test_gpu_check_cpu(tmp_path):
     lines = [json.loads(x) for x in (work / "measured_shards.jsonl").read_text().splitlines()]
     assert lines and all(set(x) >= {"tables", "fw_ms", "bw_ms", "batch_size", "hardware", "date"} for x in lines)
     assert all(x["fw_ms"] > 0 and x["bw_ms"] > 0 for x in lines)
+    assert sum(x.get("kind") == "random" for x in lines) == 4
 
 
 def test_gpu_check_bad_input(tmp_path):
@@ -264,3 +266,30 @@ def test_emulated_oracle_without_a_batch_says_how(tmp_path):
     with pytest.raises(ShardError, match="--batch-size"):
         EmulatedOracle(tmp_path, 4)
     assert EmulatedOracle(tmp_path, 4, batch_size=65536).batch_size == 65536
+
+
+def test_plans_made_elsewhere_are_measured_as_given(tmp_path):
+    from shardcore.errors import InfeasibleError
+    from shardcore.gpu_check import _load_plans
+    from shardcore.tables import TableConfig
+    from shardcore.tasks import Task
+
+    tasks = {"A (2)": [Task((3, 5, 7)), Task((1, 2))]}
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [
+        {"task": 0, "alg": "torchrec", "feasible": True, "allocation": [1, 0, 1], "ndevices": 2},
+        {"task": 1, "alg": "torchrec", "feasible": True, "allocation": [0, 1, 1], "ndevices": 2, "splits": [1, 2]},
+        {"task": 1, "alg": "other", "feasible": False, "allocation": None, "ndevices": 2}]) + "\n")
+    name, got = _load_plans(str(f), ["A (2)"], tasks)
+    assert name == "A (2)" and list(got) == ["torchrec"]
+    tables = [TableConfig(i, 100, 16, 2.0) for i in (3, 5, 7)]
+    assert got["torchrec"].shard(tables, 2, 5.0).allocation == (1, 0, 1)
+    assert got["torchrec"].shard([TableConfig(1, 10, 8, 1.0), TableConfig(2, 10, 8, 1.0)], 2, 5.0).splits == (1, 2)
+    with pytest.raises(InfeasibleError, match="no plan for this task"):
+        got["torchrec"].shard([TableConfig(9, 10, 8, 1.0)], 2, 5.0)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"task": 0, "alg": "x", "feasible": True, "allocation": [0, 1], "ndevices": 2}) + "\n")
+    with pytest.raises(ShardError, match="does not fit task 0"):
+        _load_plans(str(bad), ["A (2)"], tasks)
+    with pytest.raises(ShardError, match="no task set named 'B'"):
+        _load_plans(f"B={f}", ["A (2)"], tasks)

@@ -206,8 +206,8 @@ CASES = [
      lambda b, t: ep(b, None, None, "--alg", checkpoint(t, {"method": "dreamshard", "x": Evil()})),
      r"refused as unsafe"),
     # 12. validation that came too late
-    ("12-T-range-one-value", "train_neuroshard.py",
-     lambda b, t: ["--data-dir", b / "ds", "--T-range", 5, "--out-dir", t / "ns"], r"--T_range takes MIN,MAX"),
+    ("12-T-range-empty", "train_neuroshard.py",
+     lambda b, t: ["--data-dir", b / "ds", "--T-range", "5,5", "--out-dir", t / "ns"], r"MAX must exceed MIN"),
     ("12-sleep-range-inf", "train_neuroshard.py",
      lambda b, t: ["--data-dir", b / "ds", "--sleep-range", "0,inf"], r"--sleep-range.*finite"),
     ("12-entropy-weight-nan", "train_dreamshard.py", lambda b, t: ["--entropy-weight", "nan"],

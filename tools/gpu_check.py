@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="append", default=[], metavar="[SET=]FILE",
                    help="an eval.py --out file measured elsewhere on the same tasks (default set: the first); "
                         "prints the rank correlations of its costs with this run's (repeatable)")
+    p.add_argument("--plans", action="append", default=[], metavar="[SET=]FILE",
+                   help="also measure the plans of an eval.py --out file made elsewhere on the same tasks "
+                        "(default set: the first), e.g. TorchRec's on a machine where TorchRec imports (repeatable)")
+    p.add_argument("--random-shards", type=int, default=0, metavar="N",
+                   help="also measure N random shards (1-60 tables of the whole dataset, half with dims 4-128) "
+                        "and append them to --shards-out, as cost-model data (default 0)")
     p.add_argument("--shards-out", type=Path, default=None,
                    help="append every measured shard here, one JSON line each (default WORK_DIR/measured_shards.jsonl)")
     p.add_argument("--time-budget", type=positive_float, default=450.0, metavar="S",
@@ -64,16 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.random_shards < 0:
+        raise ShardError(f"--random-shards must be >= 0, got {args.random_shards}")
     for sname in args.sets:
         if sname not in ("DLRM-50", "DLRM-100"):
             raise ShardError(f"--sets: unknown task set {sname!r} (DLRM-50 or DLRM-100)")
     for pt in args.checkpoint:
         if not os.path.isfile(pt):
             raise ShardError(f"checkpoint not found: {pt}")
-    for spec in args.compare:
-        path = spec.rpartition("=")[2]
-        if not os.path.isfile(path):
-            raise ShardError(f"--compare: file not found: {path}")
+    for flag, specs in (("--compare", args.compare), ("--plans", args.plans)):
+        for spec in specs:
+            path = spec.rpartition("=")[2]
+            if not os.path.isfile(path):
+                raise ShardError(f"{flag}: file not found: {path}")
     if args.work_dir.exists() and not args.work_dir.is_dir():
         raise ShardError(f"--work-dir {args.work_dir} exists and is not a directory")
     if args.data_dir is not None and not args.data_dir.is_dir():
@@ -81,7 +90,7 @@ def main(argv=None):
     cfg = CheckConfig(device=args.device, work_dir=args.work_dir, data_dir=args.data_dir,
                       batch_size=args.batch_size, algs=tuple(args.alg), checkpoints=tuple(args.checkpoint),
                       max_memory=args.max_memory, noise_repeats=args.noise_repeats, bench_iters=args.bench_iters,
-                      compare=tuple(args.compare), shards_out=args.shards_out, time_budget_s=args.time_budget,
+                      compare=tuple(args.compare), plans=tuple(args.plans), random_shards=args.random_shards, shards_out=args.shards_out, time_budget_s=args.time_budget,
                       sets=tuple(args.sets), max_tasks=args.max_tasks, gpus=tuple(args.gpu_devices) if args.gpu_devices else None)
     summary = run_check(cfg)
     return 1 if summary.get("stopped") else 0
