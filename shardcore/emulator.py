@@ -400,37 +400,72 @@ def fit_params(sets: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]], sp
 
 
 # -- the shipped measurements ----------------------------------------------------------------------
-SHARD_FILES = {65536: ("h200_b65536_plan_shards.jsonl", "h200_b65536_random_shards.jsonl"),
+SHARD_FILES = {65536: ("h200_b65536_plan_shards.jsonl", "h200_b65536_random_shards.jsonl",
+                       "h200_b65536_gpucheck1_shards.jsonl", "h200_b65536_gpucheck2_shards.jsonl"),
                4096: ("h200_b4096_plan_shards.jsonl",)}
 PLAN_FILES = {65536: "h200_b65536_plans.jsonl", 4096: "h200_b4096_plans.jsonl"}
+# tools/gpu_check.py runs: (name, shard file, summary); the summary's plans (task by task, algorithms in
+# list order, set by set) own the shard file's plan lines in order, one per non-empty device
+GPUCHECK_RUNS = {65536: (("gpucheck1", "h200_b65536_gpucheck1_shards.jsonl", "h200_gpucheck1_2026-11-26.json"),
+                         ("gpucheck2", "h200_b65536_gpucheck2_shards.jsonl", "h200_gpucheck2_2026-11-26.json")),
+                 4096: ()}
 TASK_FILES = {"dlrm_tasks_50": "tasks/dlrm_tasks_50_test.txt", "dlrm_tasks_100": "tasks/dlrm_tasks_100_test.txt"}
+GPUCHECK_SETS = {"DLRM-50": "dlrm_tasks_50", "DLRM-100": "dlrm_tasks_100"}
+
+
+def shard_key(configs: Sequence[TableConfig]) -> tuple:
+    """Identity of a shard: its (table index, dim) pairs, order ignored."""
+    return tuple(sorted((int(t.index), int(t.dim)) for t in configs))
 
 
 def load_measurements(batch: int, directory: str | os.PathLike = MEASUREMENTS_DIR) -> dict:
     """The measured shards and plans of one batch size.
 
-    Returns ``{"tables", "shards", "plans"}``: ``shards`` a list of dicts (``configs``, ``fw_ms``,
-    ``bw_ms``, ``kind``: plan/random, ``tasks``: the (set, task) pairs whose plans use it);
-    ``plans`` a list of dicts (``set``, ``task``, ``alg``, ``gpu_cost_ms``, ``shards``: the shard
-    index of each device). The plans file holds no allocation: a device is matched to the shard
-    with its measured (fw, bw) whose tables all belong to the plan's task (unique for every device
-    of the shipped files)."""
+    Returns ``{"tables", "shards", "plans", "runs"}``. ``shards``: one dict per distinct shard
+    (:func:`shard_key`) with ``configs``, ``fw_ms``/``bw_ms`` (the mean of its measurements),
+    ``measured``: ``[(run, fw, bw), ...]``, ``kind`` (``random`` when it was measured as a random
+    shard, else ``plan``) and ``tasks``: the (set, task) pairs whose plans use it. ``plans``: one
+    dict per measured plan with ``source`` (``plans``: the shared plans file; else the gpu_check run),
+    ``set``, ``task``, ``alg``, ``gpu_cost_ms`` (that run's compute cost: max over devices of
+    fw + bw) and ``shards`` (indices into ``shards``; empty devices left out).
+
+    The shared plans file holds no allocation: a device is matched to the shard of the shared plan
+    shards file with its measured (fw, bw) whose tables all belong to the plan's task (unique for
+    every device). A gpu_check run's shard file lists the non-empty devices of its summary's plans
+    in order; each line's (fw, bw) is checked against the summary."""
     from .dataset import load_table_configs
 
     directory = Path(directory)
     tables = load_table_configs(directory / f"dlrm_b{batch}" / "table_configs.json")
-    shards = []
-    for name in SHARD_FILES[batch]:
-        kind = "random" if "random" in name else "plan"
-        for obj in read_shard_lines(directory / name, tables, allow_wider=True):
-            shards.append({"configs": obj["configs"], "fw_ms": float(obj["fw_ms"]), "bw_ms": float(obj["bw_ms"]),
-                           "kind": kind, "tasks": set()})
+    shards, index = [], {}
+
+    def add(configs, run, fw, bw, kind):
+        key = shard_key(configs)
+        k = index.get(key)
+        if k is None:
+            k = index[key] = len(shards)
+            shards.append({"configs": list(configs), "measured": [], "kind": kind, "tasks": set()})
+        s = shards[k]
+        s["measured"].append((run, float(fw), float(bw)))
+        if kind == "random":
+            s["kind"] = "random"
+        return k
+
     task_tables = {}
     for set_name, rel in TASK_FILES.items():
         with open(directory / rel) as fh:
             task_tables[set_name] = [set(int(v) for v in line.split()[0].split(",")) for line in fh if line.strip()]
+    # the shared plans file and its shard files
+    own = {}
+    for name in SHARD_FILES[batch]:
+        if any(name == r[1] for r in GPUCHECK_RUNS[batch]):
+            continue
+        kind = "random" if "random" in name else "plan"
+        for obj in read_shard_lines(directory / name, tables, allow_wider=True):
+            k = add(obj["configs"], "plans", obj["fw_ms"], obj["bw_ms"], kind)
+            if kind == "plan":
+                own.setdefault(k, (float(obj["fw_ms"]), float(obj["bw_ms"])))
     plans = []
-    plan_shards = [k for k, s in enumerate(shards) if s["kind"] == "plan"]
     with open(directory / PLAN_FILES[batch]) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -439,17 +474,56 @@ def load_measurements(batch: int, directory: str | os.PathLike = MEASUREMENTS_DI
             members = task_tables[p["set"]][p["task"]]
             devs = []
             for fw, bw in p["gpu_fw_bw_ms"]:
-                hits = [k for k in plan_shards
-                        if abs(shards[k]["fw_ms"] - fw) <= 1e-4 * max(1.0, fw)
-                        and abs(shards[k]["bw_ms"] - bw) <= 1e-4 * max(1.0, bw)
+                hits = [k for k, (f, b) in own.items()
+                        if abs(f - fw) <= 1e-4 * max(1.0, fw) and abs(b - bw) <= 1e-4 * max(1.0, bw)
                         and all(t.index in members for t in shards[k]["configs"])]
                 if len(hits) != 1:
                     raise ShardError(f"{PLAN_FILES[batch]}:{lineno}: a device matches {len(hits)} measured shards")
                 devs.append(hits[0])
-                shards[hits[0]]["tasks"].add((p["set"], p["task"]))
-            plans.append({"set": p["set"], "task": p["task"], "alg": p["alg"],
+            plans.append({"source": "plans", "set": p["set"], "task": p["task"], "alg": p["alg"],
                           "gpu_cost_ms": float(p["gpu_cost_ms"]), "shards": devs})
-    return {"tables": tables, "shards": shards, "plans": plans}
+    # the gpu_check runs
+    for run, shard_name, summary_name in GPUCHECK_RUNS[batch]:
+        lines = read_shard_lines(directory / shard_name, tables, allow_wider=True)
+        with open(directory / summary_name) as fh:
+            summary = json.load(fh)
+        pos = 0
+        for obj in lines:
+            if obj.get("kind") == "random":
+                add(obj["configs"], run, obj["fw_ms"], obj["bw_ms"], "random")
+        plan_lines = [obj for obj in lines if obj.get("kind") != "random"]
+        for ts in summary["sets"]:
+            set_name = GPUCHECK_SETS.get(ts["name"].split(" ")[0])
+            if set_name is None:
+                raise ShardError(f"{summary_name}: unknown task set {ts['name']!r}")
+            for p in ts["plans"]:
+                devs, cost = [], 0.0
+                for fw, _, _, bw in p["device_costs_ms"]:
+                    if not fw > 0:
+                        continue
+                    if pos >= len(plan_lines):
+                        raise ShardError(f"{shard_name}: fewer plan shards than the devices of {summary_name}")
+                    obj = plan_lines[pos]
+                    pos += 1
+                    if abs(obj["fw_ms"] - fw) > 1e-6 * max(1.0, fw) or abs(obj["bw_ms"] - bw) > 1e-6 * max(1.0, bw):
+                        raise ShardError(f"{shard_name}: plan shard {pos} does not match {summary_name} "
+                                         f"({ts['name']} task {p['task']} {p['alg']})")
+                    if not all(t.index in task_tables[set_name][p["task"]] for t in obj["configs"]):
+                        raise ShardError(f"{shard_name}: plan shard {pos} has tables outside task {p['task']}")
+                    devs.append(add(obj["configs"], run, fw, bw, "plan"))
+                    cost = max(cost, fw + bw)
+                plans.append({"source": run, "set": set_name, "task": int(p["task"]), "alg": p["alg"],
+                              "gpu_cost_ms": cost, "shards": devs})
+        if pos != len(plan_lines):
+            raise ShardError(f"{shard_name}: {len(plan_lines) - pos} plan shards more than the devices of {summary_name}")
+    for p in plans:
+        for k in p["shards"]:
+            shards[k]["tasks"].add((p["set"], p["task"]))
+    for s in shards:
+        s["fw_ms"] = float(np.mean([m[1] for m in s["measured"]]))
+        s["bw_ms"] = float(np.mean([m[2] for m in s["measured"]]))
+    runs = ["plans"] + [r[0] for r in GPUCHECK_RUNS[batch]]
+    return {"tables": tables, "shards": shards, "plans": plans, "runs": runs}
 
 
 def measurement_features(meas: dict, batch: int, spec: Mapping, known: Mapping[int, tuple],

@@ -208,7 +208,7 @@ def measure_noise(cfg: CheckConfig, ev, tables) -> dict:
             "min_ms": min(totals), "max_ms": max(totals), "sample_spread_pct": ev.noise_pct}
 
 
-def _load_compare(spec: str, names: Sequence[str]) -> tuple[str, dict]:
+def _load_compare(spec: str, names: Sequence[str]) -> tuple[str, dict, str]:
     name, _, path = spec.rpartition("=")
     name = _match_set(f"--compare {spec}", name or names[0], names)
     costs = {}
@@ -226,7 +226,7 @@ def _load_compare(spec: str, names: Sequence[str]) -> tuple[str, dict]:
         raise ShardError(f"--compare {path}: not an eval.py --out file ({type(exc).__name__})") from None
     if not costs:
         raise ShardError(f"--compare {path}: no measured plans (cost_ms) in it")
-    return name, costs
+    return name, costs, path
 
 
 class PlannedElsewhere:
@@ -450,11 +450,12 @@ def run_check(cfg: CheckConfig) -> dict:
             measured = {key: r.cost_ms for key, (_, r) in plans.items()}
             if emu_ok:
                 entry["emulated_h200"] = emulator_agreement(cfg, EmulatedOracle, data_dir, ts.ndevices, batch, plans)
-            for name, other in compares:
+            for name, other, path in compares:
                 if name == ts.name:
                     agr = rank_agreement(measured, other)
+                    agr["file"] = path
                     entry.setdefault("compare", []).append(agr)
-                    _say(cfg, f"   vs the --compare file: Spearman over {agr['plans']} plans {agr['overall']:.3f}, "
+                    _say(cfg, f"   vs {path}: Spearman over {agr['plans']} plans {agr['overall']:.3f}, "
                               f"within a task {agr['within_task']:.3f} (mean of {agr['tasks']} tasks); costs differ "
                               f"by {agr['mean_abs_diff_pct']:.1f}% on average")
     except _Deadline:

@@ -208,18 +208,12 @@ def load_checkpoint(path: str | os.PathLike, method: str | None = None, version:
 
     if not os.path.isfile(path):
         raise ShardError(f"checkpoint not found: {path}")
-    obj = safe_torch_load(path, "checkpoint")
-    if not isinstance(obj, dict) or (method is not None and obj.get("method") != method):
-        raise ShardError(f"{path}: not {label or 'a shardcore'} checkpoint")
-
-
     original = ("if it comes from the original AutoShard/DreamShard/NeuroShard code, it cannot be loaded here "
                 f"(their networks differ): {train_hint(method)}")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ShardError(f"{path}: cannot read checkpoint ({type(exc).__name__}: {first}); {original}") from None
+        obj = safe_torch_load(path, "checkpoint")
+    except ShardError as exc:   # unreadable, or refused as unsafe: one line, with the way forward
+        raise ShardError(f"{exc}; {original}") from None
     if not isinstance(obj, dict) or "method" not in obj:
         raise ShardError(f"{path}: not {label or 'a shardkit'} checkpoint (no 'method' entry); {original}")
     if method is not None and obj.get("method") != method:

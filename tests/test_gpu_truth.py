@@ -183,7 +183,7 @@ def test_gpu_check_cpu(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert "micro-benchmark noise" in out and "emulated:h200 vs measured" in out and "vs the --compare file" in out
+    assert "micro-benchmark noise" in out and "emulated:h200 vs measured" in out and "vs " + str(cmp_file) in out
     summary = json.loads((work / "gpu_check.json").read_text())
     assert summary["device"] == "cpu" and summary["noise"]["repeats"] == 3
     assert [s["ndevices"] for s in summary["sets"]] == [4, 8]

@@ -143,13 +143,13 @@ def test_autoshard_ndevices_with_gpu_devices():
     to shardcore.cli.add_device_args that allows the pair)."""
     if not _combination_supported():
         pytest.xfail("needs --ndevices together with --gpu-devices (concurrent shardcore.cli.add_device_args change)")
-    from shardcore.cli import device_ids
+    from shardcore.cli import device_ids, num_devices
     for module, argv in ((train_autoshard, run_autoshard.autoshard_argv(["--ndevices", "8", "--gpu-devices", "0,1,2,3"])),
                          (eval_script, ["--alg", "autoshard", "--ndevices", "8", "--gpu-devices", "0,1,2,3",
                                         "--checkpointpath", "m.pt"])):
         a = parse(module, argv)
         assert a.ndevices == 8 and a.gpu_devices == [0, 1, 2, 3]
-        assert len(device_ids(a)) == 8
+        assert num_devices(a) == 8 and device_ids(a) == [0, 1, 2, 3]   # 8 plan devices measured on 4
 
 
 def test_eval_original_flags():
