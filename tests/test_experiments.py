@@ -101,6 +101,21 @@ def test_pipeline_end_to_end(tiny, capsys):
         assert not {i for t in test for i in t.table_ids} & {i for t in train for i in t.table_ids}
 
 
+def test_pipeline_on_the_emulated_h200(tiny, capsys):
+    """The same pipeline judged by the emulated-H200 oracle: no workers, results labelled as emulated."""
+    root, tables, ckpt = tiny
+    out = root / "results_emulated"
+    _tool("run_experiments").main([
+        "--scale", "tiny", "--data-dir", str(root / "ds"), "--out-dir", str(out), "--models-dir", str(root / "m2"),
+        "--algs", "random,lookup_greedy,dreamshard", "--dreamshard-model", str(ckpt), "--skip-train",
+        "--oracle", "emulated:h200", "--quiet"])
+    df = pd.read_csv(out / "measurements.csv")
+    assert len(df) == 12 and (df.status == "ok").all() and (df.cost_ms > 0).all()
+    md = (out / "results.md").read_text()
+    assert "costs from the emulated:h200 oracle" in md and "GB per device), measured on this machine" not in md
+    assert json.loads((out / "summary.json").read_text())["config"]["oracle"] == "emulated:h200"
+
+
 def test_bench_planning_tiny(tiny, capsys):
     root, tables, ckpt = tiny
     out = root / "bench"

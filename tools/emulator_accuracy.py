@@ -61,8 +61,12 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+SOURCES = {"plans": "shared plans file", "gpucheck1": "gpu_check run 1", "gpucheck2": "gpu_check run 2"}
+
+
 class Landscape:
-    """One batch size's measurements with their features (known CV, and unknown CV)."""
+    """One batch size's measurements (distinct shards, their measurements averaged) with their
+    features (known CV, and unknown CV)."""
 
     def __init__(self, batch: int, directory, spec, known, default_cv):
         self.batch = batch
@@ -72,13 +76,15 @@ class Landscape:
         self.fw = np.array([s["fw_ms"] for s in self.meas["shards"]])
         self.bw = np.array([s["bw_ms"] for s in self.meas["shards"]])
         self.kind = np.array([s["kind"] for s in self.meas["shards"]])
+        self.runs = [set(m[0] for m in s["measured"]) for s in self.meas["shards"]]
         self.tasks = sorted({(p["set"], p["task"]) for p in self.meas["plans"]})
+        self.sources = [r for r in self.meas["runs"] if any(p["source"] == r for p in self.meas["plans"])]
 
     def fit(self, rows):
         return fit_weights(self.X[rows], self.fw[rows]), fit_weights(self.X[rows], self.bw[rows])
 
     def kfold(self, X=None):
-        """Held-out (fw, bw) predictions of every shard, 10-fold."""
+        """Held-out (fw, bw) predictions of every distinct shard, 10-fold (fixed permutation)."""
         X = self.X if X is None else X
         n = len(self.fw)
         fold = np.random.default_rng(0).permutation(n) % KFOLD
@@ -89,20 +95,32 @@ class Landscape:
             pred[fold == k, 1] = X[fold == k] @ wb
         return pred
 
-    def by_task(self, X=None):
-        """Per held-out task: its shards' (index, fw, bw predictions) and its plans' (predicted,
-        measured) costs."""
+    def leave_task_out(self, X=None):
+        """Per task: the model fitted without any shard of that task's plans (of every source),
+        the held-out (fw, bw) predictions of those shards: ``{task: (shard indices, [n, 2])}``."""
         X = self.X if X is None else X
-        out = []
+        out = {}
         for key in self.tasks:
             held = np.array([key in s["tasks"] for s in self.meas["shards"]])
             wf, wb = self.fit(~held)
-            pf, pb = X @ wf, X @ wb
-            plans = [p for p in self.meas["plans"] if (p["set"], p["task"]) == key]
-            pred_plan = [max(pf[k] + pb[k] for k in p["shards"]) for p in plans]
-            out.append({"task": key, "shards": np.flatnonzero(held), "pf": pf[held], "pb": pb[held],
-                        "pred_plan": pred_plan, "meas_plan": [p["gpu_cost_ms"] for p in plans]})
+            out[key] = (np.flatnonzero(held), np.stack([X[held] @ wf, X[held] @ wb], 1))
         return out
+
+    def plan_scores(self, source, shard_cost):
+        """Within-task Spearman of the predicted plan costs (max device of ``shard_cost(task)``,
+        a dict shard index -> predicted fw+bw) against ``source``'s measured plan costs."""
+        rhos, pred, meas = [], [], []
+        for key in self.tasks:
+            plans = [p for p in self.meas["plans"] if p["source"] == source and (p["set"], p["task"]) == key]
+            if not plans:
+                continue
+            cost = shard_cost(key)
+            pp = [max(cost[k] for k in p["shards"]) for p in plans]
+            mp = [p["gpu_cost_ms"] for p in plans]
+            rhos.append(spearman(pp, mp))
+            pred += pp
+            meas += mp
+        return rhos, mape(pred, meas), len(pred)
 
 
 def shard_row(name, pred, fw, bw):
@@ -110,7 +128,20 @@ def shard_row(name, pred, fw, bw):
             f"{mape(pred[:, 0] + pred[:, 1], fw + bw):.2f}"]
 
 
-def evaluate(directory=MEASUREMENTS_DIR, params_path=None) -> dict:
+def _mapes(pred, fw, bw) -> dict:
+    return {"fw": mape(pred[:, 0], fw), "bw": mape(pred[:, 1], bw), "fw+bw": mape(pred.sum(1), fw + bw)}
+
+
+def _plan_row(res, name, land, source, rhos, plan_mape, nplans):
+    algs = len({p["alg"] for p in land.meas["plans"] if p["source"] == source})
+    res["plan_rows"].append([name, f"{source} ({algs} algs)", len(rhos), nplans, f"{np.nanmean(rhos):.3f}",
+                             f"{np.nanmin(rhos):.3f}", sum(1 for r in rhos if r >= 0.9), f"{plan_mape:.2f}"])
+    return {"mean": float(np.nanmean(rhos)), "min": float(np.nanmin(rhos)), "plans": nplans,
+            "tasks_ge_0.9": sum(1 for r in rhos if r >= 0.9), "plan_mape": plan_mape,
+            "per_task": [float(r) for r in rhos]}
+
+
+def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> dict:
     """Every figure of the report, as a dict (rows of the printed tables included)."""
     spec = dict(DEFAULT_SPEC)
     known = synthetic_length_cv()
@@ -121,53 +152,57 @@ def evaluate(directory=MEASUREMENTS_DIR, params_path=None) -> dict:
     fig = res["figures"]
 
     for land, label in ((big, "b65536"), (small, "b4096")):
-        for xname, X in (("", land.X), (" unknown CV", land.X_unknown)):
+        variants = (("", land.X), (" unknown CV", land.X_unknown)) if unknown_cv else (("", land.X),)
+        for xname, X in variants:
+            tag = xname.replace(" ", "_")
+            # (a) 10-fold over the distinct shards
             pred = land.kfold(X)
             res["shard_rows"].append(shard_row(f"{label} 10-fold, all shards{xname}", pred, land.fw, land.bw))
-            fig[f"{label}_kfold{xname.replace(' ', '_')}"] = {
-                "fw": mape(pred[:, 0], land.fw), "bw": mape(pred[:, 1], land.bw),
-                "fw+bw": mape(pred.sum(1), land.fw + land.bw)}
+            fig[f"{label}_kfold{tag}"] = _mapes(pred, land.fw, land.bw)
             if xname == "" and (land.kind == "random").any():
                 for kind in ("plan", "random"):
                     sel = land.kind == kind
                     res["shard_rows"].append(shard_row(f"{label} 10-fold, {kind} shards", pred[sel], land.fw[sel], land.bw[sel]))
-            tasks = land.by_task(X)
-            idx = np.concatenate([t["shards"] for t in tasks])
-            pt = np.stack([np.concatenate([t["pf"] for t in tasks]), np.concatenate([t["pb"] for t in tasks])], 1)
+                    fig[f"{label}_kfold_{kind}"] = _mapes(pred[sel], land.fw[sel], land.bw[sel])
+            # (b) leave one task out
+            lto = land.leave_task_out(X)
+            idx = np.concatenate([i for i, _ in lto.values()])
+            pt = np.concatenate([p for _, p in lto.values()])
             res["shard_rows"].append(shard_row(f"{label} task held out, plan shards{xname}", pt, land.fw[idx], land.bw[idx]))
-            fig[f"{label}_by_task{xname.replace(' ', '_')}"] = {
-                "fw": mape(pt[:, 0], land.fw[idx]), "bw": mape(pt[:, 1], land.bw[idx]),
-                "fw+bw": mape(pt.sum(1), land.fw[idx] + land.bw[idx])}
-            rhos = [spearman(t["pred_plan"], t["meas_plan"]) for t in tasks]
-            plan_mape = mape(np.concatenate([t["pred_plan"] for t in tasks]),
-                             np.concatenate([t["meas_plan"] for t in tasks]))
-            nplans = sum(len(t["meas_plan"]) for t in tasks)
-            res["plan_rows"].append([f"{label} task held out{xname}", len(tasks), nplans,
-                                     f"{np.nanmean(rhos):.3f}", f"{np.nanmin(rhos):.3f}",
-                                     sum(1 for r in rhos if r >= 0.9), f"{plan_mape:.2f}"])
-            fig[f"{label}_spearman{xname.replace(' ', '_')}"] = {
-                "mean": float(np.nanmean(rhos)), "min": float(np.nanmin(rhos)),
-                "per_task": {f"{s}:{t}": r for (s, t), r in zip(land.tasks, rhos)}, "plan_mape": plan_mape}
+            fig[f"{label}_by_task{tag}"] = _mapes(pt, land.fw[idx], land.bw[idx])
+            costs = {key: dict(zip(i.tolist(), p.sum(1).tolist())) for key, (i, p) in lto.items()}
+            for source in land.sources:
+                rhos, pm, n = land.plan_scores(source, lambda key: costs[key])
+                fig[f"{label}_spearman_{source}{tag}"] = _plan_row(res, f"{label} task held out{xname}", land, source, rhos, pm, n)
+
+    # (c) continuity: fitted on the original files only (shared plans + random shards), tested on the
+    # gpu_check runs' shards and plans (shards also in the original files left out of the shard MAPE)
+    orig = np.array(["plans" in r for r in big.runs])
+    wf, wb = big.fit(orig)
+    pred = np.stack([big.X @ wf, big.X @ wb], 1)
+    new = ~orig
+    res["shard_rows"].append(shard_row("b65536 original files only -> new runs' other shards", pred[new], big.fw[new], big.bw[new]))
+    fig["b65536_original_only_new_shards"] = _mapes(pred[new], big.fw[new], big.bw[new])
+    allcost = dict(enumerate(pred.sum(1).tolist()))
+    for source in big.sources:
+        if source == "plans":
+            continue
+        rhos, pm, n = big.plan_scores(source, lambda key: allcost)
+        fig[f"b65536_original_only_spearman_{source}"] = _plan_row(res, "b65536 original files only", big, source, rhos, pm, n)
 
     # the shipped parameters: in-sample, and batch 65536's set extrapolated to batch 4096
     model = GpuComputeModel(read_params(params_path or model_path("h200")))
     for land, label in ((big, "b65536"), (small, "b4096")):
         pred = model.predict_many([s["configs"] for s in land.meas["shards"]], land.batch)
         res["shard_rows"].append(shard_row(f"{label} shipped fit, in-sample", pred, land.fw, land.bw))
-        fig[f"{label}_in_sample"] = {"fw": mape(pred[:, 0], land.fw), "bw": mape(pred[:, 1], land.bw),
-                                     "fw+bw": mape(pred.sum(1), land.fw + land.bw)}
+        fig[f"{label}_in_sample"] = _mapes(pred, land.fw, land.bw)
     wf, wb = model.weights[65536]
     pred = np.stack([small.X @ wf, small.X @ wb], 1)
     res["shard_rows"].append(shard_row("b4096 by the b65536 set (extrapolated)", pred, small.fw, small.bw))
-    fig["b4096_extrapolated"] = {"fw": mape(pred[:, 0], small.fw), "bw": mape(pred[:, 1], small.bw),
-                                 "fw+bw": mape(pred.sum(1), small.fw + small.bw)}
-    rhos = []
-    for key in small.tasks:
-        plans = [p for p in small.meas["plans"] if (p["set"], p["task"]) == key]
-        rhos.append(spearman([max(pred[k].sum() for k in p["shards"]) for p in plans], [p["gpu_cost_ms"] for p in plans]))
-    res["plan_rows"].append(["b4096 by the b65536 set (extrapolated)", len(rhos), len(small.meas["plans"]),
-                             f"{np.nanmean(rhos):.3f}", f"{np.nanmin(rhos):.3f}", sum(1 for r in rhos if r >= 0.9), "-"])
-    fig["b4096_extrapolated_spearman"] = {"mean": float(np.nanmean(rhos))}
+    fig["b4096_extrapolated"] = _mapes(pred, small.fw, small.bw)
+    allcost = dict(enumerate(pred.sum(1).tolist()))
+    rhos, pm, n = small.plan_scores("plans", lambda key: allcost)
+    fig["b4096_extrapolated_spearman"] = _plan_row(res, "b4096 by the b65536 set (extrapolated)", small, "plans", rhos, pm, n)
     return res
 
 
@@ -185,8 +220,9 @@ def main(argv=None):
     print(f"Emulated-GPU compute model vs real shards ({CARD_LINE}); MAPE in %")
     print(format_table(["split", "shards", "fw", "bw", "fw+bw"], res["shard_rows"]))
     print()
-    print("Plans: within-task Spearman of predicted vs measured GPU plan cost (max device fw+bw)")
-    print(format_table(["split", "tasks", "plans", "mean rho", "min rho", "tasks rho>=0.9", "plan MAPE %"],
+    print(f"Plans: within-task Spearman of predicted vs measured GPU plan compute cost (max device fw+bw), "
+          f"{CARD_LINE}")
+    print(format_table(["split", "plans of", "tasks", "plans", "mean rho", "min rho", "tasks rho>=0.9", "plan MAPE %"],
                        res["plan_rows"]))
     if args.out:
         io.write_json(args.out, {"card": res["card"], "figures": res["figures"]})
