@@ -96,24 +96,22 @@ def positive_float(text: str) -> float:
     return v
 
 
-def nonnegative_int(text: str) -> int:
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return v
+
+
+def nonnegative_int(text: str) -> int:
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def add_device_args(parser: argparse.ArgumentParser, default_ndevices: int = 4) -> None:

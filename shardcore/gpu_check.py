@@ -208,22 +208,31 @@ def measure_noise(cfg: CheckConfig, ev, tables) -> dict:
             "min_ms": min(totals), "max_ms": max(totals), "sample_spread_pct": ev.noise_pct}
 
 
+def _eval_records(path: str, flag: str, use) -> None:
+    """Feed every record of an ``eval.py --out`` file to ``use(line_number, record)``; an unreadable
+    or malformed file is one line naming ``flag``."""
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read().decode("utf-8").splitlines()
+        for k, line in enumerate(lines, 1):
+            if line.strip():
+                use(k, json.loads(line))
+    except OSError as exc:
+        raise ShardError(f"{flag} {path}: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ShardError(f"{flag} {path}: not an eval.py --out file ({type(exc).__name__})") from None
+
+
 def _load_compare(spec: str, names: Sequence[str]) -> tuple[str, dict, str]:
     name, _, path = spec.rpartition("=")
     name = _match_set(f"--compare {spec}", name or names[0], names)
     costs = {}
-    try:
-        with open(path, "rb") as fh:
-            for k, line in enumerate(fh.read().decode("utf-8").splitlines(), 1):
-                if not line.strip():
-                    continue
-                rec = json.loads(line)
-                if rec.get("cost_ms") is not None:
-                    costs[(int(rec["task"]), str(rec["alg"]))] = float(rec["cost_ms"])
-    except OSError as exc:
-        raise ShardError(f"--compare {path}: {exc.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ShardError(f"--compare {path}: not an eval.py --out file ({type(exc).__name__})") from None
+
+    def use(k, rec):
+        if rec.get("cost_ms") is not None:
+            costs[(int(rec["task"]), str(rec["alg"]))] = float(rec["cost_ms"])
+
+    _eval_records(path, "--compare", use)
     if not costs:
         raise ShardError(f"--compare {path}: no measured plans (cost_ms) in it")
     return name, costs, path
@@ -257,27 +266,20 @@ def _load_plans(spec: str, names: Sequence[str], tasks_of: dict) -> tuple[str, d
     name = _match_set(spec, name or names[0], names)
     tasks = tasks_of[name]
     by_alg: dict[str, dict] = {}
-    try:
-        with open(path, "rb") as fh:
-            lines = fh.read().decode("utf-8").splitlines()
-        for k, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if not rec.get("feasible") or rec.get("allocation") is None:
-                continue
-            t = int(rec["task"])
-            if not 0 <= t < len(tasks):
-                raise ShardError(f"--plans {path}: line {k}: task {t} is not in {name}'s {len(tasks)} tasks")
-            splits = tuple(rec["splits"]) if rec.get("splits") else None
-            plan = Plan(tuple(int(d) for d in rec["allocation"]), int(rec["ndevices"]), splits)
-            if len(plan.splits or plan.allocation) != len(tasks[t]):
-                raise ShardError(f"--plans {path}: line {k}: the plan does not fit task {t} ({len(tasks[t])} tables)")
-            by_alg.setdefault(str(rec["alg"]), {})[tuple(tasks[t].table_ids)] = plan
-    except OSError as exc:
-        raise ShardError(f"--plans {path}: {exc.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ShardError(f"--plans {path}: not an eval.py --out file ({type(exc).__name__})") from None
+
+    def use(k, rec):
+        if not rec.get("feasible") or rec.get("allocation") is None:
+            return
+        t = int(rec["task"])
+        if not 0 <= t < len(tasks):
+            raise ShardError(f"--plans {path}: line {k}: task {t} is not in {name}'s {len(tasks)} tasks")
+        splits = tuple(rec["splits"]) if rec.get("splits") else None
+        plan = Plan(tuple(int(d) for d in rec["allocation"]), int(rec["ndevices"]), splits)
+        if len(plan.splits or plan.allocation) != len(tasks[t]):
+            raise ShardError(f"--plans {path}: line {k}: the plan does not fit task {t} ({len(tasks[t])} tables)")
+        by_alg.setdefault(str(rec["alg"]), {})[tuple(tasks[t].table_ids)] = plan
+
+    _eval_records(path, "--plans", use)
     if not by_alg:
         raise ShardError(f"--plans {path}: no feasible plan in it")
     return name, {alg: PlannedElsewhere(alg, plans) for alg, plans in by_alg.items()}
