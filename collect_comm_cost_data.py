@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from neuroshard import config  # noqa: E402
 from neuroshard.cli import float_list  # noqa: E402
+from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import add_device_args, device_ids, num_devices  # noqa: E402
 from neuroshard.collect import collect_comm  # noqa: E402
 from shardcore.cli import add_oracle_args, original_range, open_evaluator, positive_int, run_main  # noqa: E402
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
+    if served is not None:
+        return served
     ids = device_ids(args)
     ndevices = num_devices(args)
     if ndevices < 2:

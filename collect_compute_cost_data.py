@@ -19,6 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from neuroshard import config  # noqa: E402
+from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import add_device_args, device_ids  # noqa: E402
 from neuroshard.collect import collect_compute  # noqa: E402
 from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, positive_int, run_main  # noqa: E402
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
+    if served is not None:
+        return served
     check_compute_args(args.max_tables, args.max_memory, args.max_dim)
     check_output_dir(args.out_dir, "--out_dir")
     with open_evaluator(args, args.dataset_dir, device_ids(args)) as ev:

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tqdm import tqdm  # noqa: E402
 
 from shardcore import algorithms, report  # noqa: E402
+from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids,  # noqa: E402
                            num_devices, open_evaluator, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
@@ -92,6 +93,9 @@ def check_outputs(args) -> None:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
+    if served is not None:
+        return served
     check_outputs(args)
     devices = device_ids(args)
     ndevices = num_devices(args)
@@ -107,6 +111,10 @@ def main(argv=None):
     batch_size = measured_batch_size(args)
     models = {"compute_model": args.compute_model, "fw_comm_model": args.fw_comm_model,
               "bw_comm_model": args.bw_comm_model, "checkpoint": args.checkpoint}
+    if args.launcher == "torchrun":   # TorchRec plans for the hosts torchrun gives (its local_world_size)
+        from shardcore.launch import rank_env
+
+        models["local_world_size"] = rank_env().local_world_size
     sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=batch_size, **models) for name in names}
 
     def show(result, task):

@@ -25,6 +25,7 @@ from tqdm import tqdm  # noqa: E402
 from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, search_kwargs  # noqa: E402
 from neuroshard.simulator import Simulator  # noqa: E402
 from shardcore import algorithms, report  # noqa: E402
+from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,  # noqa: E402
                            open_evaluator, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
@@ -85,6 +86,9 @@ def mape_table(results) -> str:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
+    if served is not None:
+        return served
     if args.out:
         check_output_file(args.out, "--out")
     devices = device_ids(args)

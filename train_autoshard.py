@@ -22,6 +22,7 @@ from autoshard.curve import plot_curve  # noqa: E402
 from autoshard.sharder import AutoShardModel  # noqa: E402
 from autoshard.trainer import AutoShardTrainer  # noqa: E402
 from shardcore.baselines import make_baseline  # noqa: E402
+from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, add_refused_flag,  # noqa: E402
                            device_ids, open_evaluator, positive_float, positive_int, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
@@ -132,6 +133,9 @@ def check_tasks(tasks, dataset, ndevices: int, cap: float, precision: str) -> No
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
+    if served is not None:
+        return served
     check_output_dir(os.path.join(args.savedir, args.xpid), "--savedir/--xpid")
     devices = device_ids(args)
     dataset = load_dataset(args.data_dir, with_lookups=False)

@@ -18,6 +18,7 @@ from tqdm import tqdm  # noqa: E402
 from dreamshard.config import DreamShardConfig  # noqa: E402
 from dreamshard.sharder import DreamShardModel  # noqa: E402
 from dreamshard.trainer import DreamShardTrainer  # noqa: E402
+from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,  # noqa: E402
                            open_evaluator, positive_float, positive_int, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
@@ -70,6 +71,9 @@ def newest_checkpoint(out_dir: str) -> str | None:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
+    if served is not None:
+        return served
     check_output_dir(args.out_dir, "--out-dir")
     devices = device_ids(args)
     ndevices = num_devices(args)

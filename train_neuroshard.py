@@ -23,6 +23,7 @@ from tqdm import tqdm  # noqa: E402
 
 from neuroshard import config  # noqa: E402
 from neuroshard.cli import add_training_args, float_list, training_config  # noqa: E402
+from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import add_device_args, device_ids, num_devices  # noqa: E402
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data  # noqa: E402
 from neuroshard.config import SearchConfig  # noqa: E402
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
+    if served is not None:
+        return served
     ids = device_ids(args)
     ndevices = num_devices(args)
     if ndevices < 2:

@@ -29,7 +29,13 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     except ShardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from .errors import Terminated
+
+        if isinstance(exc, Terminated):
+            print("error: stopped by SIGTERM (under torchrun, a host's agent stops all its ranks when one of "
+                  "them fails; see the other ranks' output)", file=sys.stderr)
+            sys.exit(143)
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code or 0)
@@ -142,7 +148,12 @@ def device_ids(args: argparse.Namespace) -> list[int]:
 
 
 def num_devices(args: argparse.Namespace) -> int:
-    """The number of devices a plan has (``--ndevices``, else as many as ``--gpu-devices`` lists)."""
+    """The number of devices a plan has (``--ndevices``, else as many as ``--gpu-devices`` lists;
+    under ``--launcher torchrun``, else torchrun's world size)."""
+    if getattr(args, "launcher", "spawn") == "torchrun" and args.ndevices is None:
+        from .launch import rank_env
+
+        return rank_env().world_size
     ids = device_ids(args)
     return args.ndevices if args.ndevices is not None else len(ids)
 
@@ -216,6 +227,10 @@ def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-
     g.add_argument("--no-cache", action="store_true", help="measure everything again, ignoring the cache")
     g.add_argument("--timeout", type=positive_float, default=120.0, metavar="S",
                    help="seconds a worker may take for one plan before it is declared hung (default 120)")
+    g.add_argument("--launcher", choices=["spawn", "torchrun"], default="spawn",
+                   help="how the measuring workers start: spawn (default: one process per device on this "
+                        "machine) or torchrun (run the whole command under torchrun, one rank per device on "
+                        "every host; rank 0 drives, the others serve; see README 'Beyond one machine')")
     g.add_argument("--oracle", default="measured", metavar="NAME",
                    help="cost landscape the plans are judged on: 'measured' (default: this machine's "
                         "hardware, FBGEMM on its CPU or CUDA GPUs) or 'emulated:h200' (an NVIDIA H200 "
@@ -244,13 +259,14 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
     from .evaluator import PlanEvaluator
     from .oracles import EMULATED_PREFIX, EmulatedOracle, parse_oracle
 
+    torchrun = getattr(args, "launcher", "spawn") == "torchrun"
     if ndevices is None:
-        ndevices = getattr(args, "ndevices", None) or len(devices)
+        ndevices = getattr(args, "ndevices", None) or (None if torchrun else len(devices))
     oracle = parse_oracle(getattr(args, "oracle", "measured"))
     comm = CommModel(bandwidth_gbps=getattr(args, "comm_bandwidth", DEFAULT_COMM_BANDWIDTH_GBPS),
                      latency_us=getattr(args, "comm_latency", DEFAULT_COMM_LATENCY_US))
     if oracle.startswith(EMULATED_PREFIX):
-        return EmulatedOracle(data_dir, ndevices, card=oracle[len(EMULATED_PREFIX):],
+        return EmulatedOracle(data_dir, ndevices or len(devices), card=oracle[len(EMULATED_PREFIX):],
                               batch_size=oracle_batch_size(args), optimizer=args.optimizer,
                               precision=args.weights_precision, comm_model=comm)
     kwargs = {}
@@ -261,6 +277,10 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
     cache = args.cache_path if args.cache_path else True
     # With --ndevices alone, let the evaluator use the GPUs this machine has (all of them up to N).
     ids = None if getattr(args, "gpu_devices", "given") is None else list(devices)
+    launcher = getattr(args, "launcher", "spawn")
+    if launcher == "torchrun":
+        ids = None
+        kwargs["launcher"] = "torchrun"
     return PlanEvaluator(data_dir, ndevices, device_ids=ids, optimizer=args.optimizer, comm_model=comm,
                          precision=args.weights_precision, batch_size=oracle_batch_size(args), cache=cache,
                          no_cache=args.no_cache, timeout_s=args.timeout, **kwargs)
@@ -303,3 +323,25 @@ def add_refused_flag(parser, *names: str, pointer: str, takes_value: bool = True
     """Declare an original flag that is refused with one line naming our equivalent (``pointer``)."""
     parser.add_argument(*names, action=OriginalFlagError, pointer=pointer, nargs=None if takes_value else 0,
                         metavar="X" if takes_value else None)
+
+
+def serve_if_torchrun_rank(args: argparse.Namespace) -> int | None:
+    """Under ``--launcher torchrun``, ranks other than 0 serve measurements here and return their exit
+    status (the script returns it); rank 0 and the spawn launcher get None and go on."""
+    if getattr(args, "launcher", "spawn") != "torchrun":
+        return None
+    from .launch import rank_env, serve
+
+    if rank_env().rank == 0:
+        import signal
+        import threading
+
+        from .errors import Terminated
+
+        def on_term(signum, frame):
+            raise Terminated()
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_term)
+        return None
+    return serve(getattr(args, "timeout", 120.0) + 300.0)

@@ -28,7 +28,10 @@ the fused kernel picks its thread layout for the widest table):
 - ``L x`` tensor-product hat functions of (CV, log10 bytes of distinct rows) — a small
   non-parametric per-lookup cost surface;
 - ``B x dim`` (pooled outputs written, gradients read), the table count (per-table setup), a
-  constant (launches), and lookups of shards whose widest table is >= 64 / >= 128 wide.
+  constant (launches), and lookups of shards whose widest table is >= 64 / >= 128 wide;
+- ``L x`` hat functions of log10(hash size) (a per-lookup cost by table size class);
+- ``L x log2(rows of the whole shard)`` (the backward sorts the shard's indices, keys of that
+  many bits) and the shard's total lookups ``T x log2 T`` (the sort's super-linear part).
 
 **Fit.** Non-negative least squares on the relative error (rows divided by the measured cost), so
 every coefficient adds cost and predictions are positive and non-decreasing in each feature;
@@ -76,6 +79,7 @@ DEFAULT_SPEC = {
     "cache_bytes": 40e6,
     "cv_knots": [0.25, 0.6, 1.0, 1.4],
     "footprint_knots": [5.0, 6.0, 7.0, 8.0],
+    "size_knots": [2.0, 4.0, 5.0, 6.0, 7.0],
 }
 
 
@@ -84,7 +88,8 @@ def feature_names(spec: Mapping) -> list[str]:
             "batch_x_dim", "long_lookups", "long_rows", "lookups_x_cv2", "dram_x_cv2",
             "distinct_x_maxdim", "lookups_maxdim_ge64", "lookups_maxdim_ge128"]
     surf = [f"lookups_cv{a:g}_fp{b:g}" for a in spec["cv_knots"] for b in spec["footprint_knots"]]
-    return base + surf
+    size = [f"lookups_rows1e{a:g}" for a in spec["size_knots"]]
+    return base + surf + size + ["lookups_x_log2_shard_rows", "shard_lookups_x_log2"]
 
 
 def _hat(x: np.ndarray, knots: Sequence[float]) -> np.ndarray:
@@ -143,12 +148,18 @@ def shard_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_si
     hc = _hat(ta.cv, spec["cv_knots"])
     hf = _hat(footprint, spec["footprint_knots"])
     surf = (hc[:, :, None] * hf[:, None, :]).reshape(n, -1) * L[:, None]
-    T = np.concatenate([np.stack(cols, 1), surf], 1)
+    size = _hat(np.log10(np.maximum(ta.row, 1.0)), spec["size_knots"]) * L[:, None]
+    shard_rows = np.zeros(nshards)
+    np.add.at(shard_rows, shard_of, ta.row)
+    sort = L * np.log2(np.maximum(shard_rows[shard_of], 2.0)) / 20.0
+    T = np.concatenate([np.stack(cols, 1), surf, size, sort[:, None]], 1)
     order = np.argsort(shard_of, kind="stable")
     sorted_of = shard_of[order]
     present, starts = np.unique(sorted_of, return_index=True)
-    X[present, 1:] = np.add.reduceat(T[order], starts, axis=0)
+    X[present, 1:-1] = np.add.reduceat(T[order], starts, axis=0)
     X[:, 0] = 1.0
+    total = X[:, 2]  # the shard's lookups
+    X[:, -1] = total * np.log2(np.maximum(total, 2.0)) / 30.0
     return X
 
 

@@ -12,3 +12,8 @@ class ShardError(Exception):
 
 class InfeasibleError(ShardError):
     """A task cannot be placed under the memory cap."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received where a script asked for it (torchrun's rank 0): unwinds like Ctrl-C, so the
+    evaluator stops its workers, and the script reports it in one line."""

@@ -174,8 +174,10 @@ class _WorkerConfig:
     device_ids: tuple[int, ...]
     store_port: int
     pg_timeout_s: float
-    parent_pid: int
+    parent_pid: int | None     # None: a torchrun rank (its parent is torchrun's agent)
     pool_cap_bytes: int
+    store_host: str = "127.0.0.1"
+    store_prefix: str | None = None
 
 
 def _error_reply(req, exc: BaseException, phase: str):
@@ -193,7 +195,7 @@ def _error_reply(req, exc: BaseException, phase: str):
 def _worker_main(rank: int, world: int, conn, cfg: _WorkerConfig) -> None:
     set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    if os.getppid() != cfg.parent_pid:
+    if cfg.parent_pid is not None and os.getppid() != cfg.parent_pid:
         return
     try:
         import torch
@@ -215,7 +217,9 @@ def _worker_main(rank: int, world: int, conn, cfg: _WorkerConfig) -> None:
         pool = BufferPool(cfg.pool_cap_bytes) if cfg.device_type == "cpu" else None
         dataset = load_dataset(cfg.dataset_dir)
         timeout = datetime.timedelta(seconds=cfg.pg_timeout_s)
-        store = dist.TCPStore("127.0.0.1", cfg.store_port, world, False, timeout)
+        store = dist.TCPStore(cfg.store_host, cfg.store_port, None, False, timeout)
+        if cfg.store_prefix:
+            store = dist.PrefixStore(cfg.store_prefix, store)
         if backend == "nccl":
             try:
                 dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
@@ -317,6 +321,23 @@ def _relative_iqr(values: Sequence[float]) -> float:
     qs = statistics.quantiles(values, n=4, method="inclusive")
     med = statistics.median(values)
     return float((qs[2] - qs[0]) / med) if med > 0 else 0.0
+
+
+def serve_remote(env, conn) -> int:
+    """A torchrun rank other than 0 (see :mod:`shardcore.launch`): take the driver's configuration,
+    then serve as worker ``env.rank`` until the driver says exit or goes away."""
+    try:
+        msg = conn.recv()
+    except (EOFError, OSError):
+        return 1
+    if not (isinstance(msg, list) and len(msg) == 2 and msg[0] == "config" and isinstance(msg[1], dict)):
+        return 1
+    c = msg[1]
+    cfg = _WorkerConfig(str(c["dataset_dir"]), str(c["device_type"]), tuple(int(d) for d in c["device_ids"]),
+                        int(c["store_port"]), float(c["pg_timeout_s"]), None, int(c["pool_cap_bytes"]),
+                        str(c["store_host"]), str(c["store_prefix"]))
+    _worker_main(env.rank, env.world_size, conn, cfg)
+    return 0
 
 
 def _start_error(exc: BaseException) -> str:
@@ -438,11 +459,27 @@ class PlanEvaluator:
                  timeout_s: float = DEFAULT_TIMEOUT_S, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  device: str | None = None, compute_passes: int | None = None, host_lock: bool = True,
                  lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S, comm_model: CommModel | None = None,
-                 available_devices: int | None = None):
+                 available_devices: int | None = None, launcher: str = "spawn"):
         import torch
 
         from .dataset import load_dataset
 
+        if launcher not in ("spawn", "torchrun"):
+            raise ShardError(f"unknown launcher {launcher!r}: spawn or torchrun")
+        self.launcher = launcher
+        self._env = None
+        self._remote_hosts: list[str] = []
+        if launcher == "torchrun":
+            from .launch import rank_env
+
+            self._env = rank_env()
+            if self._env.rank != 0:
+                raise ShardError("--launcher torchrun: only rank 0 drives an evaluator; the other ranks serve")
+            if device_ids is not None and len(device_ids) != self._env.world_size:
+                raise ShardError(f"--launcher torchrun: the {self._env.world_size} torchrun ranks are the devices "
+                                 "that measure; leave --gpu-devices out")
+            device_ids = list(range(self._env.world_size))   # placeholders: each rank's own device
+            available_devices = None
         self.device_type = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if self.device_type not in ("cpu", "cuda"):
             raise ShardError(f"unknown device type {device!r} (cpu or cuda)")
@@ -496,13 +533,32 @@ class PlanEvaluator:
         self.lock_timeout_s = float(lock_timeout_s)
         self._dataset_digest = dataset_digest(self.dataset)
         self._device_name: str | None = None
+        self._host0: str | None = None
         self._procs: list | None = None
         self._conns: list | None = None
         self._store = None
         self._req = 0
         self.startup_s: float | None = None
         self._noise: list[float] = []   # relative spread of each measured shard's timed samples
+        self._generation = 0
         _LIVE.add(self)
+
+    @property
+    def topology(self) -> tuple[int, int]:
+        """(hosts, devices per host) of the devices that measure."""
+        if self._env is None:
+            return 1, self.nworkers
+        return max(1, self._env.world_size // max(1, self._env.local_world_size)), self._env.local_world_size
+
+    def _who(self, rank: int, short: bool = False) -> str:
+        """How a failure names a worker: ``device r worker`` (``device r``), or under torchrun
+        ``rank r on host H``."""
+        proc = self._procs[rank] if self._procs and rank < len(self._procs) else None
+        if hasattr(proc, "label"):
+            return proc.label()
+        if self._env is not None:
+            return f"rank {rank} on host {self._host0 or '?'}"
+        return f"device {rank}" if short else f"device {rank} worker"
 
     # -- what is measured --------------------------------------------------------------------
     @property
@@ -513,13 +569,16 @@ class PlanEvaluator:
     @property
     def hardware(self) -> str:
         """The hardware in words, for every figure this evaluator produces."""
+        hosts, per_host = self.topology
         if self.device_type == "cuda":
             name = self._device_name or "GPU"
-            where = f"{self.nworkers} x {name}"
+            where = f"{self.nworkers} x {name}" if hosts == 1 else f"{hosts} hosts x {per_host} x {name}"
         else:
             from .cache import cpu_name
 
             where = f"CPU ({cpu_name()}, {os.cpu_count()} cores), {self.nworkers} logical device(s)"
+            if hosts > 1:
+                where += f" on {hosts} hosts x {per_host} (torchrun)"
         if self.oversubscribed:
             where += f", {self.ndevices} plan devices measured in turns"
         return where
@@ -531,7 +590,9 @@ class PlanEvaluator:
         if self.ndevices == 1:
             comm = "none (one device)"
         elif self.comm_model is None:
-            comm = f"measured ({'NCCL' if self.device_type == 'cuda' else 'gloo'} all-to-all)"
+            hosts = self.topology[0]
+            comm = (f"measured ({'NCCL' if self.device_type == 'cuda' else 'gloo'} all-to-all"
+                    + (f" across {hosts} hosts)" if hosts > 1 else ")"))
         else:
             comm = self.comm_model.describe()
         return {"compute": compute, "comm": comm}
@@ -569,6 +630,8 @@ class PlanEvaluator:
             hw = hardware_fingerprint(self._device_name, 1)
         else:
             hw = hardware_fingerprint(None, 1)
+        if self._env is not None:   # several hosts: the exchange is not a one-host one
+            hw += "|topology={}x{}".format(*self.topology)
         return CacheContext(hw, self._dataset_digest, self.batch_size, self.optimizer, self.precision)
 
     def start(self) -> None:
@@ -581,10 +644,31 @@ class PlanEvaluator:
 
         t0 = time.perf_counter()
         ctx = mp.get_context("spawn")
-        self._store = dist.TCPStore("127.0.0.1", 0, None, True,
-                                    datetime.timedelta(seconds=self.start_timeout_s), wait_for_workers=False)
-        cfg = _WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._store.port,
-                            max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes())
+        remote: list = []
+        if self._env is None:
+            self._store = dist.TCPStore("127.0.0.1", 0, None, True,
+                                        datetime.timedelta(seconds=self.start_timeout_s), wait_for_workers=False)
+            cfg = _WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._store.port,
+                                max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes())
+        else:   # torchrun: the other ranks connect; rank 0's own device gets a local worker below
+            from .launch import PG_PREFIX, accept_ranks
+
+            if self._generation > 0:
+                raise ShardError("--launcher torchrun: the serving ranks are gone after a failure; start the "
+                                 "command again")
+            self._generation += 1
+            remote, self._host0 = accept_ranks(self._env, self.start_timeout_s)
+            self.device_ids = (self._env.local_rank,) + tuple(rr.local_rank for rr in remote)
+            self._remote_hosts = [rr.host for rr in remote]
+            cfg = _WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._env.master_port,
+                                max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes(),
+                                self._env.master_addr, f"{PG_PREFIX}/{os.getpid()}/{self._generation}")
+            for rr in remote:
+                rr.conn.send(["config", {"dataset_dir": os.path.abspath(cfg.dataset_dir),
+                                         "device_type": cfg.device_type, "device_ids": list(cfg.device_ids),
+                                         "store_port": cfg.store_port, "pg_timeout_s": cfg.pg_timeout_s,
+                                         "pool_cap_bytes": cfg.pool_cap_bytes, "store_host": cfg.store_host,
+                                         "store_prefix": cfg.store_prefix}])
         procs, conns = [], []
         # Children inherit an ignored SIGINT through exec, so a Ctrl-C meant for the parent never
         # interrupts a worker, not even while it is still importing torch.
@@ -592,7 +676,7 @@ class PlanEvaluator:
         old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
         try:
             try:
-                for rank in range(self.nworkers):
+                for rank in range(self.nworkers - len(remote)):
                     parent_end, child_end = ctx.Pipe(duplex=True)
                     p = ctx.Process(target=_worker_main, args=(rank, self.nworkers, child_end, cfg),
                                     name=f"shardcore-device-{rank}", daemon=True)
@@ -603,6 +687,8 @@ class PlanEvaluator:
             finally:
                 if main_thread:
                     signal.signal(signal.SIGINT, old_handler)
+            procs += remote
+            conns += [rr.conn for rr in remote]
             self._procs, self._conns = procs, conns
             replies = self._wait(list(range(self.nworkers)), None, self.start_timeout_s, "start-up")
         except BaseException:
@@ -671,8 +757,9 @@ class PlanEvaluator:
             self._conns[rank].send(msg)
         except (BrokenPipeError, EOFError, OSError):
             code = self._procs[rank].exitcode if self._procs else None
+            who = self._who(rank)
             self._abort()
-            raise ShardError(f"device {rank} worker {_describe_exit(code)}; all workers stopped") from None
+            raise ShardError(f"{who} {_describe_exit(code)}; all workers stopped") from None
 
     def _wait(self, ranks: list[int], req, timeout: float, phase: str) -> dict:
         """Replies of ``ranks`` to request ``req``; any worker death or the deadline is fatal."""
@@ -681,14 +768,15 @@ class PlanEvaluator:
         replies: dict = {}
         errors: list[tuple[int, str, str]] = []
         by_conn = {self._conns[r]: r for r in range(self.nworkers)}
-        by_sentinel = {self._procs[r].sentinel: r for r in range(self.nworkers)}
+        by_sentinel = {self._procs[r].sentinel: r for r in range(self.nworkers) if self._procs[r].sentinel is not None}
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 late = sorted(pending)
+                label = self._who(late[0])
                 self._abort()
                 raise ShardError(
-                    f"device {late[0]} worker did not finish {phase} within {timeout:g} s "
+                    f"{label} did not finish {phase} within {timeout:g} s "
                     f"(hung?{' ' + str(len(late)) + ' workers late' if len(late) > 1 else ''}); "
                     "all workers stopped")
             ready = mp_wait(list(by_conn) + list(by_sentinel), timeout=remaining)
@@ -724,26 +812,56 @@ class PlanEvaluator:
                 proc = self._procs[r]
                 proc.join(0.5)
                 code = proc.exitcode
+                who, remote = self._who(r), hasattr(proc, "label")
                 self._abort()
                 said = [text for rank, _kind, text in errors if rank == r]
                 if said:  # it explained itself before exiting
                     what = "failed to start" if phase == "start-up" else "failed"
-                    raise ShardError(f"device {r} worker {what}: {said[0]}; all workers stopped")
-                raise ShardError(f"device {r} worker {_describe_exit(code)} during {phase}; all workers stopped")
+                    raise ShardError(f"{who} {what}: {said[0]}; all workers stopped")
+                how = ("stopped answering (its connection closed: the process exited or was killed)" if remote
+                       else _describe_exit(code))
+                raise ShardError(f"{who} {how} during {phase}; all workers stopped")
             if errors and phase in ("start-up", "comm"):
                 break  # collectives are involved: do not wait for peers that may never answer
+        if errors and phase == "comm" and self._env is not None:
+            # a peer's "connection closed" in a collective usually means another rank died: name that one
+            gone = self._first_dead(settle_s=2.0)
+            if gone is not None:
+                who = self._who(gone)
+                self._abort()
+                raise ShardError(f"{who} stopped answering (its connection closed: the process exited or was "
+                                 f"killed) during {phase}; all workers stopped")
         if errors:
             r, kind, text = errors[0]
+            who, short = self._who(r), self._who(r, short=True)
             if phase == "start-up":
                 self._abort()
-                raise ShardError(f"device {r} worker failed to start: {text}")
+                raise ShardError(f"{who} failed to start: {text}")
             if kind == "user":
                 if phase == "comm":
                     self._abort()
-                raise ShardError(f"device {r}: {text}")
+                raise ShardError(f"{short}: {text}")
             self._abort()
-            raise ShardError(f"device {r}: {text}; all workers stopped")
+            raise ShardError(f"{short}: {text}; all workers stopped")
         return replies
+
+    def _first_dead(self, settle_s: float) -> int | None:
+        """The first worker whose process is gone or whose connection is closed, waiting up to
+        ``settle_s`` for the news to arrive; None if all still answer."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            for r in range(self.nworkers):
+                proc, conn = self._procs[r], self._conns[r]
+                if proc.sentinel is not None and not proc.is_alive():
+                    return r
+                try:
+                    while conn.poll(0):
+                        conn.recv()   # late replies are stale now; an EOF means the peer is gone
+                except (EOFError, OSError):
+                    return r
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
 
     def _request(self, ranks: list[int], make_msg, phase: str) -> dict:
         self.start()

@@ -97,7 +97,7 @@ def _torchrec():
         import torchrec  # noqa: F401
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: F401
         from torchrec.distributed.planner import EmbeddingShardingPlanner  # noqa: F401
-    except (ImportError, OSError) as exc:
+    except Exception as exc:  # ImportError, OSError, or a RuntimeError of an FBGEMM build lacking an operator
         text = str(exc).strip()
         detail = text.splitlines()[0] if text else type(exc).__name__
         raise ShardError(f"{INSTALL_HINT} [import failed: {detail}]") from None
@@ -115,8 +115,12 @@ def _data_type(precision: str):
         raise ShardError(f"unknown weights precision {precision!r}: choose fp16 or fp32") from None
 
 
-def _topology(ndevices: int, cap_bytes: int, compute_device: str):
-    """N devices with ``cap_bytes`` each: HBM on "cuda"; on "cpu" (tables in host memory) the DDR."""
+def _topology(ndevices: int, cap_bytes: int, compute_device: str, local_world_size: int | None = None):
+    """N devices with ``cap_bytes`` each: HBM on "cuda"; on "cpu" (tables in host memory) the DDR;
+    ``local_world_size`` devices per host (default: all on one host)."""
+    lws = int(local_world_size) if local_world_size else ndevices
+    if lws < 1 or ndevices % lws:
+        raise ShardError(f"torchrec: {ndevices} devices do not split into hosts of {lws}")
     from torchrec.distributed.planner import types as ptypes
 
     caps = {"hbm_cap_bytes": cap_bytes}
@@ -125,9 +129,9 @@ def _topology(ndevices: int, cap_bytes: int, compute_device: str):
     factory = getattr(ptypes, "TopologyFactory", None)
     if factory is not None:  # TorchRec >= 1.8: the supported way, and no warning
         return factory.create_topology(
-            ptypes.TrainerConfig(world_size=ndevices, local_world_size=ndevices, **caps),
+            ptypes.TrainerConfig(world_size=ndevices, local_world_size=lws, **caps),
             kernel_config=ptypes.KernelConfig(compute_device=compute_device))
-    return ptypes.Topology(world_size=ndevices, local_world_size=ndevices, compute_device=compute_device,
+    return ptypes.Topology(world_size=ndevices, local_world_size=lws, compute_device=compute_device,
                            hbm_cap=cap_bytes, ddr_cap=caps.get("ddr_cap_bytes"))
 
 
@@ -150,6 +154,7 @@ class TorchRecSharder(Sharder):
     memory_model: str = "torchrec"
     reserve: float = 0.0
     compute_device: str = "cuda"
+    local_world_size: int | None = None   # devices per host (torchrun's LOCAL_WORLD_SIZE); None: one host
     last_plan: Any = field(default=None, init=False, repr=False)  # TorchRec's ShardingPlan of the last task
 
     def __post_init__(self):
@@ -191,7 +196,8 @@ class TorchRecSharder(Sharder):
         constraints = {name: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"],
                                                   pooling_factors=[float(t.pooling_factor)])
                        for name, t in zip(names, tables)}
-        topology = _topology(ndevices, int(math.floor(max_memory_gb * GB)), self.compute_device)
+        lws = self.local_world_size if self.local_world_size and ndevices % self.local_world_size == 0 else None
+        topology = _topology(ndevices, int(math.floor(max_memory_gb * GB)), self.compute_device, lws)
         local_batch = max(1, int(round(int(self.batch_size) / ndevices)))
         enumerator = None
         if self.memory_model == "weights":
@@ -249,13 +255,15 @@ def _condense_planner_error(text: str, tables: Sequence[TableConfig]) -> str:
 
 
 def load_sharder(path=None, batch_size: int | None = None, memory_model: str = "torchrec",
-                 reserve: float = 0.0, compute_device: str = "cuda", **_ignored) -> TorchRecSharder:
+                 reserve: float = 0.0, compute_device: str = "cuda", local_world_size: int | None = None,
+                 **_ignored) -> TorchRecSharder:
     """``--alg torchrec``. ``path`` is unused (TorchRec's planner has nothing to load); other
     keyword arguments the caller passes to every method (e.g. ``seed``) are ignored.
     Raises :class:`ShardError` with the install recipe when TorchRec is missing."""
     _torchrec()
     return TorchRecSharder("torchrec", batch_size=int(batch_size or DEFAULT_BATCH_SIZE),
-                           memory_model=memory_model, reserve=reserve, compute_device=compute_device)
+                           memory_model=memory_model, reserve=reserve, compute_device=compute_device,
+                           local_world_size=local_world_size)
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,8 +16,10 @@ from shardcore.emulator import MEASUREMENTS_DIR, GpuComputeModel, load_gpu_model
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
 # Held-out 10-fold shard MAPE at batch 65536 as printed by tools/emulator_accuracy.py (fw, bw, fw+bw)
-REPORTED_KFOLD = {"fw": 5.57, "bw": 4.10, "fw+bw": 3.77}
+REPORTED_KFOLD = {"fw": 5.22, "bw": 4.10, "fw+bw": 3.65}
 MARGIN = 0.3
+# Leave-one-task-out within-task Spearman (mean) and plan-cost MAPE % per plan source, as printed
+REPORTED_PLANS = {"plans": (0.862, 2.16), "gpucheck1": (0.868, 2.17), "gpucheck2": (0.845, 2.40)}
 
 
 def _tool(name):
@@ -39,7 +41,8 @@ def model():
 
 def test_shipped_parameters_load(model):
     params = read_params(model_path("h200"))
-    assert "NVIDIA H200" in params["fitted_on"] and "869 shards" in params["fitted_on"]
+    assert "NVIDIA H200" in params["fitted_on"] and "1946 shards (2729 measurements" in params["fitted_on"]
+    assert "gpucheck1" in params["fitted_on"] and "gpucheck2" in params["fitted_on"]
     assert model.batches == [4096, 65536]
     for wf, wb in model.weights.values():
         assert len(wf) == len(params["features"]) and (wf >= 0).all() and (wb >= 0).all()
@@ -91,7 +94,9 @@ def test_held_out_mape_matches_report():
     known = synthetic_length_cv()
     cv0 = default_cv_of(known, ltc(CONFIGS), 65536)
     land = acc.Landscape(65536, MEASUREMENTS_DIR, dict(DEFAULT_SPEC), known, cv0)
-    assert len(land.fw) == 869 and len(land.meas["plans"]) == 120
+    assert len(land.fw) == 1946 and sum(len(s["measured"]) for s in land.meas["shards"]) == 2729
+    sources = [p["source"] for p in land.meas["plans"]]
+    assert (sources.count("plans"), sources.count("gpucheck1"), sources.count("gpucheck2")) == (120, 120, 140)
     pred = land.kfold()
     got = {"fw": acc.mape(pred[:, 0], land.fw), "bw": acc.mape(pred[:, 1], land.bw),
            "fw+bw": acc.mape(pred.sum(1), land.fw + land.bw)}
@@ -100,6 +105,14 @@ def test_held_out_mape_matches_report():
     # the held-out predictions are not the training fit: they are (slightly) worse than in-sample
     wf, wb = land.fit(np.ones(len(land.fw), bool))
     assert acc.mape(land.X @ wf, land.fw) < got["fw"]
+    # leave-one-task-out plan ranking (the report's figures; measurement noise between two H200s
+    # gives within-task rho 0.98-0.99, the goal is 0.9: not reached, see the README)
+    lto = land.leave_task_out()
+    costs = {key: dict(zip(i.tolist(), p.sum(1).tolist())) for key, (i, p) in lto.items()}
+    for source, (rho_min, mape_max) in REPORTED_PLANS.items():
+        rhos, plan_mape, n = land.plan_scores(source, lambda key: costs[key])
+        assert len(rhos) == 20 and n == (140 if source == "gpucheck2" else 120)
+        assert np.nanmean(rhos) >= rho_min - 0.01 and plan_mape <= mape_max + MARGIN, (source, np.nanmean(rhos), plan_mape)
 
 
 def test_refit_reproduces_shipped_parameters():
@@ -167,3 +180,26 @@ def test_predict_shard_costs_unknown_oracle_and_missing_configs(tmp_path, capsys
     code, _, err = _run_predict(["--shards", str(src), "--out", str(tmp_path / "o"),
                                  "--table-configs", str(tmp_path / "none.json")], capsys)
     assert code == 2 and err.startswith("error: table configs not found") and err.count("\n") == 1
+
+
+def test_gpucheck_runs_reconstructed_and_prediction_fast(model, tables):
+    import time
+    from shardcore.emulator import load_measurements
+
+    meas = load_measurements(65536)
+    shards = meas["shards"]
+    for p in meas["plans"]:
+        if p["source"] == "plans":
+            continue
+        # the compute cost is one of that run's device measurements, and no device is cheaper than all of them
+        own = [[f + b for r, f, b in shards[k]["measured"] if r == p["source"]] for k in p["shards"]]
+        assert all(own) and any(abs(c - p["gpu_cost_ms"]) <= 1e-9 for cs in own for c in cs)
+        assert all(min(cs) <= p["gpu_cost_ms"] + 1e-9 for cs in own)
+        assert all((p["set"], p["task"]) in shards[k]["tasks"] for k in p["shards"])
+    assert sum(s["kind"] == "random" for s in shards) == 467
+    shard = tables[:50]
+    model.predict(shard, 65536)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        model.predict(shard, 65536)
+    assert (time.perf_counter() - t0) / 20 < 5e-3  # well under a millisecond on an idle core

@@ -2,13 +2,21 @@
 """How well the emulated-GPU compute model predicts real H200 shards and plans it did not see.
 
 Held-out figures from the shipped measurements (data/gpu_measurements/, NVIDIA H200, measured
-2026-11-26), the model refitted for every split exactly as tools/fit_gpu_emulator.py fits it:
+2026-11-26), the model refitted for every split exactly as tools/fit_gpu_emulator.py fits it. At batch
+65536 the shards of all files (shared plan and random shards, the two gpu_check runs) enter once per
+distinct shard, their measurements averaged; plans come from three sources: the shared plans file
+(6 algorithms x 20 tasks), gpu_check run 1 (6 algorithms) and run 2 (7, TorchRec included), each
+plan's measured compute cost being its own run's max device fw+bw.
 
-- shard MAPE of fw, bw and fw+bw, 10-fold cross-validation over shards (fixed permutation, seed 0);
-- the same with whole tasks held out (each of the 20 test tasks: fitted without any shard of that
-  task's plans; the task's tables may still occur in other tasks' shards);
-- within-task Spearman rank correlation between the predicted plan cost (max over the plan's
-  devices of predicted fw+bw) and the measured GPU plan cost, task held out, averaged over tasks;
+- shard MAPE of fw, bw and fw+bw, 10-fold cross-validation over distinct shards (fixed permutation,
+  seed 0), all shards and plan / random shards separately;
+- leave one task out: each of the 20 test tasks fitted without any shard of that task's plans (of
+  every run; the task's tables may still occur in other tasks' and random shards): the held-out
+  shards' MAPE, and per plan source the within-task Spearman rank correlation between the predicted
+  plan cost (max over the plan's devices of predicted fw+bw) and the measured one (mean, min,
+  tasks with rho >= 0.9) and the plan-cost MAPE;
+- continuity: fitted on the original files only (shared plan + random shards), tested on the new
+  runs' shards not in those files and on the new runs' plans;
 - "unknown CV": the same predictions when the bag-length CV of every table is unknown (the
   fallback any dataset other than the default synthetic one gets);
 - batch 4096: its own parameter set held out the same way, and the batch-65536 set extrapolated.

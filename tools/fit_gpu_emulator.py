@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Refit the emulated-GPU compute model from the shipped shard measurements.
 
-Reads data/gpu_measurements/ (NVIDIA H200, measured 2026-11-26): the batch-65536 plan and random
-shards (the primary landscape) and the batch-4096 plan shards, fits the forward and backward
+Reads data/gpu_measurements/ (NVIDIA H200, measured 2026-11-26): the batch-65536 shards (the primary
+landscape: the shared plan and random shard files and the two gpu_check runs' shard files; a shard
+measured more than once enters once, with the mean of its measurements) and the batch-4096 plan
+shards, fits the forward and backward
 weights of shardcore.emulator's features at each batch by non-negative least squares on the
 relative error (deterministic), and rewrites data/gpu_measurements/h200_emulator.json atomically.
 
@@ -41,7 +43,9 @@ def fit_from_measurements(directory=MEASUREMENTS_DIR, spec=None) -> dict:
         fw = [s["fw_ms"] for s in meas["shards"]]
         bw = [s["bw_ms"] for s in meas["shards"]]
         sets[batch] = (X, fw, bw)
-        counts.append(f"batch {batch}: {len(fw)} shards ({', '.join(SHARD_FILES[batch])})")
+        nmeas = sum(len(s["measured"]) for s in meas["shards"])
+        counts.append(f"batch {batch}: {len(fw)} shards ({nmeas} measurements, a shard's averaged; "
+                      f"{', '.join(SHARD_FILES[batch])})")
     fitted_on = f"{MEASURED}; fp16 weights, exact SGD, each shard alone; " + "; ".join(counts)
     return fit_params(sets, spec, card=CARD, fitted_on=fitted_on, known_tables=known, default_cv=default_cv)
 
