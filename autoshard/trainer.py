@@ -536,15 +536,18 @@ class AutoShardTrainer:
             return f"the checkpoint could not be saved ({type(exc).__name__}: {exc})"
         return f"checkpoint saved to {self._saved_path} at step {self.model.steps} (--resume continues)"
 
-    def _check_actors(self, actors) -> None:
+    def _check_actors(self, actors, server: "MeasurementServer | None" = None) -> None:
         """An actor that is gone (killed, crashed) stops training with one line; checked about once a
-        second even while the other actors keep the queue busy."""
+        second even while the other actors keep the queue busy. An actor leaves on its own after its
+        plan's measurement failed: then the measurement's error is the one to report."""
         now = time.monotonic()
         if now < self._next_liveness_check:
             return
         self._next_liveness_check = now + 1.0
         for a, p in enumerate(actors):
             if not p.is_alive():
+                if server is not None and server.error is not None:
+                    raise ShardError(f"measurement failed: {server.error}")
                 self._actor_died = True
                 code = p.exitcode
                 how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
@@ -557,12 +560,12 @@ class AutoShardTrainer:
                 raise KeyboardInterrupt
             if server.error is not None:
                 raise ShardError(f"measurement failed: {server.error}")
-            self._check_actors(actors)
+            self._check_actors(actors, server)
             try:
                 msg = out_q.get(timeout=1.0)
             except queue.Empty:
                 self._next_liveness_check = 0.0
-                self._check_actors(actors)
+                self._check_actors(actors, server)
                 continue
             if msg[0] == "error":
                 raise ShardError(f"actor {msg[1]} failed: {msg[2]}")
