@@ -79,31 +79,6 @@ class _Deadline(Exception):
     pass
 
 
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties); nan for fewer than two points or a
-    constant input."""
-    import numpy as np
-
-    if len(x) != len(y) or len(x) < 2:
-        return float("nan")
-
-    def ranks(v):
-        v = np.asarray(v, dtype=float)
-        order = np.argsort(v, kind="mergesort")
-        r = np.empty(len(v))
-        r[order] = np.arange(len(v), dtype=float)
-        for val in np.unique(v):  # ties get their average rank
-            m = v == val
-            if m.sum() > 1:
-                r[m] = r[m].mean()
-        return r
-
-    rx, ry = ranks(x), ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
 def _say(cfg: CheckConfig, text: str = "") -> None:
     print(text, flush=True)
     cfg.log.append(text)
@@ -296,6 +271,8 @@ def _match_set(spec: str, name: str, names: Sequence[str]) -> str:
 
 def rank_agreement(a: dict, b: dict) -> dict:
     """Spearman over the (task, alg) pairs both hold, overall and the mean within a task."""
+    from .report import spearman
+
     keys = sorted(set(a) & set(b))
     out = {"plans": len(keys), "overall": spearman([a[k] for k in keys], [b[k] for k in keys])}
     per = []

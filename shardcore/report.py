@@ -143,3 +143,28 @@ def noise_verdict(results: Sequence[TaskResult], noise_pct: float | None) -> str
     return (f"no ranking: the {len(groups)} algorithms' plans cannot be told apart (mean costs "
             f"{lo:.3f}..{hi:.3f} ms, {100 * (hi / lo - 1):.1f}% apart, within {noise_txt}); on a GPU, "
             "measure at the dataset's full batch (tools/gen_dlrm_data.py --batch-size 65536)")
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); nan for fewer than two points or a
+    constant input."""
+    import numpy as np
+
+    if len(x) != len(y) or len(x) < 2:
+        return float("nan")
+
+    def ranks(v):
+        v = np.asarray(v, dtype=float)
+        order = np.argsort(v, kind="mergesort")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for val in np.unique(v):  # ties get their average rank
+            m = v == val
+            if m.sum() > 1:
+                r[m] = r[m].mean()
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])

@@ -2,12 +2,13 @@
 reproducible fit, and the predict_shard_costs CLI."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
+
+from helpers import load_tool
 
 from shardcore.cli import run_main
 from shardcore.dataset import load_table_configs
@@ -22,11 +23,6 @@ MARGIN = 0.3
 REPORTED_PLANS = {"plans": (0.862, 2.16), "gpucheck1": (0.868, 2.17), "gpucheck2": (0.845, 2.40)}
 
 
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(f"_tool_{name}", os.path.join(ROOT, "tools", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +83,7 @@ def test_known_tables_get_their_bag_length_cv(model, tables):
 
 
 def test_held_out_mape_matches_report():
-    acc = _tool("emulator_accuracy")
+    acc = load_tool("emulator_accuracy")
     from shardcore.emulator import DEFAULT_SPEC, default_cv_of, synthetic_length_cv
     from shardcore.dataset import load_table_configs as ltc
 
@@ -116,7 +112,7 @@ def test_held_out_mape_matches_report():
 
 
 def test_refit_reproduces_shipped_parameters():
-    fit = _tool("fit_gpu_emulator")
+    fit = load_tool("fit_gpu_emulator")
     fresh = json.loads(fit.format_params(fit.fit_from_measurements()))
     shipped = read_params(model_path("h200"))
     assert set(fresh) == set(shipped)
@@ -130,7 +126,7 @@ def test_refit_reproduces_shipped_parameters():
 
 
 def _run_predict(argv, capsys):
-    tool = _tool("predict_shard_costs")
+    tool = load_tool("predict_shard_costs")
     with pytest.raises(SystemExit) as exc:
         run_main(tool.main, argv)
     cap = capsys.readouterr()

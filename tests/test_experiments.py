@@ -2,7 +2,6 @@
 the training orchestration (with stand-in training scripts) and one-line errors."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,17 +16,12 @@ from shardcore import experiments
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks
 
-from helpers import make_dataset
+from helpers import load_tool, make_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", os.path.join(ROOT, "tools", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +47,7 @@ def _check_png(path):
 def test_pipeline_end_to_end(tiny, capsys):
     root, tables, ckpt = tiny
     out, models = root / "results", root / "models"
-    _tool("run_experiments").main([
+    load_tool("run_experiments").main([
         "--scale", "tiny", "--data-dir", str(root / "ds"), "--out-dir", str(out), "--models-dir", str(models),
         "--algs", "random,size_greedy,lookup_greedy,dreamshard,neuroshard,autoshard",
         "--dreamshard-model", str(ckpt), "--skip-train", "--cache-path", str(root / "c.sqlite"), "--quiet"])
@@ -105,7 +99,7 @@ def test_pipeline_on_the_emulated_h200(tiny, capsys):
     """The same pipeline judged by the emulated-H200 oracle: no workers, results labelled as emulated."""
     root, tables, ckpt = tiny
     out = root / "results_emulated"
-    _tool("run_experiments").main([
+    load_tool("run_experiments").main([
         "--scale", "tiny", "--data-dir", str(root / "ds"), "--out-dir", str(out), "--models-dir", str(root / "m2"),
         "--algs", "random,lookup_greedy,dreamshard", "--dreamshard-model", str(ckpt), "--skip-train",
         "--oracle", "emulated:h200", "--quiet"])
@@ -119,7 +113,7 @@ def test_pipeline_on_the_emulated_h200(tiny, capsys):
 def test_bench_planning_tiny(tiny, capsys):
     root, tables, ckpt = tiny
     out = root / "bench"
-    _tool("bench_planning").main([
+    load_tool("bench_planning").main([
         "--data-dir", str(root / "ds"), "--out-dir", str(out), "--algs", "random,lookup_greedy,dreamshard",
         "--dreamshard-model", str(ckpt), "--tables", "5,10,100", "--tables-ndevices", "2",
         "--devices", "2,4", "--devices-tables", "12", "--repeats", "2", "--models-dir", str(root / "none")])
@@ -135,7 +129,7 @@ def test_bench_planning_tiny(tiny, capsys):
     assert "| algorithm" in md and "Peak memory" in md and "DreamShard" in md
     _check_png(out / "planning.png")
     # the time limit: once a size is over it, the larger sizes of that sweep are skipped
-    _tool("bench_planning").main([
+    load_tool("bench_planning").main([
         "--data-dir", str(root / "ds"), "--out-dir", str(root / "bench2"), "--algs", "lookup_greedy",
         "--tables", "5,10", "--devices", "2,4", "--devices-tables", "8", "--time-limit", "1e-9"])
     tab = pd.read_csv(root / "bench2" / "planning_tables.csv")

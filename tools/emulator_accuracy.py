@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 
 from shardcore import io  # noqa: E402
 from shardcore.cli import make_parser, run_main  # noqa: E402
+from shardcore.report import spearman  # noqa: E402
 from shardcore.dataset import load_table_configs  # noqa: E402
 from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, GpuComputeModel, default_cv_of,  # noqa: E402
                                 fit_weights, known_index, load_measurements, measurement_features,
@@ -51,22 +52,6 @@ KFOLD = 10
 def mape(pred, true) -> float:
     pred, true = np.asarray(pred, float), np.asarray(true, float)
     return float(np.mean(np.abs(pred - true) / true) * 100)
-
-
-def spearman(a, b) -> float:
-    def ranks(x):
-        x = np.asarray(x, float)
-        order = np.argsort(x, kind="mergesort")
-        r = np.empty(len(x))
-        r[order] = np.arange(len(x), dtype=float)
-        for v in np.unique(x):  # ties: mean rank
-            m = x == v
-            r[m] = r[m].mean()
-        return r
-    ra, rb = ranks(a), ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 SOURCES = {"plans": "shared plans file", "gpucheck1": "gpu_check run 1", "gpucheck2": "gpu_check run 2"}
