@@ -188,7 +188,11 @@ def accept_ranks(env: RankEnv, timeout_s: float) -> tuple[list[RemoteRank], str]
     """Rank 0: publish the control address and key, accept ranks 1..world-1 (each proves the key and
     says who it is). Returns them ordered by rank, and rank 0's own host name."""
     key = secrets.token_bytes(32)
-    server = socket.create_server(("", env.control_port), reuse_port=False)
+    try:
+        server = socket.create_server(("", env.control_port))
+    except OSError as exc:
+        raise ShardError(f"--launcher torchrun: cannot listen on control port {env.control_port} ({exc.strerror}); "
+                         "choose a free one with SHARDKIT_CONTROL_PORT on every host") from None
     server.settimeout(1.0)
     host = socket.gethostname()
     store = rendezvous_store(env, timeout_s)
