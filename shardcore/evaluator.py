@@ -468,7 +468,6 @@ class PlanEvaluator:
             raise ShardError(f"unknown launcher {launcher!r}: spawn or torchrun")
         self.launcher = launcher
         self._env = None
-        self._remote_hosts: list[str] = []
         if launcher == "torchrun":
             from .launch import rank_env
 
@@ -659,7 +658,6 @@ class PlanEvaluator:
             self._generation += 1
             remote, self._host0 = accept_ranks(self._env, self.start_timeout_s)
             self.device_ids = (self._env.local_rank,) + tuple(rr.local_rank for rr in remote)
-            self._remote_hosts = [rr.host for rr in remote]
             cfg = _WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._env.master_port,
                                 max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes(),
                                 self._env.master_addr, f"{PG_PREFIX}/{os.getpid()}/{self._generation}")

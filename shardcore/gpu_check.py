@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import signal
 import statistics
 import subprocess

@@ -111,9 +111,8 @@ def _decode(obj):
 class JsonConnection:
     """``send``/``recv``/``poll``/``fileno`` like a pipe end, over a socket, in JSON (no pickles)."""
 
-    def __init__(self, conn: Connection, peer: str = ""):
+    def __init__(self, conn: Connection):
         self._conn = conn
-        self.peer = peer
 
     def send(self, obj) -> None:
         self._conn.send_bytes(json.dumps(_encode(obj)).encode("utf-8"))
@@ -228,7 +227,7 @@ def accept_ranks(env: RankEnv, timeout_s: float) -> tuple[list[RemoteRank], str]
             if not 0 < r < env.world_size or r in ranks:
                 conn.close()
                 continue
-            ranks[r] = RemoteRank(r, peer_host, local_rank, JsonConnection(conn, peer_host))
+            ranks[r] = RemoteRank(r, peer_host, local_rank, JsonConnection(conn))
     except BaseException:
         for rr in ranks.values():
             rr.kill()

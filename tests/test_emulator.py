@@ -12,7 +12,7 @@ from helpers import load_tool
 
 from shardcore.cli import run_main
 from shardcore.dataset import load_table_configs
-from shardcore.emulator import MEASUREMENTS_DIR, GpuComputeModel, load_gpu_model, read_params, model_path
+from shardcore.emulator import MEASUREMENTS_DIR, load_gpu_model, read_params, model_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
