@@ -1,9 +1,9 @@
 """Resolve an ``--alg`` name to a sharder: a baseline name, or a trained model's checkpoint.
 
 A checkpoint (``*.pt``) names the method that wrote it in its ``"method"`` entry; the method's
-package (``autoshard``, ``dreamshard``, ``neuroshard``, ...) provides ``load_sharder(path, **kw)``
-in its ``sharder`` module. shardcore imports that module by name only when such a checkpoint is
-asked for, so the core never depends on a method package.
+package (one of those :mod:`shardcore.registry` lists) provides ``load_sharder(path, **kw)`` in its
+``sharder`` module. shardcore imports that module by name only when such a checkpoint is asked
+for, so the core never depends on a method package.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from . import registry
 from .baselines import BASELINES, Sharder, make_baseline
 from .errors import ShardError
 from .io import load_checkpoint
 
-# Plain names (not paths) that a method package answers to, e.g. ``--alg neuroshard``.
-NAMED_METHODS = ("autoshard", "dreamshard", "neuroshard")
 # Names served by an optional module of the core (imported only when asked for).
 CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner"}
 
@@ -27,15 +26,17 @@ def checkpoint_method(path: Path) -> str:
     method = load_checkpoint(path).get("method")
     if not isinstance(method, str):
         raise ShardError(f"{path}: not a shardcore checkpoint (no 'method' entry)")
-    if method not in NAMED_METHODS:
+    known = registry.method_names()
+    if method not in known:
         shown = method if len(method) <= 40 else method[:37] + "..."
-        raise ShardError(f"{path}: unknown method {shown!r} in checkpoint (known: {', '.join(NAMED_METHODS)})")
+        raise ShardError(f"{path}: unknown method {shown!r} in checkpoint (known: {', '.join(known)})")
     return method
 
 
 def _method_module(method: str):
-    if method not in NAMED_METHODS:
-        raise ShardError(f"unknown method {method!r} (known: {', '.join(NAMED_METHODS)})")
+    known = registry.method_names()
+    if method not in known:
+        raise ShardError(f"unknown method {method!r} (known: {', '.join(known)})")
     try:
         return importlib.import_module(f"{method}.sharder")
     except ModuleNotFoundError as exc:
@@ -54,7 +55,7 @@ def resolve(name: str, seed: int = 0, **kwargs) -> Sharder:
         return _method_module(checkpoint_method(path)).load_sharder(path, **kwargs)
     if name in CORE_PLUGINS:
         return importlib.import_module(CORE_PLUGINS[name]).load_sharder(None, **kwargs)
-    if name in NAMED_METHODS:
+    if name in registry.method_names():
         return _method_module(name).load_sharder(None, **kwargs)
     raise ShardError(f"unknown algorithm {name!r}: choose from {', '.join(BASELINES)}, "
                      "or give a trained model's checkpoint (.pt)")

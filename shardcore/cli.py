@@ -159,10 +159,6 @@ def num_devices(args: argparse.Namespace) -> int:
 
 
 
-PRECISION_ORIGIN = {"fp16": "as AutoShard's and DreamShard's original code",
-                    "fp32": "as NeuroShard's original code"}
-
-
 class _PrecisionAction(argparse.Action):
     """``--weights-precision``: remembers that it was given, so ``--max_mem`` leaves it alone."""
 
@@ -171,7 +167,7 @@ class _PrecisionAction(argparse.Action):
         namespace._precision_given = True
 
 
-class _NeuroShardMaxMemAction(argparse.Action):
+class _Fp32MaxMemAction(argparse.Action):
     """NeuroShard's ``--max_mem`` in a script whose own default precision is fp16: the cap is counted
     in fp32 (NeuroShard's meaning) unless ``--weights-precision`` is given."""
 
@@ -190,18 +186,22 @@ def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float =
     parser.add_argument("--max-memory", dest="max_memory", type=positive_float,
                         default=default_max_memory, metavar="GB",
                         help=f"memory cap per device for embedding weights, in GB (default {default_max_memory})")
+    from . import registry
+
+    owner = registry.spelling_owner("--max_mem")
     if default_precision == "fp32":
         parser.add_argument("--max_mem", dest="max_memory", type=positive_float, metavar="GB",
-                            help="NeuroShard's spelling of --max-memory")
+                            help=f"{owner} spelling of --max-memory")
     else:
         parser.add_argument("--max_mem", dest="max_memory", type=positive_float, metavar="GB",
-                            action=_NeuroShardMaxMemAction,
-                            help="NeuroShard's spelling of --max-memory, with NeuroShard's meaning: the cap "
+                            action=_Fp32MaxMemAction,
+                            help=f"{owner} spelling of --max-memory, with {owner} meaning: the cap "
                                  "counts weights in fp32 (4 bytes) unless --weights-precision is given")
+    origin = registry.precision_origin(default_precision)
     parser.add_argument("--weights-precision", choices=sorted(PRECISION_BYTES), default=default_precision,
                         action=_PrecisionAction,
                         help="weight precision: fp16 counts 2 bytes per weight toward the cap, fp32 "
-                             f"counts 4 (default {default_precision}, {PRECISION_ORIGIN[default_precision]})")
+                             f"counts 4 (default {default_precision}" + (f", {origin})" if origin else ")"))
     parser.set_defaults(_precision_given=False)
 
 

@@ -183,17 +183,11 @@ def safe_torch_load(path: str | os.PathLike, what: str = "file", name: str | Non
                          f"({type(exc).__name__}: {first_line(exc, 200)})") from None
 
 
-TRAIN_COMMANDS = {"autoshard": "python train_autoshard.py (or run_autoshard.py)",
-                  "dreamshard": "python train_dreamshard.py",
-                  "neuroshard": "python train_neuroshard.py (or train_compute_cost_model.py and "
-                                "train_comm_cost_model.py)"}
-
-
 def train_hint(method: str | None) -> str:
     """``train one with python train_<method>.py``: the way forward from a checkpoint that cannot be used."""
-    if method in TRAIN_COMMANDS:
-        return f"train one with {TRAIN_COMMANDS[method]}"
-    return "train one with python train_autoshard.py, train_dreamshard.py or train_neuroshard.py"
+    from . import registry
+
+    return registry.train_hint(method)
 
 
 def load_checkpoint(path: str | os.PathLike, method: str | None = None, version: int | None = None,
@@ -208,7 +202,9 @@ def load_checkpoint(path: str | os.PathLike, method: str | None = None, version:
 
     if not os.path.isfile(path):
         raise ShardError(f"checkpoint not found: {path}")
-    original = ("if it comes from the original AutoShard/DreamShard/NeuroShard code, it cannot be loaded here "
+    from . import registry
+
+    original = (f"if it comes from the original {registry.originals_text()} code, it cannot be loaded here "
                 f"(their networks differ): {train_hint(method)}")
     try:
         obj = safe_torch_load(path, "checkpoint")

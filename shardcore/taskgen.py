@@ -134,7 +134,7 @@ def generate_tasks(tables: Sequence[TableConfig], spec: TaskSpec) -> tuple[list[
     return train, test
 
 
-def generate_autoshard_tasks(num_tables: int, t_min: int, t_max: int, num_train: int = 1, num_test: int = 1,
+def generate_transfer_tasks(num_tables: int, t_min: int, t_max: int, num_train: int = 1, num_test: int = 1,
                              transfer: bool = False, transfer_ratio: float = 1.0, test_as_train: bool = False,
                              seed: int = 0) -> tuple[list[Task], list[Task]]:
     """Tasks as AutoShard's ``gen_dlrm_data.py`` wrote them next to the dataset. Without ``transfer``

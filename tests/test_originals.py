@@ -35,7 +35,7 @@ from shardcore.cache import dataset_digest  # noqa: E402
 from shardcore.cli import run_main  # noqa: E402
 from shardcore.dataset import load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
-from shardcore.taskgen import generate_autoshard_tasks  # noqa: E402
+from shardcore.taskgen import generate_transfer_tasks  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
 from shardcore.torchrec_planner import default_names  # noqa: E402
 
@@ -95,12 +95,12 @@ def test_autoshard_gen_dlrm_data_flags(tmp_path):
 
 
 def test_autoshard_task_semantics():
-    train, test = generate_autoshard_tasks(20, 4, 4, num_train=1, num_test=1, test_as_train=True, seed=3)
+    train, test = generate_transfer_tasks(20, 4, 4, num_train=1, num_test=1, test_as_train=True, seed=3)
     assert train == test and len(train[0]) == 4
-    train, test = generate_autoshard_tasks(20, 4, 4, num_train=5, num_test=5, transfer=True, transfer_ratio=1.0)
+    train, test = generate_transfer_tasks(20, 4, 4, num_train=5, num_test=5, transfer=True, transfer_ratio=1.0)
     assert all(i < 10 for t in train for i in t.table_ids) and all(i >= 10 for t in test for i in t.table_ids)
     with pytest.raises(ShardError, match="--test-as-train"):
-        generate_autoshard_tasks(20, 4, 4, num_train=2, num_test=1, test_as_train=True)
+        generate_transfer_tasks(20, 4, 4, num_train=2, num_test=1, test_as_train=True)
 
 
 def test_gen_dlrm_data_without_data_reads_the_original_default_or_refuses(tmp_path, monkeypatch, capsys):

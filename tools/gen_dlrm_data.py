@@ -35,7 +35,7 @@ from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 from shardcore.io import check_output_dir, check_output_file  # noqa: E402
 from shardcore.tables import dim_problem  # noqa: E402
 from shardcore.tasks import save_tasks  # noqa: E402
-from shardcore.taskgen import generate_autoshard_tasks  # noqa: E402
+from shardcore.taskgen import generate_transfer_tasks  # noqa: E402
 
 # the raw file the original scripts read when --data is not given (DreamShard/NeuroShard, AutoShard)
 ORIGINAL_DEFAULT_DATA = ("dlrm_datasets/embedding_bag/fbgemm_t856_bs65536.pt",
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{os.path.join(args.out_dir, 'data.pt')} in {time.time() - t0:.1f} s")
     if autoshard_tasks:
         t_min, t_max = args.T_range or (80, 80)
-        train, test = generate_autoshard_tasks(
+        train, test = generate_transfer_tasks(
             data.num_tables, t_min, t_max, num_train=1 if args.num_train is None else args.num_train,
             num_test=1 if args.num_test is None else args.num_test, transfer=args.transfer,
             transfer_ratio=1.0 if args.transfer_ratio is None else args.transfer_ratio,

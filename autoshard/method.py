@@ -1,0 +1,28 @@
+"""AutoShard as the method registry sees it (:mod:`shardcore.registry`): training and checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shardcore.registry import MethodSpec, TrainContext
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train_args(ctx: TrainContext) -> list[str]:
+    # train_autoshard.py's --batch-size is the learner's; the benchmark batch is --bench-batch-size.
+    # It writes <savedir>/<xpid>/model.pt.
+    return (["--task-path", str(ctx.task_path), "--data-dir", ctx.data_dir, "--gpu-devices", ctx.gpu_devices,
+             "--max-memory", f"{ctx.max_memory:g}", "--weights-precision", ctx.precision,
+             "--savedir", str(ctx.folder.parent), "--xpid", ctx.folder.name, "--seed", str(ctx.seed)]
+            + ctx.oracle_flags_renaming_batch("--bench-batch-size"))
+
+
+METHOD = MethodSpec(
+    name="autoshard", label="AutoShard", train_script=ROOT / "train_autoshard.py",
+    train_hint="python train_autoshard.py (or run_autoshard.py)", default_precision="fp16",
+    train_args=train_args, checkpoint="model.pt",
+    scale_flags={"full": (),
+                 "small": ("--total-steps", "40000", "--time-limit", "10", "--bench-iters", "3"),
+                 "tiny": ("--total-steps", "60", "--num-actors", "1")},
+)
