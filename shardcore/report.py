@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Sequence
 
 from .evaluation import TaskResult
@@ -75,48 +77,199 @@ def measured_summary(results: Sequence[TaskResult], baseline: str = "random") ->
                          "imbalance max/mean", "infeasible", "planning ms"], rows)
 
 
-def paper_table(results: Sequence[TaskResult], task_set: str, baseline: str = "random", bold: bool = True) -> str:
-    """One row in the DreamShard results-table layout: each cell 'mean±std (+x%)', best in bold
-    (``bold=False``: no cell marked, when the plans cannot be told apart, see :func:`noise_verdict`).
+class Outcome(str, Enum):
+    """What became of one (task, algorithm): a plan, no plan under the cap, or an error of the method.
+    A caller that tells failures apart stores ``Outcome.FAILED.value`` in ``TaskResult.extra["outcome"]``."""
 
-    Only tasks that every algorithm planned feasibly count, so all cells average the same tasks."""
+    OK = "ok"
+    INFEASIBLE = "infeasible"
+    FAILED = "failed"
+
+
+def outcome_of(r: TaskResult) -> Outcome:
+    if r.feasible:
+        return Outcome.OK
+    return Outcome(r.extra.get("outcome", Outcome.INFEASIBLE.value))
+
+
+def default_baselines() -> frozenset[str]:
+    """The heuristic planners (the paper's baselines and the core's plug-ins such as TorchRec's)."""
+    from .algorithms import CORE_PLUGINS
+    from .baselines import BASELINES
+
+    return frozenset(BASELINES) | frozenset(CORE_PLUGINS)
+
+
+def bootstrap_interval(d: Sequence[float], seed: int = 0, resamples: int = 2000) -> tuple[float, float] | None:
+    """95% bootstrap interval of the mean of ``d`` (percentile method); None for fewer than two values."""
+    import numpy as np
+
+    d = np.asarray(d, dtype=float)
+    if d.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(resamples, d.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+@dataclass
+class AlgSummary:
+    """One algorithm on one task set; costs are those of the tasks every measured algorithm planned."""
+
+    alg: str
+    costs_ms: list[float]               # per compared task, in task order
+    mean_ms: float | None
+    std_ms: float | None
+    pct_over_random: float | None       # the paper's "% over random" on the compared tasks
+    vs: str | None = None               # the best baseline it is paired with
+    diff_ms: float | None = None        # mean over tasks of (its cost - vs's cost); < 0: faster
+    diff_lo_ms: float | None = None     # 95% bootstrap interval of that mean
+    diff_hi_ms: float | None = None
+    feasible: int = 0
+    infeasible: int = 0
+    failed: int = 0
+    tasks: int = 0
+    mean_planning_ms: float = 0.0
+    mean_imbalance: float | None = None  # max / mean device cost, over the compared tasks
+    bold: bool = False
+
+    @property
+    def n(self) -> int:
+        return len(self.costs_ms)
+
+    def to_json(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k != "costs_ms"}
+        out["tasks_compared"] = self.n
+        return out
+
+
+@dataclass
+class SetSummary:
+    """The statistics of one task set, computed once; every table, file and plot renders them.
+
+    The best cell is bold only where a paired comparison says so: each algorithm is paired task by
+    task with the best baseline (the lowest mean among the baselines), with a 95% bootstrap interval
+    of the mean difference. A best algorithm that is not a baseline is bold when its interval lies
+    below zero; a best baseline, when every non-baseline's interval lies above zero; in a row of
+    baselines only (or of non-baselines only), when the runner-up's interval against the best lies
+    above zero. Fewer than two compared tasks: no interval, nothing bold."""
+
+    task_set: str
+    algs: dict[str, AlgSummary]
+    tasks_compared: list[int]
+    baseline: str = "random"
+    best_baseline: str | None = None
+    best: str | None = None
+    bold: str | None = None
+    why_not_bold: str = ""
+
+    def cell(self, alg: str, bold: bool = True) -> str:
+        """'mean±std (+x%)' as in the DreamShard paper's table, ``**`` where bold."""
+        s = self.algs[alg]
+        if s.mean_ms is None:
+            return Outcome.FAILED.value if s.failed else Outcome.INFEASIBLE.value
+        gain = "" if s.pct_over_random is None else f" ({s.pct_over_random:+.1f}%)"
+        text = f"{s.mean_ms:.1f}±{s.std_ms:.1f}{gain}"
+        return f"**{text}**" if s.bold and bold else text
+
+    def diff_text(self, alg: str) -> str:
+        """'+1.2 [-0.4, +2.0] vs X' (ms, mean paired difference and its 95% interval) or '-'."""
+        s = self.algs[alg]
+        if s.diff_ms is None:
+            return "-"
+        ci = "" if s.diff_lo_ms is None else f" [{s.diff_lo_ms:+.1f}, {s.diff_hi_ms:+.1f}]"
+        return f"{s.diff_ms:+.1f}{ci} vs {s.vs}"
+
+    def to_json(self) -> dict:
+        return {"task_set": self.task_set, "tasks_compared": list(self.tasks_compared),
+                "best_baseline": self.best_baseline, "best": self.best, "bold": self.bold,
+                "why_not_bold": self.why_not_bold, "algorithms": {a: s.to_json() for a, s in self.algs.items()}}
+
+
+def summarize(results: Sequence[TaskResult], task_set: str = "", baseline: str = "random",
+              baselines: frozenset[str] | None = None, seed: int = 0, resamples: int = 2000) -> SetSummary:
+    """The :class:`SetSummary` of one task set's results (algorithms in the order they appear)."""
+    baselines = default_baselines() if baselines is None else baselines
     groups = _by_alg(results)
-    common = set.intersection(*({r.task for r in rs if r.cost_ms is not None} for rs in groups.values()))
-    groups = {alg: [r for r in rs if r.task in common] for alg, rs in groups.items()}
-    base = [r.cost_ms for r in groups.get(baseline, []) if r.cost_ms is not None]
-    base_mean = statistics.fmean(base) if base else None
-    means = {}
-    cells = {}
+    cost = {a: {r.task: r.cost_ms for r in rs if r.cost_ms is not None} for a, rs in groups.items()}
+    cost = {a: c for a, c in cost.items() if c}
+    common = sorted(set.intersection(*(set(c) for c in cost.values()))) if cost else []
+    base_mean = statistics.fmean(cost[baseline][t] for t in common) if baseline in cost and common else None
+    algs: dict[str, AlgSummary] = {}
     for alg, rs in groups.items():
-        costs = [r.cost_ms for r in rs if r.cost_ms is not None]
-        if not costs:
-            cells[alg] = "infeasible"
-            continue
-        mean, std = _mean_std(costs)
-        means[alg] = mean
-        gain = "" if base_mean is None or alg == baseline else f" ({improvement_over(base_mean, mean):+.1f}%)"
-        cells[alg] = f"{mean:.1f}±{std:.1f}{gain}"
-    if means and bold:
-        best = min(means, key=means.get)
-        cells[best] = f"**{cells[best]}**"
-    return format_table(["Task"] + list(groups), [[task_set] + [cells[a] for a in groups]])
+        costs = [cost[alg][t] for t in common] if alg in cost else []
+        mean, std = _mean_std(costs) if costs else (None, None)
+        gain = improvement_over(base_mean, mean) if base_mean is not None and mean and alg != baseline else None
+        outcomes = [outcome_of(r) for r in rs]
+        imb = [r.imbalance for r in rs if r.task in common and r.imbalance is not None]
+        algs[alg] = AlgSummary(alg, costs, mean, std, gain, feasible=outcomes.count(Outcome.OK),
+                               infeasible=outcomes.count(Outcome.INFEASIBLE), failed=outcomes.count(Outcome.FAILED),
+                               tasks=len(rs), mean_planning_ms=1e3 * statistics.fmean(r.planning_seconds for r in rs),
+                               mean_imbalance=statistics.fmean(imb) if imb else None)
+    out = SetSummary(task_set, algs, common, baseline)
+    means = {a: s.mean_ms for a, s in algs.items() if s.mean_ms is not None}
+    if not means:
+        out.why_not_bold = "nothing measured"
+        return out
+    out.best = min(means, key=means.get)
+    base_means = {a: m for a, m in means.items() if a in baselines}
+    out.best_baseline = min(base_means, key=base_means.get) if base_means else None
+
+    def paired(a: str, b: str) -> tuple[float, tuple[float, float] | None]:
+        d = [cost[a][t] - cost[b][t] for t in common]
+        return statistics.fmean(d), bootstrap_interval(d, seed, resamples)
+
+    if out.best_baseline is not None:
+        for alg, s in algs.items():
+            if alg != out.best_baseline and s.mean_ms is not None:
+                s.vs = out.best_baseline
+                s.diff_ms, ci = paired(alg, out.best_baseline)
+                s.diff_lo_ms, s.diff_hi_ms = ci if ci is not None else (None, None)
+    others = [a for a in means if a not in baselines]
+    if len(common) < 2:
+        out.why_not_bold = f"{len(common)} task(s) compared: no interval"
+        return out
+    if len(means) < 2:
+        out.why_not_bold = "one algorithm measured"
+        return out
+    if out.best_baseline is None or not others or len(others) == len(means):
+        runner_up = sorted(means, key=means.get)[1]   # one kind only: the best against the runner-up
+        ci = paired(runner_up, out.best)[1]
+        significant = ci[0] > 0
+    elif out.best == out.best_baseline:
+        significant = all(algs[a].diff_lo_ms > 0 for a in others)
+    else:
+        significant = algs[out.best].diff_hi_ms < 0
+    if significant:
+        out.bold = out.best
+        algs[out.best].bold = True
+    else:
+        out.why_not_bold = "the best mean is within the 95% interval of the paired difference"
+    return out
+
+
+def paper_table(results: Sequence[TaskResult] | SetSummary, task_set: str = "", baseline: str = "random",
+                bold: bool = True) -> str:
+    """One row in the DreamShard results-table layout: each cell 'mean±std (+x%)', the best in bold
+    where its :class:`SetSummary` tells it apart from the best baseline (``bold=False``: no cell
+    marked, e.g. when the plans cannot be told apart from the oracle's noise, see :func:`noise_verdict`).
+
+    Only tasks that every measured algorithm planned feasibly count, so all cells average the same tasks."""
+    summary = results if isinstance(results, SetSummary) else summarize(results, task_set, baseline)
+    algs = list(summary.algs)
+    return format_table(["Task"] + algs, [[summary.task_set or task_set] + [summary.cell(a, bold) for a in algs]])
 
 
 def _paired_distinct(a: Sequence[float], b: Sequence[float], noise: float, seed: int = 0,
                      resamples: int = 2000) -> bool:
     """Whether costs ``a`` and ``b`` (paired by task) differ: the mean relative difference exceeds
     ``noise`` (a fraction) and, with two or more tasks, its 95% bootstrap interval excludes zero."""
-    import numpy as np
-
-    d = np.array([(x - y) / y for x, y in zip(a, b) if y > 0])
-    if d.size == 0 or abs(float(d.mean())) <= noise:
+    d = [(x - y) / y for x, y in zip(a, b) if y > 0]
+    if not d or abs(statistics.fmean(d)) <= noise:
         return False
-    if d.size == 1:
-        return True
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, d.size, size=(resamples, d.size))].mean(axis=1)
-    lo, hi = np.quantile(means, [0.025, 0.975])
-    return bool(lo > 0 or hi < 0)
+    ci = bootstrap_interval(d, seed, resamples)
+    return ci is None or ci[0] > 0 or ci[1] < 0
 
 
 def noise_verdict(results: Sequence[TaskResult], noise_pct: float | None) -> str | None:
