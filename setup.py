@@ -4,8 +4,10 @@ setup(
     name="shardkit",
     version="0.1.0",
     description="Embedding-table sharding: AutoShard, DreamShard and NeuroShard on one shared core",
-    packages=find_packages(include=["shardcore", "shardcore.*", "autoshard", "autoshard.*",
-                                    "dreamshard", "dreamshard.*", "neuroshard", "neuroshard.*"]),
+    packages=find_packages(include=["shardcore", "shardcore.*", "experiments", "experiments.*",
+                                    "autoshard", "autoshard.*", "dreamshard", "dreamshard.*",
+                                    "neuroshard", "neuroshard.*"]),
+    py_modules=["shardkit_methods"],   # the list of method packages (shardcore.registry reads it)
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "numpy", "pandas", "tqdm", "matplotlib"],
     extras_require={

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
-from typing import Sequence
+from typing import Callable, Sequence
 
 import matplotlib
 
@@ -18,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 from .io import atomic_path  # noqa: E402
+from .report import SetSummary  # noqa: E402
 
 PART_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
 
@@ -41,12 +41,13 @@ def _empty(path, title: str, message: str) -> None:
     _save(fig, path)
 
 
-def plot_costs(sets: Sequence[tuple[str, dict[str, Sequence[float]]]], path: str | os.PathLike,
-               title: str = "Plan cost per algorithm") -> None:
-    """One panel per task set: per algorithm the mean plan cost (bar), its std (error bar) and every
-    task's cost (dots); the best mean is outlined. ``sets``: ``[(task set, {label: costs_ms})]``."""
-    sets = [(name, {k: list(v) for k, v in algs.items()}) for name, algs in sets]
-    if not sets or not any(any(v) for _, a in sets for v in a.values()):
+def plot_costs(summaries: Sequence[SetSummary], path: str | os.PathLike, title: str = "Plan cost per algorithm",
+               label: Callable[[str], str] = str) -> None:
+    """One panel per task set (:class:`~shardcore.report.SetSummary`): per algorithm the mean plan
+    cost (bar), its std (error bar) and every compared task's cost (dots); the summary's bold cell
+    (the best, where told apart from the best baseline) is outlined. ``label`` names an algorithm."""
+    sets = [(s.task_set, {label(a): a_s for a, a_s in s.algs.items()}) for s in summaries]
+    if not sets or not any(a_s.costs_ms for _, algs in sets for a_s in algs.values()):
         _empty(path, title, "no measured plan")
         return
     labels = list(dict.fromkeys(lab for _, algs in sets for lab in algs))
@@ -56,18 +57,14 @@ def plot_costs(sets: Sequence[tuple[str, dict[str, Sequence[float]]]], path: str
     width = max(4.0, 0.55 * len(labels) + 1.5)
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 3.6 * nrows), squeeze=False)
     for ax, (name, algs) in zip(axes.flat, sets):
-        means = {lab: statistics.fmean(v) for lab, v in algs.items() if v}
-        best = min(means, key=means.get) if means else None
         for i, lab in enumerate(labels):
-            v = algs.get(lab) or []
-            if not v:
+            a_s = algs.get(lab)
+            if a_s is None or a_s.mean_ms is None:
                 ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
                 continue
-            m = statistics.fmean(v)
-            s = statistics.pstdev(v) if len(v) > 1 else 0.0
-            ax.bar(i, m, yerr=s, color=colors[lab], alpha=0.85, capsize=3,
-                   edgecolor="black" if lab == best else "none", linewidth=1.8 if lab == best else 0)
-            ax.scatter([i] * len(v), v, s=8, color="black", zorder=3)
+            ax.bar(i, a_s.mean_ms, yerr=a_s.std_ms, color=colors[lab], alpha=0.85, capsize=3,
+                   edgecolor="black" if a_s.bold else "none", linewidth=1.8 if a_s.bold else 0)
+            ax.scatter([i] * a_s.n, a_s.costs_ms, s=8, color="black", zorder=3)
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
         ax.set_title(name, fontsize=10)

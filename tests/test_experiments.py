@@ -12,7 +12,8 @@ import matplotlib.image as mpimg
 import pandas as pd
 import pytest
 
-from shardcore import experiments
+from experiments import config, training
+from shardcore import registry
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks
 
@@ -69,15 +70,34 @@ def test_pipeline_end_to_end(tiny, capsys):
     assert (df[df.alg == "dreamshard"].checkpoint == str(ckpt)).all()
     # the paper-layout table: header, one row per set, best in bold, % over random
     md = (out / "results.md").read_text()
-    table = [l for l in md.splitlines() if l.startswith("| ")]
-    assert table[0].split("|")[1].strip() == "Task"
+    cost_section = md.split("## Plan cost")[1].split("\n## ")[0]
+    table = [l for l in cost_section.splitlines() if l.startswith("| ")]
+    assert table[0].split("|")[1].strip() == "Task" and len(table) == 3
     assert [c.strip() for c in table[0].split("|")[2:6]] == ["Random", "Size-based", "Lookup-based", "DreamShard"]
     rows = {l.split("|")[1].strip(): l for l in table}
     for name in ("DLRM-6 (2)", "DLRM-10 (2)"):
-        assert name in rows and "**" in rows[name] and "%)" in rows[name] and "±" in rows[name]
+        assert name in rows and "%)" in rows[name] and "±" in rows[name]
     # skipped methods are noted, not fatal
     assert "## Skipped" in md and "autoshard" in md and "neuroshard" in md
     summary = json.loads((out / "summary.json").read_text())
+    # bold follows the paired intervals of summary.json, the same statistics the table shows
+    header = [c.strip() for c in table[0].split("|")[1:-1]]
+    for st in summary["task_sets"]:
+        cells = dict(zip(header, [c.strip() for c in rows[st["task_set"]].split("|")[1:-1]]))
+        algs = st["algorithms"]
+        assert st["best_baseline"] in ("random", "size_greedy", "lookup_greedy") and st["tasks_compared"] == [0, 1]
+        ds = algs["dreamshard"]
+        assert ds["vs"] == st["best_baseline"] and ds["diff_lo_ms"] <= ds["diff_ms"] <= ds["diff_hi_ms"]
+        costs = df[(df.task_set == st["task_set"])].pivot(index="task", columns="alg", values="cost_ms")
+        assert ds["diff_ms"] == pytest.approx((costs.dreamshard - costs[st["best_baseline"]]).mean(), abs=1e-3)
+        bold = [h for h, c in cells.items() if c.startswith("**")]
+        if st["bold"] is None:
+            assert bold == [] and st["why_not_bold"]
+        else:
+            assert bold == [config.label(st["bold"])] and algs[st["bold"]]["bold"] is True
+            assert algs[st["bold"]]["mean_ms"] == min(a["mean_ms"] for a in algs.values())
+    assert "## Paired with the best baseline" in md and "95% bootstrap interval" in md
+    assert "## Paired with the best baseline" in printed and "| DLRM-10 (2)" in printed
     assert summary["finished"] is True and summary["scale"] == "tiny"
     assert {"machine", "date", "command", "versions", "timings_s"} <= set(summary)
     assert "torch" in summary["versions"] and summary["timings_s"]["total"] > 0
@@ -155,57 +175,88 @@ FAKE_TRAIN = textwrap.dedent("""
 
 
 def test_training_orchestration(tmp_path, monkeypatch):
-    """Train / reuse / fail / time-out paths of the learned methods, with a stand-in train_dreamshard.py."""
+    """Train / reuse / fail / time-out paths of the learned methods, with a stand-in training script
+    in the method's registry entry (no global of the runner is patched)."""
     (tmp_path / "train_dreamshard.py").write_text(FAKE_TRAIN)
-    monkeypatch.setattr(experiments, "ROOT", tmp_path)
-    ts = experiments.TaskSetDef(6, 2)
-    cfg = experiments.ExperimentConfig(data_dir=str(tmp_path), out_dir=str(tmp_path / "out"),
-                                       models_dir=str(tmp_path / "models"), scale="tiny",
-                                       train_args={"dreamshard": "--num-iterations 3"}).resolved()
+    spec = dataclasses.replace(registry.get("dreamshard"), train_script=tmp_path / "train_dreamshard.py")
+    ts = config.TaskSetDef(6, 2)
+    cfg = config.ExperimentConfig(data_dir=str(tmp_path), out_dir=str(tmp_path / "out"),
+                                  models_dir=str(tmp_path / "models"), scale="tiny",
+                                  train_args={"dreamshard": "--num-iterations 3"}).resolved()
     paths = {ts: tmp_path / "train.txt"}
 
     monkeypatch.setenv("FAKE_MODE", "ok")
     notes = []
-    models = experiments.prepare_learned(cfg, "dreamshard", paths, notes, echo=False)
+    models = training.prepare_learned(cfg, spec, paths, notes, echo=False)
     assert notes == [] and models[2].source == "trained" and models[2].checkpoint.endswith("dreamshard_2dev/2.pt")
     log = (tmp_path / "out" / "logs" / "train_dreamshard_2dev.log").read_text()
     assert "--task-path" in log and "--gpu-devices 0,1" in log and "fake training" in log
     # a finished checkpoint is reused
-    models = experiments.prepare_learned(cfg, "dreamshard", paths, notes, echo=False)
+    models = training.prepare_learned(cfg, spec, paths, notes, echo=False)
     assert models[2].source == "existing"
 
     monkeypatch.setenv("FAKE_MODE", "fail")
     notes = []
     retrain = dataclasses.replace(cfg, retrain=True)
-    assert experiments.prepare_learned(retrain, "dreamshard", paths, notes, echo=False) == {}
+    assert training.prepare_learned(retrain, spec, paths, notes, echo=False) == {}
     assert len(notes) == 1 and "exit status 3" in notes[0] and "fake trainer fails" in notes[0]
 
     monkeypatch.setenv("FAKE_MODE", "hang")
     notes = []
     hang = dataclasses.replace(retrain, train_timeout_s=3.0)
-    models = experiments.prepare_learned(hang, "dreamshard", paths, notes, echo=False)
+    models = training.prepare_learned(hang, spec, paths, notes, echo=False)
     assert models[2].source == "partial" and models[2].checkpoint.endswith("0.pt") and notes == []
 
     # --skip-train without a checkpoint: a note, no model
     notes = []
     skip = dataclasses.replace(cfg, models_dir=str(tmp_path / "empty"), skip_train=True)
-    assert experiments.prepare_learned(skip, "dreamshard", paths, notes, echo=False) == {}
+    assert training.prepare_learned(skip, spec, paths, notes, echo=False) == {}
     assert "--skip-train" in notes[0]
 
 
+def test_training_commands_come_from_the_registry(tmp_path):
+    """Each method's training command: its script, the shared arguments in its own spelling, then the
+    scale's flags and the user's; the benchmark batch renamed where the script's --batch-size differs."""
+    cfg = config.ExperimentConfig(data_dir=str(tmp_path), out_dir=str(tmp_path / "out"), scale="tiny",
+                                  batch_size=64, models_dir=str(tmp_path / "m"),
+                                  train_args={"autoshard": "--seed=5"}).resolved()
+    ts = config.TaskSetDef(6, 2)
+    cmds = {}
+    for name, spec in registry.available().items():
+        folder = training.method_dir(cfg.models_dir, name, 2)
+        cmds[name] = training.train_command(cfg, spec, ts, tmp_path / "train.txt", folder)
+        assert cmds[name][1] == str(spec.train_script) and cmds[name][1].endswith(f"train_{name}.py")
+        tail = list(spec.scale_flags["tiny"])
+        assert cmds[name][-len(tail) - (name == "autoshard"):][:len(tail)] == tail
+    assert "--bench-batch-size" in cmds["dreamshard"] and "--batch-size" not in cmds["dreamshard"]
+    assert "--bench-batch-size" in cmds["autoshard"] and cmds["autoshard"][-1] == "--seed=5"
+    assert cmds["autoshard"][cmds["autoshard"].index("--xpid") + 1] == "autoshard_2dev"
+    assert "--batch-size" in cmds["neuroshard"] and "--task-path" not in cmds["neuroshard"]
+    # the checkpoint each leaves: a numbered one (the newest), or a fixed name
+    d = tmp_path / "ck"
+    d.mkdir()
+    for f in ("1.pt", "10.pt", "2.pt", "model.pt"):
+        (d / f).write_text("x")
+    assert registry.get("dreamshard").find_checkpoint(d).name == "10.pt"
+    assert registry.get("autoshard").find_checkpoint(d).name == "model.pt"
+    assert registry.get("neuroshard").find_checkpoint(d) is None
+
+
 def test_config_errors():
-    assert experiments.parse_task_sets("20:4, 50:4,40:8")[2] == experiments.TaskSetDef(40, 8)
+    assert config.parse_task_sets("20:4, 50:4,40:8")[2] == config.TaskSetDef(40, 8)
     for bad in ("20x4", "0:4", "", "20:4,20:4"):
         with pytest.raises(ShardError):
-            experiments.parse_task_sets(bad)
+            config.parse_task_sets(bad)
     with pytest.raises(ShardError, match="unknown algorithm"):
-        experiments.ExperimentConfig(algs=("random", "bogus")).resolved()
+        config.ExperimentConfig(algs=("random", "bogus")).resolved()
     with pytest.raises(ShardError, match="checkpoint not found"):
-        experiments.ExperimentConfig(model_paths={"dreamshard": "/nonexistent/9.pt"}).resolved()
+        config.ExperimentConfig(model_paths={"dreamshard": "/nonexistent/9.pt"}).resolved()
     # the small scale's shape (documented in results/README.md)
-    small = experiments.SCALES["small"]
+    small = config.SCALES["small"]
     assert [t.name for t in small.task_sets] == ["DLRM-20 (4)", "DLRM-50 (4)", "DLRM-40 (8)", "DLRM-80 (8)"]
-    assert small.num_test == 5 and small.train_sets == (experiments.TaskSetDef(50, 4),)
+    assert small.num_test == 5 and small.train_sets == (config.TaskSetDef(50, 4),)
+    assert config.all_algs()[-3:] == ("autoshard", "dreamshard", "neuroshard")
+    assert config.label("neuroshard") == "NeuroShard" and config.label("size_greedy") == "Size-based"
 
 
 @pytest.mark.parametrize("script,args", [

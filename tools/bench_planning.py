@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from shardcore.cli import int_list, name_list, positive_float, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
-from shardcore.planning_bench import (DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, LEARNED,  # noqa: E402
-                                      BenchConfig, bench_planning)
+from experiments.config import learned_methods  # noqa: E402
+from experiments.planning import DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, BenchConfig, bench_planning  # noqa: E402
 from shardcore.tables import PRECISION_BYTES  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-dir", default="models/experiments/small",
                    help="where to look for learned checkpoints (<dir>/<method>_<N>dev/, as written by "
                         "tools/run_experiments.py; default models/experiments/small)")
-    for m in LEARNED:
+    for m in learned_methods():
         p.add_argument(f"--{m}-model", default=None, metavar="PT", help=f"{m} checkpoint to time")
     p.add_argument("--quiet", action="store_true", help="fewer messages")
     return p
@@ -80,7 +80,7 @@ def main(argv=None):
         tables_ndevices=args.tables_ndevices, device_counts=tuple(args.devices), devices_tables=args.devices_tables,
         max_memory=args.max_memory, headroom=args.headroom, precision=args.weights_precision,
         repeats=args.repeats, time_limit_s=args.time_limit, seed=args.seed,
-        model_paths={m: getattr(args, f"{m}_model") for m in LEARNED}, models_dir=args.models_dir,
+        model_paths={m: getattr(args, f"{m}_model") for m in learned_methods()}, models_dir=args.models_dir,
         quiet=args.quiet,
         command=["python", os.path.relpath(os.path.abspath(__file__))] + list(argv if argv is not None else sys.argv[1:]))
     bench_planning(cfg)

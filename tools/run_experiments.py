@@ -29,8 +29,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from shardcore.cli import add_memory_args, add_oracle_args, name_list, positive_float, positive_int, run_main  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
-from shardcore.experiments import (ALL_ALGS, LEARNED, SCALES, ExperimentConfig,  # noqa: E402
-                                   parse_task_sets, run_experiments)
+from experiments.config import SCALES, ExperimentConfig, all_algs, learned_methods, parse_task_sets  # noqa: E402
+from experiments.pipeline import run_experiments  # noqa: E402
+from shardcore import registry  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where learned models are trained to / looked for: <dir>/<method>_<N>dev/ "
                         "(default models/experiments/<scale>)")
     p.add_argument("--algs", type=name_list, default=None,
-                   help=f"comma-separated algorithms (default all: {','.join(ALL_ALGS)}); also naive")
+                   help=f"comma-separated algorithms (default all: {','.join(all_algs())}); also naive")
     p.add_argument("--task-sets", type=task_sets_arg, default=None, metavar="T:D,...",
                    help="task sets to evaluate as tables-per-task:devices, e.g. 20:4,50:4,40:8 "
                         "(default: the scale's)")
@@ -79,10 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--train-timeout", type=positive_float, default=-1.0, metavar="S",
                    help="stop a training run after S seconds (DreamShard then uses its newest checkpoint; "
                         "default: the scale's, 720 s at small, none at full)")
-    for m in LEARNED:
+    specs = registry.available()
+    for m in learned_methods():
         t.add_argument(f"--{m}-model", default=None, metavar="PT",
                        help=f"use this {m} checkpoint for every task set instead of training"
-                            + (" (the bundle neuroshard.pt)" if m == "neuroshard" else ""))
+                            + (specs[m].model_help if m in specs else ""))
         t.add_argument(f"--{m}-args", default="", metavar="'FLAGS'",
                        help=f"extra flags for train_{m}.py, appended after the scale's; write them with '=', e.g. "
                             f"--{m}-args='--seed 3'")
@@ -106,8 +108,8 @@ def main(argv=None):
         warmup_iters=args.warmup_iters, optimizer=args.optimizer, cache_path=args.cache_path,
         no_cache=args.no_cache, timeout=args.timeout, skip_train=args.skip_train, retrain=args.retrain,
         oracle=args.oracle, comm_bandwidth=args.comm_bandwidth, comm_latency=args.comm_latency,
-        model_paths={m: getattr(args, f"{m}_model") for m in LEARNED},
-        train_args={m: getattr(args, f"{m}_args") for m in LEARNED},
+        model_paths={m: getattr(args, f"{m}_model") for m in learned_methods()},
+        train_args={m: getattr(args, f"{m}_args") for m in learned_methods()},
         train_timeout_s=args.train_timeout,
         breakdown_set=args.breakdown_set[0] if args.breakdown_set else None, quiet=args.quiet,
         command=["python", os.path.relpath(os.path.abspath(__file__))] + list(argv if argv is not None else sys.argv[1:]))

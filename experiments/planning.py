@@ -1,7 +1,7 @@
 """Planning time and peak memory of every algorithm as tables and devices grow
 (``tools/bench_planning.py``, :func:`bench_planning`).
 
-Every algorithm plans in a fresh child process (``python -m shardcore.planning_bench --bench-child``):
+Every algorithm plans in a fresh child process (``python -m experiments.planning --bench-child``):
 time = median of a few calls; memory = the rise of the process's peak resident set size (``VmHWM``,
 reset through ``/proc/self/clear_refs`` after ``malloc_trim``) during one call above its resident size
 just before it, which counts native (torch, numpy) allocations as well as Python objects. Where the
@@ -26,13 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from . import report
-from .baselines import BASELINES
-from .errors import InfeasibleError, ShardError
-from .experiments import (ALL_ALGS, LEARNED, ROOT, _kill_group, _now, find_checkpoint, label, machine_info,
-                          order_algs, software_versions, write_csv)
-from .io import write_text
-from .tables import TableConfig, total_memory_gb
+from shardcore import registry, report
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.io import write_text
+from shardcore.tables import TableConfig, total_memory_gb
+
+from .config import PLUGINS, all_algs, known_algs, label, learned_methods, order_algs
+from .facts import machine_info, now, software_versions
+from .output import write_csv
+from .procs import kill_group
+
+ROOT = Path(__file__).resolve().parent.parent   # the repository: the child imports this package from it
 # ------------------------------------------------------------------------------------------------
 # Planning time and memory (tools/bench_planning.py)
 # ------------------------------------------------------------------------------------------------
@@ -78,7 +82,7 @@ def bench_cap(tables: Sequence[TableConfig], ndevices: int, max_memory: float, h
 
 def _bench_learned(cfg: BenchConfig, notes: list[str]) -> dict[str, str]:
     out = {}
-    for method in LEARNED:
+    for method in learned_methods():
         if cfg.algs and method not in cfg.algs:
             continue
         path = cfg.model_paths.get(method)
@@ -87,18 +91,21 @@ def _bench_learned(cfg: BenchConfig, notes: list[str]) -> dict[str, str]:
                 raise ShardError(f"--{method}-model: checkpoint not found: {path}")
             out[method] = str(path)
             continue
+        try:
+            spec = registry.get(method)
+        except ShardError:
+            notes.append(f"{method}: skipped: the {method} package is not in this installation")
+            continue
         found = None
         if cfg.models_dir and Path(cfg.models_dir).is_dir():
             for folder in sorted(Path(cfg.models_dir).glob(f"{method}_*dev"),
                                  key=lambda p: int(re.sub(r"\D", "", p.name.split("_")[-1]) or 0)):
-                found = find_checkpoint(method, folder)
+                found = spec.find_checkpoint(folder)
                 if found is not None:
                     break
         if found is None:
             notes.append(f"{method}: skipped: no checkpoint (give --{method}-model, or train it with "
                          f"tools/run_experiments.py; looked in {cfg.models_dir})")
-        elif importlib.util.find_spec(method) is None:
-            notes.append(f"{method}: skipped: the {method} package is not in this installation")
         else:
             out[method] = str(found)
     return out
@@ -131,8 +138,8 @@ def _bench_child_main() -> None:
 
     torch.set_num_threads(int(os.environ.get("SHARDKIT_NUM_THREADS", "1")))
     spec = json.loads(sys.stdin.read())
-    from . import algorithms
-    from .dataset import load_dataset
+    from shardcore import algorithms
+    from shardcore.dataset import load_dataset
 
     def emit(obj):
         sys.stdout.write("BENCH " + json.dumps(obj) + "\n")
@@ -210,7 +217,7 @@ def _run_bench_child(spec: dict, points: list[dict], hard_s: float, start_s: flo
     import tempfile
 
     errfile = tempfile.TemporaryFile()   # not a pipe: a chatty child can never block on it
-    proc = subprocess.Popen([sys.executable, "-m", "shardcore.planning_bench", "--bench-child"], cwd=str(ROOT),
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.planning", "--bench-child"], cwd=str(ROOT),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errfile, env=env,
                             start_new_session=True)
     proc.stdin.write(json.dumps(dict(spec, points=points)).encode())
@@ -226,7 +233,7 @@ def _run_bench_child(spec: dict, points: list[dict], hard_s: float, start_s: flo
             left = deadline - time.perf_counter()
             if left <= 0:
                 why = f"stopped: no answer within {hard_s:g} s"
-                _kill_group(proc)
+                kill_group(proc)
                 break
             if not sel.select(timeout=min(left, 1.0)):
                 continue
@@ -246,7 +253,7 @@ def _run_bench_child(spec: dict, points: list[dict], hard_s: float, start_s: flo
                 rows[obj["index"]] = obj
                 deadline = time.perf_counter() + hard_s
     except BaseException:
-        _kill_group(proc)
+        kill_group(proc)
         raise
     finally:
         sel.close()
@@ -254,7 +261,7 @@ def _run_bench_child(spec: dict, points: list[dict], hard_s: float, start_s: flo
     try:
         rc = proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         rc = proc.wait()
     errfile.seek(0)
     err = errfile.read().decode(errors="replace")
@@ -273,8 +280,8 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
     """Planning time and peak memory per algorithm as tables and devices grow; returns a summary."""
     from tqdm import tqdm
 
-    from . import plots
-    from .dataset import load_dataset
+    from shardcore import plots
+    from shardcore.dataset import load_dataset
 
     if cfg.repeats < 1 or cfg.time_limit_s <= 0 or cfg.headroom < 1.0:
         raise ShardError("--repeats must be >= 1, --time-limit > 0 and --headroom >= 1")
@@ -287,15 +294,16 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
     if not sizes or not counts or min(counts) < 1 or cfg.tables_ndevices < 1:
         raise ShardError("--tables and --devices need positive values")
     notes: list[str] = []
-    algs = list(cfg.algs) if cfg.algs else [a for a in ALL_ALGS if a not in LEARNED]
-    bad = [a for a in algs if a not in BASELINES and a not in ("torchrec",) + LEARNED]
+    algs = list(cfg.algs) if cfg.algs else [a for a in all_algs() if a not in learned_methods()]
+    bad = [a for a in algs if a not in known_algs()]
     if bad:
         raise ShardError(f"--algs: unknown algorithm {bad[0]!r}")
-    if "torchrec" in algs and importlib.util.find_spec("torchrec") is None:
-        notes.append("torchrec: skipped: TorchRec is not installed")
-        algs.remove("torchrec")
+    for plugin in [a for a in algs if a in PLUGINS]:
+        if importlib.util.find_spec(plugin) is None:
+            notes.append(f"{plugin}: skipped: TorchRec is not installed")
+            algs.remove(plugin)
     learned = _bench_learned(cfg, notes)
-    targets = [(a, a) for a in algs if a not in LEARNED] + [(m, p) for m, p in learned.items()]
+    targets = [(a, a) for a in algs if a not in learned_methods()] + [(m, p) for m, p in learned.items()]
     targets = sorted(targets, key=lambda x: order_algs([t[0] for t in targets]).index(x[0]))
     batch_size = None
     try:
@@ -377,7 +385,7 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
     plots.plot_planning(series, out / "planning.png",
                         tables_title=f"tables grow ({cfg.tables_ndevices} devices)",
                         devices_title=f"devices grow ({dev_tables} tables)")
-    info = {"date": _now(), "command": list(cfg.command), "machine": machine_info(), "versions": software_versions(),
+    info = {"date": now(), "command": list(cfg.command), "machine": machine_info(), "versions": software_versions(),
             "memory_method": mem_text, "notes": notes, "seconds": round(time.perf_counter() - t_start, 1)}
     md = planning_markdown(cfg, rows, sizes, counts, dev_tables, info)
     write_text(out / "planning.md", md)
@@ -435,6 +443,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--bench-child"]:
         _bench_child_main()
     else:
-        print("usage: python -m shardcore.planning_bench --bench-child (internal; see tools/bench_planning.py)",
+        print("usage: python -m experiments.planning --bench-child (internal; see tools/bench_planning.py)",
               file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,202 @@
+"""What an experiment run is asked to do: algorithms and their labels, task sets, scales, the config."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field, replace
+
+from shardcore import registry
+from shardcore.algorithms import CORE_PLUGINS
+from shardcore.baselines import BASELINES
+from shardcore.errors import ShardError
+
+PAPER_BASELINES = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
+PLUGINS = tuple(CORE_PLUGINS)    # the core's optional planners (TorchRec's)
+LABELS = {"random": "Random", "naive": "Naive", "size_greedy": "Size-based", "dim_greedy": "Dim-based",
+          "lookup_greedy": "Lookup-based", "size_lookup_greedy": "Size-lookup-based", "torchrec": "TorchRec"}
+
+
+def learned_methods() -> tuple[str, ...]:
+    """The learned methods the registry lists, in the papers' column order."""
+    return registry.method_names()
+
+
+def all_algs() -> tuple[str, ...]:
+    """Every algorithm of the results table: the paper's baselines, the plug-ins, the learned methods."""
+    return PAPER_BASELINES + PLUGINS + learned_methods()
+
+
+def known_algs() -> list[str]:
+    return list(BASELINES) + list(PLUGINS) + list(learned_methods())
+
+
+def label(alg: str) -> str:
+    return LABELS.get(alg) or registry.label(alg)
+
+
+def order_algs(algs) -> list[str]:
+    """Algorithms in the paper's column order (baselines, TorchRec, learned), unknown ones last."""
+    known = [a for a in ("random", "naive") + PAPER_BASELINES[1:] + PLUGINS + learned_methods() if a in algs]
+    return known + sorted(a for a in set(algs) if a not in known)
+
+
+# ------------------------------------------------------------------------------------------------
+# Task sets and scales
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TaskSetDef:
+    num_tables: int
+    ndevices: int
+
+    @property
+    def name(self) -> str:
+        return f"DLRM-{self.num_tables} ({self.ndevices})"
+
+    @property
+    def slug(self) -> str:
+        return f"dlrm{self.num_tables}_{self.ndevices}dev"
+
+
+def parse_task_sets(text: str, flag: str = "--task-sets") -> tuple[TaskSetDef, ...]:
+    """``20:4,50:4,40:8`` -> task sets (tables per task : devices)."""
+    out = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)\s*:\s*(\d+)", part)
+        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+            raise ShardError(f"{flag}: expected TABLES:DEVICES pairs like 50:4,80:8, got {part!r}")
+        ts = TaskSetDef(int(m.group(1)), int(m.group(2)))
+        if ts in out:
+            raise ShardError(f"{flag} names {part} twice")
+        out.append(ts)
+    if not out:
+        raise ShardError(f"{flag} names no task set")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A preset size of the experiments; each method's training flags per scale are in its registry entry."""
+
+    name: str
+    task_sets: tuple[TaskSetDef, ...]
+    train_sets: tuple[TaskSetDef, ...]   # learned models: trained on the train split of these (one per device count)
+    num_train: int
+    num_test: int
+    bench_iters: int | None               # evaluator defaults when None
+    warmup_iters: int | None
+    train_timeout_s: float | None         # per training run; None = unbounded
+    about: str
+
+
+def _ts(*pairs) -> tuple[TaskSetDef, ...]:
+    return tuple(TaskSetDef(t, d) for t, d in pairs)
+
+
+SCALES: dict[str, Scale] = {
+    # The DreamShard paper's DLRM task sets. Meant for a GPU machine or a long run: 50 train and 50
+    # test tasks per set; each learned method trained with its script's defaults, once per device count.
+    "full": Scale(
+        "full", _ts((20, 4), (50, 4), (100, 4), (40, 8), (80, 8), (160, 8)), _ts((50, 4), (80, 8)),
+        num_train=50, num_test=50, bench_iters=None, warmup_iters=None, train_timeout_s=None,
+        about="DLRM-20/50/100 on 4 devices and DLRM-40/80/160 on 8, 50 test tasks each; learned methods "
+              "trained with their scripts' defaults on DLRM-50 (4) for 4-device sets and DLRM-80 (8) for 8-device sets"),
+    # Sized for a 2-core CPU in well under an hour including training (see results/README.md).
+    "small": Scale(
+        "small", _ts((20, 4), (50, 4), (40, 8), (80, 8)), _ts((50, 4),),
+        num_train=20, num_test=5, bench_iters=None, warmup_iters=None, train_timeout_s=720.0,
+        about="DLRM-20/50 on 4 devices and DLRM-40/80 on 8, 5 test tasks each; learned methods trained "
+              "once, briefly, on the 20 training tasks of DLRM-50 (4) and evaluated on every set"),
+    # A smoke run / the tests: a few tiny tasks on 2 devices, a token amount of training.
+    "tiny": Scale(
+        "tiny", _ts((6, 2), (10, 2)), _ts((6, 2),),
+        num_train=4, num_test=2, bench_iters=2, warmup_iters=1, train_timeout_s=600.0,
+        about="DLRM-6 and DLRM-10 on 2 devices, 2 test tasks each (a smoke test, not a result)"),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class ExperimentConfig:
+    data_dir: str = "data/dlrm_datasets"
+    out_dir: str = "results"
+    models_dir: str | None = None            # default models/experiments/<scale>
+    scale: str = "full"
+    task_sets: tuple[TaskSetDef, ...] | None = None    # default: the scale's
+    train_sets: tuple[TaskSetDef, ...] | None = None
+    num_train: int | None = None
+    num_test: int | None = None
+    algs: tuple[str, ...] | None = None      # default all_algs()
+    max_memory: float = 5.0
+    precision: str = "fp16"
+    seed: int = 0                            # random baseline and training seeds
+    task_seed: int = 0                       # task generation (the train/test table split)
+    batch_size: int | None = None
+    bench_iters: int | None = None
+    warmup_iters: int | None = None
+    optimizer: str = "exact_sgd"
+    cache_path: str | None = None
+    no_cache: bool = False
+    timeout: float = 120.0
+    oracle: str = "measured"                 # or "emulated:h200" (shardcore.oracles)
+    comm_bandwidth: float | None = None      # modelled all-to-all (None: the model's default)
+    comm_latency: float | None = None
+    skip_train: bool = False
+    retrain: bool = False
+    model_paths: dict = field(default_factory=dict)   # method -> checkpoint given by the user
+    train_args: dict = field(default_factory=dict)    # method -> extra flags (a string) for its script
+    train_timeout_s: float | None = -1.0     # -1: the scale's
+    breakdown_set: TaskSetDef | None = None  # default: the last task set
+    quiet: bool = False
+    command: list = field(default_factory=lambda: list(sys.argv))
+
+    def resolved(self) -> "ExperimentConfig":
+        if self.scale not in SCALES:
+            raise ShardError(f"unknown --scale {self.scale!r}: choose from {', '.join(SCALES)}")
+        sc = SCALES[self.scale]
+        c = replace(self)
+        c.task_sets = tuple(self.task_sets or sc.task_sets)
+        c.train_sets = tuple(self.train_sets or sc.train_sets)
+        c.num_train = sc.num_train if self.num_train is None else int(self.num_train)
+        c.num_test = sc.num_test if self.num_test is None else int(self.num_test)
+        if c.num_test < 1:
+            raise ShardError(f"--num-test must be at least 1, got {c.num_test}")
+        if c.num_train < 0:
+            raise ShardError(f"--num-train must be >= 0, got {c.num_train}")
+        c.bench_iters = sc.bench_iters if self.bench_iters is None else self.bench_iters
+        c.warmup_iters = sc.warmup_iters if self.warmup_iters is None else self.warmup_iters
+        c.train_timeout_s = sc.train_timeout_s if self.train_timeout_s == -1.0 else self.train_timeout_s
+        c.models_dir = self.models_dir or os.path.join("models", "experiments", self.scale)
+        algs = tuple(self.algs) if self.algs else all_algs()
+        known = known_algs()
+        bad = [a for a in algs if a not in known]
+        if bad:
+            raise ShardError(f"--algs: unknown algorithm {bad[0]!r}: choose from {', '.join(known)}")
+        if len(set(algs)) != len(algs):
+            raise ShardError("--algs names an algorithm twice")
+        c.algs = tuple(order_algs(algs))
+        for method, path in self.model_paths.items():
+            if path and not os.path.isfile(path):
+                raise ShardError(f"--{method}-model: checkpoint not found: {path}")
+        for method, text in self.train_args.items():
+            try:
+                shlex.split(text or "")
+            except ValueError as exc:
+                raise ShardError(f"--{method}-args: cannot split {text!r}: {exc}") from None
+        if c.breakdown_set is not None and c.breakdown_set not in c.task_sets:
+            raise ShardError(f"--breakdown-set {c.breakdown_set.num_tables}:{c.breakdown_set.ndevices} "
+                             "is not one of the task sets")
+        if c.train_timeout_s is not None and c.train_timeout_s <= 0:
+            raise ShardError("--train-timeout must be positive")
+        from shardcore.oracles import parse_oracle
+
+        c.oracle = parse_oracle(self.oracle)
+        return c
