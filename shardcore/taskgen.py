@@ -104,7 +104,7 @@ def generate_single_pool_tasks(tables: Sequence[TableConfig], num_tasks: int, sp
     if not 1 <= spec.t_min <= spec.t_max:
         raise ShardError(f"table counts must satisfy 1 <= min <= max, got {spec.t_min},{spec.t_max}")
     if not spec.dims:
-        raise ShardError("NeuroShard-style tasks need dims (--max_dim or --dims)")
+        raise ShardError("single-pool tasks with a dim per table need dims (--max_dim or --dims)")
     rng = np.random.default_rng(spec.seed)
     tasks: list[Task] = []
     tries = 0
