@@ -105,3 +105,24 @@ def test_the_experiment_runner_names_no_method(path):
     assert not _imported_packages(ast.parse(source)) & set(METHODS), path.name
     hits = method_mentions(source, cite_papers=True)
     assert hits == [], f"{path.name} names a method in code: {hits[:3]}"
+
+
+def test_the_method_list_can_be_replaced_from_the_environment(monkeypatch):
+    """SHARDKIT_METHODS replaces the top-level list: an unlisted method is unknown to the core."""
+    from shardcore import algorithms, registry
+    from shardcore.errors import ShardError
+
+    monkeypatch.setenv(registry.METHODS_ENV, "dreamshard")
+    assert registry.method_names() == ("dreamshard",) and list(registry.available()) == ["dreamshard"]
+    assert registry.train_hint(None) == "train one with python train_dreamshard.py"
+    assert registry.precision_origin("fp32") == "" and registry.spelling_owner("--max_mem") == "the original code's"
+    with pytest.raises(ShardError, match="unknown algorithm 'neuroshard'"):
+        algorithms.resolve("neuroshard")
+    monkeypatch.setenv(registry.METHODS_ENV, "dreamshard,no_such_method_pkg")
+    with pytest.raises(ShardError, match="not available in this installation"):
+        registry.get("no_such_method_pkg")
+    assert list(registry.available()) == ["dreamshard"]
+    monkeypatch.delenv(registry.METHODS_ENV)
+    assert registry.precision_origin("fp16") == "as AutoShard's and DreamShard's original code"
+    assert registry.train_hint(None) == ("train one with python train_autoshard.py, train_dreamshard.py or "
+                                         "train_neuroshard.py")
