@@ -209,9 +209,9 @@ def _bench_child_main() -> None:
 
 
 def _run_bench_child(spec: dict, points: list[dict], hard_s: float, start_s: float
-                     ) -> tuple[dict[int, dict], str]:
-    """Run one child over ``points``; returns rows by point index (missing ones: not reached) and
-    the reason it ended early ('' when it finished)."""
+                     ) -> tuple[dict[int, dict], str, str]:
+    """Run one child over ``points``; returns rows by point index (missing ones: not reached), the
+    reason it ended early ('' when it finished) and how: "failed", "timeout" or ''."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     import tempfile
@@ -227,12 +227,12 @@ def _run_bench_child(spec: dict, points: list[dict], hard_s: float, start_s: flo
     sel.register(proc.stdout, selectors.EVENT_READ)
     buf = b""
     deadline = time.perf_counter() + start_s + hard_s
-    why = ""
+    why, ended = "", ""
     try:
         while True:
             left = deadline - time.perf_counter()
             if left <= 0:
-                why = f"stopped: no answer within {hard_s:g} s"
+                why, ended = f"stopped: no answer within {hard_s:g} s", "timeout"
                 kill_group(proc)
                 break
             if not sel.select(timeout=min(left, 1.0)):
@@ -248,7 +248,7 @@ def _run_bench_child(spec: dict, points: list[dict], hard_s: float, start_s: flo
                     continue
                 obj = json.loads(text[6:])
                 if "fatal" in obj:
-                    why = f"failed: {obj['fatal']}"
+                    why, ended = f"failed: {obj['fatal']}", "failed"
                     continue
                 rows[obj["index"]] = obj
                 deadline = time.perf_counter() + hard_s
@@ -269,7 +269,8 @@ def _run_bench_child(spec: dict, points: list[dict], hard_s: float, start_s: flo
     if not why and len(rows) < len(points):
         tail = " / ".join(l.strip() for l in err.strip().splitlines()[-2:])
         why = f"failed: the planning process exited with status {rc}" + (f": {tail}" if tail else "")
-    return rows, why
+        ended = "failed"
+    return rows, why, ended
 
 
 BENCH_FIELDS = ["alg", "label", "sweep", "num_tables", "ndevices", "cap_gb", "status", "planning_ms",
@@ -329,19 +330,19 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
             todo = list(points)
             got: dict[int, dict] = {}
             while todo:
-                res, why = _run_bench_child(spec, todo, hard, start_s=180.0)
+                res, why, ended = _run_bench_child(spec, todo, hard, start_s=180.0)
                 got.update(res)
                 rest = [p for p in todo if p["index"] not in got]
                 if not rest:
                     break
                 # the point the child was on ended it: record it, skip the rest of its sweep
                 cur = rest[0]
-                got[cur["index"]] = {"status": "failed" if why.startswith("failed") else "timeout",
+                got[cur["index"]] = {"status": ended or "timeout",
                                      "error": why or "the planning process ended early"}
                 same = [p for p in rest[1:] if p["sweep"] == cur["sweep"]]
                 for p in same:
                     got[p["index"]] = {"status": "skipped", "error": f"skipped after: {why}"}
-                if why.startswith("failed") and not res:
+                if ended == "failed" and not res:
                     for p in rest:
                         got.setdefault(p["index"], {"status": "failed", "error": why})
                 todo = [p for p in rest if p["index"] not in got]
