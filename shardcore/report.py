@@ -178,8 +178,8 @@ class SetSummary:
         s = self.algs[alg]
         if s.diff_ms is None:
             return "-"
-        ci = "" if s.diff_lo_ms is None else f" [{s.diff_lo_ms:+.1f}, {s.diff_hi_ms:+.1f}]"
-        return f"{s.diff_ms:+.1f}{ci} vs {s.vs}"
+        ci = "" if s.diff_lo_ms is None else f" [{s.diff_lo_ms:+.2f}, {s.diff_hi_ms:+.2f}]"
+        return f"{s.diff_ms:+.2f}{ci} vs {s.vs}"
 
     def to_json(self) -> dict:
         return {"task_set": self.task_set, "tasks_compared": list(self.tasks_compared),
