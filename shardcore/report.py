@@ -1,4 +1,9 @@
-"""Text tables for evaluation results (plain, also valid Markdown)."""
+"""Text tables for evaluation results (plain, also valid Markdown), and the statistics of a task set.
+
+:func:`summarize` computes a set's statistics once (:class:`SetSummary`: mean, std, n, % over random,
+each algorithm paired task by task with the best baseline, with a 95% bootstrap interval of the mean
+difference, and which cell is bold); :func:`paper_table`, the experiment runner's files and its plots
+render it. :func:`noise_verdict` asks whether any two algorithms differ beyond an oracle's noise."""
 
 from __future__ import annotations
 
