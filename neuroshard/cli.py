@@ -4,26 +4,15 @@ e.g. ``--gpu_devices``, and the dashed ones, e.g. ``--gpu-devices``, are accepte
 from __future__ import annotations
 
 import argparse
-import math
 
-from shardcore.cli import positive_int
+from typing import Sequence
+
+from shardcore.cli import make_parser, positive_int
 from shardcore.config import add_config_args, config_from_args, given_args
 from shardcore.errors import ShardError
 
 from . import config
 from .config import ModelConfig, SearchConfig
-
-
-def float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    if not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected finite numbers, got {text!r}")
-    return values
 
 
 def add_model_paths(p: argparse.ArgumentParser) -> None:
@@ -48,6 +37,29 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 def search_kwargs(args: argparse.Namespace) -> dict:
     """The search flags given on the command line (the others keep the bundle's or the defaults)."""
     return given_args(SearchConfig, args)
+
+
+def cost_model_parser(description: str, data_dir: str, data_help: str, outputs: Sequence[tuple[str, str, str]],
+                      defaults: ModelConfig, what: str) -> argparse.ArgumentParser:
+    """The parser of train_compute_cost_model.py / train_comm_cost_model.py: ``--data_dir``, one flag
+    per ``(name, default, help)`` of ``outputs`` (``--out_path`` and ``--out-path``), ``--seed``,
+    ``--quiet``, the model's training flags and NeuroShard's original ones."""
+    p = make_parser(description)
+    p.add_argument("--data_dir", "--data-dir", dest="data_dir", default=data_dir,
+                   help=f"{data_help} directory or CSV, comma-separated for several (default %(default)s)")
+    for name, default, help_text in outputs:
+        p.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name, default=default, help=help_text)
+    p.add_argument("--seed", type=int, default=0, help="seed of the split and the initial weights (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_training_args(p, defaults, what=what)
+    add_original_training_args(p)
+    return p
+
+
+def cost_model_config(args: argparse.Namespace, defaults: ModelConfig) -> ModelConfig:
+    """The training config of a cost-model script's command line (NeuroShard's ratios included)."""
+    apply_original_training_args(args, defaults)
+    return training_config(args, defaults, seed=args.seed)
 
 
 def add_training_args(p: argparse.ArgumentParser, defaults: ModelConfig, prefix: str = "",
