@@ -4,7 +4,6 @@ e.g. ``--gpu_devices``, and the dashed ones, e.g. ``--gpu-devices``, are accepte
 from __future__ import annotations
 
 import argparse
-
 from typing import Sequence
 
 from shardcore.cli import make_parser, positive_int
