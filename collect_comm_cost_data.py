@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from neuroshard import config  # noqa: E402
-from neuroshard.cli import float_list  # noqa: E402
+from shardcore.cli import float_list  # noqa: E402
 from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import add_device_args, device_ids, num_devices  # noqa: E402
 from neuroshard.collect import collect_comm  # noqa: E402

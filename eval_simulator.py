@@ -34,9 +34,8 @@ from shardcore.evaluation import evaluate  # noqa: E402
 from shardcore.io import atomic_open  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser, positive_int  # noqa: E402
+from shardcore.costs import COST_PARTS  # noqa: E402
 from shardcore.io import check_output_file  # noqa: E402
-
-COMPONENTS = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +80,7 @@ def mape_table(results) -> str:
         rows.append([alg, len(rs), f"{sim:.2f}", f"{meas:.2f}", f"{statistics.fmean(plan):.1f}%",
                      f"{max(plan):.1f}%"] + comp)
     return report.format_table(["alg", "plans", "simulated ms", "measured ms", "plan cost MAPE", "worst",
-                                *(f"{c} MAPE" for c in COMPONENTS)], rows)
+                                *(f"{c} MAPE" for c in COST_PARTS)], rows)
 
 
 def main(argv=None):

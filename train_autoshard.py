@@ -24,21 +24,13 @@ from autoshard.trainer import AutoShardTrainer  # noqa: E402
 from shardcore.baselines import make_baseline  # noqa: E402
 from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, add_refused_flag,  # noqa: E402
-                           device_ids, open_evaluator, positive_float, positive_int, run_main)
+                           device_ids, open_evaluator, positive_float, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser, finite_float, nonnegative_float, nonnegative_int  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from shardcore.config import add_config_args, config_from_args  # noqa: E402
 from shardcore.io import check_output_dir  # noqa: E402
-
-C = AutoShardConfig()
-
-
-def unit_float(text: str) -> float:
-    v = finite_float(text)
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,44 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="experiment id: outputs go to <savedir>/<xpid>/ (default %(default)s, which is where "
                         "`eval.py --alg autoshard` looks)")
     p.add_argument("--resume", action="store_true", help="continue <savedir>/<xpid>/model.pt up to --total-steps")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     r = p.add_argument_group("actor-learner (IMPALA / V-trace)")
-    r.add_argument("--total-steps", type=positive_int, default=C.total_steps,
-                   help="environment steps to train for, one step = one table placed (default %(default)s)")
-    r.add_argument("--num-actors", type=positive_int, default=None,
-                   help=f"actor processes (default: one per CPU core, at least 2; here {default_num_actors()})")
-    r.add_argument("--batch-size", type=positive_int, default=C.batch_size,
-                   help="unrolls per learner update (default %(default)s)")
-    r.add_argument("--unroll-length", type=positive_int, default=C.unroll_length,
-                   help="steps per unroll (default %(default)s)")
-    r.add_argument("--learning-rate", type=positive_float, default=C.learning_rate,
-                   help="Adam learning rate of policy and value (default %(default)s)")
-    r.add_argument("--entropy-cost", type=finite_float, default=C.entropy_cost, help="entropy bonus weight (default %(default)s)")
-    r.add_argument("--baseline-cost", type=nonnegative_float, default=C.baseline_cost,
-                   help="weight of the value loss (default %(default)s)")
-    r.add_argument("--discounting", type=unit_float, default=C.discounting,
-                   help="discount factor; the only reward is at the end of an episode (default %(default)s)")
-    r.add_argument("--grad-norm-clipping", type=positive_float, default=C.grad_norm_clipping,
-                   help="global gradient-norm clip (default %(default)s)")
-    r.add_argument("--disable-cost-model", action="store_true",
-                   help="no cost model: no predicted-cost action features, tables ordered by dim x pooling factor")
-    r.add_argument("--replay-ratio", type=nonnegative_int, default=C.replay_ratio,
-                   help="extra learner updates on replayed recent unrolls per fresh batch (default %(default)s)")
-    r.add_argument("--shaping", type=nonnegative_float, default=C.shaping,
-                   help="weight of potential-based reward shaping from the cost model's predicted loads; "
-                        "0 gives the paper's final reward only (default %(default)s)")
-    r.add_argument("--cost-learning-rate", type=positive_float, default=C.cost_lr,
-                   help="cost model learning rate (default %(default)s)")
+    add_config_args(r, AutoShardConfig(), groups={"general": p})
     r.add_argument("--time-limit", type=positive_float, default=None, metavar="MIN",
                    help="stop after this many minutes of training (saved like a finished run; default: none)")
     r.add_argument("--checkpoint-interval", type=positive_float, default=300.0, metavar="S",
                    help="seconds between checkpoints (default 300; one is always written at the end)")
-    r.add_argument("--num-cost-updates", dest="cost_updates", type=positive_int, default=C.cost_steps_per_update,
-                   help="cost model gradient steps per learner update (default %(default)s)")
-    r.add_argument("--num-min-buf-size", dest="cost_min_buffer", type=int, default=C.cost_min_buffer,
-                   help="measured shards the cost model's buffer must hold before it trains (default %(default)s)")
-    r.add_argument("--reward-clipping", choices=["none", "abs_one"], default=C.reward_clipping,
-                   help="abs_one clips each step's reward to [-1, 1] (default %(default)s)")
     r.add_argument("--num-learner-threads", "--num-threads", dest="learner_threads", type=learner_threads,
                    default=1, metavar="1",
                    help="learner threads: one here, as the original's default (torch's threads: the "
@@ -155,14 +115,8 @@ def main(argv=None):
         print(f"resuming {ckpt} at step {model.steps} (its hyper-parameters are kept)")
     elif os.path.exists(ckpt):
         raise ShardError(f"{ckpt} exists: pass --resume, or choose another --xpid")
-    cfg = model.cfg if model is not None else AutoShardConfig(
-        total_steps=args.total_steps, num_actors=args.num_actors or default_num_actors(),
-        batch_size=args.batch_size, unroll_length=args.unroll_length, learning_rate=args.learning_rate,
-        entropy_cost=args.entropy_cost, baseline_cost=args.baseline_cost, discounting=args.discounting,
-        grad_norm_clipping=args.grad_norm_clipping, use_cost_model=not args.disable_cost_model,
-        cost_lr=args.cost_learning_rate, replay_ratio=args.replay_ratio, shaping=args.shaping, seed=args.seed,
-        cost_steps_per_update=args.cost_updates, cost_min_buffer=args.cost_min_buffer,
-        reward_clipping=args.reward_clipping)
+    cfg = model.cfg if model is not None else config_from_args(
+        AutoShardConfig, args, num_actors=args.num_actors or default_num_actors())
     num_actors = args.num_actors or cfg.num_actors
     print(f"AutoShard: {len(tasks)} training tasks, {len(devices)} devices, cap {args.max_memory:g} GB, "
           f"{num_actors} actors, {args.total_steps} steps -> {out_dir}/")

@@ -19,32 +19,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tqdm import tqdm  # noqa: E402
 
 from neuroshard import config  # noqa: E402
-from neuroshard.cli import (add_original_training_args, add_training_args, apply_original_training_args,  # noqa: E402
-                            first_samples, training_config)
+from neuroshard.cli import cost_model_config, cost_model_parser, first_samples  # noqa: E402
 from neuroshard.collect import load_comm_data  # noqa: E402
 from neuroshard.models import fit_comm_model, save_model  # noqa: E402
 from shardcore.cli import run_main  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data_dir", "--data-dir", dest="data_dir", default=config.COMM_DATA_DIR,
-                   help="communication data directory or CSV, comma-separated for several (default %(default)s)")
-    p.add_argument("--fw_out_path", "--fw-out-path", dest="fw_out_path", default=config.FW_COMM_MODEL,
-                   help="forward model output (default %(default)s)")
-    p.add_argument("--bw_out_path", "--bw-out-path", dest="bw_out_path", default=config.BW_COMM_MODEL,
-                   help="backward model output (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and the initial weights (default 0)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_training_args(p, config.comm_model_config(), what="communication models")
-    add_original_training_args(p)
-    return p
+    return cost_model_parser(__doc__, config.COMM_DATA_DIR, "communication data",
+                             [("fw_out_path", config.FW_COMM_MODEL, "forward model output (default %(default)s)"),
+                              ("bw_out_path", config.BW_COMM_MODEL, "backward model output (default %(default)s)")],
+                             config.comm_model_config(), what="communication models")
 
 
 def train(args) -> None:
-    apply_original_training_args(args, config.comm_model_config())
-    cfg = training_config(args, config.comm_model_config(), seed=args.seed)
+    cfg = cost_model_config(args, config.comm_model_config())
     dims, delays, fw, bw, setting = load_comm_data(args.data_dir)
     dims, delays, fw, bw = first_samples(args.num_samples, dims, delays, fw, bw)
     print(f"{len(dims)} all-to-all samples from {args.data_dir}")

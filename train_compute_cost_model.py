@@ -19,30 +19,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tqdm import tqdm  # noqa: E402
 
 from neuroshard import config  # noqa: E402
-from neuroshard.cli import (add_original_training_args, add_training_args, apply_original_training_args,  # noqa: E402
-                            first_samples, training_config)
+from neuroshard.cli import cost_model_config, cost_model_parser, first_samples  # noqa: E402
 from neuroshard.collect import load_compute_data  # noqa: E402
 from neuroshard.models import fit_compute_model, save_model  # noqa: E402
 from shardcore.cli import run_main  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data_dir", "--data-dir", dest="data_dir", default=config.COMPUTE_DATA_DIR,
-                   help="compute cost data directory or CSV, comma-separated for several (default %(default)s)")
-    p.add_argument("--out_path", "--out-path", dest="out_path", default=config.COMPUTE_MODEL,
-                   help="where the model goes (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and the initial weights (default 0)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_training_args(p, config.compute_model_config(), what="compute model")
-    add_original_training_args(p)
-    return p
+    return cost_model_parser(__doc__, config.COMPUTE_DATA_DIR, "compute cost data",
+                             [("out_path", config.COMPUTE_MODEL, "where the model goes (default %(default)s)")],
+                             config.compute_model_config(), what="compute model")
 
 
 def train(args) -> None:
-    apply_original_training_args(args, config.compute_model_config())
-    cfg = training_config(args, config.compute_model_config(), seed=args.seed)
+    cfg = cost_model_config(args, config.compute_model_config())
     shards, costs, setting = load_compute_data(args.data_dir)
     shards, costs = first_samples(args.num_samples, shards, costs)
     print(f"{len(shards)} shards from {args.data_dir} (mean {costs.sum(1).mean():.2f} ms, "

@@ -20,14 +20,13 @@ from dreamshard.sharder import DreamShardModel  # noqa: E402
 from dreamshard.trainer import DreamShardTrainer  # noqa: E402
 from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
 from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,  # noqa: E402
-                           open_evaluator, positive_float, positive_int, run_main)
+                           open_evaluator, run_main)
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser, finite_float  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from shardcore.config import add_config_args, config_from_args  # noqa: E402
 from shardcore.io import check_output_dir  # noqa: E402
-
-D = DreamShardConfig()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,25 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_args(p)
     add_memory_args(p)
     p.add_argument("--out-dir", default="models/dreamshard", help="checkpoints and train_log.csv (default %(default)s)")
-    p.add_argument("--num-iterations", type=positive_int, default=D.num_iterations,
-                   help="outer iterations: measure, fit cost network, train policy (default %(default)s)")
-    p.add_argument("--bench-steps", type=positive_int, default=D.bench_steps,
-                   help="plans sampled by the policy and measured on hardware per iteration (default %(default)s)")
-    p.add_argument("--bench-training-steps", type=positive_int, default=D.bench_training_steps,
-                   help="gradient steps fitting the cost network per iteration (default %(default)s)")
-    p.add_argument("--rl-num-batches", type=positive_int, default=D.rl_num_batches,
-                   help="policy updates per iteration (default %(default)s)")
-    p.add_argument("--rl-batch-size", type=positive_int, default=D.rl_batch_size,
-                   help="episodes per policy update, run in lockstep on one task (default %(default)s)")
-    p.add_argument("--entropy-weight", type=finite_float, default=D.entropy_weight,
-                   help="entropy bonus of the policy loss (default %(default)s)")
-    p.add_argument("--rl-lr", type=positive_float, default=D.rl_lr, help="policy learning rate (default %(default)s)")
-    p.add_argument("--cost-lr", type=positive_float, default=D.cost_lr,
-                   help="cost network learning rate (default %(default)s)")
-    p.add_argument("--batch-size", dest="cost_batch_size", type=positive_int, default=D.cost_batch_size,
-                   help="samples per gradient step of the cost network, as DreamShard's --batch-size "
-                        "(default %(default)s; the benchmark's batch is --bench-batch-size)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    add_config_args(p, DreamShardConfig())
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out-dir (its buffer and networks)")
     add_oracle_args(p, batch_flag="--bench-batch-size")
@@ -90,11 +71,7 @@ def main(argv=None):
         print(f"resuming from {path} (iteration {model.iteration})")
     elif newest_checkpoint(args.out_dir) is not None:
         raise ShardError(f"{args.out_dir} already holds checkpoints: pass --resume, or choose another --out-dir")
-    cfg = model.cfg if model is not None else DreamShardConfig(
-        num_iterations=args.num_iterations, bench_steps=args.bench_steps,
-        bench_training_steps=args.bench_training_steps, rl_num_batches=args.rl_num_batches,
-        rl_batch_size=args.rl_batch_size, entropy_weight=args.entropy_weight, rl_lr=args.rl_lr,
-        cost_lr=args.cost_lr, cost_batch_size=args.cost_batch_size, seed=args.seed)
+    cfg = model.cfg if model is not None else config_from_args(DreamShardConfig, args)
     print(f"DreamShard: {len(tasks)} training tasks, {ndevices} devices, cap {args.max_memory:g} GB, "
           f"{args.num_iterations} iterations -> {args.out_dir}/")
     with open_evaluator(args, args.data_dir, devices) as ev:

@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tqdm import tqdm  # noqa: E402
 
 from neuroshard import config  # noqa: E402
-from neuroshard.cli import add_training_args, float_list, training_config  # noqa: E402
+from neuroshard.cli import add_training_args, training_config  # noqa: E402
 from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
-from shardcore.cli import add_device_args, device_ids, num_devices  # noqa: E402
+from shardcore.cli import add_device_args, device_ids, float_list, num_devices  # noqa: E402
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data  # noqa: E402
 from neuroshard.config import SearchConfig  # noqa: E402
 from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model  # noqa: E402

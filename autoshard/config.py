@@ -1,11 +1,16 @@
 """Every AutoShard hyper-parameter in one place (defaults sized for a 2-core CPU).
 
-The names follow the original code's flags (``--total-steps``, ``--unroll-length``, ...)."""
+The names follow the original code's flags (``--total-steps``, ``--unroll-length``, ...); the fields
+declared with ``param`` are train_autoshard.py's flags (generated from here, with these help texts)."""
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+
+from shardcore.cli import finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int
+from shardcore.config import Config, param
 
 
 def default_num_actors() -> int:
@@ -14,44 +19,55 @@ def default_num_actors() -> int:
     return max(2, min(8, os.cpu_count() or 2))
 
 
+def unit_float(text: str) -> float:
+    v = finite_float(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return v
+
+
 @dataclass
-class AutoShardConfig:
+class AutoShardConfig(Config):
     # networks
     table_hidden: int = 64       # table MLP (features -> hidden -> embed)
     embed: int = 32              # table / device representation width
     lstm_hidden: int = 64        # LSTM core width
     cost_hidden: int = 64        # cost model: table MLP hidden width and head width
     # actor-learner (IMPALA)
-    total_steps: int = 30_000    # environment steps (one step = one table placed)
-    num_actors: int = 2
-    batch_size: int = 4          # unrolls per learner update
-    unroll_length: int = 25      # steps per unroll
-    replay_ratio: int = 16       # extra learner updates per batch of fresh unrolls, on replayed ones
+    total_steps: int = param(30_000, "environment steps to train for, one step = one table placed (default {default})",
+                             type=positive_int)
+    num_actors: int = param(2, "actor processes (default: one per CPU core, at least 2; here "
+                               f"{default_num_actors()})", type=positive_int, cli_default=None)
+    batch_size: int = param(4, "unrolls per learner update (default {default})", type=positive_int)
+    unroll_length: int = param(25, "steps per unroll (default {default})", type=positive_int)
+    replay_ratio: int = param(16, "extra learner updates on replayed recent unrolls per fresh batch "
+                                  "(default {default})", type=nonnegative_int)
     replay_size: int = 200       # unrolls kept for replay (the most recent)
-    learning_rate: float = 1e-3
-    entropy_cost: float = 0.001
-    baseline_cost: float = 0.5
-    discounting: float = 1.0     # episodic task with a final reward only
-    grad_norm_clipping: float = 40.0
+    learning_rate: float = param(1e-3, "Adam learning rate of policy and value (default {default})",
+                                 type=positive_float)
+    entropy_cost: float = param(0.001, "entropy bonus weight (default {default})", type=finite_float)
+    baseline_cost: float = param(0.5, "weight of the value loss (default {default})", type=nonnegative_float)
+    discounting: float = param(1.0, "discount factor; the only reward is at the end of an episode "
+                                    "(default {default})", type=unit_float)
+    grad_norm_clipping: float = param(40.0, "global gradient-norm clip (default {default})", type=positive_float)
     rho_bar: float = 1.0         # V-trace truncation of the importance weights (value target)
     pg_rho_bar: float = 1.0      # ... and of the policy-gradient weights
     c_bar: float = 1.0           # V-trace trace-cutting level
     # cost model (trained online on measured shards)
-    use_cost_model: bool = True
-    cost_lr: float = 1e-3
+    use_cost_model: bool = param(True, "no cost model: no predicted-cost action features, tables ordered by "
+                                       "dim x pooling factor", flags=("--disable-cost-model",),
+                                 action="store_false")
+    cost_lr: float = param(1e-3, "cost model learning rate (default {default})", flags=("--cost-learning-rate",),
+                           type=positive_float)
     cost_batch_size: int = 64
-    cost_steps_per_update: int = 4   # the original's --num-cost-updates
-    cost_min_buffer: int = 0         # measured shards needed before the cost model trains (--num-min-buf-size)
+    cost_steps_per_update: int = param(4, "cost model gradient steps per learner update (default {default})",
+                                       flags=("--num-cost-updates",), dest="cost_updates", type=positive_int)
+    cost_min_buffer: int = param(0, "measured shards the cost model's buffer must hold before it trains "
+                                    "(default {default})", flags=("--num-min-buf-size",), type=int)
     # rewards
     overflow_penalty: float = 1.0   # reward of an over-cap plan: -penalty x overflow / cap
-    reward_clipping: str = "none"   # "abs_one" clips every step's reward to [-1, 1] (the original's flag)
-    shaping: float = 2.0         # weight of potential-based shaping from the cost model (0: final reward only)
-    seed: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "AutoShardConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in obj.items() if k in names})
+    reward_clipping: str = param("none", "abs_one clips each step's reward to [-1, 1] (default {default})",
+                                 choices=["none", "abs_one"])
+    shaping: float = param(2.0, "weight of potential-based reward shaping from the cost model's predicted loads; "
+                                "0 gives the paper's final reward only (default {default})", type=nonnegative_float)
+    seed: int = param(0, "random seed (default {default})", type=int, group="general")

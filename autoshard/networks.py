@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shardcore.layers import mlp
 from shardcore.tables import FEATURE_NAMES
 
 from .config import AutoShardConfig
@@ -26,19 +27,10 @@ NUM_ACTION_FEATURES = NUM_FEATURES + 4
 MASKED = -1e9
 
 
-def mlp(sizes: list[int], last_act: bool = True) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if last_act or i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 class CostModel(nn.Module):
     def __init__(self, cfg: AutoShardConfig, num_features: int = NUM_FEATURES):
         super().__init__()
-        self.table = mlp([num_features, cfg.cost_hidden, cfg.embed])
+        self.table = mlp([num_features, cfg.cost_hidden, cfg.embed], last_act=True)
         self.head = mlp([cfg.embed, cfg.cost_hidden, 1], last_act=False)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,11 +50,11 @@ class AutoShardNet(nn.Module):
     def __init__(self, cfg: AutoShardConfig, num_features: int = NUM_FEATURES,
                  num_action_features: int = NUM_ACTION_FEATURES):
         super().__init__()
-        self.table_mlp = mlp([num_features, cfg.table_hidden, cfg.embed])
-        self.state_mlp = mlp([cfg.embed + 1, cfg.lstm_hidden])
+        self.table_mlp = mlp([num_features, cfg.table_hidden, cfg.embed], last_act=True)
+        self.state_mlp = mlp([cfg.embed + 1, cfg.lstm_hidden], last_act=True)
         self.core = nn.LSTM(cfg.lstm_hidden, cfg.lstm_hidden)
         self.state_proj = nn.Linear(cfg.lstm_hidden, cfg.embed)
-        self.action_mlp = mlp([num_action_features, cfg.table_hidden, cfg.embed])
+        self.action_mlp = mlp([num_action_features, cfg.table_hidden, cfg.embed], last_act=True)
         self.score = mlp([3 * cfg.embed, cfg.table_hidden, 1], last_act=False)
         self.value = nn.Linear(cfg.lstm_hidden, 1)
         self.hidden = cfg.lstm_hidden

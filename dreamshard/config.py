@@ -1,37 +1,39 @@
-"""Every DreamShard hyper-parameter in one place (defaults sized for a 2-core CPU)."""
+"""Every DreamShard hyper-parameter in one place (defaults sized for a 2-core CPU); the fields declared
+with ``param`` are train_dreamshard.py's flags (generated from here, with these help texts)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+
+from shardcore.cli import finite_float, positive_float, positive_int
+from shardcore.config import Config, param
 
 
 @dataclass
-class DreamShardConfig:
+class DreamShardConfig(Config):
     # networks
     hidden: int = 128            # table MLP hidden width (cost and policy networks)
     embed: int = 32              # table representation width (summed over a shard)
     head_hidden: int = 64        # width of the cost heads and the policy's scoring MLP
     # outer loop
-    num_iterations: int = 10     # measure -> fit cost network -> train policy, this many times
-    bench_steps: int = 10        # plans sampled by the policy and measured on hardware per iteration
+    num_iterations: int = param(10, "outer iterations: measure, fit cost network, train policy (default {default})",
+                                type=positive_int)
+    bench_steps: int = param(10, "plans sampled by the policy and measured on hardware per iteration "
+                                 "(default {default})", type=positive_int)
     # cost network
-    bench_training_steps: int = 300   # gradient steps fitting the cost network per iteration
-    cost_batch_size: int = 32
-    cost_lr: float = 1e-3
+    bench_training_steps: int = param(300, "gradient steps fitting the cost network per iteration "
+                                           "(default {default})", type=positive_int)
+    cost_batch_size: int = param(32, "samples per gradient step of the cost network, as DreamShard's --batch-size "
+                                     "(default {default}; the benchmark's batch is --bench-batch-size)",
+                                 flags=("--batch-size",), type=positive_int)
+    cost_lr: float = param(1e-3, "cost network learning rate (default {default})", type=positive_float)
     # policy (REINFORCE in the estimated MDP)
-    rl_num_batches: int = 40     # policy updates per iteration
-    rl_batch_size: int = 16      # episodes per update (all on one training task, run in lockstep)
-    rl_lr: float = 5e-4
+    rl_num_batches: int = param(40, "policy updates per iteration (default {default})", type=positive_int)
+    rl_batch_size: int = param(16, "episodes per policy update, run in lockstep on one task (default {default})",
+                               type=positive_int)
+    rl_lr: float = param(5e-4, "policy learning rate (default {default})", type=positive_float)
     lr_decay: float = 0.9        # policy learning rate multiplied by this after every iteration
-    entropy_weight: float = 1e-3
+    entropy_weight: float = param(1e-3, "entropy bonus of the policy loss (default {default})", type=finite_float)
     grad_clip: float = 1.0
     infeasible_penalty: float = 2.0   # an episode that runs out of memory gets this x its predicted cost
-    seed: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "DreamShardConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in obj.items() if k in names})
+    seed: int = param(0, "random seed (default {default})", type=int)

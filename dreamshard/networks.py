@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shardcore.layers import mlp
 from shardcore.tables import NUM_FEATURES
 
 from .config import DreamShardConfig
@@ -25,23 +26,14 @@ from .config import DreamShardConfig
 NUM_COST_FEATURES = 5
 
 
-def mlp(sizes: list[int], last_act: bool = False) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for k in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[k], sizes[k + 1]))
-        if k < len(sizes) - 2 or last_act:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 class CostNet(nn.Module):
     def __init__(self, cfg: DreamShardConfig):
         super().__init__()
         self.table = mlp([NUM_FEATURES, cfg.hidden, cfg.embed], last_act=True)
-        self.fw = mlp([cfg.embed, cfg.head_hidden, 1])
-        self.bw = mlp([cfg.embed, cfg.head_hidden, 1])
-        self.comm = mlp([cfg.embed, cfg.head_hidden, 1])
-        self.overall = mlp([cfg.embed + 1, cfg.head_hidden, 1])
+        self.fw = mlp([cfg.embed, cfg.head_hidden, 1], last_act=False)
+        self.bw = mlp([cfg.embed, cfg.head_hidden, 1], last_act=False)
+        self.comm = mlp([cfg.embed, cfg.head_hidden, 1], last_act=False)
+        self.overall = mlp([cfg.embed + 1, cfg.head_hidden, 1], last_act=False)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Table representations ``[..., T, 21] -> [..., T, embed]``."""
@@ -80,7 +72,7 @@ class PolicyNet(nn.Module):
         super().__init__()
         self.table = mlp([NUM_FEATURES, cfg.hidden, cfg.embed], last_act=True)
         self.cost_enc = mlp([NUM_COST_FEATURES, cfg.head_hidden, cfg.embed], last_act=True)
-        self.score = mlp([2 * cfg.embed + 1, cfg.head_hidden, 1])
+        self.score = mlp([2 * cfg.embed + 1, cfg.head_hidden, 1], last_act=False)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         return self.table(x)

@@ -4,25 +4,14 @@ e.g. ``--gpu_devices``, and the dashed ones, e.g. ``--gpu-devices``, are accepte
 from __future__ import annotations
 
 import argparse
-import math
+from typing import Sequence
 
-from shardcore.cli import positive_float, positive_int
+from shardcore.cli import make_parser, positive_int
+from shardcore.config import add_config_args, config_from_args, given_args
 from shardcore.errors import ShardError
 
 from . import config
 from .config import ModelConfig, SearchConfig
-
-
-def float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    if not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected finite numbers, got {text!r}")
-    return values
 
 
 def add_model_paths(p: argparse.ArgumentParser) -> None:
@@ -41,69 +30,46 @@ def model_kwargs(args: argparse.Namespace) -> dict:
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
-    d = SearchConfig()
-    g = p.add_argument_group("NeuroShard search")
-    g.add_argument("--k", type=positive_int, default=None, help=f"beam width of the column-wise search (default {d.k})")
-    g.add_argument("--n", type=positive_int, default=None,
-                   help=f"split candidates per step: the n largest and n most costly tables (default {d.n})")
-    g.add_argument("--max-length", "--max_length", dest="max_length", type=int, default=None,
-                   help=f"most column-wise steps, 0 = table-wise only (default {d.max_length})")
-    g.add_argument("--search-steps", "--search_steps", dest="search_steps", type=positive_int, default=None,
-                   help=f"dim-sum caps tried by the table-wise search (default {d.search_steps})")
-    g.add_argument("--cap-start", type=positive_float, default=None,
-                   help=f"smallest dim-sum cap, x the mean dim sum per device (default {d.cap_start})")
-    g.add_argument("--cap-end", type=positive_float, default=None,
-                   help=f"largest dim-sum cap (default {d.cap_end})")
-    g.add_argument("--no-column-wise", action="store_true", help="table-wise search only: never split a table")
+    add_config_args(p.add_argument_group("NeuroShard search"), SearchConfig())
 
 
 def search_kwargs(args: argparse.Namespace) -> dict:
-    out = {k: getattr(args, k) for k in ("k", "n", "max_length", "search_steps", "cap_start", "cap_end")
-           if getattr(args, k) is not None}
-    if args.no_column_wise:
-        out["column_wise"] = False
-    return out
+    """The search flags given on the command line (the others keep the bundle's or the defaults)."""
+    return given_args(SearchConfig, args)
+
+
+def cost_model_parser(description: str, data_dir: str, data_help: str, outputs: Sequence[tuple[str, str, str]],
+                      defaults: ModelConfig, what: str) -> argparse.ArgumentParser:
+    """The parser of train_compute_cost_model.py / train_comm_cost_model.py: ``--data_dir``, one flag
+    per ``(name, default, help)`` of ``outputs`` (``--out_path`` and ``--out-path``), ``--seed``,
+    ``--quiet``, the model's training flags and NeuroShard's original ones."""
+    p = make_parser(description)
+    p.add_argument("--data_dir", "--data-dir", dest="data_dir", default=data_dir,
+                   help=f"{data_help} directory or CSV, comma-separated for several (default %(default)s)")
+    for name, default, help_text in outputs:
+        p.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name, default=default, help=help_text)
+    p.add_argument("--seed", type=int, default=0, help="seed of the split and the initial weights (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_training_args(p, defaults, what=what)
+    add_original_training_args(p)
+    return p
+
+
+def cost_model_config(args: argparse.Namespace, defaults: ModelConfig) -> ModelConfig:
+    """The training config of a cost-model script's command line (NeuroShard's ratios included)."""
+    apply_original_training_args(args, defaults)
+    return training_config(args, defaults, seed=args.seed)
 
 
 def add_training_args(p: argparse.ArgumentParser, defaults: ModelConfig, prefix: str = "",
                       what: str = "") -> None:
     """``--epochs``, ``--lr``, sizes ... for one model (``prefix`` e.g. ``comm-`` when a script trains several)."""
-    g = p.add_argument_group(f"{what or 'model'} training")
-    dest = prefix.replace("-", "_")
-
-    def add(name, **kw):
-        names = [f"--{prefix}{name}"]
-        if "-" in name or prefix:
-            names.append(f"--{(prefix + name).replace('-', '_')}")
-        g.add_argument(*dict.fromkeys(names), dest=dest + name.replace("-", "_"), **kw)
-
-    add("epochs", type=positive_int, default=defaults.epochs, help=f"training epochs (default {defaults.epochs})")
-    add("lr", type=positive_float, default=defaults.lr, help=f"learning rate (default {defaults.lr})")
-    add("train-batch-size", type=positive_int, default=defaults.batch_size,
-        help=f"samples per gradient step (default {defaults.batch_size})")
-    add("hidden", type=positive_int, default=defaults.hidden, help=f"MLP width (default {defaults.hidden})")
-    add("embed", type=positive_int, default=defaults.embed,
-        help=f"pooled representation width (default {defaults.embed})")
-    add("head-hidden", type=positive_int, default=defaults.head_hidden,
-        help=f"head MLP width (default {defaults.head_hidden})")
-    add("val-fraction", type=float, default=defaults.val_fraction,
-        help=f"share of samples for model selection (default {defaults.val_fraction})")
-    add("test-fraction", type=float, default=defaults.test_fraction,
-        help=f"share of samples held out for the test MAPE (default {defaults.test_fraction})")
+    add_config_args(p.add_argument_group(f"{what or 'model'} training"), defaults, prefix=prefix,
+                    underscore_aliases=True)
 
 
 def training_config(args: argparse.Namespace, defaults: ModelConfig, prefix: str = "", seed: int = 0) -> ModelConfig:
-    dest = prefix.replace("-", "_")
-    cfg = ModelConfig(**defaults.to_dict())
-    cfg.epochs = getattr(args, dest + "epochs")
-    cfg.lr = getattr(args, dest + "lr")
-    cfg.batch_size = getattr(args, dest + "train_batch_size")
-    cfg.hidden = getattr(args, dest + "hidden")
-    cfg.embed = getattr(args, dest + "embed")
-    cfg.head_hidden = getattr(args, dest + "head_hidden")
-    cfg.val_fraction = getattr(args, dest + "val_fraction")
-    cfg.test_fraction = getattr(args, dest + "test_fraction")
-    cfg.seed = seed
+    cfg = config_from_args(ModelConfig, args, base=defaults, prefix=prefix, seed=seed)
     if not (0 < cfg.val_fraction < 1 and 0 < cfg.test_fraction < 1 and cfg.val_fraction + cfg.test_fraction < 1):
         raise ShardError("--val-fraction and --test-fraction must be in (0, 1) and sum to less than 1")
     return cfg

@@ -9,7 +9,10 @@ setting's 1..20 ms. ``collect_comm_cost_data.py --sleep_range 1,20`` restores th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+
+from shardcore.cli import positive_float, positive_int
+from shardcore.config import Config, param
 
 # -- locations ----------------------------------------------------------------------------------
 MODEL_DIR = "models/neuroshard"
@@ -40,30 +43,26 @@ POOL_SEED = 0
 
 
 @dataclass
-class ModelConfig:
-    """Architecture and training of one cost model."""
+class ModelConfig(Config):
+    """Architecture and training of one cost model (the ``param`` fields are the training scripts'
+    flags, ``--comm-`` prefixed for the communication models in train_neuroshard.py)."""
 
-    hidden: int = 128          # width of the per-table (compute) / per-device (comm) MLP
-    embed: int = 64            # representation summed over a shard (compute) / pooled over devices (comm)
-    head_hidden: int = 128     # width of the head MLP
+    hidden: int = param(128, "MLP width (default {default})", type=positive_int)
+    # ^ width of the per-table (compute) / per-device (comm) MLP
+    embed: int = param(64, "pooled representation width (default {default})", type=positive_int)
+    # ^ representation summed over a shard (compute) / pooled over devices (comm)
+    head_hidden: int = param(128, "head MLP width (default {default})", type=positive_int)
     pooling: str = "additive"  # compute model: "additive" (sum of per-table costs x a learned shard-level
                                # correction), "lse" or "sum" (see neuroshard.models.ComputeCostNet)
-    epochs: int = 300
-    batch_size: int = 64
-    lr: float = 2e-3
+    epochs: int = param(300, "training epochs (default {default})", type=positive_int)
+    batch_size: int = param(64, "samples per gradient step (default {default})", flags=("--train-batch-size",),
+                            dest="train_batch_size", type=positive_int)
+    lr: float = param(2e-3, "learning rate (default {default})", type=positive_float)
     weight_decay: float = 1e-5
     lr_decay: float = 0.99     # learning rate multiplied by this after every epoch
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
+    val_fraction: float = param(0.1, "share of samples for model selection (default {default})", type=float)
+    test_fraction: float = param(0.1, "share of samples held out for the test MAPE (default {default})", type=float)
     seed: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "ModelConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in obj.items() if k in names})
 
 
 def compute_model_config(**kw) -> ModelConfig:
@@ -77,22 +76,23 @@ def comm_model_config(**kw) -> ModelConfig:
 
 
 @dataclass
-class SearchConfig:
-    """The online search (SPEC §4, NeuroShard)."""
+class SearchConfig(Config):
+    """The online search (NeuroShard's; the ``param`` fields are the ``--alg neuroshard`` scripts'
+    search flags, which override a bundle's stored search settings only when given)."""
 
-    k: int = 3                 # beam width of the column-wise search
-    n: int = 10                # per step, split candidates: the n largest and the n most costly tables
-    max_length: int = 10       # at most this many column-wise steps (halvings)
-    search_steps: int = 11     # caps tried by the table-wise search, evenly from cap_start to cap_end
-    cap_start: float = 1.0     # dim-sum cap = scale x the mean dim sum per device
-    cap_end: float = 1.5
+    k: int = param(3, "beam width of the column-wise search (default {default})", type=positive_int,
+                   cli_default=None)
+    n: int = param(10, "split candidates per step: the n largest and n most costly tables (default {default})",
+                   type=positive_int, cli_default=None)
+    max_length: int = param(10, "most column-wise steps, 0 = table-wise only (default {default})",
+                            flags=("--max-length", "--max_length"), type=int, cli_default=None)
+    search_steps: int = param(11, "dim-sum caps tried by the table-wise search (default {default})",
+                              flags=("--search-steps", "--search_steps"), type=positive_int, cli_default=None)
+    # ^ caps tried evenly from cap_start to cap_end
+    cap_start: float = param(1.0, "smallest dim-sum cap, x the mean dim sum per device (default {default})",
+                             type=positive_float, cli_default=None)
+    # ^ dim-sum cap = scale x the mean dim sum per device
+    cap_end: float = param(1.5, "largest dim-sum cap (default {default})", type=positive_float, cli_default=None)
     min_dim: int = MIN_DIM     # a column shard's dim stays a multiple of this
-    column_wise: bool = True   # False: table-wise search only (no splits)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "SearchConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in obj.items() if k in names})
+    column_wise: bool = param(True, "table-wise search only: never split a table", flags=("--no-column-wise",),
+                              action="store_false", cli_default=None)

@@ -1,7 +1,8 @@
 """NeuroShard's three pre-trained cost models, their training and their checkpoints.
 
 **Compute cost of a shard** (:class:`ComputeCostModel`): each table's 21 standardised features
-(:class:`TableScaler`) go through a table MLP; its outputs are *summed* over the shard; a head MLP
+(:class:`~shardcore.tables.FeatureScaler`, all four scaled features on a log scale:
+:data:`LOG_FEATURES`) go through a table MLP; its outputs are *summed* over the shard; a head MLP
 predicts the shard's forward and backward compute cost (two outputs; their sum is the shard's
 compute cost). The sum makes the model apply to shards of any number of tables. By default
 (``pooling="additive"``, :class:`ComputeCostNet`) the table MLP predicts each table's own costs,
@@ -21,7 +22,7 @@ permutation-equivariant over devices and applies to any device count.
 train / validation / test (seeded); the loss is the squared error of log costs (relative errors,
 so cheap and expensive shards count alike); after every epoch the validation MAPE is computed and
 the best epoch's weights are kept; the held-out test MAPE is reported. Feature standardisation
-(:class:`TableScaler` for tables, mean / std for the communication features)
+(:class:`~shardcore.tables.FeatureScaler` for tables, mean / std for the communication features)
 and the target scale are fitted on the training split and saved in the checkpoint.
 
 **Checkpoints** are dicts of plain tensors, numbers and strings (they load with
@@ -49,7 +50,8 @@ from torch import nn
 
 from shardcore import io
 from shardcore.errors import ShardError
-from shardcore.tables import FEATURE_NAMES, NUM_FEATURES, SCALED_FEATURES, TableConfig, raw_features
+from shardcore.layers import mlp
+from shardcore.tables import NUM_FEATURES, SCALED_FEATURES, FeatureScaler, TableConfig
 
 from .config import ModelConfig, comm_model_config, compute_model_config
 
@@ -57,20 +59,13 @@ METHOD = "neuroshard"
 VERSION = 1
 KINDS = ("compute", "fw_comm", "bw_comm")
 EPS_MS = 1e-3   # costs are clipped at 1 microsecond before logs and relative errors
-
-
-def mlp(sizes: Sequence[int]) -> nn.Sequential:
-    """Linear layers with ReLU between them (none after the last)."""
-    layers: list[nn.Module] = []
-    for k in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[k], sizes[k + 1]))
-        if k < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+# The compute model's table features: dim and pooling_factor on a log scale too (as row and size are
+# for every method): a shard's compute is roughly multiplicative in them (lookups x dim).
+LOG_FEATURES = SCALED_FEATURES
 
 
 class NumpyMLP:
-    """An :func:`mlp` evaluated with NumPy (float64), for the search's many small evaluations."""
+    """An :func:`~shardcore.layers.mlp` evaluated with NumPy (float64), for the search's many small evaluations."""
 
     def __init__(self, seq: nn.Sequential, relu_last: bool = False):
         linears = [m for m in seq if isinstance(m, nn.Linear)]
@@ -86,58 +81,6 @@ class NumpyMLP:
             if k < last or self.relu_last:
                 np.maximum(x, 0.0, out=x)
         return x
-
-
-class TableScaler:
-    """Standardisation of the 21 table features for the compute model.
-
-    Like :class:`~shardcore.tables.FeatureScaler`, but ``dim`` and ``pooling_factor`` are put on a
-    log scale too (``log10(1 + x)``, as ``row`` and ``size`` are there): a shard's compute cost is
-    roughly multiplicative in them (lookups x dim), which an MLP learns far more easily, to a
-    uniform *relative* accuracy, on log inputs. Fitted on the training shards' tables, saved with
-    the model (:meth:`to_state`), re-applied unchanged to any task.
-    """
-
-    LOG_FEATURES = SCALED_FEATURES   # dim, row, pooling_factor, size
-
-    def __init__(self, mean: Sequence[float], std: Sequence[float]):
-        self.mean = [float(v) for v in mean]
-        self.std = [float(v) for v in std]
-        self._idx = [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]
-
-    @classmethod
-    def _log(cls, raw: np.ndarray) -> np.ndarray:
-        x = np.array(raw, dtype=np.float64, copy=True)
-        idx = [FEATURE_NAMES.index(n) for n in cls.LOG_FEATURES]
-        x[:, idx] = np.log10(1.0 + np.maximum(x[:, idx], 0.0))
-        return x
-
-    @classmethod
-    def fit(cls, tables: Sequence[TableConfig]) -> "TableScaler":
-        if not tables:
-            raise ShardError("cannot fit feature statistics on zero tables")
-        x = cls._log(raw_features(tables))[:, [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]]
-        std = x.std(0)
-        std[std < 1e-12] = 1.0
-        return cls(x.mean(0), std)
-
-    def transform(self, tables: Sequence[TableConfig]) -> np.ndarray:
-        """``[len(tables), 21]`` float64."""
-        x = self._log(raw_features(tables))
-        x[:, self._idx] = (x[:, self._idx] - np.asarray(self.mean)) / np.asarray(self.std)
-        return x
-
-    def to_state(self) -> dict:
-        return {"features": list(SCALED_FEATURES), "log": list(self.LOG_FEATURES), "mean": list(self.mean),
-                "std": list(self.std)}
-
-    @classmethod
-    def from_state(cls, state: dict) -> "TableScaler":
-        if list(state.get("features", [])) != list(SCALED_FEATURES) or \
-                list(state.get("log", [])) != list(cls.LOG_FEATURES):
-            raise ShardError(f"feature statistics were saved for other features: {state.get('features')} "
-                             f"(log scale: {state.get('log')})")
-        return cls(state["mean"], state["std"])
 
 
 def softplus_np(x: np.ndarray) -> np.ndarray:
@@ -180,8 +123,8 @@ class ComputeCostNet(nn.Module):
         if self.pooling not in self.POOLINGS:
             raise ShardError(f"unknown compute model pooling {self.pooling!r} ({', '.join(self.POOLINGS)})")
         extra = 2 if self.pooling == "additive" else 0
-        self.table = mlp([NUM_FEATURES, cfg.hidden, cfg.hidden, cfg.embed + extra])
-        self.head = mlp([cfg.embed + extra, cfg.head_hidden, cfg.head_hidden, 2])
+        self.table = mlp([NUM_FEATURES, cfg.hidden, cfg.hidden, cfg.embed + extra], last_act=False)
+        self.head = mlp([cfg.embed + extra, cfg.head_hidden, cfg.head_hidden, 2], last_act=False)
         if self.pooling == "additive":
             nn.init.zeros_(self.head[-1].weight)
             nn.init.zeros_(self.head[-1].bias)
@@ -215,7 +158,7 @@ class ComputeCostModel:
     """A trained compute cost model: network, feature standardisation and target scale (ms)."""
 
     cfg: ModelConfig
-    scaler: TableScaler
+    scaler: FeatureScaler
     net: ComputeCostNet
     target_scale: tuple[float, float] = (1.0, 1.0)      # ms per unit of the fw / bw outputs
     metrics: dict = field(default_factory=dict)
@@ -236,7 +179,7 @@ class ComputeCostModel:
 
     # -- inference (NumPy) -------------------------------------------------------------------
     def features(self, tables: Sequence[TableConfig]) -> np.ndarray:
-        return self.scaler.transform(tables).astype(np.float64)
+        return self.scaler.transform(tables, dtype=np.float64)
 
     @property
     def mass_size(self) -> int:
@@ -295,7 +238,7 @@ class ComputeCostModel:
         cfg = ModelConfig.from_dict(obj["config"])
         net = ComputeCostNet(cfg)
         net.load_state_dict(obj["state_dict"])
-        return cls(cfg, TableScaler.from_state(obj["scaler"]), net, tuple(obj["target_scale"]),
+        return cls(cfg, FeatureScaler.from_state(obj["scaler"], LOG_FEATURES), net, tuple(obj["target_scale"]),
                    dict(obj.get("metrics", {})), dict(obj.get("setting", {})))
 
 
@@ -342,8 +285,8 @@ def comm_features(dim_sums: np.ndarray, delays_ms: np.ndarray | None, with_delay
 class CommCostNet(nn.Module):
     def __init__(self, cfg: ModelConfig, num_features: int):
         super().__init__()
-        self.device = mlp([num_features, cfg.hidden, cfg.embed])
-        self.head = mlp([num_features + 3 * cfg.embed, cfg.head_hidden, cfg.head_hidden, 1])
+        self.device = mlp([num_features, cfg.hidden, cfg.embed], last_act=False)
+        self.head = mlp([num_features + 3 * cfg.embed, cfg.head_hidden, cfg.head_hidden, 1], last_act=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``x [N, D, F]`` standardised features, ``mask [N, D]`` (1 = a real device) -> ``[N, D]``."""
@@ -563,7 +506,7 @@ def _pad_shards(feats: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor
 
 def fit_compute_model(shards: Sequence[Sequence[TableConfig]], costs: np.ndarray,
                       cfg: ModelConfig | None = None, setting: dict | None = None, progress=None,
-                      scaler: TableScaler | None = None) -> tuple[ComputeCostModel, FitResult]:
+                      scaler: FeatureScaler | None = None) -> tuple[ComputeCostModel, FitResult]:
     """Fit the compute model to measured shards: ``costs[k] = (fw_ms, bw_ms)`` of ``shards[k]``."""
     cfg = cfg or compute_model_config()
     t0 = time.perf_counter()
@@ -572,11 +515,11 @@ def fit_compute_model(shards: Sequence[Sequence[TableConfig]], costs: np.ndarray
     shards = [list(shards[k]) for k in keep]
     costs = np.maximum(costs[keep], EPS_MS)
     tr, va, te = split_indices(len(shards), cfg.val_fraction, cfg.test_fraction, cfg.seed)
-    scaler = scaler or TableScaler.fit([t for k in tr for t in shards[k]])
+    scaler = scaler or FeatureScaler.fit([t for k in tr for t in shards[k]], LOG_FEATURES)
     scale = tuple(float(v) for v in costs[tr].mean(0))
     torch.manual_seed(cfg.seed)
     model = ComputeCostModel(cfg, scaler, ComputeCostNet(cfg), scale, setting=dict(setting or {}))
-    feats = [scaler.transform(s) for s in shards]
+    feats = [scaler.transform(s, dtype=np.float64) for s in shards]
     x, m = _pad_shards(feats)
     y = torch.from_numpy((costs / np.asarray(scale)).astype(np.float32))
     net = model.net

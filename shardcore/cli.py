@@ -56,14 +56,26 @@ def make_parser(description: str | None = None, **kwargs) -> ArgumentParser:
     return ArgumentParser(description=description, **kwargs)
 
 
+def _number_list(text: str, convert: Callable[[str], float], what: str) -> list:
+    try:
+        values = [convert(x) for x in text.split(",") if x.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}s, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one {what}")
+    return values
+
+
 def int_list(text: str) -> list[int]:
     """argparse type for ``1,2,3``."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
+    return _number_list(text, int, "integer")
+
+
+def float_list(text: str) -> list[float]:
+    """argparse type for ``0.5,20``: finite numbers."""
+    values = _number_list(text, float, "number")
+    if not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers, got {text!r}")
     return values
 
 

@@ -93,7 +93,6 @@ DEFAULT_COMM_ITERS = None  # None: the same as bench_iters
 DEFAULT_CPU_COMPUTE_PASSES = None  # None: one pass per timed iteration (see the module notes)
 REWARM_ITERS = 0           # untimed iterations when a pass returns to a shard already warmed up
 OUTPUT_ELEMENT_SIZE = 4    # pooled outputs and their gradients are fp32
-COST_NAMES = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
 
 
 @dataclass(frozen=True)

@@ -137,60 +137,75 @@ def raw_features(tables: Sequence[TableConfig]) -> np.ndarray:
     return out
 
 
+LOG_FEATURES = ("row", "size")   # the features a scaler puts on a log10(1 + x) scale by default
+
+
 @dataclass
 class FeatureScaler:
     """Standardisation of the scale-dependent features (dim, row, pooling_factor, size).
 
     Statistics are fitted once on a model's training tables and saved with the model
-    (:meth:`to_state` gives plain floats), then re-applied unchanged to any task. ``row`` and
-    ``size`` span many orders of magnitude, so they are standardised on a log10(1 + x) scale.
+    (:meth:`to_state` gives plain values), then re-applied unchanged to any task. The
+    ``log_features`` are first put on a log10(1 + x) scale: by default ``row`` and ``size``, which
+    span many orders of magnitude; a cost model may put all four there (a shard's compute is
+    roughly multiplicative in lookups x dim, which an MLP learns more easily, to a uniform relative
+    accuracy, on log inputs).
     """
 
     mean: list[float]
     std: list[float]
+    log_features: tuple[str, ...] = LOG_FEATURES
 
-    LOG_FEATURES = ("row", "size")
+    def __post_init__(self):
+        self.mean = [float(v) for v in self.mean]
+        self.std = [float(v) for v in self.std]
+        self.log_features = tuple(self.log_features)
 
     @staticmethod
-    def _transform(raw: np.ndarray) -> np.ndarray:
+    def _log(raw: np.ndarray, log_features: Sequence[str]) -> np.ndarray:
         x = np.array(raw, dtype=np.float64, copy=True)
-        for name in FeatureScaler.LOG_FEATURES:
-            j = FEATURE_NAMES.index(name)
-            x[:, j] = np.log10(1.0 + x[:, j])
+        idx = [FEATURE_NAMES.index(n) for n in log_features]
+        x[:, idx] = np.log10(1.0 + np.maximum(x[:, idx], 0.0))
         return x
 
     @classmethod
-    def fit(cls, tables: Sequence[TableConfig]) -> "FeatureScaler":
+    def fit(cls, tables: Sequence[TableConfig], log_features: Sequence[str] = LOG_FEATURES) -> "FeatureScaler":
         from .errors import ShardError
 
         if not tables:
             raise ShardError("cannot fit feature statistics on zero tables")
-        x = cls._transform(raw_features(tables))
-        idx = [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]
-        mean = x[:, idx].mean(axis=0)
-        std = x[:, idx].std(axis=0)
+        x = cls._log(raw_features(tables), log_features)[:, [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]]
+        std = x.std(axis=0)
         std[std < 1e-12] = 1.0
-        return cls(mean=[float(v) for v in mean], std=[float(v) for v in std])
+        return cls(mean=list(x.mean(axis=0)), std=list(std), log_features=tuple(log_features))
 
-    def transform(self, tables: Sequence[TableConfig]) -> np.ndarray:
-        """Standardised features, shape ``[len(tables), 21]`` (float32)."""
-        x = self._transform(raw_features(tables))
-        for k, name in enumerate(SCALED_FEATURES):
-            j = FEATURE_NAMES.index(name)
-            x[:, j] = (x[:, j] - self.mean[k]) / self.std[k]
-        return x.astype(np.float32)
+    def transform(self, tables: Sequence[TableConfig], dtype=np.float32) -> np.ndarray:
+        """Standardised features, shape ``[len(tables), 21]`` (float32 unless ``dtype`` says otherwise)."""
+        x = self._log(raw_features(tables), self.log_features)
+        idx = [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]
+        x[:, idx] = (x[:, idx] - np.asarray(self.mean)) / np.asarray(self.std)
+        return x.astype(dtype, copy=False)
 
     def to_state(self) -> dict:
-        return {"features": list(SCALED_FEATURES), "mean": list(self.mean), "std": list(self.std)}
+        """``features``, ``mean``, ``std``, and ``log`` (the log-scale features) where they are not
+        the default: the form checkpoints have always stored."""
+        state = {"features": list(SCALED_FEATURES), "mean": list(self.mean), "std": list(self.std)}
+        if self.log_features != LOG_FEATURES:
+            state["log"] = list(self.log_features)
+        return state
 
     @classmethod
-    def from_state(cls, state: dict) -> "FeatureScaler":
+    def from_state(cls, state: dict, log_features: Sequence[str] = LOG_FEATURES) -> "FeatureScaler":
+        """The scaler a checkpoint stored, which must put ``log_features`` on a log scale (the model
+        loading it was trained so)."""
         from .errors import ShardError
 
-        if list(state.get("features", [])) != list(SCALED_FEATURES):
-            raise ShardError("feature statistics were saved for other features: "
-                             f"{state.get('features')} != {list(SCALED_FEATURES)}")
-        return cls(mean=[float(v) for v in state["mean"]], std=[float(v) for v in state["std"]])
+        saved_log = tuple(state.get("log", LOG_FEATURES))
+        if list(state.get("features", [])) != list(SCALED_FEATURES) or saved_log != tuple(log_features):
+            raise ShardError(f"feature statistics were saved for other features: {state.get('features')} "
+                             f"(log scale: {list(saved_log)}), expected {list(SCALED_FEATURES)} "
+                             f"(log scale: {list(log_features)})")
+        return cls(mean=state["mean"], std=state["std"], log_features=saved_log)
 
 
 def total_memory_gb(tables: Iterable[TableConfig], precision: str = "fp16") -> float:

@@ -1,0 +1,179 @@
+"""Each hyper-parameter stated once (shardcore.config), one scaler, one mlp(), one cost-part constant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import train_autoshard
+import train_comm_cost_model
+import train_dreamshard
+import train_neuroshard
+from autoshard.config import AutoShardConfig
+from dreamshard.config import DreamShardConfig
+from neuroshard.cli import add_search_args, search_kwargs
+from neuroshard.config import ModelConfig, SearchConfig, comm_model_config, compute_model_config
+from shardcore.cli import positive_int
+from shardcore.config import Config, add_config_args, config_from_args, flag_fields, param
+from shardcore.errors import ShardError
+from shardcore.layers import mlp
+from shardcore.tables import SCALED_FEATURES, FeatureScaler, TableConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Toy(Config):
+    hidden: int = 8                                   # internal: no flag
+    steps: int = param(5, "steps (default {default})", type=positive_int)
+    head_size: int = param(3, "head (default {default})", flags=("--head-size", "--head_size"), dest="head")
+    lr: float = param(0.1, "learning rate (default {default})")
+    use_x: bool = param(True, "no x", flags=("--no-x",), action="store_false")
+    mode: str = param("a", "mode", choices=["a", "b"], cli_default=None)
+
+
+def toy_parser(prefix="", underscore=False) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_config_args(p, Toy(steps=7), prefix=prefix, underscore_aliases=underscore)
+    return p
+
+
+def test_flags_are_generated_from_the_dataclass():
+    p = toy_parser()
+    assert "--hidden" not in p.format_help()
+    a = p.parse_args([])
+    assert (a.steps, a.head, a.lr, a.use_x, a.mode) == (7, 3, 0.1, True, None)   # defaults of the instance
+    assert "steps (default 7)" in p.format_help()
+    a = p.parse_args(["--steps", "2", "--head_size", "4", "--lr", "0.5", "--no-x", "--mode", "b"])
+    assert config_from_args(Toy, a) == Toy(steps=2, head_size=4, lr=0.5, use_x=False, mode="b")
+    assert config_from_args(Toy, p.parse_args([])) == Toy(steps=7)      # mode None: the config's own value
+    assert config_from_args(Toy, p.parse_args([]), lr=1.0).lr == 1.0    # explicit overrides win
+    with pytest.raises(SystemExit):
+        p.parse_args(["--steps", "0"])                                   # the field's argparse type
+
+
+def test_prefix_and_underscore_aliases():
+    p = toy_parser(prefix="comm-", underscore=True)
+    a = p.parse_args(["--comm_steps", "9", "--comm-head-size", "2", "--comm_head_size", "6"])
+    assert (a.comm_steps, a.comm_head) == (9, 6)
+    assert config_from_args(Toy, a, prefix="comm-") == Toy(steps=9, head_size=6)
+
+
+def test_a_flag_needs_help_and_a_known_type():
+    with pytest.raises(ValueError, match="help"):
+        param(1, "")
+
+    @dataclass
+    class Bad(Config):
+        sizes: list = param(None, "sizes")
+
+    with pytest.raises(TypeError, match="sizes"):
+        add_config_args(argparse.ArgumentParser(), Bad())
+
+
+def test_one_serialiser_ignores_unknown_keys_and_fills_defaults():
+    assert Toy.from_dict(Toy(steps=3).to_dict()) == Toy(steps=3)
+    assert Toy.from_dict({"steps": 4, "removed_since": 1}) == Toy(steps=4)
+    with pytest.raises(ShardError, match="expected an object"):
+        Toy.from_dict([1, 2])
+    for cls in (AutoShardConfig, DreamShardConfig, ModelConfig, SearchConfig):
+        assert cls.from_dict(json.loads(json.dumps(cls().to_dict()))) == cls()
+
+
+@pytest.mark.parametrize("module,defaults,prefix", [(train_autoshard, AutoShardConfig(), ""),
+                                                     (train_dreamshard, DreamShardConfig(), ""),
+                                                     (train_neuroshard, compute_model_config(), ""),
+                                                     (train_neuroshard, comm_model_config(), "comm-")])
+def test_every_config_flag_reaches_the_script_with_the_config_default(module, defaults, prefix):
+    """The scripts' flags are the config's: each field declared with param() is a flag of the script,
+    with the config's value as its default (or None: "keep the config's") and a help text."""
+    p = module.build_parser()
+    by_flag = {s: a for a in p._actions for s in a.option_strings}
+    for f in flag_fields(defaults):
+        meta = f.metadata["cli"]
+        action = by_flag[f"--{prefix}{(meta['flags'] or ('--' + f.name.replace('_', '-'),))[0][2:]}"]
+        expected = None if meta["cli_default"] is None else getattr(defaults, f.name)
+        assert action.default == expected, f.name
+        assert action.help and "{default}" not in action.help, f.name
+    args = p.parse_args([])
+    assert config_from_args(type(defaults), args, base=defaults, prefix=prefix) == defaults
+
+
+def test_old_flag_spellings_and_destinations_still_work():
+    a = train_autoshard.build_parser().parse_args(
+        ["--disable-cost-model", "--cost-learning-rate", "0.01", "--num-cost-updates", "3", "--seed", "4"])
+    cfg = config_from_args(AutoShardConfig, a)
+    assert (cfg.use_cost_model, cfg.cost_lr, cfg.cost_steps_per_update, cfg.seed) == (False, 0.01, 3, 4)
+    assert a.cost_updates == 3
+    d = config_from_args(DreamShardConfig, train_dreamshard.build_parser().parse_args(["--batch-size", "7"]))
+    assert d.cost_batch_size == 7
+    e = train_comm_cost_model.build_parser().parse_args(["--batch_size", "5", "--head_hidden", "9"])
+    assert (e.train_batch_size, e.head_hidden) == (5, 9)
+    p = argparse.ArgumentParser()
+    add_search_args(p)
+    assert search_kwargs(p.parse_args([])) == {}
+    assert search_kwargs(p.parse_args(["--k", "2", "--max_length", "0", "--no-column-wise"])) == \
+        {"k": 2, "max_length": 0, "column_wise": False}
+
+
+def _tables(n=30, seed=0):
+    rng = np.random.default_rng(seed)
+    return [TableConfig(i, int(10 ** rng.uniform(1, 7)), int(rng.choice([4, 16, 128])), float(rng.uniform(0, 50)))
+            for i in range(n)]
+
+
+def test_one_scaler_two_log_scales_and_their_checkpoint_forms():
+    train, other = _tables(), _tables(seed=1)
+    default = FeatureScaler.fit(train)
+    state = default.to_state()
+    assert set(state) == {"features", "mean", "std"}           # the form AutoShard/DreamShard checkpoints hold
+    z = default.transform(train)
+    assert z.dtype == np.float32 and np.allclose(z[:, [0, 1, 2, 3]].mean(0), 0, atol=1e-5)
+    all_log = FeatureScaler.fit(train, SCALED_FEATURES)
+    assert all_log.to_state()["log"] == list(SCALED_FEATURES)  # the form NeuroShard checkpoints hold
+    assert all_log.transform(other, dtype=np.float64).dtype == np.float64
+    assert not np.allclose(all_log.transform(other), default.transform(other))
+    again = FeatureScaler.from_state(json.loads(json.dumps(all_log.to_state())), SCALED_FEATURES)
+    np.testing.assert_array_equal(again.transform(other), all_log.transform(other))
+    with pytest.raises(ShardError, match="log scale"):
+        FeatureScaler.from_state(state, SCALED_FEATURES)        # a model never reads another's scaling
+    with pytest.raises(ShardError, match="other features"):
+        FeatureScaler.from_state(all_log.to_state())
+
+
+def test_one_mlp_says_its_last_activation():
+    import torch
+
+    assert [type(m).__name__ for m in mlp([3, 4, 2], last_act=False)] == ["Linear", "ReLU", "Linear"]
+    assert [type(m).__name__ for m in mlp([3, 4, 2], last_act=True)] == ["Linear", "ReLU", "Linear", "ReLU"]
+    with pytest.raises(TypeError):
+        mlp([3, 4])                                               # no default to disagree about
+    assert mlp([2, 2], last_act=True)(torch.full((1, 2), -5.0)).min() >= 0
+
+
+def test_cost_parts_and_mlp_are_defined_once():
+    """The cost-part names and mlp() have one definition (shardcore.costs, shardcore.layers)."""
+    literal = re.compile(r"""\(\s*["']fw_comp["'],\s*["']fw_comm["'],\s*["']bw_comm["'],\s*["']bw_comp["']\s*\)""")
+    found_parts, found_mlp = [], []
+    for d, dirs, files in os.walk(ROOT):
+        if os.path.relpath(d, ROOT) == ".":
+            dirs[:] = [x for x in dirs if x not in (".venv", ".git", "data", "models", "results", "build")]
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(d, name)
+                text = open(path, encoding="utf-8").read()
+                if literal.search(text):
+                    found_parts.append(os.path.relpath(path, ROOT))
+                if re.search(r"^def mlp\(", text, re.M):
+                    found_mlp.append(os.path.relpath(path, ROOT))
+    assert found_mlp == [os.path.join("shardcore", "layers.py")]
+    # shardcore/experiments.py still holds its own copy until the experiment runner moves (issue 12, part A)
+    assert set(found_parts) <= {os.path.join("shardcore", "costs.py"), os.path.join("shardcore", "experiments.py")}
+    assert os.path.join("shardcore", "costs.py") in found_parts
+
