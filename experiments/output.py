@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Sequence
 
 from shardcore import report
+from shardcore.costs import COST_PARTS
 from shardcore.evaluation import TaskResult
 from shardcore.io import atomic_open, write_json, write_text
 from shardcore.report import SetSummary
 
 from .config import ExperimentConfig, TaskSetDef, label, order_algs
 
-COST_PARTS = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
 CSV_FIELDS = ["task_set", "set_tables", "ndevices", "max_memory_gb", "task", "alg", "label", "status",
               "feasible", "cost_ms", "imbalance", "planning_ms", "from_cache", "checkpoint",
               "device_totals_ms", "device_costs_ms", "memory_gb", "allocation", "splits", "error"]

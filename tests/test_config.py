@@ -173,7 +173,5 @@ def test_cost_parts_and_mlp_are_defined_once():
                 if re.search(r"^def mlp\(", text, re.M):
                     found_mlp.append(os.path.relpath(path, ROOT))
     assert found_mlp == [os.path.join("shardcore", "layers.py")]
-    # shardcore/experiments.py still holds its own copy until the experiment runner moves (issue 12, part A)
-    assert set(found_parts) <= {os.path.join("shardcore", "costs.py"), os.path.join("shardcore", "experiments.py")}
-    assert os.path.join("shardcore", "costs.py") in found_parts
+    assert found_parts == [os.path.join("shardcore", "costs.py")]
 
