@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 from .io import atomic_path  # noqa: E402
+from .types import COST_PARTS  # noqa: E402
 
 PART_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
 
@@ -81,7 +82,7 @@ def plot_costs(sets: Sequence[tuple[str, dict[str, Sequence[float]]]], path: str
 
 
 def plot_breakdown(panels: Sequence[tuple[str, Sequence[Sequence[float]], float]], path: str | os.PathLike,
-                   parts: Sequence[str] = ("fw_comp", "fw_comm", "bw_comm", "bw_comp"),
+                   parts: Sequence[str] = COST_PARTS,
                    title: str = "Per-device cost breakdown") -> None:
     """Side-by-side panels (e.g. the best and the worst algorithm on one task): per device a stacked
     bar of its cost parts. ``panels``: ``[(name, device_costs_ms [D][parts], plan cost ms)]``."""
