@@ -43,6 +43,7 @@ from . import report
 from .baselines import BASELINES, Sharder
 from .errors import InfeasibleError, ShardError
 from .evaluation import TaskResult, evaluate
+from .types import COST_PARTS, Topology
 from .io import atomic_open, write_json, write_text
 from .tables import TableConfig
 from .taskgen import TaskSpec, generate_tasks
@@ -58,7 +59,6 @@ LABELS = {"random": "Random", "naive": "Naive", "size_greedy": "Size-based", "di
           "autoshard": "AutoShard", "dreamshard": "DreamShard", "neuroshard": "NeuroShard"}
 TRAIN_SCRIPTS = {"autoshard": "train_autoshard.py", "dreamshard": "train_dreamshard.py",
                  "neuroshard": "train_neuroshard.py"}
-COST_PARTS = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
 
 
 def label(alg: str) -> str:
@@ -869,8 +869,7 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
 
     from .commmodel import CommModel
     from .dataset import load_dataset
-    from .evaluator import PlanEvaluator
-    from .oracles import EmulatedOracle
+    from .oracles import open_oracle
 
     cfg = cfg.resolved()
     comm_kw = {k: v for k, v in (("bandwidth_gbps", cfg.comm_bandwidth), ("latency_us", cfg.comm_latency))
@@ -937,36 +936,26 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
         if cfg.warmup_iters is not None:
             kwargs["warmup_iters"] = cfg.warmup_iters
         t0 = time.perf_counter()
-        if cfg.oracle != "measured":
-            oracle = EmulatedOracle(cfg.data_dir, ts.ndevices, card=cfg.oracle.split(":", 1)[1],
-                                    batch_size=cfg.batch_size, optimizer=cfg.optimizer, precision=cfg.precision,
-                                    comm_model=CommModel(**comm_kw))
-        else:
-            oracle = PlanEvaluator(cfg.data_dir, device_ids=list(range(ts.ndevices)), optimizer=cfg.optimizer,
-                                   precision=cfg.precision, batch_size=cfg.batch_size,
-                                   cache=cfg.cache_path if cfg.cache_path else True, no_cache=cfg.no_cache,
-                                   timeout_s=cfg.timeout, comm_model=CommModel(**comm_kw), **kwargs)
+        oracle = open_oracle(cfg.data_dir, ts.ndevices, oracle=cfg.oracle, device_ids=list(range(ts.ndevices)),
+                             optimizer=cfg.optimizer, precision=cfg.precision, batch_size=cfg.batch_size,
+                             comm_model=CommModel(**comm_kw), cache=cfg.cache_path if cfg.cache_path else True,
+                             no_cache=cfg.no_cache, timeout_s=cfg.timeout, **kwargs)
         with oracle as ev:
             print(f"{ts.name}: {len(tasks)} tasks x {len(sharders)} algorithms; workers up in "
                   f"{ev.startup_s:.1f} s on {ev.device_type} (batch {ev.batch_size})")
-            last = {}
-
-            def measure(shard_tables):
-                r = ev.evaluate(shard_tables)
-                last["from_cache"] = r.from_cache
-                return r.cost_ms, r.device_costs_ms
 
             def on_result(result, task):
-                if result.cost_ms is not None:
-                    result.extra["from_cache"] = bool(last.pop("from_cache", False))
+                if result.measured is not None:
+                    result.extra["from_cache"] = bool(result.measured.from_cache)
                 if not result.feasible:
                     tqdm.write(f"{ts.name} task {result.task} {result.alg}: {result.error}")
 
             t1 = time.perf_counter()
             with tqdm(total=len(tasks) * len(sharders), desc=ts.name, unit="plan",
                       disable=(not progress) if progress is not None else None) as bar:
-                results = evaluate(tasks, dataset.tables, sharders, ts.ndevices, cfg.max_memory, cfg.precision,
-                                   measure=measure, on_result=on_result, progress=bar)
+                topology = Topology(ts.ndevices, cfg.max_memory, cfg.precision)
+                results = evaluate(tasks, dataset.tables, sharders, topology, oracle=ev, on_result=on_result,
+                                   progress=bar)
             outcomes.append(SetOutcome(ts, results, used, ev.startup_s, time.perf_counter() - t1,
                                        ev.device_type, ev.batch_size))
         info["timings_s"][f"measure {ts.name}"] = round(time.perf_counter() - t0, 2)
