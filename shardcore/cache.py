@@ -68,8 +68,17 @@ ShardKey = tuple[tuple[int, int, int], ...]
 # --------------------------------------------------------------------------------------------
 # Fingerprints
 # --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def cpu_cores() -> int | None:
+    """``os.cpu_count()``, asked once (it reads /sys and costs ~20 us in a container; every oracle
+    answer names its hardware)."""
+    return os.cpu_count()
+
+
+@functools.lru_cache(maxsize=1)
 def cpu_name() -> str:
-    """The CPU model (from /proc/cpuinfo on Linux) and its logical core count."""
+    """The CPU model (from /proc/cpuinfo on Linux) and its logical core count (read once: every
+    oracle answer names its hardware)."""
     name = ""
     try:
         with open("/proc/cpuinfo") as fh:

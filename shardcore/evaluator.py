@@ -550,9 +550,9 @@ class PlanEvaluator:
             name = self._device_name or "GPU"
             where = f"{self.nworkers} x {name}" if hosts == 1 else f"{hosts} hosts x {per_host} x {name}"
         else:
-            from .cache import cpu_name
+            from .cache import cpu_cores, cpu_name
 
-            where = f"CPU ({cpu_name()}, {os.cpu_count()} cores), {self.nworkers} logical device(s)"
+            where = f"CPU ({cpu_name()}, {cpu_cores()} cores), {self.nworkers} logical device(s)"
             if hosts > 1:
                 where += f" on {hosts} hosts x {per_host} (torchrun)"
         if self.oversubscribed:
