@@ -24,7 +24,9 @@ exchange), looks plans and shards up in a :class:`~shardcore.cache.CostCache`, a
 oracle only for what is missing and stores what it measured. :func:`shardcore.oracles.open_oracle`
 is the one place oracles are built (and wrapped).
 
-This module imports nothing heavy (no torch), so every package may depend on it.
+This module imports nothing heavy (no torch), so every package may depend on it. (The protocols
+are runtime-checkable; on Python 3.11 ``isinstance`` reads every member, so checking a CUDA
+evaluator's ``context`` starts its workers: check interfaces in tests, not in hot paths.)
 """
 
 from __future__ import annotations
