@@ -14,7 +14,7 @@ modelled) and the hardware the figures stand for. The implementations:
   all-to-alls, or on CUDA GPUs with NCCL);
 - :class:`~shardcore.oracles.EmulatedOracle`: an emulated GPU (compute model fitted on real
   measurements, analytic all-to-all);
-- the methods' simulators where they judge whole plans (NeuroShard's).
+- a method's simulator where it judges whole plans (a method package implements the protocol).
 
 The consumers (:func:`shardcore.evaluation.evaluate`, the trainers, the scripts) take any of them.
 
