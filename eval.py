@@ -27,6 +27,7 @@ from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, de
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import evaluate  # noqa: E402
+from shardcore.types import Topology  # noqa: E402
 from shardcore.io import atomic_open  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser, positive_int  # noqa: E402
@@ -131,14 +132,14 @@ def main(argv=None):
             tqdm.write(f"task {result.task:3d} {result.alg:>20s}: feasible, memory GB [{mem}], "
                        f"allocation {result.allocation}")
 
+    topology = Topology(ndevices, args.max_memory, args.weights_precision)
     mode = "plan only" if args.plan_only else ("measured on hardware" if args.oracle == "measured"
                                                else f"judged by the {args.oracle} oracle")
     print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GB "
           f"({args.weights_precision}), {mode}; algorithms: {', '.join(names)}")
     if args.plan_only:
         with tqdm(total=len(tasks) * len(sharders), desc="planning", unit="plan", disable=None) as bar:
-            results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory,
-                               args.weights_precision, on_result=show, progress=bar)
+            results = evaluate(tasks, dataset.tables, sharders, topology, on_result=show, progress=bar)
         print()
         print(report.plan_only_summary(results))
     else:
@@ -148,18 +149,15 @@ def main(argv=None):
                   f"(batch {ev.batch_size}, {ev.optimizer}, {ev.precision}); compute {ev.parts['compute']}, "
                   f"communication {ev.parts['comm']}")
 
-            def measure(shard_tables):
-                r = ev.evaluate(shard_tables)
-                return r.cost_ms, r.device_costs_ms
-
             def show_and_mark(result, task):
-                if result.cost_ms is not None:
-                    result.extra.update(hardware=ev.hardware, parts=ev.parts, batch_size=ev.batch_size)
+                if result.measured is not None:
+                    result.extra.update(hardware=result.measured.hardware, parts=result.measured.parts,
+                                        batch_size=ev.batch_size)
                 show(result, task)
 
             with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:
-                results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory,
-                                   args.weights_precision, measure=measure, on_result=show_and_mark, progress=bar)
+                results = evaluate(tasks, dataset.tables, sharders, topology, oracle=ev, on_result=show_and_mark,
+                                   progress=bar)
             hardware, noise_pct = ev.hardware, ev.noise_pct
         task_set = args.task_set or f"{os.path.basename(os.path.dirname(os.path.abspath(args.task_path)))}/" \
                                     f"{os.path.basename(args.task_path)} ({ndevices})"

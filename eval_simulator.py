@@ -31,6 +31,7 @@ from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, de
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import evaluate  # noqa: E402
+from shardcore.types import Topology  # noqa: E402
 from shardcore.io import atomic_open  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
 from shardcore.cli import ArgumentParser as OneLineParser, positive_int  # noqa: E402
@@ -104,17 +105,13 @@ def main(argv=None):
     kwargs = dict(paths, **search_kwargs(args))
     sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=args.batch_size, **kwargs)
                 for name in names}
-    last_sim: dict = {}
-
-    def simulate(shard_tables):
-        costs = sim.device_costs(shard_tables)
-        return float(costs.sum(-1).max()), costs.tolist()
+    topology = Topology(ndevices, args.max_memory, args.weights_precision)
 
     def show(result, task):
-        if result.cost_ms is not None and "sim" in last_sim:
-            s_cost, s_dev = last_sim.pop("sim")
-            result.extra["simulated_cost_ms"] = s_cost
-            result.extra["simulated_device_costs_ms"] = s_dev
+        if args.measure and result.measured is not None:   # the simulator's verdict on the measured plan
+            simulated = sim.evaluate(result.plan().shard_tables(task.tables(dataset.tables)))
+            result.extra["simulated_cost_ms"] = simulated.cost_ms
+            result.extra["simulated_device_costs_ms"] = simulated.device_costs_ms
         if args.quiet:
             return
         if not result.feasible:
@@ -136,18 +133,12 @@ def main(argv=None):
             print(f"workers up in {ev.startup_s:.1f} s on {ev.device_type} (batch {ev.batch_size})")
             sim.check_setting(batch_size=ev.batch_size)
 
-            def measure(shard_tables):
-                last_sim["sim"] = simulate(shard_tables)
-                r = ev.evaluate(shard_tables)
-                return r.cost_ms, r.device_costs_ms
-
             with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:
-                results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory,
-                                   args.weights_precision, measure=measure, on_result=show, progress=bar)
+                results = evaluate(tasks, dataset.tables, sharders, topology, oracle=ev, on_result=show,
+                                   progress=bar)
     else:
         with tqdm(total=len(tasks) * len(sharders), desc="simulating", unit="plan", disable=None) as bar:
-            results = evaluate(tasks, dataset.tables, sharders, ndevices, args.max_memory, args.weights_precision,
-                               measure=simulate, on_result=show, progress=bar)
+            results = evaluate(tasks, dataset.tables, sharders, topology, oracle=sim, on_result=show, progress=bar)
     task_set = f"{os.path.basename(os.path.dirname(os.path.abspath(args.task_path)))}/" \
                f"{os.path.basename(args.task_path)} ({ndevices})"
     print()

@@ -121,8 +121,7 @@ def main(argv=None):
     print(f"AutoShard: {len(tasks)} training tasks, {len(devices)} devices, cap {args.max_memory:g} GB, "
           f"{num_actors} actors, {args.total_steps} steps -> {out_dir}/")
     with open_evaluator(args, args.data_dir, devices) as ev:
-        trainer = AutoShardTrainer(cfg, dataset.tables, tasks, len(devices), args.max_memory,
-                                   lambda shards: ev.evaluate(shards).device_costs_ms, out_dir,
+        trainer = AutoShardTrainer(cfg, dataset.tables, tasks, len(devices), args.max_memory, ev, out_dir,
                                    precision=args.weights_precision, model=model,
                                    checkpoint_interval_s=args.checkpoint_interval, log=tqdm.write)
         with tqdm(total=args.total_steps, initial=trainer.model.steps, unit="step", desc="training") as bar:

@@ -75,11 +75,7 @@ def main(argv=None):
     print(f"DreamShard: {len(tasks)} training tasks, {ndevices} devices, cap {args.max_memory:g} GB, "
           f"{args.num_iterations} iterations -> {args.out_dir}/")
     with open_evaluator(args, args.data_dir, devices) as ev:
-        def measure(shards):
-            r = ev.evaluate(shards)
-            return r.cost_ms, r.device_costs_ms
-
-        trainer = DreamShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, measure,
+        trainer = DreamShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev,
                                     args.out_dir, precision=args.weights_precision, model=model, log=tqdm.write)
         start = trainer.model.iteration + 1
         with tqdm(total=args.num_iterations, initial=start, desc="iterations", unit="it") as bar:

@@ -14,17 +14,16 @@ costs, or ``-penalty x overflow / cap`` for an over-cap plan (which is never mea
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.types import CostOracle
 
 from .networks import CostModel
 
 EPS = 1e-9
-# measure(shards) -> per-device costs in ms (one list per device)
-MeasureFn = Callable[[list[list[TableConfig]]], Sequence[float]]
 
 
 class ShardingEnv:
@@ -130,12 +129,13 @@ def balance(device_costs: Sequence[float]) -> float:
     return float(min(device_costs) / hi) if hi > 0 else 1.0
 
 
-def final_reward(env: ShardingEnv, measure: MeasureFn, overflow_penalty: float = 1.0) -> tuple[float, dict]:
-    """The episode's reward and what was learnt: ``{"overflow_gb", "device_costs", "cost_ms"}``."""
+def final_reward(env: ShardingEnv, oracle: CostOracle, overflow_penalty: float = 1.0) -> tuple[float, dict]:
+    """The episode's reward and what was learnt: ``{"overflow_gb", "device_costs", "cost_ms"}``
+    (``device_costs``: each device's total cost in ms, as the ``oracle`` judged the plan)."""
     over = env.overflow_gb()
     if over > 0:
         return -overflow_penalty * over / env.cap, {"overflow_gb": over, "device_costs": None, "cost_ms": None}
-    costs = [float(c) for c in measure(env.shards())]
+    costs = oracle.evaluate(env.shards()).device_totals_ms
     return balance(costs), {"overflow_gb": 0.0, "device_costs": costs, "cost_ms": max(costs)}
 
 

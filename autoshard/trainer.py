@@ -3,10 +3,11 @@
 * **actors** (processes) roll out episodes with a recent copy of the policy and the cost model,
   ``unroll_length`` steps at a time, and send the unrolls to the learner. When an episode ends the
   actor sends its plan to the **measurement server** and waits for the reward.
-* the **measurement server** (a thread of the learner's process) owns the shared
-  :class:`~shardcore.evaluator.PlanEvaluator` and its cache: it measures the plans of all actors one at
-  a time on the hardware, answers with the per-device costs, and hands the measured shards' compute
-  costs to the cost model's buffer.
+* the **measurement server** (a thread of the learner's process) owns the shared cost oracle
+  (:class:`~shardcore.types.CostOracle`: the measuring evaluator inside its cache, or an emulated
+  GPU): it has the plans of all actors judged one at a time, answers with the per-device costs, and
+  hands the measured shards' compute costs to the cost model's buffer. In an actor the server is seen
+  through :class:`_ServerOracle`, an oracle like any other.
 * the **learner** takes ``batch_size`` unrolls, recomputes the policy and values over them, corrects
   for the actors' lag with V-trace, and takes one step on policy, value and entropy losses; then a few
   steps of the cost model on the measured shards; then publishes the weights to the actors (shared
@@ -40,6 +41,7 @@ from shardcore.errors import ShardError
 from shardcore.evaluator import set_parent_death_signal
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
+from shardcore.types import CostOracle, PlanResult
 
 from . import vtrace
 from .config import AutoShardConfig
@@ -86,6 +88,39 @@ class _Stopped(Exception):
     pass
 
 
+class _ServerOracle:
+    """An actor's view of the measurement server: a :class:`~shardcore.types.CostOracle` whose
+    ``evaluate`` sends the plan to the learner's server and waits for its per-device costs."""
+
+    hardware = "the learner's cost oracle"
+
+    def __init__(self, actor_id: int, req_q, resp_q, stop):
+        self.actor_id, self.req_q, self.resp_q, self.stop = actor_id, req_q, resp_q, stop
+
+    @property
+    def parts(self) -> dict:
+        return {}
+
+    def __enter__(self) -> "_ServerOracle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def evaluate(self, shards: list[list[TableConfig]], no_cache: bool | None = None) -> PlanResult:
+        self.req_q.put((self.actor_id, shards))
+        while True:
+            try:
+                reply = self.resp_q.get(timeout=0.5)
+            except queue.Empty:
+                if self.stop.is_set():
+                    raise _Stopped
+                continue
+            if reply[0] == "ok":
+                return PlanResult(reply[1], hardware=self.hardware)
+            raise _Stopped  # the server failed; it reports the error itself
+
+
 def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, stop) -> None:
     cfg = AutoShardConfig.from_dict(spec.cfg)
     net, cost = AutoShardNet(cfg), CostModel(cfg)
@@ -99,18 +134,7 @@ def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, s
         net.load_state_dict(shared_net.state_dict())
         cost.load_state_dict(shared_cost.state_dict())
 
-    def measure(shards: list[list[TableConfig]]) -> list[float]:
-        req_q.put((actor_id, shards))
-        while True:
-            try:
-                reply = resp_q.get(timeout=0.5)
-            except queue.Empty:
-                if stop.is_set():
-                    raise _Stopped
-                continue
-            if reply[0] == "ok":
-                return reply[1]
-            raise _Stopped  # the server failed; it reports the error itself
+    oracle = _ServerOracle(actor_id, req_q, resp_q, stop)
 
     @torch.no_grad()
     def act(obs: dict, done: bool, state):
@@ -142,7 +166,7 @@ def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, s
             # an episode's shaped return is its measured reward minus phi(s_0): the optimum is unchanged
             shaped = cfg.shaping * (cfg.discounting * env.potential() - before)
             if obs is None:
-                final, info = final_reward(env, measure, cfg.overflow_penalty)
+                final, info = final_reward(env, oracle, cfg.overflow_penalty)
                 episodes.append({"actor": actor_id, "task": task, "return": final, "cost_ms": info["cost_ms"],
                                  "overflow_gb": info["overflow_gb"]})
                 task, obs = new_episode()
@@ -176,9 +200,9 @@ def _pack(steps, h0, c0) -> dict:
 class MeasurementServer(threading.Thread):
     """Measures the actors' plans one at a time with the shared evaluator (and its cache)."""
 
-    def __init__(self, measure: Callable, req_q, resp_qs, on_measured: Callable):
+    def __init__(self, oracle: CostOracle, req_q, resp_qs, on_measured: Callable):
         super().__init__(name="autoshard-measure", daemon=True)
-        self.measure, self.req_q, self.resp_qs, self.on_measured = measure, req_q, resp_qs, on_measured
+        self.oracle, self.req_q, self.resp_qs, self.on_measured = oracle, req_q, resp_qs, on_measured
         self.stop_event = threading.Event()
         self.error: str | None = None
         self.plans = 0
@@ -190,15 +214,14 @@ class MeasurementServer(threading.Thread):
             except queue.Empty:
                 continue
             try:
-                device_costs = self.measure(shards)
+                device_costs = self.oracle.evaluate(shards).device_costs_ms
             except BaseException as exc:  # noqa: BLE001 - the learner raises it
                 self.error = str(exc) if isinstance(exc, ShardError) else f"{type(exc).__name__}: {exc}"
                 self.resp_qs[actor].put(("error",))
                 return
             self.plans += 1
             self.on_measured(shards, device_costs)
-            totals = [float(sum(c)) for c in device_costs]
-            self.resp_qs[actor].put(("ok", totals))
+            self.resp_qs[actor].put(("ok", [[float(v) for v in c] for c in device_costs]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -265,10 +288,10 @@ def pad(shards: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
 # ------------------------------------------------------------------------------------------------
 class AutoShardTrainer:
     def __init__(self, cfg: AutoShardConfig, dataset_tables: Sequence[TableConfig], tasks: Sequence[Task],
-                 ndevices: int, max_memory_gb: float, measure: Callable, out_dir: str | os.PathLike,
+                 ndevices: int, max_memory_gb: float, oracle: CostOracle, out_dir: str | os.PathLike,
                  precision: str = "fp16", model: AutoShardModel | None = None,
                  checkpoint_interval_s: float = 300.0, log: Callable[[str], None] = print):
-        """``measure(shards)`` -> per device ``[fw compute, fw comm, bw comm, bw compute]`` in ms."""
+        """``oracle`` judges the actors' plans (per device ``[fw compute, fw comm, bw comm, bw compute]`` ms)."""
         self.cfg = cfg
         self.tasks = list(tasks)
         self.task_tables = [t.tables(dataset_tables) for t in self.tasks]
@@ -276,7 +299,7 @@ class AutoShardTrainer:
             if not ts:
                 raise ShardError("a training task has no tables")
         self.ndevices, self.cap, self.precision = int(ndevices), float(max_memory_gb), precision
-        self.measure = measure
+        self.oracle = oracle
         self.out_dir = Path(out_dir)
         self.checkpoint_interval_s = float(checkpoint_interval_s)
         self.log = log
@@ -402,7 +425,7 @@ class AutoShardTrainer:
                          self.precision)
         req_q, out_q, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
         resp_qs = [ctx.Queue() for _ in range(num_actors)]
-        server = MeasurementServer(self.measure, req_q, resp_qs, self._on_measured)
+        server = MeasurementServer(self.oracle, req_q, resp_qs, self._on_measured)
         actors = []
         t_start = time.perf_counter()
         last_ckpt = t_start

@@ -1,7 +1,8 @@
 """DreamShard's training loop, one iteration at a time:
 
-1. sample ``bench_steps`` plans with the current policy on training tasks and measure them on
-   hardware (through the evaluator and its cache); store them in the buffer;
+1. sample ``bench_steps`` plans with the current policy on training tasks and have the cost
+   oracle (:class:`~shardcore.types.CostOracle`: measured, through the cache, or emulated) judge
+   them; store them in the buffer;
 2. fit the cost network to the whole buffer (MSE on the per-device forward, backward and
    communication costs and on the plan cost);
 3. train the policy with REINFORCE in the estimated MDP (returns normalised per batch, entropy bonus);
@@ -26,13 +27,12 @@ from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
+from shardcore.types import CostOracle
 
 from .config import DreamShardConfig
 from .env import EstimatedMDP
 from .sharder import DreamShardModel
 
-# measure(shard_tables) -> (plan cost ms, per-device [fw compute, fw comm, bw comm, bw compute] ms)
-MeasureFn = Callable[[list[list[TableConfig]]], tuple[float, list[list[float]]]]
 LOG_FIELDS = ["iteration", "measured_cost_ms", "cost_loss", "cost_mape", "rl_reward_ms", "buffer", "seconds"]
 
 
@@ -53,7 +53,7 @@ class Measured:
 
 class DreamShardTrainer:
     def __init__(self, cfg: DreamShardConfig, dataset_tables: Sequence[TableConfig], tasks: Sequence[Task],
-                 ndevices: int, max_memory_gb: float, measure: MeasureFn, out_dir: str | os.PathLike,
+                 ndevices: int, max_memory_gb: float, oracle: CostOracle, out_dir: str | os.PathLike,
                  precision: str = "fp16", model: DreamShardModel | None = None, log: Callable[[str], None] = print):
         self.cfg = cfg
         self.tasks = list(tasks)
@@ -61,7 +61,7 @@ class DreamShardTrainer:
         self.ndevices = ndevices
         self.cap = max_memory_gb
         self.precision = precision
-        self.measure = measure
+        self.oracle = oracle   # judges the sampled plans: per device [fw comp, fw comm, bw comm, bw comp] ms
         self.out_dir = Path(out_dir)
         self.log = log
         if model is None:
@@ -91,7 +91,8 @@ class DreamShardTrainer:
             shards = [[] for _ in range(self.ndevices)]
             for t, d in zip(self.task_tables[k], allocation):
                 shards[d].append(t)
-            cost, device_costs = self.measure(shards)
+            answer = self.oracle.evaluate(shards)
+            cost, device_costs = answer.cost_ms, answer.device_costs_ms
             new.append(Measured(k, allocation, self.ndevices, [list(map(float, c)) for c in device_costs], float(cost)))
         self.buffer.extend(new)
         return new

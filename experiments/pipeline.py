@@ -31,6 +31,7 @@ from shardcore.evaluation import TaskResult, evaluate
 from shardcore.tables import TableConfig
 from shardcore.taskgen import TaskSpec, generate_tasks
 from shardcore.tasks import load_tasks, save_tasks
+from shardcore.types import Topology
 
 from .config import PLUGINS, SCALES, ExperimentConfig, TaskSetDef, learned_methods
 from .facts import machine_info, now, software_versions
@@ -163,23 +164,19 @@ def _evaluator_batch_size(cfg: ExperimentConfig) -> int | None:
         return None
 
 
-def open_oracle(cfg: ExperimentConfig, ndevices: int):
-    """The hardware oracle of one task set: the plan evaluator, or an emulated card."""
+def set_oracle(cfg: ExperimentConfig, ndevices: int):
+    """The hardware oracle of one task set (measured through the cache, or an emulated card)."""
     from shardcore.commmodel import CommModel
-    from shardcore.evaluator import PlanEvaluator
-    from shardcore.oracles import EmulatedOracle
+    from shardcore.oracles import open_oracle
 
     comm = CommModel(**{k: v for k, v in (("bandwidth_gbps", cfg.comm_bandwidth), ("latency_us", cfg.comm_latency))
                         if v is not None})
-    if cfg.oracle != "measured":
-        return EmulatedOracle(cfg.data_dir, ndevices, card=cfg.oracle.split(":", 1)[1], batch_size=cfg.batch_size,
-                              optimizer=cfg.optimizer, precision=cfg.precision, comm_model=comm)
     kwargs = {k: v for k, v in (("bench_iters", cfg.bench_iters), ("warmup_iters", cfg.warmup_iters))
               if v is not None}
-    return PlanEvaluator(cfg.data_dir, device_ids=list(range(ndevices)), optimizer=cfg.optimizer,
-                         precision=cfg.precision, batch_size=cfg.batch_size,
-                         cache=cfg.cache_path if cfg.cache_path else True, no_cache=cfg.no_cache,
-                         timeout_s=cfg.timeout, comm_model=comm, **kwargs)
+    return open_oracle(cfg.data_dir, ndevices, oracle=cfg.oracle, device_ids=list(range(ndevices)),
+                       optimizer=cfg.optimizer, precision=cfg.precision, batch_size=cfg.batch_size,
+                       comm_model=comm, cache=cfg.cache_path if cfg.cache_path else True,
+                       no_cache=cfg.no_cache, timeout_s=cfg.timeout, **kwargs)
 
 
 def measure_set(cfg: ExperimentConfig, ts: TaskSetDef, tasks, dataset_tables, sharders: dict[str, Sharder],
@@ -187,19 +184,12 @@ def measure_set(cfg: ExperimentConfig, ts: TaskSetDef, tasks, dataset_tables, sh
     """Every algorithm on every task of one set, measured in one oracle session, and summarised once."""
     from tqdm import tqdm
 
-    with open_oracle(cfg, ts.ndevices) as ev:
+    with set_oracle(cfg, ts.ndevices) as ev:
         print(f"{ts.name}: {len(tasks)} tasks x {len(sharders)} algorithms; workers up in "
               f"{ev.startup_s:.1f} s on {ev.device_type} (batch {ev.batch_size})")
-        last = {}
-
-        def measure(shard_tables):
-            r = ev.evaluate(shard_tables)
-            last["from_cache"] = r.from_cache
-            return r.cost_ms, r.device_costs_ms
-
         def on_result(result: TaskResult, task):
-            if result.cost_ms is not None:
-                result.extra["from_cache"] = bool(last.pop("from_cache", False))
+            if result.measured is not None:
+                result.extra["from_cache"] = bool(result.measured.from_cache)
             sharder = sharders[result.alg]
             if isinstance(sharder, GuardedSharder) and sharder.outcome() is not None:
                 result.extra["outcome"] = sharder.outcome().value
@@ -210,8 +200,8 @@ def measure_set(cfg: ExperimentConfig, ts: TaskSetDef, tasks, dataset_tables, sh
         t1 = time.perf_counter()
         with tqdm(total=len(tasks) * len(sharders), desc=ts.name, unit="plan",
                   disable=(not progress) if progress is not None else None) as bar:
-            results = evaluate(tasks, dataset_tables, sharders, ts.ndevices, cfg.max_memory, cfg.precision,
-                               measure=measure, on_result=on_result, progress=bar)
+            results = evaluate(tasks, dataset_tables, sharders, Topology(ts.ndevices, cfg.max_memory, cfg.precision),
+                               oracle=ev, on_result=on_result, progress=bar)
         return SetOutcome(ts, results, report.summarize(results, ts.name, seed=cfg.seed), used, ev.startup_s,
                           time.perf_counter() - t1, ev.device_type, ev.batch_size)
 

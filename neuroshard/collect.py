@@ -9,8 +9,9 @@ distinct tables drawn from the dataset's *training pool* (the same seeded train/
 ``tools/gen_tasks.py``, so test tasks keep unseen tables; ``pool="all"`` uses every table), each with
 a dim drawn from ``max_dim, max_dim/2, ..., 4`` (data augmentation: the same table at many dims);
 if the shard's weights exceed ``max_mem`` GB, its largest tables are dropped until it fits. Shards
-are measured through :meth:`PlanEvaluator.measure_shards`, which reads and fills the measurement
-cache, so a shard measured before (by any script) costs nothing. Columns: ``sample``,
+are measured through the oracle's ``measure_shards``; the measurement cache around it
+(:class:`~shardcore.cache.CachedOracle`) reads and fills the shard entries, so a shard measured
+before (by any script) costs nothing. Columns: ``sample``,
 ``num_tables``, ``table_ids``, ``dims``, ``rows``, ``pooling_factors`` (``;``-separated, one entry
 per table), ``bins`` (JSON, 17 reuse-histogram values per table), ``dim_sum``, ``mem_gb``,
 ``fw_ms``, ``bw_ms``, ``total_ms``, ``from_cache``, ``source`` (``random``, or ``cache`` for shards

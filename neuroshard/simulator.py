@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
+from shardcore.types import PlanResult
 
 from . import config
 from .models import CommCostModel, ComputeCostModel, load_model
@@ -70,6 +72,32 @@ class Simulator:
     def plan_cost(self, tables: Sequence[TableConfig], plan: Plan) -> float:
         """Max over devices of the sum of the four predicted costs (ms)."""
         return float(self.plan_device_costs(tables, plan).sum(-1).max())
+
+    # -- the cost-oracle interface (shardcore.types.CostOracle) ---------------------------------
+    @property
+    def hardware(self) -> str:
+        """What the simulated figures stand for."""
+        hw = self.compute.setting.get("hardware")
+        return "simulated by NeuroShard's cost models" + (f" (trained on measurements of {hw})" if hw else "")
+
+    @property
+    def parts(self) -> dict:
+        return {"compute": "modelled (NeuroShard compute model)",
+                "comm": "modelled (NeuroShard forward and backward communication models)"}
+
+    def evaluate(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None) -> PlanResult:
+        """The simulated :class:`~shardcore.types.PlanResult` of a plan (``no_cache`` is ignored:
+        nothing is cached)."""
+        t0 = time.perf_counter()
+        costs = self.device_costs(shards)
+        return PlanResult(costs.tolist(), wall_s=time.perf_counter() - t0, parts=self.parts,
+                          hardware=self.hardware)
+
+    def __enter__(self) -> "Simulator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod

@@ -18,7 +18,6 @@ is infeasible: :class:`InfeasibleError` is raised, never an overfilled device.
 
 from __future__ import annotations
 
-import abc
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 from .errors import InfeasibleError, ShardError
 from .plan import Plan
 from .tables import TableConfig
+from .types import Sharder  # noqa: F401  (defined with the data model; imported from here too)
 
 EPS = 1e-12
 
@@ -86,18 +86,6 @@ GREEDY_KEYS: dict[str, Callable[[TableConfig], float]] = {
     "lookup_greedy": lookup_key,
     "size_lookup_greedy": size_lookup_key,
 }
-
-
-@dataclass
-class Sharder(abc.ABC):
-    """A placement algorithm: ``sharder.shard(tables, ndevices, max_memory_gb, precision) -> Plan``."""
-
-    name: str
-
-    @abc.abstractmethod
-    def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-              precision: str = "fp16") -> Plan:
-        """Place ``tables`` on ``ndevices`` devices; raise :class:`InfeasibleError` if impossible."""
 
 
 @dataclass

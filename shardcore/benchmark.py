@@ -52,13 +52,13 @@ import os
 import tempfile
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from .errors import ShardError
 from .tables import TableConfig, bytes_per_element
+from .types import ComputeCost  # noqa: F401  (a shard's cost; defined with the data model)
 
 DEFAULT_WARMUP_ITERS = 2
 DEFAULT_BENCH_ITERS = 7
@@ -105,18 +105,6 @@ def normalize_precision(name: str) -> str:
 def default_device() -> str:
     """``"cuda"`` when a CUDA device is usable, else ``"cpu"``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@dataclass(frozen=True)
-class ComputeCost:
-    """A shard's compute cost in milliseconds (medians)."""
-
-    fw_ms: float
-    bw_ms: float
-
-    @property
-    def total_ms(self) -> float:
-        return self.fw_ms + self.bw_ms
 
 
 # --------------------------------------------------------------------------------------------

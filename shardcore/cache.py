@@ -25,6 +25,10 @@ DreamShard's buffer of measured plans) through :meth:`CostCache.shard_entries` a
   costs ``[forward compute, forward communication, backward communication, backward compute]`` in
   ms and the plan cost (max over devices of their sum).
 
+**The layer.** :class:`CachedOracle` puts the cache around any oracle (the measured evaluator, an
+emulated GPU): it answers stored plans itself, hands the oracle the stored compute of known shards,
+and stores what the oracle measured. The oracles know nothing of it.
+
 The primary key of each row is the SHA-256 of a canonical JSON of the setting and contents; the
 components are stored in their own columns as well, for queries.
 
@@ -64,8 +68,17 @@ ShardKey = tuple[tuple[int, int, int], ...]
 # --------------------------------------------------------------------------------------------
 # Fingerprints
 # --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def cpu_cores() -> int | None:
+    """``os.cpu_count()``, asked once (it reads /sys and costs ~20 us in a container; every oracle
+    answer names its hardware)."""
+    return os.cpu_count()
+
+
+@functools.lru_cache(maxsize=1)
 def cpu_name() -> str:
-    """The CPU model (from /proc/cpuinfo on Linux) and its logical core count."""
+    """The CPU model (from /proc/cpuinfo on Linux) and its logical core count (read once: every
+    oracle answer names its hardware)."""
     name = ""
     try:
         with open("/proc/cpuinfo") as fh:
@@ -460,3 +473,132 @@ def open_cache(cache: "CostCache | str | os.PathLike | None | bool") -> CostCach
     if isinstance(cache, CostCache):
         return cache
     return CostCache(cache)
+
+
+class CachedOracle:
+    """The measurement cache as a layer around an oracle (any
+    :class:`~shardcore.types.ShardCostOracle`: measured on the CPU or on CUDA GPUs, or emulated).
+
+    ``evaluate(shards)``: a plan stored for the oracle's setting (:attr:`context`) comes back at
+    once (``from_cache``); otherwise every shard whose compute is stored is passed to the oracle as
+    known (``oracle.evaluate(shards, compute=...)``), which measures only the others and the
+    exchange; then the freshly measured shards and, when the exchange was measured rather than
+    modelled (``oracle.comm_measured``), the plan are stored. ``measure_shards`` reads and fills the
+    shard entries the same way. ``no_cache=True`` (per call, or the default given here) reads
+    nothing but still stores what it measured, replacing older entries.
+
+    Everything else (``start``, ``hardware``, ``batch_size``, ``measure_comm``...) is the wrapped
+    oracle's; attributes set on the layer that it does not own are set on the oracle. ``stats``
+    counts plan and shard hits and misses.
+    """
+
+    _OWN = ("oracle", "cache", "no_cache", "stats")
+
+    def __init__(self, oracle, cache: "CostCache | str | os.PathLike | bool", no_cache: bool = False):
+        store = open_cache(cache)
+        if store is None:
+            raise ShardError("a cache layer needs a cache: give a CostCache or a path")
+        object.__setattr__(self, "oracle", oracle)
+        object.__setattr__(self, "cache", store)
+        object.__setattr__(self, "no_cache", bool(no_cache))
+        object.__setattr__(self, "stats", {"plan_hits": 0, "plan_misses": 0, "shard_hits": 0, "shard_misses": 0})
+
+    # -- the wrapped oracle ----------------------------------------------------------------
+    def __getattr__(self, name):
+        if name in CachedOracle._OWN:   # not set yet (during unpickling): do not recurse
+            raise AttributeError(name)
+        return getattr(self.oracle, name)
+
+    def __setattr__(self, name, value) -> None:
+        if name in CachedOracle._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.oracle, name, value)
+
+    def __enter__(self) -> "CachedOracle":
+        self.oracle.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.oracle.__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"CachedOracle({self.oracle!r}, {self.cache.path})"
+
+    def _iters(self) -> tuple[int | None, int | None]:
+        return getattr(self.oracle, "bench_iters", None), getattr(self.oracle, "warmup_iters", None)
+
+    # -- costs -----------------------------------------------------------------------------
+    def evaluate(self, shards, no_cache: bool | None = None, *, compute=None):
+        """The plan's :class:`~shardcore.types.PlanResult`, from the cache where it can."""
+        from .types import ComputeCost, PlanResult
+
+        t0 = time.perf_counter()
+        no_cache = self.no_cache if no_cache is None else no_cache
+        shards = self.oracle.check_shards(shards)
+        ctx = self.oracle.context
+        plan_cache = bool(self.oracle.comm_measured)   # a modelled exchange is not stored as a plan
+        if plan_cache and not no_cache:
+            hit = self.cache.get_plan(ctx, shards)
+            if hit is not None:
+                self.stats["plan_hits"] += 1
+                return PlanResult(hit, from_cache=True, compute_from_cache=[True] * len(shards),
+                                  wall_s=time.perf_counter() - t0, parts=self.oracle.parts,
+                                  hardware=self.oracle.hardware)
+        self.stats["plan_misses"] += 1
+        known = dict(compute or {})
+        for d, s in enumerate(shards):
+            if not s or d in known:
+                continue
+            hit = None if no_cache else self.cache.get_shard(ctx, s)
+            if hit is not None:
+                known[d] = ComputeCost(*hit)
+                self.stats["shard_hits"] += 1
+            else:
+                self.stats["shard_misses"] += 1
+        result = self.oracle.evaluate(shards, no_cache=no_cache, compute=known)
+        bench, warmup = self._iters()
+        for d, s in enumerate(shards):
+            if s and d not in known:
+                costs = result.device_costs_ms[d]
+                self.cache.put_shard(ctx, s, costs[0], costs[3], bench, warmup)
+        if plan_cache:
+            self.cache.put_plan(ctx, shards, result.device_costs_ms, bench, warmup)
+        result.wall_s = time.perf_counter() - t0
+        return result
+
+    def measure_shards(self, shards, no_cache: bool | None = None):
+        """Compute costs of single shards, stored ones read back, the others measured and stored."""
+        from .types import ComputeCost
+
+        no_cache = self.no_cache if no_cache is None else no_cache
+        shards = [list(s) for s in shards]
+        ctx = self.oracle.context
+        out: list = [None] * len(shards)
+        for k, s in enumerate(shards):
+            if not s:
+                out[k] = ComputeCost(0.0, 0.0)
+                continue
+            hit = None if no_cache else self.cache.get_shard(ctx, s)
+            if hit is not None:
+                out[k] = ComputeCost(*hit)
+                self.stats["shard_hits"] += 1
+        missing = [k for k in range(len(shards)) if out[k] is None]
+        if missing:
+            # the oracle sees every position (hits as empty shards), so its errors name the right shard
+            todo = set(missing)
+            measured = self.oracle.measure_shards([s if k in todo else [] for k, s in enumerate(shards)],
+                                                  no_cache=True)
+            bench, warmup = self._iters()
+            stored: set = set()
+            for k in missing:
+                out[k] = measured[k]
+                key = shard_key(shards[k])
+                if key not in stored:   # a shard given twice is measured and stored once
+                    stored.add(key)
+                    self.stats["shard_misses"] += 1
+                    self.cache.put_shard(ctx, shards[k], measured[k].fw_ms, measured[k].bw_ms, bench, warmup)
+        return out
+
+    def measure_shard(self, tables, no_cache: bool | None = None):
+        return self.measure_shards([tables], no_cache=no_cache)[0]

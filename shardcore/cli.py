@@ -262,14 +262,14 @@ def oracle_batch_size(args: argparse.Namespace) -> int | None:
 
 
 def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[int], ndevices: int | None = None):
-    """The cost oracle chosen by :func:`add_oracle_args` flags: a
-    :class:`~shardcore.evaluator.PlanEvaluator` measuring on ``devices`` (use it as a context
-    manager: workers start on entry and stop on exit) or an emulated one
-    (:class:`~shardcore.oracles.EmulatedOracle`). ``ndevices``: devices per plan (default:
-    ``--ndevices`` when the parser has device flags, else ``len(devices)``)."""
+    """The cost oracle chosen by :func:`add_oracle_args` flags, built by
+    :func:`~shardcore.oracles.open_oracle`: a :class:`~shardcore.evaluator.PlanEvaluator` measuring
+    on ``devices`` inside the measurement cache (use it as a context manager: workers start on entry
+    and stop on exit) or an emulated one (:class:`~shardcore.oracles.EmulatedOracle`). ``ndevices``:
+    devices per plan (default: ``--ndevices`` when the parser has device flags, else
+    ``len(devices)``)."""
     from .commmodel import CommModel
-    from .evaluator import PlanEvaluator
-    from .oracles import EMULATED_PREFIX, EmulatedOracle, parse_oracle
+    from .oracles import EMULATED_PREFIX, open_oracle, parse_oracle
 
     torchrun = getattr(args, "launcher", "spawn") == "torchrun"
     if ndevices is None:
@@ -277,10 +277,10 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
     oracle = parse_oracle(getattr(args, "oracle", "measured"))
     comm = CommModel(bandwidth_gbps=getattr(args, "comm_bandwidth", DEFAULT_COMM_BANDWIDTH_GBPS),
                      latency_us=getattr(args, "comm_latency", DEFAULT_COMM_LATENCY_US))
+    common = dict(oracle=oracle, batch_size=oracle_batch_size(args), optimizer=args.optimizer,
+                  precision=args.weights_precision, comm_model=comm)
     if oracle.startswith(EMULATED_PREFIX):
-        return EmulatedOracle(data_dir, ndevices or len(devices), card=oracle[len(EMULATED_PREFIX):],
-                              batch_size=oracle_batch_size(args), optimizer=args.optimizer,
-                              precision=args.weights_precision, comm_model=comm)
+        return open_oracle(data_dir, ndevices or len(devices), **common)
     kwargs = {}
     if args.bench_iters is not None:
         kwargs["bench_iters"] = args.bench_iters
@@ -289,13 +289,11 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
     cache = args.cache_path if args.cache_path else True
     # With --ndevices alone, let the evaluator use the GPUs this machine has (all of them up to N).
     ids = None if getattr(args, "gpu_devices", "given") is None else list(devices)
-    launcher = getattr(args, "launcher", "spawn")
-    if launcher == "torchrun":
+    if torchrun:
         ids = None
         kwargs["launcher"] = "torchrun"
-    return PlanEvaluator(data_dir, ndevices, device_ids=ids, optimizer=args.optimizer, comm_model=comm,
-                         precision=args.weights_precision, batch_size=oracle_batch_size(args), cache=cache,
-                         no_cache=args.no_cache, timeout_s=args.timeout, **kwargs)
+    return open_oracle(data_dir, ndevices, device_ids=ids, cache=cache, no_cache=args.no_cache,
+                       timeout_s=args.timeout, **common, **kwargs)
 
 
 def original_range(text: str) -> list[int]:

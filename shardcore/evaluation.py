@@ -1,22 +1,23 @@
-"""Plan every task with every algorithm, optionally measure the plans, and collect the records.
+"""Plan every task with every algorithm, optionally have a cost oracle judge the plans, and
+collect the records (the driver of ``eval.py``, ``eval_simulator.py`` and the experiment runner).
 
 One :class:`TaskResult` per (task, algorithm); its JSON form is one line of ``eval.py --out``.
+The costs come from any :class:`~shardcore.types.CostOracle` (measured, emulated, simulated); the
+oracle itself (measuring workers, cache layer) lives in :mod:`shardcore.evaluator`,
+:mod:`shardcore.oracles` and :mod:`shardcore.cache`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from .errors import InfeasibleError
-from .baselines import Sharder
 from .plan import Plan
 from .tables import TableConfig
 from .tasks import Task
-
-# measure(shard_tables) -> (cost_ms, device_costs_ms): the hardware oracle's answer for one plan.
-MeasureFn = Callable[[list[list[TableConfig]]], tuple[float, list[list[float]]]]
+from .types import CostOracle, PlanResult, Sharder, Topology
 
 
 @dataclass
@@ -35,9 +36,12 @@ class TaskResult:
     cost_ms: float | None = None
     device_costs_ms: list[list[float]] | None = None
     extra: dict = field(default_factory=dict)
+    # the oracle's whole answer (from the cache or not, parts, hardware); not part of the JSON record
+    measured: PlanResult | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        out = asdict(self)
+        out = asdict(replace(self, measured=None))
+        out.pop("measured")
         extra = out.pop("extra")
         out.update(extra)
         if self.splits is None:
@@ -70,8 +74,10 @@ def lookup_load(tables: Sequence[TableConfig], plan: Plan) -> list[float]:
     return load
 
 
-def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableConfig], ndevices: int,
-              max_memory_gb: float, precision: str) -> tuple[TaskResult, Plan | None]:
+def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableConfig], topology: Topology
+              ) -> tuple[TaskResult, Plan | None]:
+    """Plan one task with one sharder (timed); the plan is None when infeasible."""
+    ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
     start = time.perf_counter()
     try:
         plan = sharder.shard(tables, ndevices, max_memory_gb, precision)
@@ -97,20 +103,25 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
 
 
 def evaluate(tasks: Sequence[Task], dataset_tables: Sequence[TableConfig], sharders: dict[str, Sharder],
-             ndevices: int, max_memory_gb: float, precision: str = "fp16", measure: MeasureFn | None = None,
+             topology: Topology, oracle: CostOracle | None = None,
              on_result: Callable[[TaskResult, Task], None] | None = None,
              progress: Any = None) -> list[TaskResult]:
     """Every algorithm on every task, task by task (so algorithms are measured side by side).
 
-    ``progress`` is an optional tqdm-like bar, advanced once per (task, algorithm)."""
+    Each feasible plan is judged by ``oracle`` (none: plans only); its answer fills ``cost_ms`` and
+    ``device_costs_ms`` and is kept whole in ``measured``. ``on_result(result, task)`` sees every
+    record as it is made; ``progress`` is an optional tqdm-like bar, advanced once per (task,
+    algorithm)."""
     results = []
     bar = progress
     for k, task in enumerate(tasks):
         tables = task.tables(dataset_tables)
         for alg, sharder in sharders.items():
-            result, plan = plan_task(k, alg, sharder, tables, ndevices, max_memory_gb, precision)
-            if measure is not None and plan is not None:
-                result.cost_ms, result.device_costs_ms = measure(plan.shard_tables(tables))
+            result, plan = plan_task(k, alg, sharder, tables, topology)
+            if oracle is not None and plan is not None:
+                answer = oracle.evaluate(plan.shard_tables(tables))
+                result.measured = answer
+                result.cost_ms, result.device_costs_ms = answer.cost_ms, answer.device_costs_ms
             results.append(result)
             if on_result is not None:
                 on_result(result, task)

@@ -1,4 +1,6 @@
-"""Multi-device plan evaluator: one worker process per device, started once, serving many plans.
+"""Multi-device plan evaluator, the measured cost oracle: one worker process per device, started
+once, serving many plans. (The driver that plans tasks and asks an oracle is
+:mod:`shardcore.evaluation`; the interface every oracle implements is :mod:`shardcore.types`.)
 
 A plan is a list of shards, one per device (``shards[d]``: the :class:`~shardcore.tables.TableConfig`
 list device ``d`` holds). Measuring it reproduces a model-parallel training iteration of the
@@ -45,9 +47,11 @@ compute pass, the communication phase) is made under a machine-wide lock
 training run and an evaluation) take turns instead of measuring each other's load. On GPUs the devices are independent, so compute runs on all of
 them at once (timed with CUDA events); the communication phase is the same.
 
-Each device's compute is a property of its shard alone; it is stored in the measurement cache per
-shard (:mod:`shardcore.cache`) and reused by any later plan containing the same shard, while the
-communication is measured for each plan. A plan already measured comes back from the cache.
+Each device's compute is a property of its shard alone, while the communication is measured for
+each plan. The evaluator itself keeps nothing: the measurement cache is a layer around it
+(:class:`~shardcore.cache.CachedOracle`, built by :func:`~shardcore.oracles.open_oracle`) that
+stores each shard and each plan, answers a plan already measured at once, and passes the compute of
+shards it knows in ``evaluate(shards, compute=...)``, so that only the other shards are measured.
 
 **Failures.** The parent waits on the workers' pipes *and* their process sentinels with a deadline
 (``timeout_s`` per phase): a worker that dies (killed, out of memory, crashed) or does not answer in
@@ -73,7 +77,7 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Sequence
@@ -83,9 +87,10 @@ from .benchmark import (DEFAULT_BENCH_ITERS, DEFAULT_LOCK_TIMEOUT_S, DEFAULT_WAR
                         normalize_optimizer, normalize_precision, resolve_batch_size, usable_bytes,
                         validate_tables)
 from .commmodel import CommModel, batch_slices, fit_comm_model, remote_bytes
-from .cache import CacheContext, CostCache, dataset_digest, hardware_fingerprint, open_cache, shard_key
+from .cache import CacheContext, dataset_digest, hardware_fingerprint, shard_key
 from .errors import ShardError
 from .tables import TableConfig
+from .types import PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_START_TIMEOUT_S = 300.0
@@ -123,31 +128,6 @@ def comm_splits(dim_sums: Sequence[int], batch_size: int, device: int) -> CommSp
     fw_send = tuple(bs[j] * own for j in range(n))
     fw_recv = tuple(bs[device] * int(dim_sums[d]) for d in range(n))
     return CommSplits(device, fw_send, fw_recv, bw_send=fw_recv, bw_recv=fw_send)
-
-
-@dataclass
-class PlanResult:
-    """A measured (or cached) plan."""
-
-    device_costs_ms: list[list[float]]       # per device [fw_comp, fw_comm, bw_comm, bw_comp]
-    from_cache: bool = False
-    compute_from_cache: list[bool] = field(default_factory=list)   # per device
-    comm: list[CommSplits] | None = None     # per device split sizes; None when from the cache
-    wall_s: float = 0.0                      # wall time of this evaluate() call
-    parts: dict = field(default_factory=dict)  # {"compute": how obtained, "comm": how obtained}
-
-    @property
-    def device_totals_ms(self) -> list[float]:
-        return [float(sum(c)) for c in self.device_costs_ms]
-
-    @property
-    def cost_ms(self) -> float:
-        """Max over devices of the sum of the four costs."""
-        return max(self.device_totals_ms, default=0.0)
-
-    @property
-    def ndevices(self) -> int:
-        return len(self.device_costs_ms)
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,7 +398,8 @@ def _describe_exit(code: int | None) -> str:
 
 
 class PlanEvaluator:
-    """Measure plans on real hardware with one long-lived worker per device.
+    """Measure plans on real hardware with one long-lived worker per device (the measured
+    :class:`~shardcore.types.CostOracle`).
 
     ::
 
@@ -440,10 +421,9 @@ class PlanEvaluator:
     ``ndevices`` and no ``device_ids``, every GPU present serves. ``available_devices`` overrides how
     many devices this machine has (tests fake a small GPU count with it on the CPU).
 
-    ``cache``: a :class:`~shardcore.cache.CostCache`, a path,
-    ``True`` for the default file, or ``None`` for no cache. ``no_cache=True`` measures everything
-    afresh (the fresh results still replace the stored ones). ``comm_iters`` defaults to
-    ``bench_iters``. ``timeout_s`` bounds each phase of a measurement, ``start_timeout_s`` the
+    It implements :class:`~shardcore.types.ShardCostOracle` and measures everything it is asked
+    for; wrap it in :class:`~shardcore.cache.CachedOracle` to reuse stored measurements (or build it
+    with :func:`~shardcore.oracles.open_oracle`). ``comm_iters`` defaults to ``bench_iters``. ``timeout_s`` bounds each phase of a measurement, ``start_timeout_s`` the
     workers' start-up. On the CPU every measurement request is made under the machine-wide
     measurement lock (``host_lock``, see :func:`~shardcore.benchmark.host_measurement_lock`), so
     several evaluators on one machine take turns instead of disturbing each other; waiting for it
@@ -454,7 +434,6 @@ class PlanEvaluator:
                  device_ids: Sequence[int] | None = None, bench_iters: int = DEFAULT_BENCH_ITERS,
                  warmup_iters: int = DEFAULT_WARMUP_ITERS, comm_iters: int | None = DEFAULT_COMM_ITERS,
                  optimizer: str = "exact_sgd", precision: str = "fp16", batch_size: int | None = None,
-                 cache: "CostCache | str | os.PathLike | bool | None" = None, no_cache: bool = False,
                  timeout_s: float = DEFAULT_TIMEOUT_S, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  device: str | None = None, compute_passes: int | None = None, host_lock: bool = True,
                  lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S, comm_model: CommModel | None = None,
@@ -523,8 +502,6 @@ class PlanEvaluator:
         self.dataset_dir = str(Path(dataset_dir))
         self.dataset = load_dataset(self.dataset_dir)
         self.batch_size = resolve_batch_size(self.dataset, batch_size)
-        self.cache: CostCache | None = open_cache(cache)
-        self.no_cache = bool(no_cache)
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
         self.host_lock = bool(host_lock)
@@ -572,9 +549,9 @@ class PlanEvaluator:
             name = self._device_name or "GPU"
             where = f"{self.nworkers} x {name}" if hosts == 1 else f"{hosts} hosts x {per_host} x {name}"
         else:
-            from .cache import cpu_name
+            from .cache import cpu_cores, cpu_name
 
-            where = f"CPU ({cpu_name()}, {os.cpu_count()} cores), {self.nworkers} logical device(s)"
+            where = f"CPU ({cpu_name()}, {cpu_cores()} cores), {self.nworkers} logical device(s)"
             if hosts > 1:
                 where += f" on {hosts} hosts x {per_host} (torchrun)"
         if self.oversubscribed:
@@ -1000,15 +977,15 @@ class PlanEvaluator:
 
     def measure_shards(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None
                        ) -> list[ComputeCost]:
-        """Compute costs of many single shards (e.g. cost-model training data), cached per shard.
+        """Compute costs of many single shards (e.g. cost-model training data), each measured once
+        (duplicates share one measurement; empty shards cost nothing). ``no_cache`` is for a cache
+        layer around the evaluator; the evaluator itself always measures.
 
         On the CPU they are measured one after another; on GPUs spread over the devices.
         """
-        no_cache = self.no_cache if no_cache is None else no_cache
         shards = [list(s) for s in shards]
         for k, s in enumerate(shards):
             validate_tables(self.dataset, s, what=f"shard {k}")
-        ctx = self.context if self.cache is not None else None
         out: list[ComputeCost | None] = [None] * len(shards)
         todo: dict[int, list[TableConfig]] = {}
         first_of: dict = {}  # shard key -> position of its first occurrence (duplicates measured once)
@@ -1016,21 +993,12 @@ class PlanEvaluator:
             if not s:
                 out[k] = ComputeCost(0.0, 0.0)
                 continue
-            if self.cache is not None and not no_cache:
-                hit = self.cache.get_shard(ctx, s)
-                if hit is not None:
-                    out[k] = ComputeCost(*hit)
-                    continue
             first_of.setdefault(shard_key(s), k)
             if first_of[shard_key(s)] == k:
                 todo[k] = s
         if todo:
-            measured = self._compute(todo, {k: i % self.nworkers for i, k in enumerate(todo)})
-            for k, cost in measured.items():
+            for k, cost in self._compute(todo, {k: i % self.nworkers for i, k in enumerate(todo)}).items():
                 out[k] = cost
-                if self.cache is not None:
-                    self.cache.put_shard(ctx, todo[k], cost.fw_ms, cost.bw_ms, self.bench_iters,
-                                         self.warmup_iters)
         for k, s in enumerate(shards):
             if out[k] is None:
                 out[k] = out[first_of[shard_key(s)]]
@@ -1039,42 +1007,43 @@ class PlanEvaluator:
     def measure_shard(self, tables: Sequence[TableConfig], no_cache: bool | None = None) -> ComputeCost:
         return self.measure_shards([tables], no_cache=no_cache)[0]
 
-    def evaluate(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None) -> PlanResult:
-        """Measure a plan (``shards[d]``: the tables on device ``d``); see the module notes."""
+    # -- the oracle interface (shardcore.types.ShardCostOracle) --------------------------------
+    cache = None     # a bare evaluator keeps nothing (see shardcore.cache.CachedOracle)
+    no_cache = True  # ... so it measures everything afresh
+
+    @property
+    def comm_measured(self) -> bool:
+        """Whether the plans' all-to-alls are measured (not modelled): only such plans are cached."""
+        return not self.oversubscribed
+
+    def check_shards(self, shards: Sequence[Sequence[TableConfig]]) -> list[list[TableConfig]]:
+        """The plan as lists, one shard per device and every table known, or a one-line error."""
+        return self._check_shards(shards)
+
+    def evaluate(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None, *,
+                 compute: "dict[int, ComputeCost] | None" = None) -> PlanResult:
+        """Measure a plan (``shards[d]``: the tables on device ``d``); see the module notes.
+
+        ``compute[d]``, when given, is device ``d``'s compute cost known already (a cache layer's
+        hit): only the other devices' compute is measured, and ``compute_from_cache[d]`` is set.
+        ``no_cache`` is for a cache layer; the evaluator itself always measures."""
         t0 = time.perf_counter()
-        no_cache = self.no_cache if no_cache is None else no_cache
         shards = self._check_shards(shards)
-        ctx = self.context if self.cache is not None else None
-        # A plan's cache row holds measured communication; modelled communication is not stored.
-        plan_cache = self.cache is not None and not self.oversubscribed
-        if plan_cache and not no_cache:
-            hit = self.cache.get_plan(ctx, shards)
-            if hit is not None:
-                return PlanResult(hit, from_cache=True, compute_from_cache=[True] * self.ndevices,
-                                  wall_s=time.perf_counter() - t0, parts=self.parts)
-        compute: dict[int, ComputeCost] = {}
+        known = dict(compute or {})
+        costs_c: dict[int, ComputeCost] = {}
         todo: dict[int, list[TableConfig]] = {}
         from_cache = [False] * self.ndevices
         for d, s in enumerate(shards):
             if not s:
-                compute[d] = ComputeCost(0.0, 0.0)
-                continue
-            if self.cache is not None and not no_cache:
-                hit = self.cache.get_shard(ctx, s)
-                if hit is not None:
-                    compute[d] = ComputeCost(*hit)
-                    from_cache[d] = True
-                    continue
-            todo[d] = s
+                costs_c[d] = ComputeCost(0.0, 0.0)
+            elif d in known:
+                costs_c[d] = known[d]
+                from_cache[d] = True
+            else:
+                todo[d] = s
         if todo:
-            compute.update(self._compute(todo))
+            costs_c.update(self._compute(todo))
         comm, splits = self.measure_comm([sum(t.dim for t in s) for s in shards])
-        costs = [[compute[d].fw_ms, comm[d][0], comm[d][1], compute[d].bw_ms] for d in range(self.ndevices)]
-        if self.cache is not None:
-            for d in todo:
-                self.cache.put_shard(ctx, shards[d], compute[d].fw_ms, compute[d].bw_ms, self.bench_iters,
-                                     self.warmup_iters)
-            if plan_cache:
-                self.cache.put_plan(ctx, shards, costs, self.bench_iters, self.warmup_iters)
+        costs = [[costs_c[d].fw_ms, comm[d][0], comm[d][1], costs_c[d].bw_ms] for d in range(self.ndevices)]
         return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
-                          wall_s=time.perf_counter() - t0, parts=self.parts)
+                          wall_s=time.perf_counter() - t0, parts=self.parts, hardware=self.hardware)

@@ -142,13 +142,14 @@ def task_sets(cfg: CheckConfig, data_dir: Path) -> list[TaskSetSpec]:
 
 
 def _open(cfg: CheckConfig, data_dir: Path, ndevices: int, batch: int | None):
-    from .evaluator import PlanEvaluator
+    from .oracles import open_oracle
 
     kw = {}
     if cfg.bench_iters is not None:
         kw["bench_iters"] = cfg.bench_iters
-    return PlanEvaluator(data_dir, ndevices, device_ids=list(cfg.gpus) if cfg.gpus else None, device=cfg.device,
-                         batch_size=batch, cache=None, timeout_s=120.0, host_lock=(cfg.device == "cpu"), **kw)
+    # no cache: a GPU check measures everything afresh
+    return open_oracle(data_dir, ndevices, device_ids=list(cfg.gpus) if cfg.gpus else None, device=cfg.device,
+                       batch_size=batch, cache=None, timeout_s=120.0, host_lock=(cfg.device == "cpu"), **kw)
 
 
 def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60) -> list:
@@ -292,6 +293,7 @@ def run_check(cfg: CheckConfig) -> dict:
     from .cache import dataset_digest
     from .dataset import load_dataset
     from .evaluation import evaluate
+    from .types import Topology
     from .io import write_json
     from .oracles import EmulatedOracle
     from .tasks import load_tasks
@@ -398,15 +400,14 @@ def run_check(cfg: CheckConfig) -> dict:
                               f"{time.perf_counter() - t1:.0f} s")
                 plans = {}
 
-                def measure(shard_tables):
-                    r = ev.evaluate(shard_tables)
-                    for tables, (fw, _fc, _bc, bw) in zip(shard_tables, r.device_costs_ms):
-                        if tables:
-                            shard_lines.append({"tables": [[t.index, t.dim] for t in tables], "fw_ms": fw, "bw_ms": bw,
-                                                "batch_size": ev.batch_size, "hardware": ev.hardware, "date": now})
-                    return r.cost_ms, r.device_costs_ms
-
                 def keep(result, task):
+                    if result.measured is not None:   # every measured shard, for the emulator's data
+                        shard_tables = result.plan().shard_tables(task.tables(ds.tables))
+                        for tables, (fw, _fc, _bc, bw) in zip(shard_tables, result.device_costs_ms):
+                            if tables:
+                                shard_lines.append({"tables": [[t.index, t.dim] for t in tables], "fw_ms": fw,
+                                                    "bw_ms": bw, "batch_size": ev.batch_size,
+                                                    "hardware": ev.hardware, "date": now})
                     if result.cost_ms is not None:
                         plans[(result.task, result.alg)] = (task.tables(ds.tables), result)
                         entry["plans"].append({"task": result.task, "alg": result.alg, "cost_ms": result.cost_ms,
@@ -415,8 +416,8 @@ def run_check(cfg: CheckConfig) -> dict:
                         entry["plans"].append({"task": result.task, "alg": result.alg, "error": result.error})
 
                 t1 = time.perf_counter()
-                results = evaluate(tasks, ds.tables, set_sharders, ts.ndevices, cfg.max_memory, "fp16",
-                                   measure=measure, on_result=keep)
+                results = evaluate(tasks, ds.tables, set_sharders, Topology(ts.ndevices, cfg.max_memory, "fp16"),
+                                   oracle=ev, on_result=keep)
                 entry["measure_s"] = time.perf_counter() - t1
                 noise_pct = ev.noise_pct
             _say(cfg, report.measured_summary(results))

@@ -9,9 +9,11 @@
   :class:`~shardcore.commmodel.CommModel`. It needs only the table configs (no ``data.pt``), no
   workers and no cache, and answers in microseconds, so every trainer can use it.
 
-Both give the same :class:`~shardcore.evaluator.PlanResult` (per device ``[fw_comp, fw_comm,
-bw_comm, bw_comp]`` ms, plan cost = the slowest device) and say in ``hardware`` and ``parts``
-what the figures stand for.
+Both implement :class:`~shardcore.types.ShardCostOracle`, give the same
+:class:`~shardcore.types.PlanResult` (per device ``[fw_comp, fw_comm, bw_comm, bw_comp]`` ms, plan
+cost = the slowest device) and say in ``hardware`` and ``parts`` what the figures stand for.
+:func:`open_oracle` is the one place either is built, the measured one wrapped in the measurement
+cache (:class:`~shardcore.cache.CachedOracle`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .cache import CacheContext
 from .commmodel import CommModel
 from .errors import ShardError
 from .tables import TableConfig
+from .types import PlanResult
 
 MEASURED = "measured"
 EMULATED_PREFIX = "emulated:"
@@ -90,13 +93,44 @@ def _length_cv(data_dir: str, batch_size: int) -> list[float] | None:
     return out
 
 
-class EmulatedOracle:
-    """Plan costs on an emulated GPU (see the module notes); the interface of
-    :class:`~shardcore.evaluator.PlanEvaluator` where it matters to its users (``evaluate``,
-    ``measure_shards``, ``measure_comm``, context manager, ``batch_size``, ``ndevices``...)."""
+def open_oracle(data_dir: str | os.PathLike, ndevices: int | None = None, *, oracle: str = MEASURED,
+                device_ids: Sequence[int] | None = None, batch_size: int | None = None,
+                optimizer: str = "exact_sgd", precision: str = "fp16", comm_model: CommModel | None = None,
+                cache=None, no_cache: bool = False, **measure_kwargs):
+    """The one place a cost oracle is built (:func:`shardcore.cli.open_evaluator` builds it from
+    command-line flags). Use it as a context manager.
 
-    cache = None
+    ``oracle='measured'``: a :class:`~shardcore.evaluator.PlanEvaluator` for plans of ``ndevices``
+    devices measured on ``device_ids`` (``measure_kwargs``: ``bench_iters``, ``warmup_iters``,
+    ``timeout_s``, ``launcher``... as the evaluator takes them), wrapped in the measurement cache
+    (:class:`~shardcore.cache.CachedOracle`) unless ``cache`` is None or False (``True``: the
+    default file; a path; a :class:`~shardcore.cache.CostCache`). ``oracle='emulated:<card>'``: an
+    :class:`EmulatedOracle` for ``ndevices`` devices (default ``len(device_ids)``), never cached (it
+    answers in microseconds); the measuring arguments do not apply to it.
+    """
+    spec = parse_oracle(oracle)
+    if spec.startswith(EMULATED_PREFIX):
+        n = ndevices if ndevices is not None else (len(device_ids) if device_ids else 4)
+        return EmulatedOracle(data_dir, n, card=spec[len(EMULATED_PREFIX):], batch_size=batch_size,
+                              optimizer=optimizer, precision=precision, comm_model=comm_model)
+    from .cache import CachedOracle, open_cache
+    from .evaluator import PlanEvaluator
+
+    evaluator = PlanEvaluator(data_dir, ndevices, device_ids=device_ids, batch_size=batch_size, optimizer=optimizer,
+                              precision=precision, comm_model=comm_model, **measure_kwargs)
+    store = open_cache(cache)
+    return evaluator if store is None else CachedOracle(evaluator, store, no_cache=no_cache)
+
+
+class EmulatedOracle:
+    """Plan costs on an emulated GPU (see the module notes): a
+    :class:`~shardcore.types.ShardCostOracle` like :class:`~shardcore.evaluator.PlanEvaluator`
+    (``evaluate``, ``measure_shards``, ``measure_comm``, context manager, ``batch_size``,
+    ``ndevices``...). It keeps nothing; :class:`~shardcore.cache.CachedOracle` can wrap it."""
+
+    cache = None     # a bare oracle keeps nothing
     no_cache = True
+    comm_measured = False   # the exchange is modelled: a cache layer stores its shards, never its plans
     running = True
     worker_pids: list[int] = []
     bench_iters = 0
@@ -204,14 +238,22 @@ class EmulatedOracle:
             costs = [(fw + latest - float(dl), bw) for (fw, bw), dl in zip(costs, delays_ms)]
         return costs, [comm_splits(dims, self.batch_size, d) for d in range(self.ndevices)]
 
-    def evaluate(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None):
-        from .evaluator import PlanResult
-
-        t0 = time.perf_counter()
+    def check_shards(self, shards: Sequence[Sequence[TableConfig]]) -> list[list[TableConfig]]:
+        """The plan as lists, one shard per device and every table known, or a one-line error."""
         if len(shards) != self.ndevices:
             raise ShardError(f"plan has {len(shards)} shards but the oracle has {self.ndevices} devices")
-        compute = self.measure_shards(shards)
+        return [self._check(s, f"shard {d}") for d, s in enumerate(shards)]
+
+    def evaluate(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None, *,
+                 compute: "dict[int, ComputeCost] | None" = None) -> PlanResult:
+        """The plan's costs; ``compute[d]`` (a cache layer's hit) replaces device ``d``'s model."""
+        t0 = time.perf_counter()
+        shards = self.check_shards(shards)
+        known = dict(compute or {})
+        costs_c = self.measure_shards([[] if d in known else s for d, s in enumerate(shards)])
+        from_cache = [bool(s) and d in known for d, s in enumerate(shards)]
+        costs_c = [known[d] if from_cache[d] else c for d, c in enumerate(costs_c)]
         comm, splits = self.measure_comm([sum(t.dim for t in s) for s in shards])
-        costs = [[c.fw_ms, f, b, c.bw_ms] for c, (f, b) in zip(compute, comm)]
-        return PlanResult(costs, from_cache=False, compute_from_cache=[False] * self.ndevices, comm=splits,
-                          wall_s=time.perf_counter() - t0, parts=self.parts)
+        costs = [[c.fw_ms, f, b, c.bw_ms] for c, (f, b) in zip(costs_c, comm)]
+        return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
+                          wall_s=time.perf_counter() - t0, parts=self.parts, hardware=self.hardware)

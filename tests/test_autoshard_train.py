@@ -15,6 +15,7 @@ import torch
 from autoshard.config import AutoShardConfig
 from autoshard.trainer import AutoShardTrainer
 from shardcore.dataset import load_dataset
+from shardcore.cache import CachedOracle
 from shardcore.evaluator import PlanEvaluator
 from shardcore.tasks import Task, save_tasks
 
@@ -111,9 +112,8 @@ def test_actors_stop_cleanly_in_process(tiny):
     ds = load_dataset(d / "ds", with_lookups=False)
     tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)]
     cfg = AutoShardConfig(unroll_length=10, batch_size=2, replay_ratio=1)
-    with PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1, cache=d / "c2.sqlite") as ev:
-        trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, lambda s: ev.evaluate(s).device_costs_ms,
-                                   d / "inproc", log=lambda *_: None)
+    with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1), d / "c2.sqlite") as ev:
+        trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, ev, d / "inproc", log=lambda *_: None)
         summary = trainer.run(40, num_actors=2)
         workers = ev.worker_pids
     assert summary["steps"] == 40 and not summary["interrupted"] and summary["plans_measured"] >= 1

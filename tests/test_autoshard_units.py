@@ -15,6 +15,8 @@ from shardcore import algorithms
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.tables import FeatureScaler, TableConfig
 
+from helpers import FnOracle
+
 
 def gb_rows(gb, dim=64):
     """Rows of a dim-``dim`` fp16 table of ``gb`` GB."""
@@ -119,14 +121,10 @@ def test_reward_is_the_measured_balance():
     obs = env.reset(ts)
     while obs is not None:
         obs = env.step(0 if env.pos < 2 else 1)
-    calls = []
+    oracle = FnOracle(lambda shards: [[10.0 * len(s), 0.0, 0.0, 0.0] for s in shards])  # 10 ms a table
 
-    def measure(shards):
-        calls.append(shards)
-        return [10.0 * len(s) for s in shards]
-
-    reward, info = final_reward(env, measure)
-    assert len(calls) == 1 and reward == pytest.approx(2 / 4)
+    reward, info = final_reward(env, oracle)
+    assert oracle.calls == 1 and reward == pytest.approx(2 / 4)
     assert info["cost_ms"] == pytest.approx(40.0) and info["overflow_gb"] == 0
     assert balance([5.0, 10.0, 0.0]) == 0.0 and balance([3.0, 3.0]) == 1.0
 
@@ -144,7 +142,7 @@ def test_over_cap_plan_gets_a_negative_reward_proportional_to_overflow_and_is_no
     def measure(shards):
         raise AssertionError("an over-cap plan must not be measured")
 
-    reward, info = final_reward(env, measure, overflow_penalty=2.0)
+    reward, info = final_reward(env, FnOracle(measure), overflow_penalty=2.0)
     assert reward == pytest.approx(-2.0 * 0.4 / 1.0, abs=1e-3) and info["cost_ms"] is None
 
 

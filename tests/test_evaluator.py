@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardcore.cache import CostCache
+from shardcore.cache import CachedOracle, CostCache
 from shardcore.dataset import save_dataset
 from shardcore.errors import ShardError
 from shardcore.evaluator import PlanEvaluator, batch_slices, comm_splits
@@ -62,8 +62,8 @@ def data(tmp_path_factory):
 def ev(data, tmp_path_factory):
     path, _ = data
     cache = CostCache(tmp_path_factory.mktemp("cache") / "cache.sqlite")
-    with PlanEvaluator(path, ndevices=3, bench_iters=3, warmup_iters=1, cache=cache, timeout_s=30,
-                       host_lock=False) as e:  # timings are not asserted; never wait on other measurers
+    with CachedOracle(PlanEvaluator(path, ndevices=3, bench_iters=3, warmup_iters=1, timeout_s=30,
+                                    host_lock=False), cache) as e:  # timings are not asserted; never wait on other measurers
         yield e
     assert all(not alive(p) for p in e.worker_pids)
 

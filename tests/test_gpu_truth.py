@@ -71,7 +71,7 @@ def test_four_plan_devices_on_one_worker(tiny):
     path, tables = tiny
     shards = [tables[0:4], tables[4:7], [], tables[7:12]]
     model = CommModel(bandwidth_gbps=50.0, latency_us=10.0)
-    with PlanEvaluator(path, 4, device_ids=[0], bench_iters=2, warmup_iters=1, cache=None, host_lock=False,
+    with PlanEvaluator(path, 4, device_ids=[0], bench_iters=2, warmup_iters=1, host_lock=False,
                        comm_model=model) as ev:
         assert ev.nworkers == 1 and ev.ndevices == 4 and ev.oversubscribed
         assert "4 plan devices measured in turns" in ev.hardware
@@ -92,7 +92,7 @@ def test_fewer_fake_gpus_than_plan_devices_fits_the_model_to_the_real_exchange(t
     path, tables = tiny
     shards = [tables[0:3], tables[3:6], tables[6:9], tables[9:12]]
     # a machine with 2 devices and a plan for 4: both devices serve, the all-to-all is fitted on them
-    with PlanEvaluator(path, 4, bench_iters=2, warmup_iters=1, cache=None, host_lock=False,
+    with PlanEvaluator(path, 4, bench_iters=2, warmup_iters=1, host_lock=False,
                        available_devices=2) as ev:
         assert ev.device_ids == (0, 1) and ev.nworkers == 2
         r = ev.evaluate(shards)
@@ -104,9 +104,9 @@ def test_fewer_fake_gpus_than_plan_devices_fits_the_model_to_the_real_exchange(t
 def test_device_count_errors(tiny):
     path, _ = tiny
     with pytest.raises(ShardError, match="at most as many devices"):
-        PlanEvaluator(path, 2, device_ids=[0, 1, 2], cache=None)
+        PlanEvaluator(path, 2, device_ids=[0, 1, 2])
     with pytest.raises(ShardError, match=r"GPU 3 requested but this machine has 2 .*--ndevices N --gpu-devices 0,1"):
-        PlanEvaluator(path, 4, device_ids=[0, 3], cache=None, available_devices=2)
+        PlanEvaluator(path, 4, device_ids=[0, 3], available_devices=2)
 
 
 def test_eval_cli_ndevices_on_one_device(tiny, tmp_path):

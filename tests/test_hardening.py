@@ -27,7 +27,7 @@ from shardcore.dataset import load_dataset, load_table_configs
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
 
-from helpers import make_dataset
+from helpers import FnOracle, make_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -381,7 +381,7 @@ def fake_trainer(tmp_path, measure, name):
     tables = [TableConfig(i, 1000 * (i + 1), 8 if i % 2 else 16, float(i % 5 + 1)) for i in range(12)]
     tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 6, 2)]
     cfg = AutoShardConfig(unroll_length=6, batch_size=2, replay_ratio=0, cost_steps_per_update=1)
-    return AutoShardTrainer(cfg, tables, tasks, 2, 5.0, measure, tmp_path / name, log=lambda *_: None)
+    return AutoShardTrainer(cfg, tables, tasks, 2, 5.0, FnOracle(measure), tmp_path / name, log=lambda *_: None)
 
 
 def additive_costs(shards):

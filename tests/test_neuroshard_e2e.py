@@ -14,6 +14,7 @@ import train_neuroshard
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data
 from neuroshard.sharder import load_sharder
 from shardcore.errors import ShardError
+from shardcore.cache import CachedOracle
 from shardcore.evaluator import PlanEvaluator
 from shardcore.tasks import Task, save_tasks
 
@@ -26,8 +27,8 @@ def test_collect_train_search_measure(tmp_path, capsys):
     ds = tmp_path / "ds"
     tables = make_dataset(ds, num_tables=24, batch_size=64, dims=(8, 16, 32))
     compute_dir, comm_dir, models = tmp_path / "compute", tmp_path / "comm_2", tmp_path / "models"
-    with PlanEvaluator(ds, ndevices=2, bench_iters=2, warmup_iters=1, cache=tmp_path / "c.sqlite",
-                       timeout_s=60) as ev:
+    with CachedOracle(PlanEvaluator(ds, ndevices=2, bench_iters=2, warmup_iters=1, timeout_s=60),
+                      tmp_path / "c.sqlite") as ev:
         s = collect_compute(ev, compute_dir, 24, max_tables=5, max_mem_gb=1.0, max_dim=32, pool="all",
                             progress=False)
         assert s.total == 24 and s.added == 24

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardcore.plan import Plan
 from shardcore.tables import TableConfig
 
 from neuroshard.config import ModelConfig
@@ -87,3 +88,18 @@ def test_synthetic_cost_is_what_the_tests_claim():
     assert fw + bw == pytest.approx(sum(x.dim * x.pooling_factor for x in t) / 100 + 0.05)
     f, b = comm_cost([100, 300], [0.0, 5.0])
     assert f[0] == pytest.approx(b[0] + 5.0) and f[1] == pytest.approx(b[1])
+
+
+def test_simulator_is_a_cost_oracle():
+    from shardcore.types import CostOracle
+
+    sim = train_simulator(compute_samples=40, comm_samples=20, epochs=2)
+    tables = synthetic_tables(6)
+    shards = [tables[:2], tables[2:5], [], tables[5:]]
+    assert isinstance(sim, CostOracle)
+    with sim as oracle:
+        r = oracle.evaluate(shards)
+    assert r.device_costs_ms == sim.device_costs(shards).tolist() and not r.from_cache
+    assert r.cost_ms == sim.plan_cost(tables, Plan((0, 0, 1, 1, 1, 3), 4))
+    assert r.parts["compute"].startswith("modelled") and r.parts["comm"].startswith("modelled")
+    assert r.hardware.startswith("simulated by NeuroShard's cost models")

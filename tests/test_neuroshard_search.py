@@ -13,6 +13,7 @@ from neuroshard.sharder import NeuroShardSharder, load_sharder
 from shardcore import algorithms
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.evaluation import plan_task
+from shardcore.types import Topology
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
 from shardcore.torchrec_planner import plan_json, torchrec_plan_json
@@ -92,7 +93,7 @@ def test_column_split_halves_memory_and_keeps_lookups(sim):
     assert sum(t.memory_gb() for t in pieces) == pytest.approx(huge.memory_gb())
     assert pieces[0].memory_gb() == pytest.approx(huge.memory_gb() / k)
     # the plan evaluates (plan-only) through the core like any other
-    result, ok = plan_task(0, "neuroshard", sharder, tables, 4, cap, "fp16")
+    result, ok = plan_task(0, "neuroshard", sharder, tables, Topology(4, cap, "fp16"))
     assert ok is not None and result.feasible and result.splits == list(plan.splits)
     # exports: the split table is column-wise on the ranks of its shards
     plain = plan_json(tables, plan, cap)

@@ -37,7 +37,7 @@ from shardcore.benchmark import DEFAULT_BENCH_ITERS, DEFAULT_WARMUP_ITERS, OPTIM
 from shardcore.cache import CostCache  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
-from shardcore.evaluator import PlanEvaluator  # noqa: E402
+from shardcore.oracles import open_oracle  # noqa: E402
 
 
 def parse_args(argv):
@@ -106,10 +106,9 @@ def main(argv=None):
           + f" ({os.cpu_count()} cores; other processes' load shows up in the figures)")
     try:
         t0 = time.perf_counter()
-        ev = PlanEvaluator(args.data_dir, device_ids=cli.device_ids(args), bench_iters=args.bench_iters,
-                           warmup_iters=args.warmup_iters, comm_iters=args.comm_iters,
-                           optimizer=args.optimizer, precision=args.weights_precision,
-                           batch_size=args.batch_size, cache=CostCache(cache_path))
+        ev = open_oracle(args.data_dir, device_ids=cli.device_ids(args), bench_iters=args.bench_iters,
+                         warmup_iters=args.warmup_iters, comm_iters=args.comm_iters, optimizer=args.optimizer,
+                         precision=args.weights_precision, batch_size=args.batch_size, cache=CostCache(cache_path))
         with ev:
             startup = time.perf_counter() - t0
             out["device"] = ev.device_type

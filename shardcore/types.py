@@ -1,0 +1,184 @@
+"""The data model of a sharding run and one interface per stage.
+
+A run goes: tables (:mod:`shardcore.tables`) -> a :class:`Sharder` places them on a
+:class:`Topology` -> a :class:`~shardcore.plan.Plan` -> a :class:`CostOracle` answers what the plan
+costs with one :class:`PlanResult` -> records and reports (:mod:`shardcore.evaluation`,
+:mod:`shardcore.report`).
+
+**Oracles.** Every source of plan costs implements :class:`CostOracle` and answers with the same
+:class:`PlanResult`: per device the four cost parts of :data:`COST_PARTS` in ms, the plan cost (the
+slowest device), whether it came from the measurement cache, how each part was obtained (measured or
+modelled) and the hardware the figures stand for. The implementations:
+
+- :class:`~shardcore.evaluator.PlanEvaluator`: measured on this machine (FBGEMM on the CPU with gloo
+  all-to-alls, or on CUDA GPUs with NCCL);
+- :class:`~shardcore.oracles.EmulatedOracle`: an emulated GPU (compute model fitted on real
+  measurements, analytic all-to-all);
+- a method's simulator where it judges whole plans (a method package implements the protocol).
+
+The consumers (:func:`shardcore.evaluation.evaluate`, the trainers, the scripts) take any of them.
+
+**Caching** is a layer, not a part of an oracle: :class:`~shardcore.cache.CachedOracle` wraps any
+:class:`ShardCostOracle` (an oracle whose plan cost is made of per-shard compute and the plan's
+exchange), looks plans and shards up in a :class:`~shardcore.cache.CostCache`, asks the wrapped
+oracle only for what is missing and stores what it measured. :func:`shardcore.oracles.open_oracle`
+is the one place oracles are built (and wrapped).
+
+This module imports nothing heavy (no torch), so every package may depend on it. (The protocols
+are runtime-checkable; on Python 3.11 ``isinstance`` reads every member, so checking a CUDA
+evaluator's ``context`` starts its workers: check interfaces in tests, not in hot paths.)
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
+
+from .costs import COST_PARTS  # noqa: F401  (re-exported: the order of every per-device cost list)
+from .errors import ShardError
+from .tables import PRECISION_BYTES, TableConfig
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    from .cache import CacheContext
+    from .evaluator import CommSplits
+    from .plan import Plan
+
+
+Shards = Sequence[Sequence[TableConfig]]   # shards[d]: the tables device d holds
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where a plan runs: ``ndevices`` devices, each holding at most ``max_memory_gb`` of weights
+    counted at ``precision`` (``fp16``: 2 bytes per weight, ``fp32``: 4)."""
+
+    ndevices: int
+    max_memory_gb: float
+    precision: str = "fp16"
+
+    def __post_init__(self):
+        if isinstance(self.ndevices, bool) or int(self.ndevices) != self.ndevices or self.ndevices < 1:
+            raise ShardError(f"a topology needs at least one device, got ndevices={self.ndevices!r}")
+        if not float(self.max_memory_gb) > 0:
+            raise ShardError(f"the memory cap must be positive, got {self.max_memory_gb!r} GB")
+        if self.precision not in PRECISION_BYTES:
+            raise ShardError(f"unknown precision {self.precision!r}: choose one of {', '.join(sorted(PRECISION_BYTES))}")
+        object.__setattr__(self, "ndevices", int(self.ndevices))
+        object.__setattr__(self, "max_memory_gb", float(self.max_memory_gb))
+
+
+@dataclass
+class Sharder(abc.ABC):
+    """A placement algorithm: ``sharder.shard(tables, ndevices, max_memory_gb, precision) -> Plan``.
+
+    The core's baselines (:mod:`shardcore.baselines`) and every method package subclass it."""
+
+    name: str
+
+    @abc.abstractmethod
+    def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
+              precision: str = "fp16") -> "Plan":
+        """Place ``tables`` on ``ndevices`` devices; raise :class:`InfeasibleError` if impossible."""
+
+    def shard_on(self, tables: Sequence[TableConfig], topology: Topology) -> "Plan":
+        """:meth:`shard` on a :class:`Topology`."""
+        return self.shard(tables, topology.ndevices, topology.max_memory_gb, topology.precision)
+
+
+@dataclass(frozen=True)
+class ComputeCost:
+    """A shard's compute cost in milliseconds (medians)."""
+
+    fw_ms: float
+    bw_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.fw_ms + self.bw_ms
+
+
+@dataclass
+class PlanResult:
+    """What an oracle answers for one plan (the one result type of every :class:`CostOracle`)."""
+
+    device_costs_ms: list[list[float]]       # per device the four COST_PARTS in ms
+    from_cache: bool = False                 # the whole plan came from the measurement cache
+    compute_from_cache: list[bool] = field(default_factory=list)   # per device: its compute did
+    comm: "list[CommSplits] | None" = None   # per device all-to-all split sizes; None when from the cache
+    wall_s: float = 0.0                      # wall time of this evaluate() call
+    parts: dict = field(default_factory=dict)  # {"compute": how obtained, "comm": how obtained}
+    hardware: str = ""                       # what the figures stand for, in words
+
+    @property
+    def device_totals_ms(self) -> list[float]:
+        return [float(sum(c)) for c in self.device_costs_ms]
+
+    @property
+    def cost_ms(self) -> float:
+        """Max over devices of the sum of the four costs."""
+        return max(self.device_totals_ms, default=0.0)
+
+    @property
+    def ndevices(self) -> int:
+        return len(self.device_costs_ms)
+
+
+@runtime_checkable
+class CostOracle(Protocol):
+    """Anything that says what a plan costs.
+
+    ``evaluate(shards)`` takes the tables of each device and answers a :class:`PlanResult`.
+    ``no_cache=True`` asks for fresh figures (a cache layer then measures again; an oracle without
+    a cache ignores it). ``hardware`` and ``parts`` say what the figures stand for. Oracles are
+    context managers (a measured one starts its workers on entry and stops them on exit)."""
+
+    @property
+    def hardware(self) -> str: ...
+
+    @property
+    def parts(self) -> dict: ...
+
+    def evaluate(self, shards: Shards, no_cache: bool | None = None) -> PlanResult: ...
+
+    def __enter__(self): ...
+
+    def __exit__(self, *exc) -> None: ...
+
+
+@runtime_checkable
+class ShardCostOracle(CostOracle, Protocol):
+    """A :class:`CostOracle` whose plan cost is made of each shard's compute (a property of the
+    shard alone) and the plan's all-to-all exchange: what a cache layer can wrap.
+
+    - ``context``: the setting the costs depend on (hardware fingerprint, dataset, batch size,
+      optimizer, precision): the cache key besides the shards;
+    - ``comm_measured``: whether the exchange is measured; plans with a modelled exchange are
+      not stored as plans (their shards are);
+    - ``check_shards(shards)``: the plan validated (one shard per device, known tables) or a
+      one-line :class:`~shardcore.errors.ShardError`;
+    - ``evaluate(shards, compute=...)``: ``compute[d]`` is device ``d``'s compute cost known
+      already (a cache hit), so only the others are measured; their ``compute_from_cache`` is set;
+    - ``measure_shards(shards)``: compute costs of single shards (empty ones cost nothing);
+    - ``measure_comm(dim_sums)``: per device ``(fw_ms, bw_ms)`` of the exchange and its split sizes.
+    """
+
+    ndevices: int
+    batch_size: int
+    bench_iters: int
+    warmup_iters: int
+
+    @property
+    def context(self) -> "CacheContext": ...
+
+    @property
+    def comm_measured(self) -> bool: ...
+
+    def check_shards(self, shards: Shards) -> list[list[TableConfig]]: ...
+
+    def evaluate(self, shards: Shards, no_cache: bool | None = None, *,
+                 compute: Mapping[int, ComputeCost] | None = None) -> PlanResult: ...
+
+    def measure_shards(self, shards: Shards, no_cache: bool | None = None) -> list[ComputeCost]: ...
+
+    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None): ...

@@ -1,0 +1,211 @@
+"""One cost-oracle interface (shardcore.types) and the measurement cache as a layer around any oracle.
+
+The cache-layer tests wrap the emulated oracle (deterministic, no workers, microseconds); the same
+layer around the measuring evaluator is exercised in test_evaluator.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardcore.cache import CachedOracle, CostCache
+from shardcore.errors import ShardError
+from shardcore.evaluation import evaluate, plan_task
+from shardcore.evaluator import PlanEvaluator
+from shardcore.oracles import EmulatedOracle, open_oracle
+from shardcore.baselines import make_baseline
+from shardcore.tables import TableConfig
+from shardcore.tasks import Task
+from shardcore.types import COST_PARTS, CostOracle, PlanResult, ShardCostOracle, Topology
+
+from helpers import FnOracle, make_dataset
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("oracles_ds")
+    tables = make_dataset(path, num_tables=16, batch_size=64, seed=5)
+    return path, tables
+
+
+class CountingEmulated(EmulatedOracle):
+    """The emulated oracle counting what it is asked; ``comm_measured`` as a test sets it."""
+
+    def __init__(self, *a, comm_measured=False, **kw):
+        super().__init__(*a, **kw)
+        self.comm_measured = comm_measured
+        self.plans_asked = 0
+        self.shards_asked = 0
+
+    def evaluate(self, shards, no_cache=None, *, compute=None):
+        self.plans_asked += 1
+        self.shards_asked += sum(1 for d, s in enumerate(shards) if s and d not in (compute or {}))
+        return super().evaluate(shards, no_cache, compute=compute)
+
+
+def plan_of(tables):
+    return [list(tables[0:3]), list(tables[3:5]), []]
+
+
+# -- the protocol ------------------------------------------------------------------------------
+def test_every_oracle_implements_the_protocol(tiny, tmp_path):
+    path, _ = tiny
+    ev = PlanEvaluator(path, ndevices=2, bench_iters=1, warmup_iters=0)   # no worker starts before a request
+    emu = EmulatedOracle(path, 3)
+    layer = CachedOracle(EmulatedOracle(path, 3), tmp_path / "c.sqlite")
+    for oracle in (ev, emu, layer):
+        assert isinstance(oracle, CostOracle) and isinstance(oracle, ShardCostOracle), type(oracle).__name__
+    assert not ev.running   # checking the interface started nothing
+    assert isinstance(FnOracle(lambda s: []), CostOracle) and not isinstance(FnOracle(lambda s: []), ShardCostOracle)
+    assert ev.comm_measured and not emu.comm_measured
+    assert COST_PARTS == ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
+
+
+def test_the_result_type_says_what_it_stands_for(tiny):
+    path, tables = tiny
+    with EmulatedOracle(path, 3) as emu:
+        r = emu.evaluate(plan_of(tables))
+    assert isinstance(r, PlanResult) and r.ndevices == 3 and all(len(d) == len(COST_PARTS) for d in r.device_costs_ms)
+    assert r.cost_ms == max(sum(d) for d in r.device_costs_ms) and not r.from_cache
+    assert r.hardware == emu.hardware and "emulated NVIDIA H200" in r.hardware
+    assert r.parts == emu.parts and r.parts["compute"].startswith("modelled")
+
+
+def test_open_oracle_builds_and_wraps(tiny, tmp_path):
+    path, _ = tiny
+    measured = open_oracle(path, 2, device_ids=[0, 1], cache=tmp_path / "c.sqlite", bench_iters=1)
+    assert isinstance(measured, CachedOracle) and isinstance(measured.oracle, PlanEvaluator)
+    assert measured.oracle.bench_iters == 1 and measured.ndevices == 2 and not measured.running
+    assert isinstance(open_oracle(path, 2, device_ids=[0, 1], cache=None), PlanEvaluator)
+    emu = open_oracle(path, 3, oracle="emulated:h200", cache=tmp_path / "c.sqlite", bench_iters=1)
+    assert isinstance(emu, EmulatedOracle)   # never cached: it answers in microseconds
+    with pytest.raises(ShardError, match="unknown oracle 'tpu'"):
+        open_oracle(path, 2, oracle="tpu")
+
+
+def test_topology_refuses_bad_values_in_one_line():
+    assert Topology(4, 2, "fp32") == Topology(4, 2.0, "fp32")
+    for args, msg in (((0, 1.0), "at least one device"), ((2, 0.0), "memory cap must be positive"),
+                      ((2, 1.0, "int8"), "unknown precision 'int8'")):
+        with pytest.raises(ShardError, match=msg) as exc:
+            Topology(*args)
+        assert "\n" not in str(exc.value)
+
+
+# -- the consumers ----------------------------------------------------------------------------
+def test_evaluate_keeps_the_oracles_whole_answer_out_of_the_record(tiny):
+    _, tables = tiny
+    oracle = FnOracle(lambda shards: [[len(s), 0.5, 0.25, 2.0 * len(s)] for s in shards])
+    tasks = [Task((0, 1, 2, 3, 4)), Task((5, 6, 7))]
+    results = evaluate(tasks, tables, {"naive": make_baseline("naive")}, Topology(2, 1.0), oracle=oracle)
+    assert oracle.calls == 2
+    for r in results:
+        assert r.measured.hardware == "a test function" and r.cost_ms == r.measured.cost_ms
+        assert r.device_costs_ms == r.measured.device_costs_ms
+        record = r.to_json()
+        assert "measured" not in record and record["cost_ms"] == r.cost_ms
+        json.dumps(record)
+    planned_only = evaluate(tasks, tables, {"naive": make_baseline("naive")}, Topology(2, 1.0))
+    assert all(r.measured is None and "cost_ms" not in r.to_json() for r in planned_only)
+    result, plan = plan_task(0, "naive", make_baseline("naive"), tasks[0].tables(tables), Topology(2, 1.0))
+    assert plan is not None and result.ndevices == 2 and result.max_memory_gb == 1.0
+
+
+# -- the cache layer --------------------------------------------------------------------------
+def test_cache_layer_stores_shards_but_not_plans_with_modelled_communication(tiny, tmp_path):
+    path, tables = tiny
+    cache = CostCache(tmp_path / "c.sqlite")
+    inner = CountingEmulated(path, 3)
+    with CachedOracle(inner, cache) as layer:
+        first = layer.evaluate(plan_of(tables))
+        assert (inner.plans_asked, inner.shards_asked) == (1, 2) and not first.from_cache
+        assert first.compute_from_cache == [False, False, False]
+        assert cache.counts() == {"shards": 2, "plans": 0}   # the exchange is modelled: no plan row
+        again = layer.evaluate(plan_of(tables))
+    # the plan is asked again (its exchange is modelled afresh), its shards' compute comes from the cache
+    assert (inner.plans_asked, inner.shards_asked) == (2, 2)
+    assert not again.from_cache and again.compute_from_cache == [True, True, False]
+    assert again.device_costs_ms == first.device_costs_ms
+    assert layer.stats == {"plan_hits": 0, "plan_misses": 2, "shard_hits": 2, "shard_misses": 2}
+    # the shard entries read back as training data, under the oracle's setting
+    entries = cache.shard_entries(inner.context)
+    assert sorted(e.total_ms for e in entries) == sorted(d[0] + d[3] for d in first.device_costs_ms[:2])
+    assert all(e.hardware == "emulated:h200" and e.batch_size == 64 for e in entries)
+
+
+def test_cache_layer_answers_a_stored_plan_without_asking_the_oracle(tiny, tmp_path):
+    path, tables = tiny
+    inner = CountingEmulated(path, 3, comm_measured=True)   # as a measuring oracle: plans are stored
+    layer = CachedOracle(inner, CostCache(tmp_path / "c.sqlite"))
+    first = layer.evaluate(plan_of(tables))
+    hit = layer.evaluate([list(reversed(plan_of(tables)[0])), plan_of(tables)[1], []])   # table order is irrelevant
+    assert inner.plans_asked == 1 and hit.from_cache and hit.compute_from_cache == [True, True, True]
+    assert hit.device_costs_ms == first.device_costs_ms and hit.comm is None
+    assert hit.hardware == inner.hardware and hit.parts == inner.parts
+    assert layer.cache.counts() == {"shards": 2, "plans": 1}
+    # device order matters: the same shards on other devices are another plan (only the exchange is new)
+    swapped = layer.evaluate([plan_of(tables)[1], plan_of(tables)[0], []])
+    assert inner.plans_asked == 2 and not swapped.from_cache and swapped.compute_from_cache == [True, True, False]
+    assert layer.stats["plan_hits"] == 1 and layer.stats["plan_misses"] == 2
+
+
+def test_no_cache_reads_nothing_but_stores_what_it_measured(tiny, tmp_path):
+    path, tables = tiny
+    inner = CountingEmulated(path, 3, comm_measured=True)
+    layer = CachedOracle(inner, CostCache(tmp_path / "c.sqlite"))
+    layer.evaluate(plan_of(tables))
+    fresh = layer.evaluate(plan_of(tables), no_cache=True)
+    assert inner.plans_asked == 2 and inner.shards_asked == 4 and not fresh.from_cache
+    assert fresh.compute_from_cache == [False, False, False]
+    assert layer.cache.counts() == {"shards": 2, "plans": 1}   # replaced, not added
+    always_fresh = CachedOracle(inner, layer.cache, no_cache=True)   # the default of every call
+    always_fresh.evaluate(plan_of(tables))
+    assert inner.plans_asked == 3 and always_fresh.stats["plan_hits"] == 0
+    assert always_fresh.evaluate(plan_of(tables), no_cache=False).from_cache   # a call may still read
+    assert inner.plans_asked == 3
+
+
+def test_cache_keys_keep_settings_apart(tiny, tmp_path):
+    path, tables = tiny
+    cache = CostCache(tmp_path / "c.sqlite")
+    CachedOracle(CountingEmulated(path, 3, comm_measured=True), cache).evaluate(plan_of(tables))
+    other_batch = CountingEmulated(path, 3, comm_measured=True, batch_size=32)
+    r = CachedOracle(other_batch, cache).evaluate(plan_of(tables))
+    assert other_batch.plans_asked == 1 and not r.from_cache and r.compute_from_cache == [False] * 3
+    assert cache.counts() == {"shards": 4, "plans": 2}
+
+
+def test_cache_layer_measure_shards(tiny, tmp_path):
+    path, tables = tiny
+    inner = CountingEmulated(path, 3)
+    layer = CachedOracle(inner, CostCache(tmp_path / "c.sqlite"))
+    a, b = list(tables[0:2]), list(tables[2:5])
+    first = layer.measure_shards([a, b, a, []])
+    assert first[0] == first[2] and first[3].total_ms == 0.0
+    assert layer.cache.counts()["shards"] == 2 and layer.stats["shard_misses"] == 2   # a given twice: stored once
+    again = layer.measure_shards([b, a])
+    assert again == [first[1], first[0]] and layer.stats["shard_hits"] == 2
+    assert layer.measure_shard(b) == first[1]
+    # an error names the shard by its position in the call, cached shards counted
+    with pytest.raises(ShardError, match=r"^shard 2: table id 99 out of range"):
+        layer.measure_shards([a, b, [TableConfig(99, 10, 4, 1.0)]])
+
+
+def test_cache_layer_validates_before_it_reads(tiny, tmp_path):
+    path, tables = tiny
+    layer = CachedOracle(CountingEmulated(path, 3, comm_measured=True), CostCache(tmp_path / "c.sqlite"))
+    with pytest.raises(ShardError, match="plan has 2 shards but the oracle has 3 devices"):
+        layer.evaluate(plan_of(tables)[:2])
+    with pytest.raises(ShardError, match="a cache layer needs a cache"):
+        CachedOracle(layer.oracle, None)
+
+
+def test_cache_layer_is_transparent_otherwise(tiny, tmp_path):
+    path, tables = tiny
+    inner = CountingEmulated(path, 3)
+    layer = CachedOracle(inner, tmp_path / "c.sqlite")
+    assert layer.batch_size == inner.batch_size and layer.hardware == inner.hardware
+    assert layer.context == inner.context and layer.measure_comm([8, 8, 0])[0] == inner.measure_comm([8, 8, 0])[0]
+    layer.comm_model = inner.comm_model.__class__(bandwidth_gbps=1.0)   # set on the wrapped oracle
+    assert inner.comm_model.bandwidth_gbps == 1.0 and "comm_model" not in vars(layer)
