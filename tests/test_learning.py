@@ -1,7 +1,7 @@
 """Learning happens: with a fixed seed, DreamShard's and AutoShard's trained policies place the tables
 of their training tasks better than random placement, on a cheap additive oracle.
 
-The oracle stands in for the hardware through the measure function both trainers take: a table
+The oracle stands in for the hardware as the cost oracle both trainers take (``tests.helpers.FnOracle``): a table
 costs ``dim x pooling factor / 100`` ms (40 % forward, 60 % backward compute, no communication), a
 device the sum of its tables, a plan its most loaded device. Random placement is the mean over 200
 uniform placements; longest-processing-time-first (LPT) is printed beside it, for scale.
@@ -20,6 +20,7 @@ from autoshard.sharder import AutoShardModel
 from autoshard.trainer import AutoShardTrainer
 from dreamshard.config import DreamShardConfig
 from dreamshard.trainer import DreamShardTrainer
+from helpers import FnOracle
 from shardcore.tables import TableConfig
 from shardcore.tasks import Task
 
@@ -76,11 +77,8 @@ def test_dreamshard_policy_beats_random(problem, tmp_path):
     cfg = DreamShardConfig(hidden=32, embed=16, head_hidden=32, num_iterations=3, bench_steps=8,
                            bench_training_steps=100, rl_num_batches=15, rl_batch_size=8, seed=0)
 
-    def measure(shards):
-        dev = device_costs(shards)
-        return max(map(sum, dev)), dev
-
-    trainer = DreamShardTrainer(cfg, tables, tasks, NDEVICES, CAP_GB, measure, tmp_path, log=lambda _: None)
+    trainer = DreamShardTrainer(cfg, tables, tasks, NDEVICES, CAP_GB, FnOracle(device_costs), tmp_path,
+                                log=lambda _: None)
 
     def greedy_cost():
         return float(np.mean([plan_cost(ts, trainer.model.place(ts, NDEVICES, CAP_GB)[0][0]) for ts in task_tables]))
@@ -94,7 +92,7 @@ def test_autoshard_policy_beats_random(problem, tmp_path):
     tables, tasks, task_tables, rand, lpt = problem
     torch.set_num_threads(1)
     cfg = AutoShardConfig(unroll_length=12, batch_size=4, replay_ratio=4, learning_rate=3e-3, seed=0)
-    trainer = AutoShardTrainer(cfg, tables, tasks, NDEVICES, CAP_GB, device_costs, tmp_path, log=lambda _: None)
+    trainer = AutoShardTrainer(cfg, tables, tasks, NDEVICES, CAP_GB, FnOracle(device_costs), tmp_path, log=lambda _: None)
     untrained = float(np.mean([plan_cost(ts, trainer.model.place(ts, NDEVICES, CAP_GB)[0]) for ts in task_tables]))
     summary = trainer.run(1200, num_actors=2)
     model = AutoShardModel.load(summary["checkpoint"])
