@@ -14,21 +14,19 @@ an existing file is appended to until it holds --data_size samples.
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from neuroshard import config  # noqa: E402
-from shardcore.cli import float_list  # noqa: E402
-from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
-from shardcore.cli import add_device_args, device_ids, num_devices  # noqa: E402
-from neuroshard.collect import collect_comm  # noqa: E402
-from shardcore.cli import add_oracle_args, original_range, open_evaluator, positive_int, run_main  # noqa: E402
-from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
-from neuroshard.collect import check_comm_args  # noqa: E402
-from shardcore.io import check_output_dir  # noqa: E402
+from neuroshard import config
+from shardcore.cli import float_list
+from shardcore.cli import serve_if_torchrun_rank
+from shardcore.cli import add_device_args, device_ids, num_devices
+from neuroshard.collect import collect_comm
+from shardcore.cli import add_oracle_args, original_range, open_evaluator, positive_int, run_main
+from shardcore.dataset import DEFAULT_DATA_DIR
+from shardcore.errors import ShardError
+from shardcore.cli import ArgumentParser as OneLineParser
+from neuroshard.collect import check_comm_args
+from shardcore.io import check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,20 +13,17 @@ samples (resumable; Ctrl-C loses at most one chunk).
 """
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from neuroshard import config  # noqa: E402
-from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
-from shardcore.cli import add_device_args, device_ids  # noqa: E402
-from neuroshard.collect import collect_compute  # noqa: E402
-from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, positive_int, run_main  # noqa: E402
-from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
-from neuroshard.collect import check_compute_args  # noqa: E402
-from shardcore.io import check_output_dir  # noqa: E402
+from neuroshard import config
+from shardcore.cli import serve_if_torchrun_rank
+from shardcore.cli import add_device_args, device_ids
+from neuroshard.collect import collect_compute
+from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, positive_int, run_main
+from shardcore.dataset import DEFAULT_DATA_DIR
+from shardcore.cli import ArgumentParser as OneLineParser
+from neuroshard.collect import check_compute_args
+from shardcore.io import check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:

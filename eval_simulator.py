@@ -16,27 +16,25 @@ import argparse
 import json
 import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, search_kwargs  # noqa: E402
-from neuroshard.simulator import Simulator  # noqa: E402
-from shardcore import algorithms, report  # noqa: E402
-from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,  # noqa: E402
+from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, search_kwargs
+from neuroshard.simulator import Simulator
+from shardcore import algorithms, report
+from shardcore.cli import serve_if_torchrun_rank
+from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.evaluation import evaluate  # noqa: E402
-from shardcore.types import Topology  # noqa: E402
-from shardcore.io import atomic_open  # noqa: E402
-from shardcore.tasks import load_tasks  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int  # noqa: E402
-from shardcore.costs import COST_PARTS  # noqa: E402
-from shardcore.io import check_output_file  # noqa: E402
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.errors import ShardError
+from shardcore.compare import evaluate
+from shardcore.types import Topology
+from shardcore.io import atomic_open
+from shardcore.tasks import load_tasks
+from shardcore.cli import ArgumentParser as OneLineParser, positive_int
+from shardcore.costs import COST_PARTS
+from shardcore.io import check_output_file
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,21 +17,18 @@ import argparse
 import csv
 import json
 import math
-import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from shardcore import algorithms  # noqa: E402
-from shardcore.cli import add_device_args, add_memory_args, device_ids, num_devices, positive_int, run_main  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.evaluation import lookup_load  # noqa: E402
-from shardcore.io import check_output_file, read_text, write_json  # noqa: E402
-from shardcore.report import format_table  # noqa: E402
-from shardcore.tables import BIN_NAMES, NUM_BINS, TableConfig, dim_problem  # noqa: E402
-from shardcore.torchrec_planner import plan_json, torchrec_path_for, torchrec_plan_json  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from shardcore import algorithms
+from shardcore.cli import add_device_args, add_memory_args, device_ids, num_devices, positive_int, run_main
+from shardcore.errors import ShardError
+from shardcore.compare import lookup_load
+from shardcore.io import check_output_file, read_text, write_json
+from shardcore.report import format_table
+from shardcore.tables import BIN_NAMES, NUM_BINS, TableConfig, dim_problem
+from shardcore.torchrec_planner import plan_json, torchrec_path_for, torchrec_plan_json
+from shardcore.cli import ArgumentParser as OneLineParser
 
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
 

@@ -14,14 +14,12 @@ AutoShard's 7 GB. Everything else, outputs included, is train_autoshard.py's: th
 <savedir>/<xpid>/model.pt (models/autoshard/default/ unless --savedir/--xpid say otherwise).
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import train_autoshard  # noqa: E402
-from shardcore.cli import run_main  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
+import train_autoshard
+from shardcore.cli import run_main
+from shardcore.errors import ShardError
 
 AUTOSHARD_NDEVICES = 8
 AUTOSHARD_MAX_MEMORY = "7"

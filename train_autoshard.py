@@ -11,26 +11,24 @@ train_log.csv (per update), episodes.csv (per episode) and train_curve.png.
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from autoshard.config import AutoShardConfig, default_num_actors  # noqa: E402
-from autoshard.curve import plot_curve  # noqa: E402
-from autoshard.sharder import AutoShardModel  # noqa: E402
-from autoshard.trainer import AutoShardTrainer  # noqa: E402
-from shardcore.baselines import make_baseline  # noqa: E402
-from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, add_refused_flag,  # noqa: E402
+from autoshard.config import AutoShardConfig, default_num_actors
+from autoshard.curve import plot_curve
+from autoshard.sharder import AutoShardModel
+from autoshard.trainer import AutoShardTrainer
+from shardcore.baselines import make_baseline
+from shardcore.cli import serve_if_torchrun_rank
+from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, add_refused_flag,
                            device_ids, open_evaluator, positive_float, run_main)
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
-from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
-from shardcore.tasks import load_tasks  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
-from shardcore.config import add_config_args, config_from_args  # noqa: E402
-from shardcore.io import check_output_dir  # noqa: E402
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.tasks import load_tasks
+from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.config import add_config_args, config_from_args
+from shardcore.io import check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:

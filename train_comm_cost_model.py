@@ -11,18 +11,15 @@ comma-separated). The epoch with the best validation MAPE is kept; held-out test
 """
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from neuroshard import config  # noqa: E402
-from neuroshard.cli import cost_model_config, cost_model_parser, first_samples  # noqa: E402
-from neuroshard.collect import load_comm_data  # noqa: E402
-from neuroshard.models import fit_comm_model, save_model  # noqa: E402
-from shardcore.cli import run_main  # noqa: E402
+from neuroshard import config
+from neuroshard.cli import cost_model_config, cost_model_parser, first_samples
+from neuroshard.collect import load_comm_data
+from neuroshard.models import fit_comm_model, save_model
+from shardcore.cli import run_main
 
 
 def build_parser() -> argparse.ArgumentParser:

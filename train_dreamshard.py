@@ -9,24 +9,22 @@ log (<out-dir>/train_log.csv).
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from dreamshard.config import DreamShardConfig  # noqa: E402
-from dreamshard.sharder import DreamShardModel  # noqa: E402
-from dreamshard.trainer import DreamShardTrainer  # noqa: E402
-from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,  # noqa: E402
+from dreamshard.config import DreamShardConfig
+from dreamshard.sharder import DreamShardModel
+from dreamshard.trainer import DreamShardTrainer
+from shardcore.cli import serve_if_torchrun_rank
+from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.tasks import load_tasks  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
-from shardcore.config import add_config_args, config_from_args  # noqa: E402
-from shardcore.io import check_output_dir  # noqa: E402
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.errors import ShardError
+from shardcore.tasks import load_tasks
+from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.config import add_config_args, config_from_args
+from shardcore.io import check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,26 +14,24 @@ Writes <out-dir>/compute.pt, fw_comm.pt, bw_comm.pt and neuroshard.pt (all three
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from neuroshard import config  # noqa: E402
-from neuroshard.cli import add_training_args, training_config  # noqa: E402
-from shardcore.cli import serve_if_torchrun_rank  # noqa: E402
-from shardcore.cli import add_device_args, device_ids, float_list, num_devices  # noqa: E402
-from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data  # noqa: E402
-from neuroshard.config import SearchConfig  # noqa: E402
-from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model  # noqa: E402
-from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, original_range, positive_int, run_main  # noqa: E402
-from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser, nonnegative_int  # noqa: E402
-from neuroshard.collect import check_comm_args, check_compute_args  # noqa: E402
-from shardcore.io import check_output_dir  # noqa: E402
+from neuroshard import config
+from neuroshard.cli import add_training_args, training_config
+from shardcore.cli import serve_if_torchrun_rank
+from shardcore.cli import add_device_args, device_ids, float_list, num_devices
+from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data
+from neuroshard.config import SearchConfig
+from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model
+from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, original_range, positive_int, run_main
+from shardcore.dataset import DEFAULT_DATA_DIR
+from shardcore.errors import ShardError
+from shardcore.cli import ArgumentParser as OneLineParser, nonnegative_int
+from neuroshard.collect import check_comm_args, check_compute_args
+from shardcore.io import check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from shardcore import report
 from shardcore.costs import COST_PARTS
-from shardcore.evaluation import TaskResult
+from shardcore.compare import TaskResult
 from shardcore.io import atomic_open, write_json, write_text
 from shardcore.report import SetSummary
 

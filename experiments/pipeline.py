@@ -10,7 +10,7 @@
    script is missing, whose training fails or that ``--skip-train`` leaves without a checkpoint is
    skipped with a note;
 3. per task set, ONE hardware oracle session measures every algorithm side by side, task by task
-   (:func:`shardcore.evaluation.evaluate`), and the set's statistics are computed once
+   (:func:`shardcore.compare.evaluate`), and the set's statistics are computed once
    (:func:`shardcore.report.summarize`);
 4. write the outputs (:mod:`experiments.output`) after every task set (so an interrupted run keeps
    what it measured) and at the end.
@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from shardcore import registry, report
 from shardcore.baselines import BASELINES, Sharder
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.evaluation import TaskResult, evaluate
+from shardcore.compare import TaskResult, evaluate
 from shardcore.tables import TableConfig
 from shardcore.taskgen import TaskSpec, generate_tasks
 from shardcore.tasks import load_tasks, save_tasks
@@ -47,7 +47,7 @@ from .training import LearnedModel, model_for, prepare_learned
 class GuardedSharder(Sharder):
     """A method's failure on one task (an exception other than "infeasible") becomes that task's
     error instead of ending a long run. The plan is refused like an infeasible one (the only way
-    :func:`~shardcore.evaluation.evaluate` skips a plan), and the failure is kept, typed, for
+    :func:`~shardcore.compare.evaluate` skips a plan), and the failure is kept, typed, for
     :meth:`outcome`, which the runner records as ``Outcome.FAILED`` in the task's result."""
 
     inner: Sharder = None

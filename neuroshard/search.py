@@ -1,4 +1,4 @@
-"""NeuroShard's online search over the simulator (SPEC §4).
+"""NeuroShard's online search over the simulator (README, "NeuroShard").
 
 **Table-wise search** (:meth:`TaskSearch.table_wise`). Tables go in order of their predicted
 single-table compute cost, largest first (ties: larger memory, larger dataset index, later task

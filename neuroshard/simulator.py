@@ -12,7 +12,7 @@ For a plan (shards per device, column splits applied):
    plus backward: the work between two forward exchanges of consecutive iterations) minus the
    smallest one, which is how the communication data were collected (random start delays);
 4. the cost of device ``d`` is the sum of its four costs, and the plan's cost is the maximum over
-   devices (SPEC §3).
+   devices (the cost of a plan, README "Measurement").
 
 The same four numbers per device as the hardware evaluator reports
 (``[fw_comp, fw_comm, bw_comm, bw_comp]``), so simulated and measured plans compare column by

@@ -1,4 +1,4 @@
-"""The human-expert strategies (SPEC §3), all respecting the per-device memory cap.
+"""The human-expert strategies (README, "Baselines"), all respecting the per-device memory cap.
 
 Greedy: sort the tables by a cost key, largest first (ties: larger size, then larger table index);
 put each on the device with the smallest accumulated key among the devices that still have room
@@ -45,7 +45,8 @@ def _has_room(used: float, need: float, cap: float) -> bool:
 
 def greedy_plan(tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
                 key: Callable[[TableConfig], float], precision: str = "fp16") -> Plan:
-    """The SPEC §3 greedy with an arbitrary cost key."""
+    """The greedy of README "Baselines" with an arbitrary cost key: largest key first, each table on the
+    device with the smallest accumulated key among those with room."""
     keys = [float(key(t)) for t in tables]
     order = sorted(range(len(tables)),
                    key=lambda i: (keys[i], tables[i].size, tables[i].index, i), reverse=True)

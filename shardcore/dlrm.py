@@ -47,7 +47,7 @@ REUSE_EDGES = np.array([1 << k for k in range(NUM_BINS - 1)], dtype=np.int64)
 BIN_LABELS = tuple(["(0,1]"] + [f"({1 << (k - 1)},{1 << k}]" for k in range(1, NUM_BINS - 1)]
                    + [f">{1 << (NUM_BINS - 2)}"])
 
-# Published statistics of the main file (fbgemm_t856_bs65536), see SPEC.md section 2.
+# Published statistics of the main file (fbgemm_t856_bs65536), as the FBGEMM dlrm_datasets release describes it.
 PUBLISHED_NUM_TABLES = 856
 PUBLISHED_BATCH_SIZE = 65536
 PUBLISHED_MEAN_POOLING = 15.8

@@ -1,6 +1,6 @@
 """Multi-device plan evaluator, the measured cost oracle: one worker process per device, started
 once, serving many plans. (The driver that plans tasks and asks an oracle is
-:mod:`shardcore.evaluation`; the interface every oracle implements is :mod:`shardcore.types`.)
+:mod:`shardcore.compare`; the interface every oracle implements is :mod:`shardcore.types`.)
 
 A plan is a list of shards, one per device (``shards[d]``: the :class:`~shardcore.tables.TableConfig`
 list device ``d`` holds). Measuring it reproduces a model-parallel training iteration of the

@@ -292,7 +292,7 @@ def run_check(cfg: CheckConfig) -> dict:
     from . import algorithms, report
     from .cache import dataset_digest
     from .dataset import load_dataset
-    from .evaluation import evaluate
+    from .compare import evaluate
     from .types import Topology
     from .io import write_json
     from .oracles import EmulatedOracle

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Sequence
 
-from .evaluation import TaskResult
+from .compare import TaskResult
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

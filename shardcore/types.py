@@ -2,7 +2,7 @@
 
 A run goes: tables (:mod:`shardcore.tables`) -> a :class:`Sharder` places them on a
 :class:`Topology` -> a :class:`~shardcore.plan.Plan` -> a :class:`CostOracle` answers what the plan
-costs with one :class:`PlanResult` -> records and reports (:mod:`shardcore.evaluation`,
+costs with one :class:`PlanResult` -> records and reports (:mod:`shardcore.compare`,
 :mod:`shardcore.report`).
 
 **Oracles.** Every source of plan costs implements :class:`CostOracle` and answers with the same
@@ -16,7 +16,7 @@ modelled) and the hardware the figures stand for. The implementations:
   measurements, analytic all-to-all);
 - a method's simulator where it judges whole plans (a method package implements the protocol).
 
-The consumers (:func:`shardcore.evaluation.evaluate`, the trainers, the scripts) take any of them.
+The consumers (:func:`shardcore.compare.evaluate`, the trainers, the scripts) take any of them.
 
 **Caching** is a layer, not a part of an oracle: :class:`~shardcore.cache.CachedOracle` wraps any
 :class:`ShardCostOracle` (an oracle whose plan cost is made of per-shard compute and the plan's

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import numpy as np
 import torch
@@ -30,12 +29,8 @@ def make_dataset(path, num_tables=40, batch_size=32, seed=0, dims=(4, 8, 16, 32)
 
 
 def load_tool(name: str):
-    """A script of ``tools/`` imported as a module (they are scripts, not a package)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", os.path.join(root, "tools", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """A script of ``tools/`` imported as a module (``tools.<name>``)."""
+    return importlib.import_module(f"tools.{name}")
 
 
 class FnOracle:

@@ -16,10 +16,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
-import gen_dlrm_data  # noqa: E402
+from tools import gen_dlrm_data  # noqa: E402
 from shardcore import dlrm  # noqa: E402
 from shardcore.dataset import load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402

@@ -3,7 +3,6 @@ import torch
 
 from dreamshard.config import DreamShardConfig
 from dreamshard.env import EstimatedMDP
-from dreamshard.networks import CostNet
 from dreamshard.sharder import DreamShardModel, load_sharder
 from shardcore.algorithms import resolve
 from shardcore.errors import InfeasibleError

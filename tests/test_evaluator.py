@@ -243,7 +243,6 @@ _SCRIPT = textwrap.dedent("""
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test dumps the stacks if it hangs
     # a suite started in the background (`make test &`) passes an ignored SIGINT down to its children
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.path.insert(0, {root!r})
     from shardcore.evaluator import PlanEvaluator
     from shardcore.dataset import load_dataset
 
@@ -264,9 +263,10 @@ _SCRIPT = textwrap.dedent("""
 def test_no_orphans_after_ctrl_c_or_parent_death(data, tmp_path, sig):
     path, _ = data
     script = tmp_path / "run.py"
-    script.write_text(_SCRIPT.format(root=ROOT, data=str(path)))
+    script.write_text(_SCRIPT.format(data=str(path)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env=env)
     try:
         line = proc.stdout.readline()
         assert line.startswith("PIDS"), line + proc.stderr.read()

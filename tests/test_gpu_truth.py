@@ -14,7 +14,7 @@ from helpers import make_dataset
 from shardcore import report
 from shardcore.commmodel import CommModel, fit_comm_model, remote_bytes
 from shardcore.errors import ShardError
-from shardcore.evaluation import TaskResult
+from shardcore.compare import TaskResult
 from shardcore.evaluator import PlanEvaluator, comm_splits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

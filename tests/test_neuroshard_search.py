@@ -12,7 +12,7 @@ from neuroshard.search import TaskSearch, search
 from neuroshard.sharder import NeuroShardSharder, load_sharder
 from shardcore import algorithms
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.evaluation import plan_task
+from shardcore.compare import plan_task
 from shardcore.types import Topology
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig

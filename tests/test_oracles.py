@@ -11,7 +11,7 @@ import pytest
 
 from shardcore.cache import CachedOracle, CostCache
 from shardcore.errors import ShardError
-from shardcore.evaluation import evaluate, plan_task
+from shardcore.compare import evaluate, plan_task
 from shardcore.evaluator import PlanEvaluator
 from shardcore.oracles import EmulatedOracle, open_oracle
 from shardcore.baselines import make_baseline

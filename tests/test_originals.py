@@ -6,7 +6,6 @@ file here is written by the test itself, in the layout the original scripts wrot
 import argparse
 import json
 import os
-import sys
 from collections import OrderedDict
 
 import numpy as np
@@ -14,12 +13,9 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import eval as eval_script  # noqa: E402
 import eval_simulator  # noqa: E402
-import gen_dlrm_data  # noqa: E402
-import gen_tasks  # noqa: E402
 import run_autoshard  # noqa: E402
 import train_autoshard  # noqa: E402
 import train_comm_cost_model  # noqa: E402
@@ -37,6 +33,7 @@ from shardcore.dataset import load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.taskgen import generate_transfer_tasks  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
+from tools import gen_dlrm_data, gen_tasks  # noqa: E402
 from shardcore.torchrec_planner import default_names  # noqa: E402
 
 from autoshard.sharder import AutoShardModel  # noqa: E402
@@ -353,8 +350,7 @@ def test_original_checkpoints_are_named_with_the_training_command(tmp_path):
 
 
 def test_every_flag_of_the_tools_has_help(monkeypatch):
-    import bench_oracle
-    import check_synthetic
+    from tools import bench_oracle, check_synthetic
 
     actions = []
     real = argparse.ArgumentParser.parse_args

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shardcore import report
-from shardcore.evaluation import TaskResult
+from shardcore.compare import TaskResult
 
 
 def _results(costs: dict[str, list[float | None]], failed: dict[str, set[int]] | None = None) -> list[TaskResult]:

@@ -21,23 +21,20 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from shardcore import cli  # noqa: E402
-from shardcore.benchmark import DEFAULT_BENCH_ITERS, DEFAULT_WARMUP_ITERS, OPTIMIZERS  # noqa: E402
-from shardcore.cache import CostCache  # noqa: E402
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.oracles import open_oracle  # noqa: E402
+from shardcore import cli
+from shardcore.benchmark import DEFAULT_BENCH_ITERS, DEFAULT_WARMUP_ITERS, OPTIMIZERS
+from shardcore.cache import CostCache
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.errors import ShardError
+from shardcore.oracles import open_oracle
 
 
 def parse_args(argv):

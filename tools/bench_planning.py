@@ -20,15 +20,14 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardcore.cli import int_list, name_list, positive_float, positive_int, run_main  # noqa: E402
-from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from experiments.config import learned_methods  # noqa: E402
-from experiments.planning import DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, BenchConfig, bench_planning  # noqa: E402
-from shardcore.tables import PRECISION_BYTES  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from shardcore.cli import int_list, name_list, positive_float, positive_int, run_main
+from shardcore.dataset import DEFAULT_DATA_DIR
+from shardcore.errors import ShardError
+from experiments.config import learned_methods
+from experiments.planning import DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, BenchConfig, bench_planning
+from shardcore.tables import PRECISION_BYTES
+from shardcore.cli import ArgumentParser as OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,20 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 import time
 from typing import Sequence
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shardcore import dlrm  # noqa: E402
-from shardcore.cli import int_list, positive_int, run_main  # noqa: E402
-from shardcore.tables import NUM_BINS  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from shardcore import dlrm
+from shardcore.cli import int_list, positive_int, run_main
+from shardcore.tables import NUM_BINS
+from shardcore.cli import ArgumentParser as OneLineParser
 
 PUB_L = np.array(dlrm.PUBLISHED_REUSE_BY_LOOKUPS)
 PUB_R = np.array(dlrm.PUBLISHED_REUSE_BY_ROWS)

@@ -13,21 +13,19 @@ compute and communication costs.
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from dreamshard.sharder import DreamShardModel  # noqa: E402
-from shardcore.cli import run_main  # noqa: E402
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.plan import Plan  # noqa: E402
-from shardcore.report import format_table  # noqa: E402
-from shardcore.tasks import load_tasks  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
-from shardcore.io import read_text  # noqa: E402
+from dreamshard.sharder import DreamShardModel
+from shardcore.cli import run_main
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.errors import ShardError
+from shardcore.plan import Plan
+from shardcore.report import format_table
+from shardcore.tasks import load_tasks
+from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.io import read_text
 
 
 def mape(pred, true) -> float:

@@ -29,21 +29,19 @@ shardcore/emulator.py).
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from shardcore import io  # noqa: E402
-from shardcore.cli import make_parser, run_main  # noqa: E402
-from shardcore.report import spearman  # noqa: E402
-from shardcore.dataset import load_table_configs  # noqa: E402
-from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, GpuComputeModel, default_cv_of,  # noqa: E402
+from shardcore import io
+from shardcore.cli import make_parser, run_main
+from shardcore.report import spearman
+from shardcore.dataset import load_table_configs
+from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, GpuComputeModel, default_cv_of,
                                 fit_weights, known_index, load_measurements, measurement_features,
                                 read_params, model_path, synthetic_length_cv)
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.report import format_table  # noqa: E402
+from shardcore.errors import ShardError
+from shardcore.report import format_table
 
 CARD_LINE = "NVIDIA H200, measured 2026-11-26"
 KFOLD = 10

@@ -14,16 +14,14 @@ relative error (deterministic), and rewrites data/gpu_measurements/h200_emulator
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardcore import io  # noqa: E402
-from shardcore.cli import make_parser, run_main  # noqa: E402
-from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, SHARD_FILES, default_cv_of, fit_params,  # noqa: E402
+from shardcore import io
+from shardcore.cli import make_parser, run_main
+from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, SHARD_FILES, default_cv_of, fit_params,
                                 known_index, load_measurements, measurement_features, model_path,
                                 synthetic_length_cv)
-from shardcore.errors import ShardError  # noqa: E402
+from shardcore.errors import ShardError
 
 CARD = "h200"
 MEASURED = "NVIDIA H200 (143,771 MiB), measured 2026-11-26, torch 2.11.0+cu130, fbgemm-gpu 1.6.0"

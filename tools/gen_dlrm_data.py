@@ -21,21 +21,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shardcore import dlrm  # noqa: E402
-from shardcore.cli import int_list, original_range, positive_int, run_main  # noqa: E402
-from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
-from shardcore.io import check_output_dir, check_output_file  # noqa: E402
-from shardcore.tables import dim_problem  # noqa: E402
-from shardcore.tasks import save_tasks  # noqa: E402
-from shardcore.taskgen import generate_transfer_tasks  # noqa: E402
+from shardcore import dlrm
+from shardcore.cli import int_list, original_range, positive_int, run_main
+from shardcore.dataset import DEFAULT_DATA_DIR
+from shardcore.errors import ShardError
+from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.io import check_output_dir, check_output_file
+from shardcore.tables import dim_problem
+from shardcore.tasks import save_tasks
+from shardcore.taskgen import generate_transfer_tasks
 
 # the raw file the original scripts read when --data is not given (DreamShard/NeuroShard, AutoShard)
 ORIGINAL_DEFAULT_DATA = ("dlrm_datasets/embedding_bag/fbgemm_t856_bs65536.pt",

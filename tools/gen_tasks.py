@@ -14,18 +14,16 @@ project's per-device cap (with --ndevices).
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardcore.cli import int_list, original_range, positive_float, positive_int, run_main  # noqa: E402
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.tasks import save_tasks  # noqa: E402
-from shardcore.taskgen import TaskSpec, generate_single_pool_tasks, generate_tasks, halving_dims  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser, nonnegative_int  # noqa: E402
-from shardcore.io import check_output_dir  # noqa: E402
-from shardcore.tables import dim_problem  # noqa: E402
+from shardcore.cli import int_list, original_range, positive_float, positive_int, run_main
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.errors import ShardError
+from shardcore.tasks import save_tasks
+from shardcore.taskgen import TaskSpec, generate_single_pool_tasks, generate_tasks, halving_dims
+from shardcore.cli import ArgumentParser as OneLineParser, nonnegative_int
+from shardcore.io import check_output_dir
+from shardcore.tables import dim_problem
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,14 +13,12 @@ past the budget is skipped, a stage that overruns is stopped with its workers. S
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardcore.cli import int_list, make_parser, name_list, positive_float, positive_int, run_main  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from shardcore.gpu_check import DEFAULT_ALGS, CheckConfig, run_check  # noqa: E402
+from shardcore.cli import int_list, make_parser, name_list, positive_float, positive_int, run_main
+from shardcore.errors import ShardError
+from shardcore.gpu_check import DEFAULT_ALGS, CheckConfig, run_check
 
 
 def build_parser() -> argparse.ArgumentParser:

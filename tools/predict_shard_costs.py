@@ -13,17 +13,15 @@ and "oracle" naming it. Other keys are kept; a line's own "fw_ms"/"bw_ms" (measu
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from shardcore import io  # noqa: E402
-from shardcore.cli import make_parser, positive_int, run_main  # noqa: E402
-from shardcore.dataset import load_table_configs  # noqa: E402
-from shardcore.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
+from shardcore import io
+from shardcore.cli import make_parser, positive_int, run_main
+from shardcore.dataset import load_table_configs
+from shardcore.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines
+from shardcore.errors import ShardError
 
 DEFAULT_CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
 ORACLES = tuple(f"emulated:{card}" for card in MODEL_FILES)

@@ -24,15 +24,14 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from shardcore.cli import add_memory_args, add_oracle_args, name_list, positive_float, positive_int, run_main  # noqa: E402
-from shardcore.dataset import DEFAULT_DATA_DIR  # noqa: E402
-from shardcore.errors import ShardError  # noqa: E402
-from experiments.config import SCALES, ExperimentConfig, all_algs, learned_methods, parse_task_sets  # noqa: E402
-from experiments.pipeline import run_experiments  # noqa: E402
-from shardcore import registry  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser  # noqa: E402
+from shardcore.cli import add_memory_args, add_oracle_args, name_list, positive_float, positive_int, run_main
+from shardcore.dataset import DEFAULT_DATA_DIR
+from shardcore.errors import ShardError
+from experiments.config import SCALES, ExperimentConfig, all_algs, learned_methods, parse_task_sets
+from experiments.pipeline import run_experiments
+from shardcore import registry
+from shardcore.cli import ArgumentParser as OneLineParser
 
 
 def task_sets_arg(text: str):
