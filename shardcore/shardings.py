@@ -130,3 +130,32 @@ def comm_layout(dataset, shards: Sequence[Sequence[TableConfig]], batch_size: in
             dim_sums[d] += int(t.dim)
     rw = [grp for grp in groups.values() if len(grp) > 1]
     return CommLayout(dim_sums, ids, allreduce, rw)
+
+
+TYPE_ABBREV = {"table_wise": "TW", "column_wise": "CW", "table_column_wise": "TWCW", "row_wise": "RW",
+               "table_row_wise": "TWRW", "data_parallel": "DP"}
+
+
+def type_counts(results) -> dict[str, dict[str, int]]:
+    """Per algorithm, how many tables its feasible plans gave each sharding type (TorchRec's own
+    type names where the result records them, ``torchrec_types``; else ours)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in results:
+        if not r.feasible or not r.shardings:
+            continue
+        kinds = r.extra.get("torchrec_types") or [s["type"] for s in r.shardings]
+        counts = out.setdefault(r.alg, {})
+        for k in kinds:
+            counts[k] = counts.get(k, 0) + 1
+    return out
+
+
+def type_counts_text(results) -> str:
+    """One line per algorithm: the share of tables per sharding type."""
+    lines = []
+    for alg, counts in type_counts(results).items():
+        total = sum(counts.values())
+        parts = [f"{TYPE_ABBREV.get(k, k)} {v} ({100.0 * v / total:.0f}%)"
+                 for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
+        lines.append(f"  {alg:>20s}: " + ", ".join(parts))
+    return "sharding types chosen (tables over all tasks):\n" + "\n".join(lines) if lines else ""
