@@ -195,3 +195,22 @@ def test_rw_dp_plan_measured_end_to_end_on_four_cpu_devices(data):
     # what device 0 measured: its row block and its replica, pieces with their own lookups
     assert [p.kind for p in plan.shard_tables(task)[0]] == ["row_wise", "data_parallel"]
     assert all(isinstance(p, ShardPiece) for p in plan.shard_tables(task)[0])
+
+
+def test_gpu_check_reads_row_wise_and_data_parallel_plans_from_an_eval_file(tmp_path):
+    from shardcore.gpu_check import _load_plans
+    from shardcore.tasks import Task
+
+    plan = Plan.from_shardings(TASK, [row_wise([2, 0]), data_parallel(3), column_wise([(2, 8), (0, 24)]),
+                                      table_wise(1)], 3)
+
+    class Fixed:
+        name = "fixed"
+
+        def shard(self, tables, ndevices, cap, precision="fp16"):
+            return plan
+    result, _ = plan_task(0, "fixed", Fixed(), TASK, 3, 1.0, "fp16")
+    path = tmp_path / "eval.jsonl"
+    path.write_text(json.dumps(result.to_json()) + "\n")
+    name, sharders = _load_plans(f"S={path}", ["S"], {"S": [Task(tuple(t.index for t in TASK))]})
+    assert name == "S" and sharders["fixed"].shard(TASK, 3, 1.0) == plan
