@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from .errors import InfeasibleError
+from .errors import InfeasibleError, ShardError
 from .baselines import Sharder
 from .plan import Plan, shardings_from_json, shardings_to_json
 from .tables import TableConfig
@@ -70,7 +70,7 @@ class TaskResult:
             return self._plan
         if self.general:
             if tables is None:
-                raise ValueError("a plan with row-wise / data-parallel tables needs the task's tables")
+                raise ShardError("a plan with row-wise / data-parallel tables needs the task's tables")
             return shardings_from_json(tables, self.shardings, self.ndevices)
         return Plan(tuple(self.allocation), self.ndevices, tuple(self.splits) if self.splits else None)
 

@@ -75,8 +75,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from . import io
 from .baselines import Sharder
 from .errors import InfeasibleError, ShardError
-from .plan import (COLUMN_WISE, DATA_PARALLEL, ROW_WISE, TABLE_WISE, Plan, Sharding, column_wise, data_parallel,
-                   row_blocks, row_wise, table_wise)
+from .plan import (COLUMN_WISE, ROW_WISE, TABLE_WISE, Plan, Sharding, column_wise, data_parallel, row_blocks,
+                   row_wise, table_wise)
 from .tables import GB, TableConfig
 
 DEFAULT_BATCH_SIZE = 4096

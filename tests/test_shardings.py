@@ -13,7 +13,7 @@ from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.evaluation import TaskResult, plan_task
 from shardcore.baselines import make_baseline
-from shardcore.plan import (Plan, ShardPiece, Sharding, column_wise, data_parallel, row_blocks, row_wise,
+from shardcore.plan import (Plan, ShardPiece, column_wise, data_parallel, row_blocks, row_wise,
                             shardings_from_json, shardings_to_json, table_wise)
 from shardcore.shardings import comm_layout, piece_lookups
 from shardcore.tables import TableConfig
@@ -214,3 +214,24 @@ def test_gpu_check_reads_row_wise_and_data_parallel_plans_from_an_eval_file(tmp_
     path.write_text(json.dumps(result.to_json()) + "\n")
     name, sharders = _load_plans(f"S={path}", ["S"], {"S": [Task(tuple(t.index for t in TASK))]})
     assert name == "S" and sharders["fixed"].shard(TASK, 3, 1.0) == plan
+
+
+def test_gen_hot_tasks_puts_the_hot_table_first(data, tmp_path):
+    from tests.helpers import load_tool
+
+    path, tables = data
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("1,2,3\n4,5,0 8,16,8\n")
+    out = tmp_path / "hot" / "test.txt"
+    tool = load_tool("gen_hot_tasks")
+    tool.main(["--data-dir", path, "--tasks", str(tasks), "--out", str(out), "--min-rows", "10", "--hot-dim", "64"])
+    hot = max([t for t in tables if t.row > 10], key=lambda t: (t.pooling_factor, t.row))
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        ids, dims = line.split()
+        assert ids.split(",")[0] == str(hot.index) and dims.split(",")[0] == "64" and len(ids.split(",")) == 3
+    with pytest.raises(ShardError, match="multiple of 4"):
+        tool.main(["--data-dir", path, "--tasks", str(tasks), "--out", str(out), "--hot-dim", "6"])
+    with pytest.raises(ShardError, match="out of range"):
+        tool.main(["--data-dir", path, "--tasks", str(tasks), "--out", str(out), "--hot-table", "99"])
