@@ -27,6 +27,7 @@ from shardcore.errors import ShardError
 from shardcore.compare import evaluate
 from shardcore.types import Topology
 from shardcore.io import atomic_open
+from shardcore.shardings import type_counts_text
 from shardcore.tasks import load_tasks
 from shardcore.cli import ArgumentParser as OneLineParser, positive_int
 from shardcore.io import check_output_dir, check_output_file
@@ -36,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--alg", default="random",
                    help="algorithm(s), comma-separated: random, naive, dim_greedy, size_greedy, "
-                        "lookup_greedy, size_lookup_greedy, torchrec, neuroshard, autoshard, or a model "
-                        "checkpoint path (default random)")
+                        "lookup_greedy, size_lookup_greedy, torchrec (TorchRec's planner choosing among table-, "
+                        "column-, row-wise and data-parallel sharding), torchrec-tw (the same, table-wise "
+                        "only), neuroshard, autoshard, or a model checkpoint path (default random)")
     p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/test.txt",
                    help="task file, one task per line (default data/dlrm_tasks_50/test.txt)")
     p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
@@ -140,6 +142,7 @@ def main(argv=None):
             results = evaluate(tasks, dataset.tables, sharders, topology, on_result=show, progress=bar)
         print()
         print(report.plan_only_summary(results))
+        print(type_counts_text(results))
     else:
         with open_evaluator(args, args.data_dir, devices, ndevices) as ev:
             ev.start()
@@ -167,6 +170,8 @@ def main(argv=None):
         if verdict:
             print(verdict)
         print(report.paper_table(results, task_set, bold=not verdict))
+        print()
+        print(type_counts_text(results))
     if args.export_torchrec:
         from shardcore.torchrec_planner import PlanRecord, export_plans
 

@@ -174,8 +174,13 @@ def summary(tables, names, plan, devices, max_memory_gb, precision):
     load = lookup_load(tables, plan)
     mean = sum(load) / len(load) if load else 0.0
     rows = []
+    # a name per piece: a split table's pieces are named by what they hold
+    tags = {"table_wise": "", "column_wise": " [cols]", "row_wise": " [rows]", "data_parallel": " [replica]"}
+    pieces = []
+    for n, t, s in zip(names, tables, plan.table_shardings(tables)):
+        pieces += [n + tags[s.type]] * len(s.pieces(t, plan.ndevices))
     for d, shard in enumerate(plan.shards):
-        shown = ", ".join(names[i] for i in shard)
+        shown = ", ".join(pieces[i] for i in shard)
         if len(shown) > 60:
             shown = shown[:57] + "..."
         rows.append([devices[d], len(shard), f"{mem[d]:.3f}", f"{100 * mem[d] / max_memory_gb:.1f}%",
@@ -193,11 +198,12 @@ def build_parser():
     add_device_args(p)
     add_memory_args(p)
     p.add_argument("--alg", default="lookup_greedy",
-                   help="random, naive, dim_greedy, size_greedy, lookup_greedy, size_lookup_greedy, torchrec, "
-                        "or a trained model's checkpoint (default lookup_greedy)")
+                   help="random, naive, dim_greedy, size_greedy, lookup_greedy, size_lookup_greedy, torchrec "
+                        "(TorchRec's planner, every sharding type: table-, column-, row-wise, data-parallel), "
+                        "torchrec-tw (table-wise only), or a trained model's checkpoint (default lookup_greedy)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
-                   help="batch size TorchRec's planner models (--alg torchrec only; default 4096)")
+                   help="batch size TorchRec's planner models (--alg torchrec / torchrec-tw only; default 4096)")
     p.add_argument("--out", default=None, metavar="PLAN.json", help="write the plan as JSON (atomically)")
     p.add_argument("--torchrec", action="store_true",
                    help="also write the TorchRec-loadable form beside --out (PLAN.torchrec.json)")
@@ -218,12 +224,13 @@ def main(argv=None):
     devices = device_ids(args)
     ndevices = num_devices(args)
     tables, names = read_tables(args.tables)
-    check_fits(tables, names, args.max_memory, args.weights_precision)
+    if args.alg != "torchrec":   # TorchRec's full planner may split a table larger than the cap by rows
+        check_fits(tables, names, args.max_memory, args.weights_precision)
     kwargs = {}
-    if args.alg == "torchrec" and args.batch_size is not None:
+    if args.alg in ("torchrec", "torchrec-tw") and args.batch_size is not None:
         kwargs["batch_size"] = args.batch_size
     elif args.batch_size is not None:
-        raise ShardError("--batch-size is for --alg torchrec only")
+        raise ShardError("--batch-size is for --alg torchrec / torchrec-tw only")
     sharder = algorithms.resolve(args.alg, seed=args.seed, **kwargs)
     plan = sharder.shard(tables, ndevices, args.max_memory, args.weights_precision)
     if not plan.is_feasible(tables, args.max_memory, args.weights_precision):

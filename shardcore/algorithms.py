@@ -17,7 +17,9 @@ from .errors import ShardError
 from .io import load_checkpoint
 
 # Names served by an optional module of the core (imported only when asked for).
-CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner"}
+# ``module`` or ``module:function`` (default function: load_sharder).
+CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner",
+                "torchrec-tw": "shardcore.torchrec_planner:load_sharder_tw"}
 
 
 def checkpoint_method(path: Path) -> str:
@@ -54,7 +56,8 @@ def resolve(name: str, seed: int = 0, **kwargs) -> Sharder:
             raise ShardError(f"checkpoint not found: {path}")
         return _method_module(checkpoint_method(path)).load_sharder(path, **kwargs)
     if name in CORE_PLUGINS:
-        return importlib.import_module(CORE_PLUGINS[name]).load_sharder(None, **kwargs)
+        module, _, func = CORE_PLUGINS[name].partition(":")
+        return getattr(importlib.import_module(module), func or "load_sharder")(None, **kwargs)
     if name in registry.method_names():
         return _method_module(name).load_sharder(None, **kwargs)
     raise ShardError(f"unknown algorithm {name!r}: choose from {', '.join(BASELINES)}, "

@@ -248,19 +248,26 @@ def validate_tables(dataset, tables: Sequence[TableConfig], what: str = "shard")
 def shard_lookups(dataset, tables: Sequence[TableConfig], batch_size: int | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused operator's input for a shard: all tables' indices concatenated (int64) and offsets
-    of ``len(tables) * B + 1`` entries over that concatenation (int64)."""
+    of ``len(tables) * B + 1`` entries over that concatenation (int64). A row-wise or data-parallel
+    piece contributes only its own lookups (:func:`shardcore.shardings.piece_lookups`)."""
     dataset = _dataset(dataset)
     b = resolve_batch_size(dataset, batch_size)
     validate_tables(dataset, tables)
     all_idx, all_off = [], [torch.zeros(1, dtype=torch.int64)]
     base = 0
     for t in tables:
-        raw_idx, raw_off = dataset.indices[t.index], dataset.offsets[t.index]
-        off = raw_off[: b + 1].to(torch.int64)
-        n = int(off[-1])
-        idx = raw_idx[:n].to(torch.int64)
-        if n and t.row < dataset.tables[t.index].row and int(idx.max()) >= t.row:
-            idx = torch.remainder(idx, t.row)
+        if getattr(t, "special", False):  # a row-wise or data-parallel piece (shardcore.plan.ShardPiece)
+            from .shardings import piece_lookups
+
+            idx, off = piece_lookups(dataset, t, b)
+            n = int(off[-1])
+        else:
+            raw_idx, raw_off = dataset.indices[t.index], dataset.offsets[t.index]
+            off = raw_off[: b + 1].to(torch.int64)
+            n = int(off[-1])
+            idx = raw_idx[:n].to(torch.int64)
+            if n and t.row < dataset.tables[t.index].row and int(idx.max()) >= t.row:
+                idx = torch.remainder(idx, t.row)
         all_idx.append(idx)
         all_off.append(off[1:] + base)
         base += n

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .errors import ShardError
+from .plan import has_pieces
 from .tables import TableConfig
 
 if TYPE_CHECKING:
@@ -537,7 +538,9 @@ class CachedOracle:
         no_cache = self.no_cache if no_cache is None else no_cache
         shards = self.oracle.check_shards(shards)
         ctx = self.oracle.context
-        plan_cache = bool(self.oracle.comm_measured)   # a modelled exchange is not stored as a plan
+        pieces = [has_pieces(s) for s in shards]       # row-wise / data-parallel: never cached
+        # a modelled exchange is not stored as a plan
+        plan_cache = bool(self.oracle.comm_measured) and not any(pieces)
         if plan_cache and not no_cache:
             hit = self.cache.get_plan(ctx, shards)
             if hit is not None:
@@ -550,7 +553,7 @@ class CachedOracle:
         for d, s in enumerate(shards):
             if not s or d in known:
                 continue
-            hit = None if no_cache else self.cache.get_shard(ctx, s)
+            hit = None if no_cache or pieces[d] else self.cache.get_shard(ctx, s)
             if hit is not None:
                 known[d] = ComputeCost(*hit)
                 self.stats["shard_hits"] += 1
@@ -559,7 +562,7 @@ class CachedOracle:
         result = self.oracle.evaluate(shards, no_cache=no_cache, compute=known)
         bench, warmup = self._iters()
         for d, s in enumerate(shards):
-            if s and d not in known:
+            if s and d not in known and not pieces[d]:
                 costs = result.device_costs_ms[d]
                 self.cache.put_shard(ctx, s, costs[0], costs[3], bench, warmup)
         if plan_cache:
@@ -579,7 +582,7 @@ class CachedOracle:
             if not s:
                 out[k] = ComputeCost(0.0, 0.0)
                 continue
-            hit = None if no_cache else self.cache.get_shard(ctx, s)
+            hit = None if no_cache or has_pieces(s) else self.cache.get_shard(ctx, s)
             if hit is not None:
                 out[k] = ComputeCost(*hit)
                 self.stats["shard_hits"] += 1
@@ -594,7 +597,7 @@ class CachedOracle:
             for k in missing:
                 out[k] = measured[k]
                 key = shard_key(shards[k])
-                if key not in stored:   # a shard given twice is measured and stored once
+                if key not in stored and not has_pieces(shards[k]):   # stored once; pieces never
                     stored.add(key)
                     self.stats["shard_misses"] += 1
                     self.cache.put_shard(ctx, shards[k], measured[k].fw_ms, measured[k].bw_ms, bench, warmup)

@@ -13,8 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from .errors import InfeasibleError
-from .plan import Plan
+from .errors import InfeasibleError, ShardError
+from .plan import Plan, shardings_from_json, shardings_to_json
 from .tables import TableConfig
 from .tasks import Task
 from .types import CostOracle, PlanResult, Sharder, Topology
@@ -36,24 +36,41 @@ class TaskResult:
     cost_ms: float | None = None
     device_costs_ms: list[list[float]] | None = None
     extra: dict = field(default_factory=dict)
+    # per task table {"type", "devices", "dims"/"rows"} (shardcore.plan.shardings_to_json); for a plan
+    # with row-wise, data-parallel or uneven column-wise tables, ``allocation`` lists the device of
+    # every piece (see shardcore.plan) and ``splits`` is absent: the shardings are the plan
+    shardings: list[dict] | None = None
+    general: bool = field(default=False, repr=False)
+    _plan: Plan | None = field(default=None, repr=False, compare=False)
     # the oracle's whole answer (from the cache or not, parts, hardware); not part of the JSON record
     measured: PlanResult | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        out = asdict(replace(self, measured=None))
-        out.pop("measured")
+        out = asdict(replace(self, measured=None, _plan=None))
+        for private in ("measured", "_plan", "general"):
+            out.pop(private)
         extra = out.pop("extra")
         out.update(extra)
         if self.splits is None:
             out.pop("splits")
+        if self.shardings is None:
+            out.pop("shardings")
         if self.cost_ms is None:
             out.pop("cost_ms")
             out.pop("device_costs_ms")
         return out
 
-    def plan(self) -> Plan | None:
+    def plan(self, tables: Sequence[TableConfig] | None = None) -> Plan | None:
+        """The plan (``tables``, the task's, are needed only to rebuild a general plan from its
+        shardings when this result was read back from JSON)."""
         if not self.feasible:
             return None
+        if self._plan is not None:
+            return self._plan
+        if self.general:
+            if tables is None:
+                raise ShardError("a plan with row-wise / data-parallel tables needs the task's tables")
+            return shardings_from_json(tables, self.shardings, self.ndevices)
         return Plan(tuple(self.allocation), self.ndevices, tuple(self.splits) if self.splits else None)
 
     @property
@@ -96,8 +113,14 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
         feasible=feasible, allocation=list(plan.allocation) if plan is not None else None,
         memory_gb=[round(m, 6) for m in plan.device_memory_gb(tables, precision)] if plan is not None else None,
         planning_seconds=seconds, error=error,
-        splits=list(plan.splits) if plan is not None and plan.splits is not None else None)
+        splits=list(plan.splits) if plan is not None and plan.splits is not None and not plan.general else None)
+    info = getattr(sharder, "last_info", None)
+    if plan is not None and isinstance(info, dict):
+        result.extra.update(info)   # e.g. TorchRec's own sharding type per table
     if plan is not None:
+        result.shardings = shardings_to_json(tables, plan)
+        result.general = plan.general
+        result._plan = plan
         result.extra["lookup_load"] = [round(x, 3) for x in lookup_load(tables, plan)]
     return result, (plan if feasible else None)
 

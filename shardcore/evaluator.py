@@ -89,6 +89,7 @@ from .benchmark import (DEFAULT_BENCH_ITERS, DEFAULT_LOCK_TIMEOUT_S, DEFAULT_WAR
 from .commmodel import CommModel, batch_slices, fit_comm_model, remote_bytes
 from .cache import CacheContext, dataset_digest, hardware_fingerprint, shard_key
 from .errors import ShardError
+from .plan import has_pieces
 from .tables import TableConfig
 from .types import PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
 
@@ -182,6 +183,7 @@ def _worker_main(rank: int, world: int, conn, cfg: _WorkerConfig) -> None:
 
         from .benchmark import BufferPool, ShardRunner, build_operator
         from .dataset import load_dataset
+        from .plan import piece_key
 
         if cfg.device_type == "cuda":
             device = torch.device("cuda", cfg.device_ids[rank])
@@ -243,7 +245,7 @@ def _worker_main(rank: int, world: int, conn, cfg: _WorkerConfig) -> None:
         try:
             if kind == "compute":
                 tables, batch_size, optimizer, precision, warmup, rewarm, iters, usable, keep = msg[2:]
-                key = (tuple((t.index, t.row, t.dim) for t in tables), batch_size, optimizer, precision)
+                key = (tuple(piece_key(t) for t in tables), batch_size, optimizer, precision)
                 t0 = time.perf_counter()
                 if current is None or current[0] != key:  # a new operator: full warm-up
                     release()
@@ -265,9 +267,10 @@ def _worker_main(rank: int, world: int, conn, cfg: _WorkerConfig) -> None:
                                        "measure_s": t2 - t1, "free_s": time.perf_counter() - t2}))
             elif kind == "comm":
                 release()
-                dim_sums, batch_size, warmup, iters, delays_ms = msg[2:]
+                dim_sums, batch_size, warmup, iters, delays_ms = msg[2:7]
+                extra = msg[7] if len(msg) > 7 else None
                 conn.send(("ok", req, _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms,
-                                            device)))
+                                            device, extra)))
             elif kind == "release":
                 release()
                 conn.send(("ok", req, None))
@@ -326,21 +329,50 @@ def _start_error(exc: BaseException) -> str:
     return text if isinstance(exc, _SE) else f"{type(exc).__name__}: {text}"
 
 
-def _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms, device) -> dict:
-    """Time the forward and backward all-to-alls of this rank (medians in ms)."""
+def _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms, device, extra=None) -> dict:
+    """Time the forward and backward exchanges of this rank (medians in ms).
+
+    Forward: the row-wise input distribution (``extra["ids_send"]``, an int64 all-to-all; absent
+    without row-wise tables), then the all-to-all of pooled outputs, then the local sum of row-wise
+    partials (``extra["rw_sums"]``). Backward: the reverse all-to-all, then the all-reduce of the
+    data-parallel tables' gradients (``extra["allreduce"]`` elements per rank, in
+    ``extra["allreduce_dtype"]``). See :mod:`shardcore.shardings`."""
     import torch
     import torch.distributed as dist
 
     splits = comm_splits(dim_sums, batch_size, rank)
     info = {"fw_send": list(splits.fw_send), "fw_recv": list(splits.fw_recv),
             "bw_send": list(splits.bw_send), "bw_recv": list(splits.bw_recv)}
-    if sum(dim_sums) == 0:  # nothing to exchange anywhere (every rank takes this branch)
+    extra = extra or {}
+    ids_send = extra.get("ids_send") or []
+    ids_out = [int(ids_send[rank][s]) for s in range(world)] if ids_send else []
+    ids_in = [int(ids_send[j][rank]) for j in range(world)] if ids_send else []
+    ar_numel = int((extra.get("allreduce") or [0] * world)[rank])
+    any_ids = bool(ids_send) and any(any(int(x) for x in row) for row in ids_send)
+    any_ar = any(int(x) for x in (extra.get("allreduce") or []))
+    if sum(dim_sums) == 0 and not any_ids and not any_ar:  # nothing to exchange anywhere (every rank)
         info.update(fw_ms=0.0, bw_ms=0.0)
         return info
     send_fw = torch.zeros(sum(splits.fw_send), dtype=torch.float32, device=device)
     recv_fw = torch.empty(sum(splits.fw_recv), dtype=torch.float32, device=device)
     send_bw = torch.zeros(sum(splits.bw_send), dtype=torch.float32, device=device)
     recv_bw = torch.empty(sum(splits.bw_recv), dtype=torch.float32, device=device)
+    ids_tx = torch.zeros(sum(ids_out), dtype=torch.int64, device=device) if any_ids else None
+    ids_rx = torch.empty(sum(ids_in), dtype=torch.int64, device=device) if any_ids else None
+    ar_dtype = getattr(torch, str(extra.get("allreduce_dtype", "float32")))
+    grad_ar = torch.zeros(ar_numel, dtype=ar_dtype, device=device) if any_ar else None
+    # row-wise partial sums: per table, (source, column offset, dim) of its partials in recv_fw
+    b_self = batch_slices(batch_size, world)[rank]
+    starts = [0]
+    for s in splits.fw_recv:
+        starts.append(starts[-1] + int(s))
+    rw_views = []
+    for grp in extra.get("rw_sums") or []:
+        parts = []
+        for src, col, dim in grp:
+            width = int(dim_sums[src])
+            parts.append((starts[src], width, int(col), int(dim)))
+        rw_views.append(parts)
     cuda = device.type == "cuda"
     delay_s = (float(delays_ms[rank]) / 1e3) if delays_ms else 0.0
     fw, bw = [], []
@@ -349,24 +381,57 @@ def _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms, device) -
         if cuda:
             torch.cuda.synchronize(device)
 
-    def one(recv, send, out_splits, in_splits, delay):
+    def local_sums():
+        for parts in rw_views:
+            acc = None
+            for start, width, col, dim in parts:
+                part = recv_fw[start:start + b_self * width].view(b_self, width)[:, col:col + dim]
+                acc = part.clone() if acc is None else acc.add_(part)
+
+    def one(recv, send, out_splits, in_splits, delay, before=None, after=None):
         sync()
         dist.barrier()
         if delay > 0:
             time.sleep(delay)
         t0 = time.perf_counter()
-        dist.all_to_all_single(recv, send, list(out_splits), list(in_splits))
+        if before is not None:
+            before()
+        if any_out:
+            dist.all_to_all_single(recv, send, list(out_splits), list(in_splits))
+        if after is not None:
+            after()
         sync()
         return (time.perf_counter() - t0) * 1e3
 
+    any_out = sum(int(x) for x in dim_sums) > 0
+    ids_a2a = ((lambda: dist.all_to_all_single(ids_rx, ids_tx, ids_in, ids_out)) if any_ids else None)
+    ar = (lambda: dist.all_reduce(grad_ar)) if any_ar else None
     for it in range(max(0, warmup) + max(1, iters)):
-        f = one(recv_fw, send_fw, splits.fw_recv, splits.fw_send, delay_s)
-        b = one(recv_bw, send_bw, splits.bw_recv, splits.bw_send, 0.0)
+        f = one(recv_fw, send_fw, splits.fw_recv, splits.fw_send, delay_s, ids_a2a,
+                local_sums if rw_views else None)
+        b = one(recv_bw, send_bw, splits.bw_recv, splits.bw_send, 0.0, None, ar)
         if it >= warmup:
             fw.append(f)
             bw.append(b)
     info.update(fw_ms=float(statistics.median(fw)), bw_ms=float(statistics.median(bw)))
     return info
+
+
+def _model_extra(model: CommModel, times, layout, precision: str):
+    """Modelled times plus a plan's row-wise id all-to-all (forward) and data-parallel all-reduce
+    (backward, a ring: 2 (n - 1) / n of the gradient's bytes each way)."""
+    n = len(times)
+    elem = 2 if precision == "fp16" else 4
+    out = []
+    for d, (fw, bw) in enumerate(times):
+        if layout.ids_send:
+            sent = sum(layout.ids_send[d][s] for s in range(n) if s != d) * 8
+            recv = sum(layout.ids_send[j][d] for j in range(n) if j != d) * 8
+            fw += model.phase_ms(max(sent, recv))
+        if layout.allreduce and layout.allreduce[d] and n > 1:
+            bw += model.phase_ms(int(2 * (n - 1) / n * layout.allreduce[d] * elem))
+        out.append((fw, bw))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -917,15 +982,16 @@ class PlanEvaluator:
         return {k: ComputeCost(float(statistics.median(fw)), float(statistics.median(bw)))
                 for k, (fw, bw) in samples.items()}
 
-    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None
-                     ) -> tuple[list[tuple[float, float]], list[CommSplits]]:
+    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None,
+                     layout=None) -> tuple[list[tuple[float, float]], list[CommSplits]]:
         """Time the two all-to-alls when device ``d`` holds a total dim of ``dim_sums[d]``.
 
         ``delays_ms[d]`` (optional) makes device ``d`` start its forward exchange that much later
         (mimicking imbalanced compute); the others' forward times then include the wait.
         Returns per device ``(fw_ms, bw_ms)`` and the split sizes. With more plan devices than
         workers the times come from the communication model (``delays_ms`` is then refused: a
-        model has no waiting peers).
+        model has no waiting peers). ``layout`` (a :class:`~shardcore.shardings.CommLayout`) adds a
+        plan's row-wise input distribution and data-parallel all-reduce (and the row-wise local sums).
         """
         if len(dim_sums) != self.ndevices:
             raise ShardError(f"need {self.ndevices} dim sums, got {len(dim_sums)}")
@@ -939,9 +1005,12 @@ class PlanEvaluator:
                 raise ShardError("start delays need the real all-to-all: run as many devices as the plan has")
             model = self.calibrate_comm()
             splits = [comm_splits(dims, self.batch_size, d) for d in range(self.ndevices)]
-            return model.predict(dims, self.batch_size), splits
+            times = model.predict(dims, self.batch_size)
+            if layout is not None and layout.special:
+                times = _model_extra(model, times, layout, self.precision)
+            return times, splits
         delays = [float(x) for x in delays_ms] if delays_ms is not None else None
-        return self._measure_comm_workers(dims, delays)
+        return self._measure_comm_workers(dims, delays, layout)
 
     def calibrate_comm(self) -> CommModel:
         """The communication model of an oversubscribed evaluator: with two or more workers, fitted
@@ -962,11 +1031,14 @@ class PlanEvaluator:
         self.comm_model = fit_comm_model(pts, link)
         return self.comm_model
 
-    def _measure_comm_workers(self, dims: list[int], delays: list[float] | None
+    def _measure_comm_workers(self, dims: list[int], delays: list[float] | None, layout=None
                               ) -> tuple[list[tuple[float, float]], list[CommSplits]]:
+        extra = None
+        if layout is not None and layout.special:
+            extra = dict(layout.to_msg(), allreduce_dtype="float16" if self.precision == "fp16" else "float32")
         reps = self._request(list(range(self.nworkers)),
                              lambda r, req: ("comm", req, dims, self.batch_size, self.warmup_iters,
-                                             self.comm_iters, delays), "comm")
+                                             self.comm_iters, delays, extra), "comm")
         costs, splits = [], []
         for r in range(self.nworkers):
             rep = reps[r]
@@ -1031,6 +1103,13 @@ class PlanEvaluator:
         shards = self._check_shards(shards)
         known = dict(compute or {})
         costs_c: dict[int, ComputeCost] = {}
+        # Row-wise / data-parallel pieces (shardcore.plan.ShardPiece): the exchange gains the pieces'
+        # collectives (a cache layer keeps neither such shards nor their plans: see has_pieces).
+        layout = None
+        if any(map(has_pieces, shards)):
+            from .shardings import comm_layout
+
+            layout = comm_layout(self.dataset, shards, self.batch_size)
         todo: dict[int, list[TableConfig]] = {}
         from_cache = [False] * self.ndevices
         for d, s in enumerate(shards):
@@ -1043,7 +1122,8 @@ class PlanEvaluator:
                 todo[d] = s
         if todo:
             costs_c.update(self._compute(todo))
-        comm, splits = self.measure_comm([sum(t.dim for t in s) for s in shards])
+        dims = layout.dim_sums if layout is not None else [sum(t.dim for t in s) for s in shards]
+        comm, splits = self.measure_comm(dims, layout=layout)
         costs = [[costs_c[d].fw_ms, comm[d][0], comm[d][1], costs_c[d].bw_ms] for d in range(self.ndevices)]
         return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
                           wall_s=time.perf_counter() - t0, parts=self.parts, hardware=self.hardware)

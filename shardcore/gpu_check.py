@@ -227,6 +227,10 @@ class PlannedElsewhere:
         plan = self.plans.get(tuple(t.index for t in tables))
         if plan is None:
             raise InfeasibleError(f"{self.name}: the --plans file has no plan for this task")
+        if isinstance(plan, tuple):   # ("shardings", list, ndevices): a row-wise / data-parallel plan
+            from .plan import shardings_from_json
+
+            plan = shardings_from_json(tables, plan[1], plan[2], where=f"{self.name}'s --plans plan")
         if plan.ndevices != ndevices:
             raise InfeasibleError(f"{self.name}: the --plans file's plan has {plan.ndevices} devices, not {ndevices}")
         return plan
@@ -248,6 +252,15 @@ def _load_plans(spec: str, names: Sequence[str], tasks_of: dict) -> tuple[str, d
         t = int(rec["task"])
         if not 0 <= t < len(tasks):
             raise ShardError(f"--plans {path}: line {k}: task {t} is not in {name}'s {len(tasks)} tasks")
+        general = [s for s in rec.get("shardings") or [] if isinstance(s, dict)
+                   and s.get("type") in ("row_wise", "data_parallel", "column_wise")]
+        if general and len(rec["shardings"]) != len(tasks[t]):
+            raise ShardError(f"--plans {path}: line {k}: the plan does not fit task {t} ({len(tasks[t])} tables)")
+        if general and rec.get("splits") is None:
+            # row-wise, data-parallel or uneven column-wise: the shardings are the plan (built per task)
+            by_alg.setdefault(str(rec["alg"]), {})[tuple(tasks[t].table_ids)] = (
+                "shardings", rec["shardings"], int(rec["ndevices"]))
+            return
         splits = tuple(rec["splits"]) if rec.get("splits") else None
         plan = Plan(tuple(int(d) for d in rec["allocation"]), int(rec["ndevices"]), splits)
         if len(plan.splits or plan.allocation) != len(tasks[t]):

@@ -1,18 +1,40 @@
-"""The sharding plan: a device per table, equivalently a list of tables per device.
+"""The sharding plan: per task table one sharding, and the pieces of work it gives each device.
 
-A plan may split tables column-wise first (NeuroShard): ``splits[i] = k`` cuts the task's table
-``i`` into ``k`` column shards of ``dim / k`` each (same rows, same lookups). The allocation then
-covers the *expanded* table list, in which table ``i`` appears as ``k`` consecutive shards
-(:meth:`Plan.expand`). Without ``splits`` every table is whole and the allocation is per table.
+Four sharding types (the moves of production planners such as TorchRec's):
+
+* ``table_wise(device)`` (TW): the whole table on one device;
+* ``column_wise([(device, dim), ...])`` (CW, and TorchRec's table-column-wise): the table's columns
+  cut into blocks of the given dims (uneven allowed, each a multiple of 4), in column order, each
+  block on its device (same rows, same lookups);
+* ``row_wise(devices)`` (RW, and TorchRec's table-row-wise on one host's devices): the rows cut into
+  ``k = len(devices)`` equal ranges of ``ceil(rows / k)`` (the last may be shorter), range ``j`` on
+  ``devices[j]``; a device looks up only the batch's indices that fall in its range;
+* ``data_parallel`` (DP): a full replica on every device, each looking up its own slice of the batch.
+
+A plan expands into **pieces** (:class:`ShardPiece`, a :class:`~shardcore.tables.TableConfig` with
+the rows and dim the device holds, and for RW the row range, for DP the batch slice); ``allocation``
+then gives the device of every piece, ``shards`` the pieces per device. Memory per device counts
+each piece's rows x dims (a DP table counts on every device).
+
+Plans made of table-wise tables and *uniform* column splits keep today's compact form, which is
+lossless: ``Plan(allocation, ndevices, splits)`` (``splits[i] = k`` cuts table ``i`` into ``k`` column
+shards of ``dim / k``; the allocation covers the expanded table list, table ``i`` as ``k``
+consecutive shards). Plans with row-wise, data-parallel or uneven column-wise tables carry their
+``shardings`` (:meth:`Plan.from_shardings` chooses the form). :meth:`Plan.table_shardings` gives
+every plan's per-table shardings, and :func:`shardings_to_json` / :func:`shardings_from_json`
+their JSON form (``eval.py --out``'s ``"shardings"``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from .errors import ShardError
-from .tables import TableConfig
+from .tables import DIM_MULTIPLE, TableConfig
+
+TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL = "table_wise", "column_wise", "row_wise", "data_parallel"
+SHARDING_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL)
 
 
 def split_tables(tables: Sequence[TableConfig], splits: Sequence[int] | None) -> list[TableConfig]:
@@ -29,13 +51,197 @@ def split_tables(tables: Sequence[TableConfig], splits: Sequence[int] | None) ->
     return out
 
 
+def row_blocks(rows: int, k: int) -> list[int]:
+    """Rows of each of ``k`` row-wise shards: ``ceil(rows / k)`` each, the last ones shorter (as
+    TorchRec's row-wise sharding; with fewer rows than shards, the trailing shards hold 0 rows)."""
+    if k < 1:
+        raise ShardError(f"a row-wise sharding needs at least one device, got {k}")
+    block = -(-int(rows) // k)
+    out, left = [], int(rows)
+    for _ in range(k):
+        out.append(min(block, left))
+        left -= out[-1]
+    return out
+
+
+@dataclass(frozen=True)
+class ShardPiece(TableConfig):
+    """The part of a table one device holds, as a table: ``row`` x ``dim`` weights.
+
+    ``kind``: ``table_wise``/``column_wise`` (the whole batch's lookups of the table),
+    ``row_wise`` (rows ``row_start .. row_start + row - 1`` of a table of ``full_row`` rows: only the
+    batch's indices in that range, shifted to start at 0) or ``data_parallel`` (the lookups of batch
+    slice ``batch_part = (j, n)``: slice ``j`` of the batch split evenly over ``n`` devices, the
+    first ``B mod n`` taking one more sample; the other samples' bags are empty).
+    """
+
+    kind: str = TABLE_WISE
+    row_start: int = 0
+    full_row: int = 0
+    batch_part: tuple[int, int] | None = None
+
+    @property
+    def special(self) -> bool:
+        """Whether the piece's lookups differ from its table's full batch (RW or DP)."""
+        return self.kind in (ROW_WISE, DATA_PARALLEL)
+
+    @property
+    def key(self) -> tuple:
+        return (int(self.index), int(self.row), int(self.dim), self.kind, int(self.row_start),
+                int(self.full_row), tuple(self.batch_part) if self.batch_part else None)
+
+
+def has_pieces(shard: Sequence[TableConfig]) -> bool:
+    """Whether a device's shard holds a row-wise or data-parallel piece: its lookups are not its
+    tables' full batch, so the measurement cache (which keys a shard by its tables' index, rows and
+    dim) neither stores nor answers it, nor the plan it belongs to."""
+    return any(getattr(t, "special", False) for t in shard)
+
+
+def piece_key(t: TableConfig) -> tuple:
+    """What a device's piece of work is, for operators kept between measurements."""
+    if isinstance(t, ShardPiece):
+        return t.key
+    return (int(t.index), int(t.row), int(t.dim))
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How one table is sharded: ``type`` and its ``devices``; ``dims`` (column-wise, one per device,
+    in column order) or, for row-wise, ``devices[j]`` holds row block ``j``; data-parallel lists
+    every device."""
+
+    type: str
+    devices: tuple[int, ...]
+    dims: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.type not in SHARDING_TYPES:
+            raise ShardError(f"unknown sharding type {self.type!r}: choose one of {', '.join(SHARDING_TYPES)}")
+        if not self.devices:
+            raise ShardError(f"a {self.type} sharding needs at least one device")
+        if self.type == TABLE_WISE and len(self.devices) != 1:
+            raise ShardError(f"a table_wise sharding has one device, got {len(self.devices)}")
+        if self.type == COLUMN_WISE:
+            if self.dims is None or len(self.dims) != len(self.devices):
+                raise ShardError("a column_wise sharding needs one dim per device")
+            bad = [d for d in self.dims if d <= 0 or d % DIM_MULTIPLE]
+            if bad:
+                raise ShardError(f"column_wise dims must be positive multiples of {DIM_MULTIPLE}, got {bad[0]}")
+        elif self.dims is not None:
+            raise ShardError(f"only column_wise shardings have dims ({self.type} got {list(self.dims)})")
+        if self.type in (ROW_WISE, DATA_PARALLEL) and len(set(self.devices)) != len(self.devices):
+            raise ShardError(f"a {self.type} sharding names each device once, got {list(self.devices)}")
+
+    def check(self, table: TableConfig, ndevices: int, where: str = "table") -> None:
+        bad = [d for d in self.devices if not 0 <= int(d) < ndevices]
+        if bad:
+            raise ShardError(f"{where}: {self.type} sharding puts a shard on device {bad[0]}, "
+                             f"but there are {ndevices} devices")
+        if self.type == COLUMN_WISE and sum(self.dims) != table.dim:
+            raise ShardError(f"{where}: column_wise dims {list(self.dims)} add up to {sum(self.dims)}, "
+                             f"not the table's dim {table.dim}")
+        if self.type == DATA_PARALLEL and sorted(self.devices) != list(range(ndevices)):
+            raise ShardError(f"{where}: a data_parallel table is replicated on every device "
+                             f"(0..{ndevices - 1}), got {list(self.devices)}")
+
+    def pieces(self, table: TableConfig, ndevices: int) -> list[tuple[int, TableConfig]]:
+        """``(device, piece)`` for every non-empty piece, in column / row / device order."""
+        base = TableConfig(table.index, table.row, table.dim, table.pooling_factor, table.bins)
+        if self.type == TABLE_WISE:
+            return [(int(self.devices[0]), base)]
+        if self.type == COLUMN_WISE:
+            return [(int(d), base.with_dim(int(w))) for d, w in zip(self.devices, self.dims)]
+        if self.type == ROW_WISE:
+            out, start = [], 0
+            blocks = row_blocks(table.row, len(self.devices))
+            for d, rows in zip(self.devices, blocks):
+                if rows > 0:
+                    # the piece's pooling factor: the table's, in proportion to its rows (an estimate
+                    # for proxies only; the measured lookups are the real ones in the range)
+                    out.append((int(d), ShardPiece(table.index, rows, table.dim,
+                                                   table.pooling_factor * rows / table.row, table.bins,
+                                                   kind=ROW_WISE, row_start=start, full_row=table.row)))
+                start += rows
+            return out
+        n = ndevices
+        return [(int(d), ShardPiece(table.index, table.row, table.dim, table.pooling_factor / n, table.bins,
+                                    kind=DATA_PARALLEL, full_row=table.row, batch_part=(int(d), n)))
+                for d in sorted(self.devices)]
+
+    def legacy(self, dim: int) -> tuple[int, tuple[int, ...]] | None:
+        """``(k, devices)`` when this is table-wise or a uniform column split (today's compact form)."""
+        if self.type == TABLE_WISE:
+            return 1, tuple(self.devices)
+        if self.type == COLUMN_WISE and len(set(self.dims)) == 1 and self.dims[0] * len(self.dims) == dim:
+            return len(self.dims), tuple(self.devices)
+        return None
+
+    def to_json(self, table: TableConfig | None = None) -> dict:
+        out: dict[str, Any] = {"type": self.type, "devices": [int(d) for d in self.devices]}
+        if self.type == COLUMN_WISE:
+            out["dims"] = [int(d) for d in self.dims]
+        elif self.type == ROW_WISE and table is not None:
+            out["rows"] = row_blocks(table.row, len(self.devices))
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, table: TableConfig | None = None, where: str = "sharding") -> "Sharding":
+        if not isinstance(obj, dict):
+            raise ShardError(f"{where}: expected an object, got {type(obj).__name__}")
+        kind = obj.get("type")
+        if kind not in SHARDING_TYPES:
+            raise ShardError(f"{where}: unknown sharding type {kind!r} (one of {', '.join(SHARDING_TYPES)})")
+        devices = _int_list(obj.get("devices"), "devices", where)
+        dims = _int_list(obj["dims"], "dims", where) if kind == COLUMN_WISE and "dims" in obj else None
+        try:
+            s = cls(kind, tuple(devices), tuple(dims) if dims is not None else None)
+        except ShardError as exc:
+            raise ShardError(f"{where}: {exc}") from None
+        if kind == ROW_WISE and "rows" in obj and table is not None:
+            rows = _int_list(obj["rows"], "rows", where)
+            if rows != row_blocks(table.row, len(devices)):
+                raise ShardError(f"{where}: row_wise rows {rows} are not {table.row} rows in equal blocks "
+                                 f"over {len(devices)} devices ({row_blocks(table.row, len(devices))})")
+        return s
+
+
+def _int_list(value, name: str, where: str) -> list[int]:
+    if not isinstance(value, list) or not value or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise ShardError(f"{where}: {name} must be a non-empty list of whole numbers, got {value!r}")
+    return [int(v) for v in value]
+
+
+def table_wise(device: int) -> Sharding:
+    return Sharding(TABLE_WISE, (int(device),))
+
+
+def column_wise(blocks: Sequence[tuple[int, int]]) -> Sharding:
+    """``blocks``: ``(device, dim)`` per column block, in column order."""
+    return Sharding(COLUMN_WISE, tuple(int(d) for d, _ in blocks), tuple(int(w) for _, w in blocks))
+
+
+def row_wise(devices: Sequence[int]) -> Sharding:
+    return Sharding(ROW_WISE, tuple(int(d) for d in devices))
+
+
+def data_parallel(ndevices: int) -> Sharding:
+    return Sharding(DATA_PARALLEL, tuple(range(int(ndevices))))
+
+
 @dataclass(frozen=True)
 class Plan:
-    """``allocation[i] = d``: the (expanded) task's i-th table goes to device ``d``."""
+    """``allocation[i] = d``: the (expanded) task's i-th piece goes to device ``d``.
+
+    Compact form (``shardings`` is None): the pieces are the tables, or with ``splits`` their uniform
+    column shards. General form: ``shardings`` (one per task table) defines the pieces; ``allocation``
+    and ``splits`` (pieces per table) are derived from it (:meth:`from_shardings`).
+    """
 
     allocation: tuple[int, ...]
     ndevices: int
-    splits: tuple[int, ...] | None = None   # column shards per task table; None: no table is split
+    splits: tuple[int, ...] | None = None   # pieces per task table; None: every table is one piece
+    shardings: tuple[Sharding, ...] | None = None   # None: the compact form
 
     def __post_init__(self):
         if self.ndevices < 1:
@@ -45,6 +251,8 @@ class Plan:
             raise ShardError(f"plan puts a table on device {bad[0]}, but there are {self.ndevices} devices")
         if self.splits is not None and sum(self.splits) != len(self.allocation):
             raise ShardError(f"plan splits tables into {sum(self.splits)} shards but allocates {len(self.allocation)}")
+        if self.shardings is not None and self.splits is None:
+            raise ShardError("a plan with shardings needs its pieces per table (use Plan.from_shardings)")
 
     @classmethod
     def from_shards(cls, shards: Sequence[Sequence[int]], num_tables: int | None = None,
@@ -61,17 +269,65 @@ class Plan:
             raise ShardError(f"table {alloc.index(-1)} is on no device")
         return cls(tuple(alloc), len(shards), tuple(splits) if splits is not None else None)
 
+    @classmethod
+    def from_shardings(cls, tables: Sequence[TableConfig], shardings: Sequence[Sharding], ndevices: int) -> "Plan":
+        """The plan giving table ``i`` the sharding ``shardings[i]``; the compact form when every
+        table is table-wise or uniformly column split (so such plans equal today's)."""
+        if len(shardings) != len(tables):
+            raise ShardError(f"{len(shardings)} shardings for {len(tables)} tables")
+        for pos, (t, s) in enumerate(zip(tables, shardings)):
+            s.check(t, ndevices, where=f"table {t.index} (task position {pos})")
+        legacy = [s.legacy(t.dim) for t, s in zip(tables, shardings)]
+        if all(x is not None for x in legacy):
+            alloc = tuple(d for _k, devs in legacy for d in devs)
+            splits = tuple(k for k, _ in legacy)
+            return cls(alloc, ndevices, splits if any(k > 1 for k in splits) else None)
+        alloc, counts = [], []
+        for t, s in zip(tables, shardings):
+            pieces = s.pieces(t, ndevices)
+            alloc.extend(d for d, _ in pieces)
+            counts.append(len(pieces))
+        return cls(tuple(alloc), ndevices, tuple(counts), tuple(shardings))
+
     @property
     def shards(self) -> list[list[int]]:
-        """``shards[d]``: positions (in the expanded table list) of the tables on device ``d``."""
+        """``shards[d]``: positions (in the expanded piece list) of the pieces on device ``d``."""
         out: list[list[int]] = [[] for _ in range(self.ndevices)]
         for i, d in enumerate(self.allocation):
             out[d].append(i)
         return out
 
+    @property
+    def general(self) -> bool:
+        """Whether the plan needs the general form (row-wise, data-parallel or uneven column-wise)."""
+        return self.shardings is not None
+
+    def table_shardings(self, tables: Sequence[TableConfig]) -> list[Sharding]:
+        """Every table's sharding (the compact form's tables are table-wise or uniform column splits)."""
+        if self.shardings is not None:
+            if len(self.shardings) != len(tables):
+                raise ShardError(f"plan has {len(self.shardings)} tables but the task has {len(tables)}")
+            return list(self.shardings)
+        self.expand(tables)
+        splits = self.splits if self.splits is not None else (1,) * len(tables)
+        out, pos = [], 0
+        for t, k in zip(tables, splits):
+            devs = self.allocation[pos:pos + k]
+            out.append(table_wise(devs[0]) if k == 1 else column_wise([(d, t.dim // k) for d in devs]))
+            pos += k
+        return out
+
+    def sharding_types(self, tables: Sequence[TableConfig]) -> list[str]:
+        return [s.type for s in self.table_shardings(tables)]
+
     def expand(self, tables: Sequence[TableConfig]) -> list[TableConfig]:
-        """The tables the allocation refers to: ``tables`` with the plan's column splits applied."""
-        expanded = split_tables(tables, self.splits)
+        """The pieces the allocation refers to (today's form: ``tables`` with the column splits)."""
+        if self.shardings is not None:
+            if len(self.shardings) != len(tables):
+                raise ShardError(f"plan has {len(self.shardings)} tables but the task has {len(tables)}")
+            expanded = [p for t, s in zip(tables, self.shardings) for _d, p in s.pieces(t, self.ndevices)]
+        else:
+            expanded = split_tables(tables, self.splits)
         if len(expanded) != len(self.allocation):
             raise ShardError(f"plan has {len(self.allocation)} tables but the task has {len(expanded)}")
         return expanded
@@ -88,3 +344,19 @@ class Plan:
 
     def is_feasible(self, tables: Sequence[TableConfig], max_memory_gb: float, precision: str = "fp16") -> bool:
         return max(self.device_memory_gb(tables, precision)) <= max_memory_gb + 1e-12
+
+
+def shardings_to_json(tables: Sequence[TableConfig], plan: Plan) -> list[dict]:
+    """Per task table ``{"type", "devices", "dims" (column-wise) / "rows" (row-wise)}``."""
+    return [s.to_json(t) for t, s in zip(tables, plan.table_shardings(tables))]
+
+
+def shardings_from_json(tables: Sequence[TableConfig], obj: Any, ndevices: int, where: str = "plan") -> Plan:
+    """The plan of a ``"shardings"`` list (see :func:`shardings_to_json`)."""
+    if not isinstance(obj, list):
+        raise ShardError(f"{where}: shardings must be a list, got {type(obj).__name__}")
+    if len(obj) != len(tables):
+        raise ShardError(f"{where}: {len(obj)} shardings for {len(tables)} tables")
+    shardings = [Sharding.from_json(o, t, where=f"{where}: table {t.index} (task position {pos})")
+                 for pos, (t, o) in enumerate(zip(tables, obj))]
+    return Plan.from_shardings(tables, shardings, ndevices)

@@ -5,11 +5,17 @@ Two halves, only the first of which needs TorchRec installed:
 **``--alg torchrec``** (:func:`load_sharder` -> :class:`TorchRecSharder`). For each task it builds a
 TorchRec ``EmbeddingBagCollection`` on the ``meta`` device (no memory allocated) with one
 ``EmbeddingBagConfig`` per table (rows, dim, ``data_type`` = the weights precision, fp16 by default),
-constrains every table to table-wise sharding on the ``fused`` kernel with its pooling factor
-(``ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"],
-pooling_factors=[pf])``), describes N devices whose HBM is our per-device memory cap
-(``compute_device="cuda"``: the device the planner models; planning itself runs offline on a CPU), and
-runs ``EmbeddingShardingPlanner``. Its plan (one rank per table) becomes our :class:`~shardcore.plan.Plan`.
+lets every table take any sharding type our oracle measures -- table-wise, column-wise,
+table-column-wise, row-wise, data-parallel, and table-row-wise when the topology has several hosts
+(``ParameterConstraints(sharding_types=[...], compute_kernels=["fused", "dense"], pooling_factors=[pf])``:
+``fused`` for the model-parallel types, ``dense`` for data-parallel, TorchRec's only kernel for it) --
+describes N devices whose HBM is our per-device memory cap (``compute_device="cuda"``: the device the
+planner models; planning itself runs offline on a CPU), and runs ``EmbeddingShardingPlanner``. Its
+plan is converted exactly (:func:`_plan_from_torchrec`): every table's sharding type, shard sizes and
+ranks become our :class:`~shardcore.plan.Sharding` (TorchRec's table-column-wise is our column-wise
+with its blocks' ranks, its table-row-wise our row-wise over its ranks), and the TorchRec type of
+every table is kept in the sharder's ``last_info`` (``eval.py --out``: ``torchrec_types``).
+**``--alg torchrec-tw``** is the same planner restricted to table-wise sharding.
 
 How TorchRec's memory accounting differs from ours (our cap counts only the weights,
 row x dim x bytes per device):
@@ -45,8 +51,12 @@ batches of all ranks, so the planner gets ``batch_size / ndevices`` per rank.
 :func:`load_torchrec_plan` / :func:`sharding_plan_from_json` turn back into TorchRec's
 ``ShardingPlan`` (one ``ParameterSharding`` per table: table-wise, ``fused``, ``ranks=[r]``, one
 shard ``[0, 0] + [rows, dim]`` placed on ``rank:r/cuda:r``, or ``rank:r/cpu``; a table that a plan
-splits column-wise (NeuroShard, :attr:`Plan.splits`) is ``column_wise`` with one shard of
-``[rows, dim/k]`` per column block, on the ranks its column shards were given). JSON rather than a
+splits column-wise (NeuroShard, :attr:`Plan.splits`, or uneven blocks) is ``column_wise`` with one
+shard of ``[rows, dim_j]`` per column block, on the ranks its blocks were given; a row-wise table is
+``row_wise`` over all ranks or ``table_row_wise`` over a subset, shard ``j`` ``[j x block, 0] +
+[rows_j, dim]`` on its ``j``-th rank (trailing empty blocks included, as TorchRec writes them); a
+data-parallel table is ``data_parallel`` on the ``dense`` kernel with every rank and no sharding
+spec). JSON rather than a
 pickle, so loading a plan never executes code. :func:`export_plan` writes both files for one task;
 :func:`export_plans` writes a directory for many (task, algorithm) records.
 """
@@ -54,6 +64,7 @@ pickle, so loading a plan never executes code. :func:`export_plan` writes both f
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -64,13 +75,17 @@ from typing import Any, Iterable, Mapping, Sequence
 from . import io
 from .baselines import Sharder
 from .errors import InfeasibleError, ShardError
-from .plan import Plan
+from .plan import (COLUMN_WISE, ROW_WISE, TABLE_WISE, Plan, Sharding, column_wise, data_parallel, row_blocks,
+                   row_wise, table_wise)
 from .tables import GB, TableConfig
 
 DEFAULT_BATCH_SIZE = 4096
 TORCHREC_FORMAT = "shardcore-torchrec-plan-v1"
 PLAN_FORMAT = "shardcore-plan-v1"
 MEMORY_MODELS = ("torchrec", "weights")
+# TorchRec's sharding types that the oracle measures; table_row_wise only where there are several hosts
+ALL_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel")
+MULTI_HOST_TYPES = ("table_row_wise",)
 
 INSTALL_HINT = (
     "TorchRec is not installed: run `pip install -e .[torchrec]` (on a CPU-only machine "
@@ -141,7 +156,11 @@ def _topology(ndevices: int, cap_bytes: int, compute_device: str, local_world_si
 
 @dataclass
 class TorchRecSharder(Sharder):
-    """TorchRec's ``EmbeddingShardingPlanner``, table-wise only (see the module docstring).
+    """TorchRec's ``EmbeddingShardingPlanner`` (see the module docstring).
+
+    ``sharding_types``: the TorchRec types it may choose (default: every type the oracle measures,
+    ``table_row_wise`` added when ``local_world_size`` splits the devices into several hosts;
+    ``("table_wise",)`` for ``--alg torchrec-tw``).
 
     ``batch_size``: the benchmark's batch; ``memory_model``: ``"torchrec"`` (weights + I/O buffers,
     TorchRec's training estimate) or ``"weights"`` (weights only, our cap's accounting);
@@ -155,7 +174,9 @@ class TorchRecSharder(Sharder):
     reserve: float = 0.0
     compute_device: str = "cuda"
     local_world_size: int | None = None   # devices per host (torchrun's LOCAL_WORLD_SIZE); None: one host
+    sharding_types: tuple[str, ...] | None = None   # None: ALL_TYPES (+ MULTI_HOST_TYPES on several hosts)
     last_plan: Any = field(default=None, init=False, repr=False)  # TorchRec's ShardingPlan of the last task
+    last_info: dict = field(default_factory=dict, init=False, repr=False)  # {"torchrec_types": [...]}
 
     def __post_init__(self):
         if int(self.batch_size) < 1:
@@ -167,6 +188,23 @@ class TorchRecSharder(Sharder):
             raise ShardError(f"torchrec: reserve must be in [0, 1), got {self.reserve}")
         if self.compute_device not in ("cuda", "cpu"):
             raise ShardError(f"torchrec: compute_device must be cuda or cpu, got {self.compute_device!r}")
+        if self.sharding_types is not None:
+            bad = [t for t in self.sharding_types if t not in ALL_TYPES + MULTI_HOST_TYPES]
+            if bad or not self.sharding_types:
+                raise ShardError(f"torchrec: unknown sharding type {bad[0] if bad else None!r} (choose from "
+                                 f"{', '.join(ALL_TYPES + MULTI_HOST_TYPES)})")
+            self.sharding_types = tuple(self.sharding_types)
+
+    def types_for(self, ndevices: int) -> list[str]:
+        """The TorchRec sharding types offered for a plan over ``ndevices`` devices."""
+        lws = self.local_world_size if self.local_world_size and ndevices % self.local_world_size == 0 else None
+        hosts = ndevices // lws if lws else 1
+        if self.sharding_types is not None:
+            types = list(self.sharding_types)
+            if hosts < 2 and "table_row_wise" in types and len(types) > 1:
+                types.remove("table_row_wise")   # one host: table-row-wise is row-wise
+            return types
+        return list(ALL_TYPES) + (list(MULTI_HOST_TYPES) if hosts > 1 else [])
 
     def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
               precision: str = "fp16") -> Plan:
@@ -193,7 +231,9 @@ class TorchRecSharder(Sharder):
                                       feature_names=[f"f{pos}"], data_type=data_type)
                    for pos, (name, t) in enumerate(zip(names, tables))]
         ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-        constraints = {name: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"],
+        types = self.types_for(ndevices)
+        kernels = ["fused"] + (["dense"] if "data_parallel" in types else [])
+        constraints = {name: ParameterConstraints(sharding_types=list(types), compute_kernels=list(kernels),
                                                   pooling_factors=[float(t.pooling_factor)])
                        for name, t in zip(names, tables)}
         lws = self.local_world_size if self.local_world_size and ndevices % self.local_world_size == 0 else None
@@ -211,13 +251,19 @@ class TorchRecSharder(Sharder):
             storage_reservation=FixedPercentageStorageReservation(float(self.reserve)),
             stats=NoopEmbeddingStats(), debug=False)
         try:
-            sharding_plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+            # TorchRec logs a warning per data-parallel table ("Sharding spec not found"): not news here
+            logging.disable(logging.WARNING)
+            try:
+                sharding_plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+            finally:
+                logging.disable(logging.NOTSET)
         except PlannerError as exc:
             raise InfeasibleError(
                 f"infeasible: TorchRec's planner found no plan for {len(tables)} tables on {ndevices} devices "
                 f"with {max_memory_gb:g} GB each: {_condense_planner_error(str(exc), tables)}") from None
         self.last_plan = sharding_plan
-        plan = _plan_from_torchrec(sharding_plan, names, ndevices)
+        plan, kinds = _plan_from_torchrec(sharding_plan, names, ndevices, tables)
+        self.last_info = {"torchrec_types": kinds}
         if not plan.is_feasible(tables, max_memory_gb, precision):
             worst = max(plan.device_memory_gb(tables, precision))
             raise InfeasibleError(
@@ -226,20 +272,71 @@ class TorchRecSharder(Sharder):
         return plan
 
 
-def _plan_from_torchrec(sharding_plan, names: Sequence[str], ndevices: int) -> Plan:
+def _shard_list(ps) -> list[tuple[int, int, int, int, int]]:
+    """``(row offset, col offset, rows, cols, rank)`` of every shard of a ``ParameterSharding``."""
+    spec = ps.sharding_spec
+    shards = getattr(spec, "shards", None) if spec is not None else None
+    out = []
+    for sm in shards or []:
+        m = re.match(r"rank:(\d+)/", str(sm.placement))
+        if m is None:
+            raise ShardError(f"torchrec: a shard's placement {sm.placement} names no rank")
+        out.append((int(sm.shard_offsets[0]), int(sm.shard_offsets[1]), int(sm.shard_sizes[0]),
+                    int(sm.shard_sizes[1]), int(m.group(1))))
+    return out
+
+
+def sharding_from_torchrec(ps, table: TableConfig, ndevices: int, name: str = "table") -> Sharding:
+    """Our :class:`~shardcore.plan.Sharding` of one TorchRec ``ParameterSharding`` (exact: the same
+    ranks and shard sizes, or a one-line :class:`ShardError` saying what does not match)."""
+    kind = ps.sharding_type
+    ranks = [int(r) for r in (ps.ranks or [])]
+    if kind == "table_wise":
+        if len(set(ranks)) != 1:
+            raise ShardError(f"torchrec: table {name} is table-wise on ranks {ranks}, expected one")
+        return table_wise(ranks[0])
+    if kind == "data_parallel":
+        if sorted(ranks) != list(range(ndevices)):
+            raise ShardError(f"torchrec: data-parallel table {name} on ranks {ranks}, expected all {ndevices}")
+        return data_parallel(ndevices)
+    shards = _shard_list(ps)
+    if not shards:
+        raise ShardError(f"torchrec: {kind} table {name} has no shards in its sharding spec")
+    if kind in ("column_wise", "table_column_wise"):
+        shards.sort(key=lambda x: x[1])
+        col = 0
+        for r0, c0, rows, cols, _rank in shards:
+            if r0 != 0 or rows != table.row or c0 != col:
+                raise ShardError(f"torchrec: {kind} table {name} has a shard at [{r0}, {c0}] of "
+                                 f"[{rows}, {cols}] that is not a full-height column block")
+            col += cols
+        if col != table.dim:
+            raise ShardError(f"torchrec: {kind} table {name}'s blocks cover {col} of {table.dim} columns")
+        return column_wise([(rank, cols) for _r0, _c0, _rows, cols, rank in shards])
+    if kind in ("row_wise", "table_row_wise"):
+        shards.sort(key=lambda x: (x[0], x[2] > 0))
+        sizes = [rows for _r0, _c0, rows, _cols, _rank in shards]
+        expect = row_blocks(table.row, len(shards))
+        if sizes != expect or any(c0 != 0 or cols != table.dim for _r0, c0, _rows, cols, _rank in shards):
+            raise ShardError(f"torchrec: {kind} table {name} has row blocks {sizes}, not {table.row} rows "
+                             f"in equal blocks over {len(shards)} ranks ({expect})")
+        return row_wise([rank for *_x, rank in shards])
+    raise ShardError(f"torchrec: table {name} was sharded {kind}, which the oracle does not measure")
+
+
+def _plan_from_torchrec(sharding_plan, names: Sequence[str], ndevices: int,
+                        tables: Sequence[TableConfig]) -> tuple[Plan, list[str]]:
     module_plan = sharding_plan.plan.get("")
     if module_plan is None:
         raise ShardError(f"torchrec: the planner's plan has no entry for the module (got {list(sharding_plan.plan)})")
-    alloc = []
-    for name in names:
+    shardings, kinds = [], []
+    for name, t in zip(names, tables):
         ps = module_plan.get(name)
         if ps is None:
             raise ShardError(f"torchrec: the planner left table {name} out of its plan")
-        if ps.sharding_type != "table_wise" or not ps.ranks or len(set(ps.ranks)) != 1:
-            raise ShardError(f"torchrec: table {name} was sharded {ps.sharding_type} on ranks {ps.ranks}, "
-                             "expected table-wise on one rank")
-        alloc.append(int(ps.ranks[0]))
-    return Plan(tuple(alloc), ndevices)
+        shardings.append(sharding_from_torchrec(ps, t, ndevices, name))
+        kinds.append(str(ps.sharding_type))
+    return Plan.from_shardings(tables, shardings, ndevices), kinds
 
 
 def _condense_planner_error(text: str, tables: Sequence[TableConfig]) -> str:
@@ -256,14 +353,23 @@ def _condense_planner_error(text: str, tables: Sequence[TableConfig]) -> str:
 
 def load_sharder(path=None, batch_size: int | None = None, memory_model: str = "torchrec",
                  reserve: float = 0.0, compute_device: str = "cuda", local_world_size: int | None = None,
-                 **_ignored) -> TorchRecSharder:
-    """``--alg torchrec``. ``path`` is unused (TorchRec's planner has nothing to load); other
-    keyword arguments the caller passes to every method (e.g. ``seed``) are ignored.
+                 sharding_types: Sequence[str] | None = None, **_ignored) -> TorchRecSharder:
+    """``--alg torchrec`` (every sharding type). ``path`` is unused (TorchRec's planner has nothing
+    to load); other keyword arguments the caller passes to every method (e.g. ``seed``) are ignored.
     Raises :class:`ShardError` with the install recipe when TorchRec is missing."""
     _torchrec()
     return TorchRecSharder("torchrec", batch_size=int(batch_size or DEFAULT_BATCH_SIZE),
                            memory_model=memory_model, reserve=reserve, compute_device=compute_device,
-                           local_world_size=local_world_size)
+                           local_world_size=local_world_size,
+                           sharding_types=tuple(sharding_types) if sharding_types else None)
+
+
+def load_sharder_tw(path=None, **kwargs) -> TorchRecSharder:
+    """``--alg torchrec-tw``: TorchRec's planner restricted to table-wise sharding."""
+    kwargs.pop("sharding_types", None)
+    sharder = load_sharder(path, sharding_types=("table_wise",), **kwargs)
+    sharder.name = "torchrec-tw"
+    return sharder
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,14 +406,37 @@ def column_shards(tables: Sequence[TableConfig], plan: Plan) -> list[list[tuple[
     """Per task table, its column shards as ``(rank, dim offset, dim)``: one shard covering the whole
     table when the plan does not split it, ``k`` shards of ``dim / k`` (in column order, on the ranks
     the plan's allocation gives the expanded table list) when ``plan.splits`` cuts it into ``k``."""
-    plan.expand(tables)   # checks that the plan and its splits match the tables
-    splits = plan.splits if plan.splits is not None else (1,) * len(tables)
-    out, pos = [], 0
-    for t, k in zip(tables, splits):
-        width = t.dim // k
-        out.append([(int(plan.allocation[pos + j]), j * width, width) for j in range(k)])
-        pos += k
+    out = []
+    for t, s in zip(tables, plan.table_shardings(tables)):
+        if s.type == TABLE_WISE:
+            out.append([(int(s.devices[0]), 0, t.dim)])
+        elif s.type == COLUMN_WISE:
+            offs = [sum(s.dims[:j]) for j in range(len(s.dims))]
+            out.append([(int(d), o, int(w)) for d, o, w in zip(s.devices, offs, s.dims)])
+        else:
+            raise ShardError(f"table {t.index} is {s.type}: it has no column shards")
     return out
+
+
+def _torchrec_shards(t: TableConfig, s: Sharding, world: int) -> tuple[str, str, list[int], list[dict]]:
+    """TorchRec's ``(sharding_type, compute_kernel, ranks, shards)`` of one table's sharding."""
+    if s.type == TABLE_WISE:
+        return "table_wise", "fused", [int(s.devices[0])], [
+            {"offsets": [0, 0], "sizes": [t.row, t.dim], "rank": int(s.devices[0])}]
+    if s.type == COLUMN_WISE:
+        shards, off = [], 0
+        for d, w in zip(s.devices, s.dims):
+            shards.append({"offsets": [0, off], "sizes": [t.row, int(w)], "rank": int(d)})
+            off += int(w)
+        return "column_wise", "fused", [int(d) for d in s.devices], shards
+    if s.type == ROW_WISE:
+        kind = "row_wise" if list(s.devices) == list(range(world)) else "table_row_wise"
+        shards, off = [], 0
+        for d, rows in zip(s.devices, row_blocks(t.row, len(s.devices))):
+            shards.append({"offsets": [off, 0], "sizes": [rows, t.dim], "rank": int(d)})
+            off += rows
+        return kind, "fused", [int(d) for d in s.devices], shards
+    return "data_parallel", "dense", list(range(world)), []
 
 
 def plan_json(tables: Sequence[TableConfig], plan: Plan, max_memory_gb: float, precision: str = "fp16",
@@ -319,17 +448,19 @@ def plan_json(tables: Sequence[TableConfig], plan: Plan, max_memory_gb: float, p
     ``task``) is added as top-level keys. A table the plan splits column-wise has ``"device": null``
     and ``"column_shards": [{"device", "dim_offset", "dim"}, ...]`` (its ``k`` shards in column order)."""
     names = _check_names(tables, names)
-    shards = column_shards(tables, plan)
+    shardings = plan.table_shardings(tables)
     if device_ids is not None and len(device_ids) != plan.ndevices:
         raise ShardError(f"{len(device_ids)} device ids for a plan over {plan.ndevices} devices")
     out: dict[str, Any] = {"format": PLAN_FORMAT}
     out.update(meta)
     rows = []
-    for n, t, cols in zip(names, tables, shards):
+    for n, t, s in zip(names, tables, shardings):
         row = {"name": n, "index": t.index, "rows": t.row, "dim": t.dim, "pooling_factor": t.pooling_factor,
-               "device": cols[0][0] if len(cols) == 1 else None}
-        if len(cols) > 1:
-            row["column_shards"] = [{"device": r, "dim_offset": o, "dim": d} for r, o, d in cols]
+               "device": int(s.devices[0]) if s.type == TABLE_WISE else None, "sharding": s.to_json(t)}
+        if s.type == COLUMN_WISE:
+            offs = [sum(s.dims[:j]) for j in range(len(s.dims))]
+            row["column_shards"] = [{"device": int(r), "dim_offset": o, "dim": int(d)}
+                                    for r, o, d in zip(s.devices, offs, s.dims)]
         rows.append(row)
     out["tables"] = rows
     out["ndevices"] = plan.ndevices
@@ -344,23 +475,25 @@ def plan_json(tables: Sequence[TableConfig], plan: Plan, max_memory_gb: float, p
 
 def torchrec_plan_json(tables: Sequence[TableConfig], plan: Plan, names: Sequence[str] | None = None,
                        precision: str = "fp16", module_path: str = "", compute_kernel: str = "fused") -> dict:
-    """The TorchRec form: per table (by name) a ``ParameterSharding``: table-wise on one rank, or,
-    for a table the plan splits into ``k`` column shards, column-wise with the ranks of its shards
-    (``ranks=[r_0, .., r_k-1]``, shard ``j`` at offsets ``[0, j x dim/k]`` of size ``[rows, dim/k]``).
+    """The TorchRec form: per table (by name) a ``ParameterSharding``: table-wise on one rank;
+    column-wise with the ranks of its column blocks (shard ``j`` at ``[0, offset_j]`` of
+    ``[rows, dim_j]``); row-wise (all ranks) or table-row-wise (a subset) with shard ``j`` at
+    ``[j x block, 0]`` of ``[rows_j, dim]``; data-parallel on the ``dense`` kernel, every rank, no shards.
     ``module_path`` is where the ``EmbeddingBagCollection`` sits in the user's model ("" when the
     model is the collection itself, e.g. ``"sparse_arch.embedding_bag_collection"``)."""
     names = _check_names(tables, names)
-    shards = column_shards(tables, plan)
+    rows = []
+    for n, t, s in zip(names, tables, plan.table_shardings(tables)):
+        kind, kernel, ranks, shards = _torchrec_shards(t, s, plan.ndevices)
+        rows.append({"name": n, "sharding_type": kind,
+                     "compute_kernel": kernel if kind == "data_parallel" else compute_kernel,
+                     "ranks": ranks, "rows": t.row, "dim": t.dim, "shards": shards})
     return {
         "format": TORCHREC_FORMAT,
         "world_size": plan.ndevices,
         "module_path": module_path,
         "data_type": precision,
-        "tables": [{"name": n, "sharding_type": "table_wise" if len(cols) == 1 else "column_wise",
-                    "compute_kernel": compute_kernel, "ranks": [r for r, _, _ in cols], "rows": t.row,
-                    "dim": t.dim,
-                    "shards": [{"offsets": [0, o], "sizes": [t.row, d], "rank": r} for r, o, d in cols]}
-                   for n, t, cols in zip(names, tables, shards)],
+        "tables": rows,
     }
 
 
@@ -485,6 +618,12 @@ def sharding_plan_from_json(obj: Mapping, device_type: str = "cuda", module_path
 
     params = {}
     for t in obj["tables"]:
+        if t["sharding_type"] == "data_parallel":   # a replica everywhere: no sharding spec
+            for r in t["ranks"]:
+                placement(int(r))
+            params[t["name"]] = ParameterSharding(sharding_type="data_parallel", compute_kernel=t["compute_kernel"],
+                                                  ranks=[int(r) for r in t["ranks"]], sharding_spec=None)
+            continue
         spec = EnumerableShardingSpec([
             ShardMetadata(shard_offsets=list(s["offsets"]), shard_sizes=list(s["sizes"]),
                           placement=placement(int(s["rank"])))

@@ -209,3 +209,24 @@ def test_cache_layer_is_transparent_otherwise(tiny, tmp_path):
     assert layer.context == inner.context and layer.measure_comm([8, 8, 0])[0] == inner.measure_comm([8, 8, 0])[0]
     layer.comm_model = inner.comm_model.__class__(bandwidth_gbps=1.0)   # set on the wrapped oracle
     assert inner.comm_model.bandwidth_gbps == 1.0 and "comm_model" not in vars(layer)
+
+
+def test_cache_layer_never_keeps_row_wise_or_data_parallel_pieces(tiny, tmp_path):
+    """A piece's lookups are a row range or a batch slice, which the cache's keys (index, rows, dim)
+    cannot tell apart from the whole table: neither its shard nor its plan is stored or answered."""
+    from shardcore.plan import Plan, data_parallel, row_wise, table_wise
+
+    path, tables = tiny
+    task = list(tables[:4])
+    plan = Plan.from_shardings(task, [row_wise([0, 1, 2]), table_wise(2), data_parallel(3), table_wise(1)], 3)
+    shards = plan.shard_tables(task)
+    inner = CountingEmulated(path, 3, comm_measured=True)
+    layer = CachedOracle(inner, CostCache(tmp_path / "c.sqlite"))
+    first = layer.evaluate(shards)
+    again = layer.evaluate(shards)
+    assert inner.plans_asked == 2 and not again.from_cache
+    assert layer.cache.counts() == {"shards": 0, "plans": 0}   # every device holds a piece
+    assert again.device_costs_ms == first.device_costs_ms
+    whole = layer.evaluate(Plan.from_shardings(task, [table_wise(0), table_wise(2), table_wise(1), table_wise(1)],
+                                               3).shard_tables(task))
+    assert not whole.from_cache and layer.cache.counts() == {"shards": 3, "plans": 1}

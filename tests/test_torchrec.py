@@ -28,7 +28,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from shardcore import algorithms  # noqa: E402
 from shardcore import torchrec_planner as trp  # noqa: E402
 from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
-from shardcore.plan import Plan  # noqa: E402
+from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise  # noqa: E402
 from shardcore.tables import TableConfig  # noqa: E402
 
 # A small task: rows from 10 to 2M, dims 4..128, pooling factors 0..60 (fp16: 0.53 GB in all).
@@ -38,9 +38,10 @@ TASK = [TableConfig(i, row, dim, pf) for i, (row, dim, pf) in enumerate([
     (750_000, 32, 8.0), (40_000, 64, 30.0), (5_000, 4, 2.0), (1_200_000, 16, 1.5)])]
 
 
-def test_alg_torchrec_gives_feasible_table_wise_plans():
-    sharder = algorithms.resolve("torchrec", batch_size=1024)
+def test_alg_torchrec_tw_gives_feasible_table_wise_plans():
+    sharder = algorithms.resolve("torchrec-tw", batch_size=1024)
     assert isinstance(sharder, trp.TorchRecSharder) and sharder.batch_size == 1024
+    assert sharder.name == "torchrec-tw" and sharder.types_for(4) == ["table_wise"]
     for ndevices, cap in [(2, 0.5), (4, 0.25), (4, 5.0)]:
         plan = sharder.shard(TASK, ndevices, cap)
         assert len(plan.allocation) == len(TASK) and plan.ndevices == ndevices
@@ -62,10 +63,13 @@ def test_alg_torchrec_default_batch_and_seed_kwarg_ignored():
 
 
 def test_alg_torchrec_infeasible_raises():
-    sharder = trp.load_sharder(None)
+    sharder = trp.load_sharder_tw(None)
     big = TASK[1].memory_gb()  # the largest table, 0.24 GB
     with pytest.raises(InfeasibleError, match="TorchRec's planner found no plan.*table 1"):
-        sharder.shard(TASK, 4, big * 0.9)  # a table larger than the cap
+        sharder.shard(TASK, 4, big * 0.9)  # a table larger than the cap, table-wise
+    full = trp.load_sharder(None).shard(TASK, 4, big * 0.9)   # the full planner splits it by rows
+    assert full.is_feasible(TASK, big * 0.9) and full.table_shardings(TASK)[1].type in ("row_wise", "column_wise")
+    sharder = trp.load_sharder(None)
     with pytest.raises(InfeasibleError, match="TorchRec's planner found no plan"):
         sharder.shard(TASK, 2, 0.2)  # 0.5 GB does not fit in 2 x 0.2 GB
 
@@ -75,13 +79,13 @@ def test_memory_models_differ_by_torchrecs_io_buffers():
     # training estimate (weights + input/output buffers of a batch) does not.
     tables = [TableConfig(0, 1 << 20, 64, 10.0), TableConfig(1, 1 << 20, 64, 10.0)]
     cap = tables[0].memory_gb("fp16")  # 0.125 GB exactly
-    plan = trp.load_sharder(None, memory_model="weights").shard(tables, 2, cap)
+    plan = trp.load_sharder_tw(None, memory_model="weights").shard(tables, 2, cap)
     assert sorted(plan.allocation) == [0, 1] and plan.is_feasible(tables, cap)
     with pytest.raises(InfeasibleError):
-        trp.load_sharder(None).shard(tables, 2, cap)
+        trp.load_sharder_tw(None).shard(tables, 2, cap)
     # fp32 weights count 4 bytes: the same cap cannot hold them
     with pytest.raises(InfeasibleError):
-        trp.load_sharder(None, memory_model="weights").shard(tables, 2, cap, precision="fp32")
+        trp.load_sharder_tw(None, memory_model="weights").shard(tables, 2, cap, precision="fp32")
 
 
 def _ebc(tables, names, device="meta"):
@@ -95,7 +99,7 @@ def _ebc(tables, names, device="meta"):
 def test_exported_plan_loads_into_torchrec_sharding_plan(tmp_path):
     from torchrec.distributed.types import ShardingPlan
 
-    plan = trp.load_sharder(None).shard(TASK, 4, 0.25)
+    plan = trp.load_sharder_tw(None).shard(TASK, 4, 0.25)
     names = [f"emb_{t.index}" for t in TASK]
     plain, trec = trp.export_plan(tmp_path, "task", TASK, plan, 0.25, names=names, module_path="sparse.ebc")
     assert json.loads(plain.read_text())["feasible"]
@@ -201,9 +205,84 @@ def test_plan_cli_with_alg_torchrec(tmp_path):
     csv_path.write_text("name,rows,dim,pooling_factor\n" + "".join(
         f"t{t.index},{t.row},{t.dim},{t.pooling_factor}\n" for t in TASK))
     out = tmp_path / "plan.json"
-    assert script.main(["--tables", str(csv_path), "--ndevices", "2", "--max-memory", "0.5", "--alg", "torchrec",
-                        "--batch-size", "2048", "--out", str(out), "--torchrec"]) == 0
+    assert script.main(["--tables", str(csv_path), "--ndevices", "2", "--max-memory", "0.5", "--alg",
+                        "torchrec-tw", "--batch-size", "2048", "--out", str(out), "--torchrec"]) == 0
     plain = json.loads(out.read_text())
-    assert plain["feasible"] and plain["alg"] == "torchrec" and max(plain["memory_gb"]) <= 0.5
+    assert plain["feasible"] and plain["alg"] == "torchrec-tw" and max(plain["memory_gb"]) <= 0.5
     sp = trp.load_torchrec_plan(trp.torchrec_path_for(out))
     assert {n: ps.ranks for n, ps in sp.plan[""].items()} == {t["name"]: [t["device"]] for t in plain["tables"]}
+    # the full planner: every table's sharding in the plain form, and the TorchRec form loads
+    assert script.main(["--tables", str(csv_path), "--ndevices", "4", "--max-memory", "0.5", "--alg", "torchrec",
+                        "--out", str(out), "--torchrec"]) == 0
+    plain = json.loads(out.read_text())
+    sp = trp.load_torchrec_plan(trp.torchrec_path_for(out))
+    assert {n: ps.sharding_type for n, ps in sp.plan[""].items()} == {
+        t["name"]: ("data_parallel" if t["sharding"]["type"] == "data_parallel" else ps_type(t["sharding"], 4))
+        for t in plain["tables"]}
+
+
+def ps_type(sharding, world):
+    if sharding["type"] == "row_wise":
+        return "row_wise" if sharding["devices"] == list(range(world)) else "table_row_wise"
+    return sharding["type"]
+
+
+EVERY = [row_wise([0, 1, 2, 3]), column_wise([(3, 96), (0, 32)]), row_wise([2, 3]), data_parallel(4),
+         column_wise([(1, 12), (2, 52)]), table_wise(1), data_parallel(4), table_wise(3), row_wise([3, 1, 0]),
+         table_wise(0), table_wise(2), column_wise([(0, 8), (1, 8)])]
+
+
+def test_every_type_exported_loaded_and_converted_back_exactly(tmp_path):
+    plan = Plan.from_shardings(TASK, EVERY, 4)
+    assert plan.general
+    names = [f"emb_{t.index}" for t in TASK]
+    plain, trec = trp.export_plan(tmp_path, "every", TASK, plan, 1.0, names=names)
+    rows = json.loads(plain.read_text())["tables"]
+    assert [r["sharding"]["type"] for r in rows] == [s.type for s in EVERY]
+    assert rows[2]["sharding"]["rows"] == [250_000, 250_000] and rows[1]["column_shards"][1]["dim_offset"] == 96
+    sp = trp.load_torchrec_plan(trec, module=_ebc(TASK, names))
+    module_plan = sp.plan[""]
+    kinds = [module_plan[n].sharding_type for n in names]
+    assert kinds == ["row_wise", "column_wise", "table_row_wise", "data_parallel", "column_wise", "table_wise",
+                     "data_parallel", "table_wise", "table_row_wise", "table_wise", "table_wise", "column_wise"]
+    assert module_plan[names[3]].compute_kernel == "dense" and module_plan[names[3]].sharding_spec is None
+    rw = module_plan[names[8]]   # 750,000 rows over ranks 3, 1, 0: blocks of 250,000 at offsets 0, 250k, 500k
+    assert [(s.shard_offsets, s.shard_sizes, str(s.placement)) for s in rw.sharding_spec.shards] == [
+        ([0, 0], [250_000, 32], "rank:3/cuda:3"), ([250_000, 0], [250_000, 32], "rank:1/cuda:1"),
+        ([500_000, 0], [250_000, 32], "rank:0/cuda:0")]
+    back = [trp.sharding_from_torchrec(module_plan[n], t, 4, n) for n, t in zip(names, TASK)]
+    assert back == EVERY and Plan.from_shardings(TASK, back, 4) == plan
+    # TorchRec's table-column-wise reads as our column-wise; a shard that is not a column block is refused
+    twcw = module_plan[names[1]]
+    twcw.sharding_type = "table_column_wise"
+    assert trp.sharding_from_torchrec(twcw, TASK[1], 4) == EVERY[1]
+    with pytest.raises(ShardError, match="not .*equal blocks"):
+        trp.sharding_from_torchrec(module_plan[names[0]], TableConfig(0, 1_999_999, 32, 1.0), 4)
+
+
+def test_full_planner_plans_are_torchrecs_exactly():
+    sharder = algorithms.resolve("torchrec", batch_size=4096)
+    assert sharder.types_for(4) == list(trp.ALL_TYPES)
+    assert trp.load_sharder(None, local_world_size=2).types_for(4) == list(trp.ALL_TYPES) + ["table_row_wise"]
+    seen = set()
+    for ndevices, cap in [(4, 0.25), (4, 5.0), (2, 0.5)]:
+        plan = sharder.shard(TASK, ndevices, cap)
+        assert plan.is_feasible(TASK, cap)
+        module_plan = sharder.last_plan.plan[""]
+        assert sharder.last_info["torchrec_types"] == [module_plan[f"t{i}"].sharding_type for i in range(len(TASK))]
+        for i, (t, s) in enumerate(zip(TASK, plan.table_shardings(TASK))):
+            ps = module_plan[f"t{i}"]
+            seen.add(ps.sharding_type)
+            if s.type == "data_parallel":
+                assert ps.sharding_type == "data_parallel" and sorted(ps.ranks) == list(range(ndevices))
+                continue
+            shards = sorted((sm.shard_offsets, sm.shard_sizes, sm.placement.rank()) for sm in ps.sharding_spec.shards)
+            # our pieces are TorchRec's non-empty shards: same offsets, sizes and ranks
+            ours = []
+            for d, piece in s.pieces(t, ndevices):
+                off = [getattr(piece, "row_start", 0), 0]
+                ours.append((off, [piece.row, piece.dim], d))
+            if s.type == "column_wise":
+                ours = [([0, sum(s.dims[:j])], [t.row, w], d) for j, (d, w) in enumerate(zip(s.devices, s.dims))]
+            assert sorted(ours) == [x for x in shards if x[1][0] > 0]
+    assert len(seen) >= 2   # the full planner does use more than table-wise here

@@ -1,0 +1,161 @@
+"""From a plan's pieces to the work each device really does: its lookups and its exchanges.
+
+A plan (:mod:`shardcore.plan`) gives each device a list of pieces (:class:`~shardcore.plan.ShardPiece`
+or plain tables). Per piece, :func:`piece_lookups` cuts the batch's lookups from ``data.pt``:
+
+* table-wise / column-wise: the table's whole batch (a column block has the table's lookups);
+* row-wise: only the indices in the piece's row range, shifted to start at 0, with the per-sample
+  offsets rebuilt (a sample with no index in the range is an empty bag);
+* data-parallel: only the samples of the device's batch slice (the other bags empty), so the
+  piece's pooled output is its slice's rows.
+
+Per plan, :func:`comm_layout` gives what the communication phase exchanges besides today's
+all-to-all of pooled outputs (whose per-device widths now include the row-wise partial sums):
+
+* **row-wise input distribution**: every device holds the ids of its batch slice; it sends each
+  row-wise holder the ids of its slice that fall in that holder's range, plus one length per sample
+  (to rebuild the offsets): an all-to-all of int64 with split sizes counted from ``data.pt``;
+* **row-wise output**: each holder's partial sums ``[B, dim]`` go out in the pooled-output
+  all-to-all (device ``j`` receives ``[B_j, dim]`` from every holder) and are summed at ``j``
+  (the all-to-all plus local sum that a reduce-scatter does; one all-to-all serves every backend and
+  uneven slices); backward, the reverse all-to-all hands every holder the gradient ``[B, dim]``
+  (an all-gather);
+* **data-parallel**: no output exchange (each device's slice stays home); backward, an all-reduce
+  of the table's dense gradient, ``rows x dim`` elements in the weights' precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .commmodel import batch_slices
+from .errors import ShardError
+from .plan import DATA_PARALLEL, ROW_WISE, ShardPiece
+from .tables import TableConfig
+
+
+def _raw(dataset, t: TableConfig, b: int, full_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    raw_idx, raw_off = dataset.indices[t.index], dataset.offsets[t.index]
+    off = raw_off[: b + 1].to(torch.int64)
+    n = int(off[-1])
+    idx = raw_idx[:n].to(torch.int64)
+    if n and full_row < dataset.tables[t.index].row and int(idx.max()) >= full_row:
+        idx = torch.remainder(idx, full_row)
+    return idx, off - off[0]
+
+
+def piece_lookups(dataset, t: TableConfig, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The piece's indices (int64, local to the piece's rows) and offsets ``[b + 1]`` over them."""
+    if not isinstance(t, ShardPiece) or not t.special:
+        return _raw(dataset, t, b, t.row)
+    idx, off = _raw(dataset, t, b, t.full_row or t.row)
+    if t.kind == ROW_WISE:
+        lo, hi = int(t.row_start), int(t.row_start) + int(t.row)
+        mask = (idx >= lo) & (idx < hi)
+        lengths = off[1:] - off[:-1]
+        sample = torch.repeat_interleave(torch.arange(b, dtype=torch.int64), lengths)
+        kept = torch.bincount(sample[mask], minlength=b)
+        new_off = torch.zeros(b + 1, dtype=torch.int64)
+        torch.cumsum(kept, 0, out=new_off[1:])
+        return (idx[mask] - lo).contiguous(), new_off
+    if t.kind == DATA_PARALLEL:
+        j, n = t.batch_part
+        sl = batch_slices(b, n)
+        s0 = sum(sl[:j])
+        s1 = s0 + sl[j]
+        a, z = int(off[s0]), int(off[s1])
+        new_off = torch.clamp(off - a, 0, z - a)
+        return idx[a:z].contiguous(), new_off
+    raise ShardError(f"unknown piece kind {t.kind!r}")
+
+
+def rw_counts(dataset, t: ShardPiece, b: int, ndevices: int) -> list[int]:
+    """Per batch slice ``j`` (of ``ndevices``): how many of the slice's ids fall in the piece's rows."""
+    idx, off = _raw(dataset, t, b, t.full_row or t.row)
+    lo, hi = int(t.row_start), int(t.row_start) + int(t.row)
+    inside = ((idx >= lo) & (idx < hi)).to(torch.int64)
+    csum = torch.zeros(idx.numel() + 1, dtype=torch.int64)
+    torch.cumsum(inside, 0, out=csum[1:])
+    out, s = [], 0
+    for n in batch_slices(b, ndevices):
+        out.append(int(csum[int(off[s + n])] - csum[int(off[s])]))
+        s += n
+    return out
+
+
+@dataclass
+class CommLayout:
+    """What a plan's communication phase exchanges (all sizes in elements)."""
+
+    dim_sums: list[int]                            # per device: width of its pooled outputs (TW, CW, RW)
+    ids_send: list[list[int]] = field(default_factory=list)   # [j][s]: int64 ids (+ lengths) j sends s
+    allreduce: list[int] = field(default_factory=list)        # per device: DP gradient elements
+    rw_sums: list[list[tuple[int, int, int]]] = field(default_factory=list)
+    # one entry per row-wise table: its partials as (source device, column offset in that device's
+    # pooled output, dim), to be summed by every receiver
+
+    @property
+    def special(self) -> bool:
+        return any(any(r) for r in self.ids_send) or any(self.allreduce) or bool(self.rw_sums)
+
+    def to_msg(self) -> dict:
+        return {"ids_send": self.ids_send, "allreduce": self.allreduce,
+                "rw_sums": [[list(p) for p in grp] for grp in self.rw_sums]}
+
+
+def comm_layout(dataset, shards: Sequence[Sequence[TableConfig]], batch_size: int) -> CommLayout:
+    """The exchanges of a plan whose device ``d`` holds ``shards[d]`` (see the module notes)."""
+    n = len(shards)
+    slices = batch_slices(batch_size, n)
+    dim_sums = [0] * n
+    ids = [[0] * n for _ in range(n)]
+    allreduce = [0] * n
+    groups: dict[tuple, list[tuple[int, int, int]]] = {}
+    for d, shard in enumerate(shards):
+        col = 0
+        for t in shard:
+            if isinstance(t, ShardPiece) and t.kind == DATA_PARALLEL:
+                allreduce[d] += int(t.row) * int(t.dim)
+                continue
+            if isinstance(t, ShardPiece) and t.kind == ROW_WISE:
+                for j, c in enumerate(rw_counts(dataset, t, batch_size, n)):
+                    ids[j][d] += c + slices[j]
+                # a table's row blocks: same table, rows and dim, consecutive ranges
+                key = (t.index, t.full_row, t.dim)
+                groups.setdefault(key, []).append((d, col, int(t.dim)))
+            col += int(t.dim)
+            dim_sums[d] += int(t.dim)
+    rw = [grp for grp in groups.values() if len(grp) > 1]
+    return CommLayout(dim_sums, ids, allreduce, rw)
+
+
+TYPE_ABBREV = {"table_wise": "TW", "column_wise": "CW", "table_column_wise": "TWCW", "row_wise": "RW",
+               "table_row_wise": "TWRW", "data_parallel": "DP"}
+
+
+def type_counts(results) -> dict[str, dict[str, int]]:
+    """Per algorithm, how many tables its feasible plans gave each sharding type (TorchRec's own
+    type names where the result records them, ``torchrec_types``; else ours)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in results:
+        if not r.feasible or not r.shardings:
+            continue
+        kinds = r.extra.get("torchrec_types") or [s["type"] for s in r.shardings]
+        counts = out.setdefault(r.alg, {})
+        for k in kinds:
+            counts[k] = counts.get(k, 0) + 1
+    return out
+
+
+def type_counts_text(results) -> str:
+    """One line per algorithm: the share of tables per sharding type."""
+    lines = []
+    for alg, counts in type_counts(results).items():
+        total = sum(counts.values())
+        parts = [f"{TYPE_ABBREV.get(k, k)} {v} ({100.0 * v / total:.0f}%)"
+                 for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
+        lines.append(f"  {alg:>20s}: " + ", ".join(parts))
+    return "sharding types chosen (tables over all tasks):\n" + "\n".join(lines) if lines else ""

@@ -1,0 +1,238 @@
+"""Sharding types beyond table-wise: the plan type, its JSON, memory accounting, the pieces' real
+lookups (numerically the same work as table-wise), and an RW/DP plan measured on 4 logical CPU devices."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from shardcore.benchmark import build_operator, shard_lookups
+from shardcore.dataset import load_dataset
+from shardcore.errors import ShardError
+from shardcore.compare import TaskResult, plan_task
+from shardcore.types import Topology
+from shardcore.baselines import make_baseline
+from shardcore.plan import (Plan, ShardPiece, column_wise, data_parallel, row_blocks, row_wise,
+                            shardings_from_json, shardings_to_json, table_wise)
+from shardcore.shardings import comm_layout, piece_lookups
+from shardcore.tables import TableConfig
+from tests.helpers import make_dataset
+
+B = 50
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("shardings")
+    tables = make_dataset(path, num_tables=6, batch_size=B, seed=3, dims=(8, 16))
+    return str(path), tables
+
+
+def _op(tables, weights):
+    op = build_operator(tables, precision="fp32")
+    for w_dst, w in zip(op.split_embedding_weights(), weights):
+        w_dst.copy_(w)
+    return op
+
+
+def _pooled(ds, tables, weights):
+    idx, off = shard_lookups(ds, tables, B)
+    return _op(tables, weights)(idx, off).detach()
+
+
+def test_rw_cw_dp_pooled_outputs_equal_table_wise(data):
+    path, tables = data
+    ds = load_dataset(path)
+    t = max(tables, key=lambda x: x.pooling_factor * (x.row > 100))   # a table with many lookups
+    t = t.with_dim(16)
+    assert t.pooling_factor > 0
+    w = torch.randn(t.row, t.dim, generator=torch.Generator().manual_seed(0))
+    tw = _pooled(ds, [t], [w])
+    assert tw.abs().sum() > 0
+    # row-wise over 3 devices (the last block shorter): the partial sums add up to the table-wise output
+    plan = Plan.from_shardings([t], [row_wise([2, 0, 1])], 3)
+    pieces = plan.expand([t])
+    assert [p.row for p in pieces] == row_blocks(t.row, 3) and all(p.kind == "row_wise" for p in pieces)
+    partial = [_pooled(ds, [p], [w[p.row_start:p.row_start + p.row]]) for p in pieces]
+    torch.testing.assert_close(sum(partial), tw, rtol=1e-5, atol=1e-5)
+    # each piece looks up only its range: all lookups together are the table's
+    assert sum(int(piece_lookups(ds, p, B)[0].numel()) for p in pieces) == int(piece_lookups(ds, t, B)[0].numel())
+    # uneven column-wise: the blocks side by side are the table-wise output
+    plan = Plan.from_shardings([t], [column_wise([(1, 4), (0, 12)])], 2)
+    blocks = plan.expand([t])
+    assert [b.dim for b in blocks] == [4, 12]
+    cw = torch.cat([_pooled(ds, [blocks[0]], [w[:, :4]]), _pooled(ds, [blocks[1]], [w[:, 4:]])], dim=1)
+    torch.testing.assert_close(cw, tw, rtol=1e-5, atol=1e-5)
+    # data-parallel: every replica pools its own slice of the batch, together the whole batch
+    plan = Plan.from_shardings([t], [data_parallel(3)], 3)
+    reps = plan.expand([t])
+    outs = [_pooled(ds, [p], [w]) for p in reps]
+    start = 0
+    for p, out in zip(reps, outs):
+        n = len(range(*_slice(p.batch_part, B)))
+        torch.testing.assert_close(out[start:start + n], tw[start:start + n], rtol=1e-5, atol=1e-5)
+        assert float(out[:start].abs().sum()) == 0.0 and float(out[start + n:].abs().sum()) == 0.0
+        start += n
+    assert start == B
+
+
+def _slice(part, b):
+    j, n = part
+    base, rem = divmod(b, n)
+    sizes = [base + (1 if k < rem else 0) for k in range(n)]
+    return sum(sizes[:j]), sum(sizes[:j + 1])
+
+
+TASK = [TableConfig(0, 1000, 16, 5.0), TableConfig(1, 10, 8, 2.0), TableConfig(2, 7, 32, 1.0),
+        TableConfig(3, 300, 12, 3.0)]
+
+
+def test_memory_accounting_per_type():
+    plan = Plan.from_shardings(TASK, [row_wise([0, 1, 2]), data_parallel(3), column_wise([(2, 8), (0, 24)]),
+                                      table_wise(1)], 3)
+    per_elem = 2 / float(1 << 30)   # fp16
+    expect = [334 * 16 + 10 * 8 + 7 * 24, 334 * 16 + 10 * 8 + 300 * 12, 332 * 16 + 10 * 8 + 7 * 8]
+    assert plan.device_memory_gb(TASK) == pytest.approx([e * per_elem for e in expect])
+    assert plan.device_memory_gb(TASK, "fp32") == pytest.approx([e * 2 * per_elem for e in expect])
+    # a row-wise table with fewer rows than devices: empty trailing blocks hold nothing
+    small = Plan.from_shardings([TASK[2]], [row_wise([0, 1, 2, 3])], 4)
+    assert row_blocks(7, 4) == [2, 2, 2, 1]
+    assert row_blocks(3, 4) == [1, 1, 1, 0]
+    assert small.device_memory_gb([TASK[2]]) == pytest.approx([2 * 32 * per_elem] * 3 + [32 * per_elem])
+    # the feasibility check counts a replica on every device
+    assert not Plan.from_shardings([TASK[0]], [data_parallel(4)], 4).is_feasible([TASK[0]], 1000 * 16 * per_elem * 0.99)
+
+
+def test_compact_plans_stay_compact_and_convert_losslessly():
+    plan = Plan.from_shardings(TASK, [table_wise(0), column_wise([(1, 4), (0, 4)]), table_wise(2),
+                                      column_wise([(0, 4), (1, 4), (2, 4)])], 3)
+    assert plan == Plan((0, 1, 0, 2, 0, 1, 2), 3, (1, 2, 1, 3)) and not plan.general
+    back = Plan.from_shardings(TASK, plan.table_shardings(TASK), 3)
+    assert back == plan
+    assert Plan.from_shardings(TASK, [table_wise(d) for d in (2, 1, 0, 0)], 3) == Plan((2, 1, 0, 0), 3)
+
+
+def test_json_round_trip_of_every_type():
+    shardings = [row_wise([2, 0]), data_parallel(3), column_wise([(2, 8), (0, 24)]), table_wise(1)]
+    plan = Plan.from_shardings(TASK, shardings, 3)
+    obj = json.loads(json.dumps(shardings_to_json(TASK, plan)))
+    assert obj == [{"type": "row_wise", "devices": [2, 0], "rows": [500, 500]},
+                   {"type": "data_parallel", "devices": [0, 1, 2]},
+                   {"type": "column_wise", "devices": [2, 0], "dims": [8, 24]},
+                   {"type": "table_wise", "devices": [1]}]
+    assert shardings_from_json(TASK, obj, 3) == plan
+    assert plan.table_shardings(TASK) == shardings and plan.sharding_types(TASK)[0] == "row_wise"
+    # an eval.py --out record: written, read back, the same plan
+    class Fixed:
+        name = "fixed"
+
+        def shard(self, tables, ndevices, cap, precision="fp16"):
+            return plan
+    result, _ = plan_task(0, "fixed", Fixed(), TASK, Topology(3, 1.0, "fp16"))
+    rec = json.loads(json.dumps(result.to_json()))
+    assert rec["shardings"] == obj and "splits" not in rec and len(rec["allocation"]) == len(plan.allocation)
+    fields = {k: v for k, v in rec.items() if k in TaskResult.__dataclass_fields__}
+    again = TaskResult(**fields, general=True)
+    assert again.plan(TASK) == plan
+    # today's records keep their form, and gain the shardings
+    result, _ = plan_task(0, "lookup_greedy", make_baseline("lookup_greedy"), TASK, Topology(3, 1.0, "fp16"))
+    rec = result.to_json()
+    assert [s["type"] for s in rec["shardings"]] == ["table_wise"] * 4 and "splits" not in rec
+    assert result.plan() == Plan(tuple(rec["allocation"]), 3)
+
+
+@pytest.mark.parametrize("obj, match", [
+    ([{"type": "diagonal", "devices": [0]}], "unknown sharding type"),
+    ([{"type": "column_wise", "devices": [0, 1], "dims": [8, 4]}], "add up to 12"),
+    ([{"type": "column_wise", "devices": [0, 1], "dims": [6, 10]}], "multiples of 4"),
+    ([{"type": "row_wise", "devices": [0, 1], "rows": [600, 400]}], "equal blocks"),
+    ([{"type": "data_parallel", "devices": [0, 1]}], "replicated on every device"),
+    ([{"type": "table_wise", "devices": [5]}], "device 5"),
+    ([{"type": "table_wise", "devices": [0, 1]}], "one device"),
+    ([{"type": "row_wise", "devices": [1, 1]}], "each device once"),
+    ([{"type": "table_wise", "devices": "0"}], "list of whole numbers"),
+    ({"type": "table_wise"}, "must be a list"),
+])
+def test_bad_shardings_are_one_line_errors(obj, match):
+    with pytest.raises(ShardError, match=match) as exc:
+        shardings_from_json([TableConfig(0, 1000, 16, 5.0)], obj, 3)
+    assert "\n" not in str(exc.value)
+
+
+def test_comm_layout_counts_the_real_ids(data):
+    path, tables = data
+    ds = load_dataset(path)
+    task = [t for t in tables if t.pooling_factor > 0][:3]
+    plan = Plan.from_shardings(task, [row_wise([0, 1, 2]), data_parallel(3), table_wise(2)], 3)
+    shards = plan.shard_tables(task)
+    layout = comm_layout(ds, shards, B)
+    # ids sent: every id of the row-wise table once, plus a length per sample per holder
+    total_ids = int(piece_lookups(ds, task[0], B)[0].numel())
+    assert sum(map(sum, layout.ids_send)) == total_ids + 3 * B
+    assert layout.allreduce == [task[1].row * task[1].dim] * 3
+    assert layout.dim_sums == [task[0].dim, task[0].dim, task[0].dim + task[2].dim]
+    assert [len(g) for g in layout.rw_sums] == [3]
+
+
+def test_rw_dp_plan_measured_end_to_end_on_four_cpu_devices(data):
+    from shardcore.evaluator import PlanEvaluator
+
+    path, tables = data
+    task = [t for t in tables if t.pooling_factor > 0][:4]
+    task[2] = task[2].with_dim(16)
+    shardings = [row_wise([0, 1, 2, 3]), data_parallel(4), column_wise([(3, 4), (1, 12)]), table_wise(2)]
+    plan = Plan.from_shardings(task, shardings, 4)
+    tw = Plan.from_shardings(task, [table_wise(d) for d in (0, 1, 3, 2)], 4)
+    with PlanEvaluator(path, 4, bench_iters=2, warmup_iters=1, timeout_s=120) as ev:
+        r = ev.evaluate(plan.shard_tables(task))
+        base = ev.evaluate(tw.shard_tables(task))
+    assert r.ndevices == 4 and not r.from_cache
+    for fw_comp, fw_comm, bw_comm, bw_comp in r.device_costs_ms:
+        assert fw_comp > 0 and bw_comp > 0      # every device holds a row block and a replica
+        assert fw_comm > 0 and bw_comm > 0      # ids + pooled outputs; gradients + the DP all-reduce
+    assert r.cost_ms > 0 and base.cost_ms > 0
+    # what device 0 measured: its row block and its replica, pieces with their own lookups
+    assert [p.kind for p in plan.shard_tables(task)[0]] == ["row_wise", "data_parallel"]
+    assert all(isinstance(p, ShardPiece) for p in plan.shard_tables(task)[0])
+
+
+def test_gpu_check_reads_row_wise_and_data_parallel_plans_from_an_eval_file(tmp_path):
+    from shardcore.gpu_check import _load_plans
+    from shardcore.tasks import Task
+
+    plan = Plan.from_shardings(TASK, [row_wise([2, 0]), data_parallel(3), column_wise([(2, 8), (0, 24)]),
+                                      table_wise(1)], 3)
+
+    class Fixed:
+        name = "fixed"
+
+        def shard(self, tables, ndevices, cap, precision="fp16"):
+            return plan
+    result, _ = plan_task(0, "fixed", Fixed(), TASK, Topology(3, 1.0, "fp16"))
+    path = tmp_path / "eval.jsonl"
+    path.write_text(json.dumps(result.to_json()) + "\n")
+    name, sharders = _load_plans(f"S={path}", ["S"], {"S": [Task(tuple(t.index for t in TASK))]})
+    assert name == "S" and sharders["fixed"].shard(TASK, 3, 1.0) == plan
+
+
+def test_gen_hot_tasks_puts_the_hot_table_first(data, tmp_path):
+    from tests.helpers import load_tool
+
+    path, tables = data
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("1,2,3\n4,5,0 8,16,8\n")
+    out = tmp_path / "hot" / "test.txt"
+    tool = load_tool("gen_hot_tasks")
+    tool.main(["--data-dir", path, "--tasks", str(tasks), "--out", str(out), "--min-rows", "10", "--hot-dim", "64"])
+    hot = max([t for t in tables if t.row > 10], key=lambda t: (t.pooling_factor, t.row))
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        ids, dims = line.split()
+        assert ids.split(",")[0] == str(hot.index) and dims.split(",")[0] == "64" and len(ids.split(",")) == 3
+    with pytest.raises(ShardError, match="multiple of 4"):
+        tool.main(["--data-dir", path, "--tasks", str(tasks), "--out", str(out), "--hot-dim", "6"])
+    with pytest.raises(ShardError, match="out of range"):
+        tool.main(["--data-dir", path, "--tasks", str(tasks), "--out", str(out), "--hot-table", "99"])
