@@ -5,7 +5,8 @@ setup(
     version="0.1.0",
     description="Embedding-table sharding: AutoShard, DreamShard and NeuroShard on one shared core",
     packages=find_packages(include=["shardcore", "shardcore.*", "autoshard", "autoshard.*",
-                                    "dreamshard", "dreamshard.*", "neuroshard", "neuroshard.*"]),
+                                    "dreamshard", "dreamshard.*", "neuroshard", "neuroshard.*",
+                                    "shardkit_planner", "shardkit_planner.*"]),
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "numpy", "pandas", "tqdm", "matplotlib"],
     extras_require={

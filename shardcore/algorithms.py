@@ -11,6 +11,11 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+# Method packages outside NAMED_METHODS: one "name module[:function]" per line of this file at the
+# repository root (blank lines and "#" comments skipped); resolve() imports the module only when the
+# name is asked for. The core itself names no such package.
+PLUGINS_FILE = Path(__file__).resolve().parent.parent / "method_plugins.txt"
+
 from .baselines import BASELINES, Sharder, make_baseline
 from .errors import ShardError
 from .io import load_checkpoint
@@ -21,6 +26,28 @@ NAMED_METHODS = ("autoshard", "dreamshard", "neuroshard")
 # ``module`` or ``module:function`` (default function: load_sharder).
 CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner",
                 "torchrec-tw": "shardcore.torchrec_planner:load_sharder_tw"}
+
+
+def plugins(path: Path | None = None) -> dict[str, str]:
+    """``{--alg name: "module[:function]"}`` listed in :data:`PLUGINS_FILE` (empty when it is absent)."""
+    path = PLUGINS_FILE if path is None else Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ShardError(f"{path}: unreadable ({exc})") from None
+    out = {}
+    for k, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not all(p.replace("_", "").replace("-", "").replace(".", "").replace(":", "").isalnum()
+                                      for p in parts):
+            raise ShardError(f"{path}:{k}: expected 'name module[:function]', got {line!r}")
+        out[parts[0]] = parts[1]
+    return out
 
 
 def checkpoint_method(path: Path) -> str:
@@ -59,5 +86,13 @@ def resolve(name: str, seed: int = 0, **kwargs) -> Sharder:
         return getattr(importlib.import_module(module), func or "load_sharder")(None, **kwargs)
     if name in NAMED_METHODS:
         return _method_module(name).load_sharder(None, **kwargs)
+    extra = plugins()
+    if name in extra:
+        module, _, func = extra[name].partition(":")
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            raise ShardError(f"--alg {name}: its package is not available in this installation ({exc.msg})") from None
+        return getattr(mod, func or "load_sharder")(None, seed=seed, **kwargs)
     raise ShardError(f"unknown algorithm {name!r}: choose from {', '.join(BASELINES)}, "
                      "or give a trained model's checkpoint (.pt)")
