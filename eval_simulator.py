@@ -33,7 +33,7 @@ from shardcore.errors import ShardError  # noqa: E402
 from shardcore.evaluation import evaluate  # noqa: E402
 from shardcore.io import atomic_open  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int  # noqa: E402
+from shardcore.cli import ArgumentParser as OneLineParser, positive_float, positive_int  # noqa: E402
 from shardcore.io import check_output_file  # noqa: E402
 
 COMPONENTS = ("fw_comp", "fw_comm", "bw_comm", "bw_comp")
@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true",
                    help="also measure every plan on hardware and report the simulator's error")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="one JSON object per task and algorithm")
+    p.add_argument("--shardkit-time", type=positive_float, default=None, metavar="S",
+                   help="--alg shardkit: planning time budget per task in seconds (default 1.0)")
+    p.add_argument("--shardkit-model", default=None, metavar="JSON",
+                   help="--alg shardkit: its cost model (default: this machine's fitted model for the measured "
+                        "oracle, the emulator for --oracle emulated:h200)")
     p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
     add_oracle_args(p)
     return p
@@ -103,6 +108,9 @@ def main(argv=None):
     paths = model_kwargs(args)
     sim = Simulator.load(paths["compute_model"], paths["fw_comm_model"], paths["bw_comm_model"])
     kwargs = dict(paths, **search_kwargs(args))
+    # shardkit plans for the landscape of --oracle (its own cost model; the simulator then scores it)
+    kwargs.update(oracle=args.oracle, data_dir=args.data_dir, comm_bandwidth=args.comm_bandwidth,
+                  comm_latency=args.comm_latency, shardkit_time=args.shardkit_time, shardkit_model=args.shardkit_model)
     sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=args.batch_size, **kwargs)
                 for name in names}
     last_sim: dict = {}
