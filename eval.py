@@ -134,7 +134,8 @@ def main(argv=None):
               "oracle": args.oracle, "data_dir": args.data_dir, "comm_bandwidth": args.comm_bandwidth,
               "comm_latency": args.comm_latency, "shardkit_time": args.shardkit_time,
               "shardkit_refine": args.shardkit_refine, "shardkit_model": args.shardkit_model,
-              "shardkit_starts": args.shardkit_starts, "shardkit_types": args.shardkit_types}
+              "shardkit_starts": args.shardkit_starts, "shardkit_types": args.shardkit_types,
+              "cache_path": args.cache_path}
     if args.shardkit_refine and args.plan_only:
         raise ShardError("--shardkit-refine measures candidates: it cannot be used with --plan-only")
     if args.launcher == "torchrun":   # TorchRec plans for the hosts torchrun gives (its local_world_size)

@@ -216,11 +216,14 @@ class ExperimentConfig:
         c.warmup_iters = sc.warmup_iters if self.warmup_iters is None else self.warmup_iters
         c.train_timeout_s = sc.train_timeout_s if self.train_timeout_s == -1.0 else self.train_timeout_s
         c.models_dir = self.models_dir or os.path.join("models", "experiments", self.scale)
-        algs = tuple(self.algs) if self.algs else ALL_ALGS
-        bad = [a for a in algs if a not in BASELINES and a not in ("torchrec",) + LEARNED]
+        from .algorithms import plugins
+
+        extra = tuple(plugins())   # method packages listed in method_plugins.txt
+        algs = tuple(self.algs) if self.algs else ALL_ALGS + extra
+        bad = [a for a in algs if a not in BASELINES and a not in ("torchrec",) + LEARNED + extra]
         if bad:
             raise ShardError(f"--algs: unknown algorithm {bad[0]!r}: choose from "
-                             f"{', '.join(list(BASELINES) + ['torchrec'] + list(LEARNED))}")
+                             f"{', '.join(list(BASELINES) + ['torchrec'] + list(LEARNED) + list(extra))}")
         if len(set(algs)) != len(algs):
             raise ShardError("--algs names an algorithm twice")
         c.algs = tuple(order_algs(algs))
@@ -566,14 +569,23 @@ class GuardedSharder(Sharder):
 
 def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: int | None,
                    learned: dict[str, dict[int, LearnedModel]], notes: list[str] | None = None,
-                   ) -> tuple[dict[str, Sharder], dict[str, str]]:
-    """Sharders of the available algorithms for one device count, and the checkpoint used per learned one."""
+                   plugin_kwargs: dict | None = None) -> tuple[dict[str, Sharder], dict[str, str]]:
+    """Sharders of the available algorithms for one device count, and the checkpoint used per learned
+    one. ``plugin_kwargs`` go to the methods of method_plugins.txt (the landscape, data, cache...)."""
     from . import algorithms
 
     sharders: dict[str, Sharder] = {}
     used: dict[str, str] = {}
+    extra = algorithms.plugins()
     for alg in algs:
-        if alg in BASELINES:
+        if alg in extra:
+            try:
+                sharders[alg] = GuardedSharder(alg, inner=algorithms.resolve(alg, seed=seed, batch_size=batch_size,
+                                                                             **(plugin_kwargs or {})))
+            except ShardError as exc:
+                if notes is not None:
+                    notes.append(f"{alg}: skipped: {exc}")
+        elif alg in BASELINES:
             sharders[alg] = algorithms.resolve(alg, seed=seed)
         elif alg == "torchrec":
             try:
@@ -927,7 +939,12 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
     for ts in cfg.task_sets:
         tasks = load_tasks(task_dirs[ts] / "test.txt", num_tables=dataset.num_tables)
         set_notes: list[str] = []
-        sharders, used = build_sharders(algs, ts.ndevices, cfg.seed, batch_size, learned, set_notes)
+        plugin_kwargs = {"oracle": cfg.oracle, "data_dir": cfg.data_dir, "comm_bandwidth": cfg.comm_bandwidth,
+                         "comm_latency": cfg.comm_latency, "cache_path": cfg.cache_path,
+                         # tables a model fitted from the cache must not have seen
+                         "exclude_task_files": [str(task_dirs[t] / "test.txt") for t in cfg.task_sets]}
+        sharders, used = build_sharders(algs, ts.ndevices, cfg.seed, batch_size, learned, set_notes,
+                                        plugin_kwargs=plugin_kwargs)
         for n in set_notes:
             if n not in notes:
                 notes.append(n)

@@ -59,6 +59,7 @@ class BenchConfig:
     model_paths: dict = field(default_factory=dict)
     models_dir: str | None = "models/experiments/small"
     quiet: bool = False
+    plugin_oracle: str = "emulated:h200"   # the landscape plugin planners (method_plugins.txt) plan for
     command: list = field(default_factory=lambda: list(sys.argv))
 
 
@@ -140,7 +141,8 @@ def _bench_child_main() -> None:
 
     try:
         tables = load_dataset(spec["data_dir"], with_lookups=False).tables
-        sharder = algorithms.resolve(spec["alg_path"], seed=spec["seed"], batch_size=spec.get("batch_size"))
+        sharder = algorithms.resolve(spec["alg_path"], seed=spec["seed"], batch_size=spec.get("batch_size"),
+                                     **spec.get("plugin_kwargs", {}))
         # warm-up on a small task: lazy initialisation is not charged to the first size
         warm = tables[: min(8, len(tables))]
         try:
@@ -287,8 +289,11 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
     if not sizes or not counts or min(counts) < 1 or cfg.tables_ndevices < 1:
         raise ShardError("--tables and --devices need positive values")
     notes: list[str] = []
-    algs = list(cfg.algs) if cfg.algs else [a for a in ALL_ALGS if a not in LEARNED]
-    bad = [a for a in algs if a not in BASELINES and a not in ("torchrec",) + LEARNED]
+    from .algorithms import plugins
+
+    extra = tuple(plugins())   # method packages listed in method_plugins.txt
+    algs = list(cfg.algs) if cfg.algs else [a for a in ALL_ALGS if a not in LEARNED] + list(extra)
+    bad = [a for a in algs if a not in BASELINES and a not in ("torchrec",) + LEARNED + extra]
     if bad:
         raise ShardError(f"--algs: unknown algorithm {bad[0]!r}")
     if "torchrec" in algs and importlib.util.find_spec("torchrec") is None:
@@ -318,6 +323,8 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
             spec = {"data_dir": os.path.abspath(cfg.data_dir), "alg_path": path, "seed": cfg.seed,
                     "batch_size": batch_size, "max_memory": cfg.max_memory, "headroom": cfg.headroom,
                     "precision": cfg.precision, "repeats": cfg.repeats, "time_limit_s": cfg.time_limit_s}
+            if alg in extra:   # a plugin planner with its own cost model plans for the emulated landscape here
+                spec["plugin_kwargs"] = {"oracle": cfg.plugin_oracle, "data_dir": os.path.abspath(cfg.data_dir)}
             todo = list(points)
             got: dict[int, dict] = {}
             while todo:

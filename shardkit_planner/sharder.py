@@ -160,7 +160,35 @@ class ShardkitSharder(Sharder):
         return best
 
 
-def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwidth, comm_latency):
+def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> CostModel:
+    """The measured landscape's model fitted now on the cache's measurements of this machine (when no
+    fitted file exists, e.g. inside ``make experiments`` after the learned methods' training filled
+    the cache); tables of ``exclude_task_files`` are left out of the fit."""
+    from shardcore.cache import CostCache, hardware_fingerprint
+    from shardcore.dataset import load_dataset
+    from shardcore.tasks import load_tasks
+
+    from .costmodel import fit_cost_model
+
+    path = cache_path or ROOT / "data" / "cost_cache.sqlite"
+    if data_dir is None or not Path(path).is_file():
+        raise ShardError(f"--alg shardkit on the measured oracle needs a cost model fitted on this machine: "
+                         f"{DEFAULT_CPU_MODEL} is missing and there is no measurement cache to fit one from "
+                         "(fit one with tools/fit_shardkit_model.py, or give --shardkit-model, or plan for "
+                         "--oracle emulated:h200)")
+    ds = load_dataset(data_dir)
+    exclude: set[int] = set()
+    for f in exclude_task_files or ():
+        if Path(f).is_file():
+            for task in load_tasks(f, num_tables=ds.num_tables):
+                exclude.update(task.table_ids)
+    with CostCache(path) as cache:
+        return fit_cost_model(cache, ds, int(batch_size or ds.batch_size), hardware=hardware_fingerprint(),
+                              data_dir=data_dir, exclude_tables=exclude, comm_fallback=CommModel())
+
+
+def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwidth, comm_latency,
+                   cache_path=None, exclude_task_files=None):
     def make() -> CostModel:
         if model_path:
             return CostModel.load(model_path)
@@ -170,17 +198,17 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
             return emulated_model(data_dir or os.devnull, batch_size or 4096, comm, card=landscape.split(":", 1)[1])
         if DEFAULT_CPU_MODEL.is_file():
             return CostModel.load(DEFAULT_CPU_MODEL)
-        raise ShardError(f"--alg shardkit on the measured oracle needs a cost model fitted on this machine: "
-                         f"{DEFAULT_CPU_MODEL} is missing (fit one with tools/fit_shardkit_model.py, or give "
-                         "--shardkit-model, or plan for --oracle emulated:h200)")
+        return fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files)
     return make
 
 
 def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, data_dir=None, batch_size=None,
                  comm_bandwidth=None, comm_latency=None, shardkit_time=None, shardkit_refine=0,
-                 shardkit_starts=None, shardkit_types=None, seed: int = 0, **kwargs) -> ShardkitSharder:
+                 shardkit_starts=None, shardkit_types=None, cache_path=None, exclude_task_files=None,
+                 seed: int = 0, **kwargs) -> ShardkitSharder:
     """``--alg shardkit``. ``oracle``: the landscape planned for (``measured``: the fitted model of this
-    machine, ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one;
+    machine, ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one, else fitted
+    on the spot from ``cache_path``'s measurements without the tables of ``exclude_task_files``;
     ``emulated:h200``: the emulator). ``shardkit_types``: the sharding types the search may create
     (default: all four on the emulated landscape; table- and column-wise on the measured one, whose
     fitted exchange model has not been calibrated on row-wise / data-parallel collectives). Other
@@ -209,6 +237,7 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
         types = ALL_TYPES if landscape.startswith("emulated") else ("table_wise", "column_wise")
     start_kwargs = {k: v for k, v in kwargs.items() if v is not None}
     start_kwargs.update(seed=seed, batch_size=batch_size)
-    factory = _model_factory(landscape, data_dir, batch_size, shardkit_model, comm_bandwidth, comm_latency)
+    factory = _model_factory(landscape, data_dir, batch_size, shardkit_model, comm_bandwidth, comm_latency,
+                             cache_path, exclude_task_files)
     return ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
                            refine_k=refine, types=types, start_kwargs=start_kwargs)
