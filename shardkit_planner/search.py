@@ -21,10 +21,11 @@ the start under the model, and the search cannot cycle.
 * *replicate*: a small hot table of ``m`` made data-parallel (a replica on every device);
 * *gather*: a row-wise or data-parallel table touching ``m`` made table-wise on ``e``.
 
-Each round scores all candidate moves at once (one batched compute prediction for every changed
-device shard, the exchanges of every candidate in one array operation) and takes the best. The
-search stops at a local optimum, after ``max_rounds`` or when ``deadline`` (``time.perf_counter()``)
-passes.
+Each round scores the candidate moves in chunks (one batched compute prediction for every changed
+device shard of a chunk, remembered by shard contents; the exchanges of every candidate in one
+array operation) and takes the best. The search stops at a local optimum, after ``max_rounds`` or
+when ``deadline`` (``time.perf_counter()``) passes, checked between chunks, so a round overruns the
+deadline by at most one chunk.
 """
 
 from __future__ import annotations
@@ -159,9 +160,10 @@ ALL_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL)
 
 
 def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
-                    types: Sequence[str] = ALL_TYPES) -> list[tuple[str, dict[int, Sharding]]]:
+                    types: Sequence[str] = ALL_TYPES, max_pieces: int = 16) -> list[tuple[str, dict[int, Sharding]]]:
     """The moves from the most expensive device ``m`` (see the module notes); only moves whose new
-    sharding is of one of ``types`` (table-wise is always allowed)."""
+    sharding is of one of ``types`` (table-wise is always allowed). On a device with many pieces only
+    its ``max_pieces`` heaviest are moved, split or swapped (bounded rounds on large tasks)."""
     cw, rw, dp = COLUMN_WISE in types, ROW_WISE in types, DATA_PARALLEL in types
     n = st.n
     order = [int(d) for d in np.argsort(st.costs, kind="stable") if int(d) != m]
@@ -172,7 +174,9 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
     weight = {}
     for pos, p in st.pieces[m]:
         weight[pos] = weight.get(pos, 0.0) + p.dim * max(p.pooling_factor, 1e-3)
-    heavy = sorted(on_m, key=lambda pos: -weight[pos])[:hot]
+    ranked = sorted(on_m, key=lambda pos: -weight[pos])
+    heavy = ranked[:hot]
+    on_m = sorted(ranked[:max_pieces])
     for pos in on_m:
         s, t = st.shardings[pos], st.tables[pos]
         if s.type == TABLE_WISE:
@@ -198,14 +202,18 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
             for e in dests[:2]:
                 out.append(("gather", {pos: table_wise(e)}))
     # swaps of a table-wise table of m with a lighter one of its cheapest peers
-    tw_m = [pos for pos in on_m if st.shardings[pos].type == TABLE_WISE]
+    def w_of(pos):
+        return st.tables[pos].dim * max(st.tables[pos].pooling_factor, 1e-3)
+
+    tw_m = [pos for pos in ranked[: max(hot, max_pieces // 2)] if st.shardings[pos].type == TABLE_WISE]
     for e in dests[: max(1, fanout // 3)]:
-        tw_e = [pos for pos, _ in st.pieces[e] if st.shardings[pos].type == TABLE_WISE]
+        tw_e = sorted((pos for pos, _ in st.pieces[e] if st.shardings[pos].type == TABLE_WISE), key=w_of,
+                      reverse=True)
         for a in tw_m:
             wa = weight[a]
-            for b in tw_e:
-                if st.tables[b].dim * max(st.tables[b].pooling_factor, 1e-3) < wa:
-                    out.append(("swap", {a: table_wise(e), b: table_wise(m)}))
+            lighter = [b for b in tw_e if w_of(b) < wa][:max_pieces // 2]
+            for b in lighter:
+                out.append(("swap", {a: table_wise(e), b: table_wise(m)}))
     if n >= 2:
         for pos in heavy:
             s, t = st.shardings[pos], st.tables[pos]
@@ -222,7 +230,8 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
 
 
 def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, max_rounds: int = 100000,
-                 dp_max_gb: float = 0.05, types: Sequence[str] = ALL_TYPES, stats: SearchStats | None = None) -> State:
+                 dp_max_gb: float = 0.05, types: Sequence[str] = ALL_TYPES, chunk: int = 64,
+                 stats: SearchStats | None = None) -> State:
     """Improve ``st`` in place until a local optimum, ``max_rounds`` or ``deadline``."""
     stats = stats or SearchStats()
     stats.accepted = stats.accepted or {}
@@ -233,43 +242,53 @@ def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, m
             return st
         m = int(np.argmax(st.costs))
         cands = candidate_moves(st, m, fanout, hot, dp_max_gb, types)
-        changed, kept = [], []
-        for kind, change in cands:
-            shards = st.changed_shards(change)
-            if shards is not None:
-                kept.append((kind, change))
-                changed.append(shards)
         stats.rounds += 1
-        stats.candidates += len(kept)
-        if not kept:
+        best = None   # (max, sq, kind, change, shards, comp row)
+        evaluated, cut = 0, False
+        for lo in range(0, len(cands), chunk):
+            if evaluated and time.perf_counter() > deadline:
+                cut = True   # the budget ran out inside the round: decide among those scored
+                break
+            kept, changed = [], []
+            for kind, change in cands[lo:lo + chunk]:
+                shards = st.changed_shards(change)
+                if shards is not None:
+                    kept.append((kind, change))
+                    changed.append(shards)
+            if not kept:
+                continue
+            evaluated += len(kept)
+            flat, owner = [], []
+            for c, shards in enumerate(changed):
+                for d, ps in shards.items():
+                    flat.append(ps)
+                    owner.append((c, d))
+            comp = st.compute_many(flat)
+            C = len(kept)
+            comp_m = np.tile(st.comp, (C, 1))
+            dims_m = np.tile(st.dims, (C, 1))
+            extra_m = np.tile(st.extra, (C, 1))
+            for (c, d), ps, v in zip(owner, flat, comp):
+                comp_m[c, d] = v
+                dims_m[c, d] = sum(model.pooled_dim(p) for p in ps)
+                extra_m[c, d] = sum(model.extra_bytes(p, st.n) for p in ps)
+            costs = comp_m + model.comm_costs(dims_m, extra_m)
+            mx = costs.max(axis=1)
+            sq = (costs ** 2).sum(axis=1)
+            i = int(np.lexsort((sq, mx))[0])
+            if best is None or (mx[i], sq[i]) < (best[0], best[1]):
+                best = (float(mx[i]), float(sq[i]), kept[i][0], kept[i][1], changed[i], comp_m[i].copy())
+        stats.candidates += evaluated
+        if best is None:
             stats.stopped = "no feasible move"
             return st
-        flat, owner = [], []
-        for c, shards in enumerate(changed):
-            for d, ps in shards.items():
-                flat.append(ps)
-                owner.append((c, d))
-        comp = st.compute_many(flat)
-        C = len(kept)
-        comp_m = np.tile(st.comp, (C, 1))
-        dims_m = np.tile(st.dims, (C, 1))
-        extra_m = np.tile(st.extra, (C, 1))
-        for (c, d), ps, v in zip(owner, flat, comp):
-            comp_m[c, d] = v
-            dims_m[c, d] = sum(model.pooled_dim(p) for p in ps)
-            extra_m[c, d] = sum(model.extra_bytes(p, st.n) for p in ps)
-        costs = comp_m + model.comm_costs(dims_m, extra_m)
-        mx = costs.max(axis=1)
-        sq = (costs ** 2).sum(axis=1)
-        best = int(np.lexsort((sq, mx))[0])
         cur_mx, cur_sq = st.score
-        if mx[best] < cur_mx - EPS * max(1.0, cur_mx) or (mx[best] <= cur_mx + EPS and sq[best] < cur_sq * (1 - 1e-9)):
-            kind, change = kept[best]
-            newcomp = {d: float(comp_m[best, d]) for d in changed[best]}
-            st.apply(change, changed[best], newcomp)
+        bmx, bsq, kind, change, shards, comp_row = best
+        if bmx < cur_mx - EPS * max(1.0, cur_mx) or (bmx <= cur_mx + EPS and bsq < cur_sq * (1 - 1e-9)):
+            st.apply(change, shards, {d: float(comp_row[d]) for d in shards})
             stats.accepted[kind] = stats.accepted.get(kind, 0) + 1
         else:
-            stats.stopped = "local optimum"
+            stats.stopped = "time budget" if cut else "local optimum"
             return st
     stats.stopped = "round limit"
     return st
