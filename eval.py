@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="algorithm(s), comma-separated: random, naive, dim_greedy, size_greedy, "
                         "lookup_greedy, size_lookup_greedy, torchrec (TorchRec's planner choosing among table-, "
                         "column-, row-wise and data-parallel sharding), torchrec-tw (the same, table-wise "
-                        "only), neuroshard, autoshard, or a model checkpoint path (default random)")
+                        "only), neuroshard, autoshard, shardkit (shardkit's own planner: every sharding type, a cost "
+                        "model of the oracle, local search; flags below), or a model checkpoint path (default random)")
     p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/test.txt",
                    help="task file, one task per line (default data/dlrm_tasks_50/test.txt)")
     p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
@@ -204,6 +205,10 @@ def main(argv=None):
         print(report.paper_table(results, task_set, bold=not verdict))
         print()
         print(type_counts_text(results))
+        refined = [r.extra["shardkit_measurements"] for r in results if "shardkit_measurements" in r.extra]
+        if args.shardkit_refine and refined:
+            print(f"shardkit's measured refinement: {sum(refined)} plan measurements over {len(refined)} tasks "
+                  f"(up to {args.shardkit_refine} per task)")
     if args.export_torchrec:
         from shardcore.torchrec_planner import PlanRecord, export_plans
 

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--alg", default="neuroshard",
                    help="algorithm(s), comma-separated: neuroshard, random, naive, dim_greedy, size_greedy, "
-                        "lookup_greedy, size_lookup_greedy, or a checkpoint (default neuroshard)")
+                        "lookup_greedy, size_lookup_greedy, shardkit (planned for --oracle), or a checkpoint (default neuroshard)")
     p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/test.txt",
                    help="task file, one task per line (default %(default)s)")
     p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
