@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 
 from shardcore import algorithms
-from shardcore.dataset import load_dataset
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.evaluator import PlanResult
-from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise
-from shardcore.tables import TableConfig
+from shardcore.plan import column_wise, data_parallel, row_wise, table_wise
 from shardkit_planner.costmodel import CostModel, emulated_model
 from shardkit_planner.search import State, candidate_moves, local_search
 from shardkit_planner.sharder import ShardkitSharder, load_sharder, model_greedy
