@@ -29,7 +29,7 @@ from shardcore.types import Topology
 from shardcore.io import atomic_open
 from shardcore.shardings import type_counts_text
 from shardcore.tasks import load_tasks
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int
+from shardcore.cli import ArgumentParser as OneLineParser, name_list, nonnegative_int, positive_float, positive_int
 from shardcore.io import check_output_dir, check_output_file
 
 
@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="algorithm(s), comma-separated: random, naive, dim_greedy, size_greedy, "
                         "lookup_greedy, size_lookup_greedy, torchrec (TorchRec's planner choosing among table-, "
                         "column-, row-wise and data-parallel sharding), torchrec-tw (the same, table-wise "
-                        "only), neuroshard, autoshard, or a model checkpoint path (default random)")
+                        "only), neuroshard, autoshard, shardkit (shardkit's own planner: every sharding type, a cost "
+                        "model of the oracle, local search; flags below), or a model checkpoint path (default random)")
     p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/test.txt",
                    help="task file, one task per line (default data/dlrm_tasks_50/test.txt)")
     p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
@@ -66,6 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", "--checkpointpath", dest="checkpoint", default=None, metavar="PT",
                    help="AutoShard checkpoint for --alg autoshard (default models/autoshard/default/model.pt; "
                         "--checkpointpath is AutoShard's spelling, though its model.tar files cannot be loaded)")
+    sk = p.add_argument_group("shardkit (--alg shardkit)")
+    sk.add_argument("--shardkit-time", type=positive_float, default=None, metavar="S",
+                    help="shardkit's planning time budget per task in seconds (default 1.0)")
+    sk.add_argument("--shardkit-refine", type=nonnegative_int, default=0, metavar="K",
+                    help="measure shardkit's K best candidates on the oracle (through its cache) and keep the "
+                         "fastest; 0 (default) keeps the cost model's choice. The measurements used are "
+                         "recorded per task (shardkit_measurements)")
+    sk.add_argument("--shardkit-model", default=None, metavar="JSON",
+                    help="shardkit's cost model (default: models/shardkit/cpu_cost_model.json for the measured "
+                         "oracle, the emulator for --oracle emulated:h200)")
+    sk.add_argument("--shardkit-starts", type=name_list, default=None, metavar="ALGS",
+                    help="comma-separated plans shardkit starts from: model_greedy, the greedy baselines, "
+                         "torchrec, or other --alg names / checkpoints (default model_greedy and the four greedy "
+                         "baselines)")
+    sk.add_argument("--shardkit-types", type=name_list, default=None, metavar="TYPES",
+                    help="sharding types shardkit's search may create: tw, cw, rw, dp (default all four for "
+                         "--oracle emulated:h200, tw,cw for the measured oracle)")
     p.add_argument("--task-set", default=None, metavar="NAME",
                    help="row label of the paper-style table (default: derived from the task file)")
     add_oracle_args(p)
@@ -111,7 +129,15 @@ def main(argv=None):
         tasks = tasks[: args.max_tasks]
     batch_size = measured_batch_size(args)
     models = {"compute_model": args.compute_model, "fw_comm_model": args.fw_comm_model,
-              "bw_comm_model": args.bw_comm_model, "checkpoint": args.checkpoint}
+              "bw_comm_model": args.bw_comm_model, "checkpoint": args.checkpoint,
+              # the landscape and the flags a planner with its own cost model reads (others ignore them)
+              "oracle": args.oracle, "data_dir": args.data_dir, "comm_bandwidth": args.comm_bandwidth,
+              "comm_latency": args.comm_latency, "shardkit_time": args.shardkit_time,
+              "shardkit_refine": args.shardkit_refine, "shardkit_model": args.shardkit_model,
+              "shardkit_starts": args.shardkit_starts, "shardkit_types": args.shardkit_types,
+              "cache_path": args.cache_path}
+    if args.shardkit_refine and args.plan_only:
+        raise ShardError("--shardkit-refine measures candidates: it cannot be used with --plan-only")
     if args.launcher == "torchrun":   # TorchRec plans for the hosts torchrun gives (its local_world_size)
         from shardcore.launch import rank_env
 
@@ -146,6 +172,9 @@ def main(argv=None):
     else:
         with open_evaluator(args, args.data_dir, devices, ndevices) as ev:
             ev.start()
+            for sharder in sharders.values():   # planners that measure candidates (shardkit --shardkit-refine)
+                if hasattr(sharder, "attach_oracle"):
+                    sharder.attach_oracle(ev)
             print(f"oracle ready in {ev.startup_s:.1f} s: {ev.hardware} "
                   f"(batch {ev.batch_size}, {ev.optimizer}, {ev.precision}); compute {ev.parts['compute']}, "
                   f"communication {ev.parts['comm']}")
@@ -172,6 +201,10 @@ def main(argv=None):
         print(report.paper_table(results, task_set, bold=not verdict))
         print()
         print(type_counts_text(results))
+        refined = [r.extra["shardkit_measurements"] for r in results if "shardkit_measurements" in r.extra]
+        if args.shardkit_refine and refined:
+            print(f"shardkit's measured refinement: {sum(refined)} plan measurements over {len(refined)} tasks "
+                  f"(up to {args.shardkit_refine} per task)")
     if args.export_torchrec:
         from shardcore.torchrec_planner import PlanRecord, export_plans
 

@@ -32,7 +32,7 @@ from shardcore.compare import evaluate
 from shardcore.types import Topology
 from shardcore.io import atomic_open
 from shardcore.tasks import load_tasks
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int
+from shardcore.cli import ArgumentParser as OneLineParser, positive_float, positive_int
 from shardcore.costs import COST_PARTS
 from shardcore.io import check_output_file
 
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--alg", default="neuroshard",
                    help="algorithm(s), comma-separated: neuroshard, random, naive, dim_greedy, size_greedy, "
-                        "lookup_greedy, size_lookup_greedy, or a checkpoint (default neuroshard)")
+                        "lookup_greedy, size_lookup_greedy, shardkit (planned for --oracle), or a checkpoint (default neuroshard)")
     p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/test.txt",
                    help="task file, one task per line (default %(default)s)")
     p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true",
                    help="also measure every plan on hardware and report the simulator's error")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="one JSON object per task and algorithm")
+    p.add_argument("--shardkit-time", type=positive_float, default=None, metavar="S",
+                   help="--alg shardkit: planning time budget per task in seconds (default 1.0)")
+    p.add_argument("--shardkit-model", default=None, metavar="JSON",
+                   help="--alg shardkit: its cost model (default: this machine's fitted model for the measured "
+                        "oracle, the emulator for --oracle emulated:h200)")
     p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
     add_oracle_args(p)
     return p
@@ -101,6 +106,9 @@ def main(argv=None):
     paths = model_kwargs(args)
     sim = Simulator.load(paths["compute_model"], paths["fw_comm_model"], paths["bw_comm_model"])
     kwargs = dict(paths, **search_kwargs(args))
+    # shardkit plans for the landscape of --oracle (its own cost model; the simulator then scores it)
+    kwargs.update(oracle=args.oracle, data_dir=args.data_dir, comm_bandwidth=args.comm_bandwidth,
+                  comm_latency=args.comm_latency, shardkit_time=args.shardkit_time, shardkit_model=args.shardkit_model)
     sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=args.batch_size, **kwargs)
                 for name in names}
     topology = Topology(ndevices, args.max_memory, args.weights_precision)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 
 from shardcore import algorithms
-from shardcore.cli import add_device_args, add_memory_args, device_ids, num_devices, positive_int, run_main
+from shardcore.cli import (add_device_args, add_memory_args, device_ids, num_devices, positive_float, positive_int,
+                           run_main)
 from shardcore.errors import ShardError
 from shardcore.compare import lookup_load
 from shardcore.io import check_output_file, read_text, write_json
@@ -200,10 +201,20 @@ def build_parser():
     p.add_argument("--alg", default="lookup_greedy",
                    help="random, naive, dim_greedy, size_greedy, lookup_greedy, size_lookup_greedy, torchrec "
                         "(TorchRec's planner, every sharding type: table-, column-, row-wise, data-parallel), "
-                        "torchrec-tw (table-wise only), or a trained model's checkpoint (default lookup_greedy)")
+                        "torchrec-tw (table-wise only), shardkit (shardkit's own planner: every sharding type, cost model "
+                        "and local search), or a trained model's checkpoint (default lookup_greedy)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
-                   help="batch size TorchRec's planner models (--alg torchrec / torchrec-tw only; default 4096)")
+                   help="batch size TorchRec's planner or shardkit's cost model assumes (--alg torchrec / torchrec-tw / "
+                        "shardkit only; default 4096)")
+    sk = p.add_argument_group("shardkit (--alg shardkit)")
+    sk.add_argument("--shardkit-oracle", default="emulated:h200", choices=["emulated:h200", "measured"],
+                    help="the landscape shardkit plans for: emulated:h200 (default; the emulator's model, needs "
+                         "nothing else) or measured (this machine's fitted model, models/shardkit/cpu_cost_model.json "
+                         "or --shardkit-model)")
+    sk.add_argument("--shardkit-model", default=None, metavar="JSON", help="shardkit's cost model file")
+    sk.add_argument("--shardkit-time", type=positive_float, default=None, metavar="S",
+                    help="shardkit's planning time budget in seconds (default 1.0); no measured refinement here")
     p.add_argument("--out", default=None, metavar="PLAN.json", help="write the plan as JSON (atomically)")
     p.add_argument("--torchrec", action="store_true",
                    help="also write the TorchRec-loadable form beside --out (PLAN.torchrec.json)")
@@ -227,10 +238,12 @@ def main(argv=None):
     if args.alg != "torchrec":   # TorchRec's full planner may split a table larger than the cap by rows
         check_fits(tables, names, args.max_memory, args.weights_precision)
     kwargs = {}
-    if args.alg in ("torchrec", "torchrec-tw") and args.batch_size is not None:
+    if args.alg in ("torchrec", "torchrec-tw", "shardkit") and args.batch_size is not None:
         kwargs["batch_size"] = args.batch_size
     elif args.batch_size is not None:
-        raise ShardError("--batch-size is for --alg torchrec / torchrec-tw only")
+        raise ShardError("--batch-size is for --alg torchrec / torchrec-tw / shardkit only")
+    if args.alg == "shardkit":
+        kwargs.update(oracle=args.shardkit_oracle, shardkit_model=args.shardkit_model, shardkit_time=args.shardkit_time)
     sharder = algorithms.resolve(args.alg, seed=args.seed, **kwargs)
     plan = sharder.shard(tables, ndevices, args.max_memory, args.weights_precision)
     if not plan.is_feasible(tables, args.max_memory, args.weights_precision):

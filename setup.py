@@ -6,7 +6,7 @@ setup(
     description="Embedding-table sharding: AutoShard, DreamShard and NeuroShard on one shared core",
     packages=find_packages(include=["shardcore", "shardcore.*", "experiments", "experiments.*",
                                     "autoshard", "autoshard.*", "dreamshard", "dreamshard.*",
-                                    "neuroshard", "neuroshard.*"]),
+                                    "neuroshard", "neuroshard.*", "shardkit_planner", "shardkit_planner.*"]),
     py_modules=["shardkit_methods"],   # the list of method packages (shardcore.registry reads it)
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "numpy", "pandas", "tqdm", "matplotlib"],

@@ -5,3 +5,7 @@ itself in its ``method`` module. ``SHARDKIT_METHODS=pkg1,pkg2`` in the environme
 """
 
 METHOD_PACKAGES = ("autoshard", "dreamshard", "neuroshard")
+
+# Planners that are not trained by a script of their own: ``--alg name`` -> "module[:function]",
+# the function (default ``load_sharder``) called as ``f(None, seed=..., **kwargs)``.
+PLANNER_PLUGINS = {"shardkit": "shardkit_planner.sharder"}

@@ -14,9 +14,15 @@ from shardcore.baselines import BASELINES
 from shardcore.errors import ShardError
 
 PAPER_BASELINES = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
-PLUGINS = tuple(CORE_PLUGINS)    # the core's optional planners (TorchRec's)
+PLUGINS = ("torchrec",)    # the core's optional planner in the results table: TorchRec's, every sharding type
 LABELS = {"random": "Random", "naive": "Naive", "size_greedy": "Size-based", "dim_greedy": "Dim-based",
-          "lookup_greedy": "Lookup-based", "size_lookup_greedy": "Size-lookup-based", "torchrec": "TorchRec"}
+          "lookup_greedy": "Lookup-based", "size_lookup_greedy": "Size-lookup-based", "torchrec": "TorchRec",
+          "torchrec-tw": "TorchRec (TW)"}
+
+
+def planners() -> tuple[str, ...]:
+    """The planners declared beside the learned methods (``shardkit_methods.PLANNER_PLUGINS``)."""
+    return tuple(registry.planner_plugins())
 
 
 def learned_methods() -> tuple[str, ...]:
@@ -26,20 +32,21 @@ def learned_methods() -> tuple[str, ...]:
 
 def all_algs() -> tuple[str, ...]:
     """Every algorithm of the results table: the paper's baselines, the plug-ins, the learned methods."""
-    return PAPER_BASELINES + PLUGINS + learned_methods()
+    return PAPER_BASELINES + PLUGINS + learned_methods() + planners()
 
 
 def known_algs() -> list[str]:
-    return list(BASELINES) + list(PLUGINS) + list(learned_methods())
+    return list(BASELINES) + list(CORE_PLUGINS) + list(learned_methods()) + list(planners())
 
 
 def label(alg: str) -> str:
-    return LABELS.get(alg) or registry.label(alg)
+    return LABELS.get(alg) or (alg if alg in planners() else registry.label(alg))
 
 
 def order_algs(algs) -> list[str]:
     """Algorithms in the paper's column order (baselines, TorchRec, learned), unknown ones last."""
-    known = [a for a in ("random", "naive") + PAPER_BASELINES[1:] + PLUGINS + learned_methods() if a in algs]
+    known = [a for a in ("random", "naive") + PAPER_BASELINES[1:] + tuple(CORE_PLUGINS) + learned_methods() + planners()
+             if a in algs]
     return known + sorted(a for a in set(algs) if a not in known)
 
 

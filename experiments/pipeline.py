@@ -33,7 +33,7 @@ from shardcore.taskgen import TaskSpec, generate_tasks
 from shardcore.tasks import load_tasks, save_tasks
 from shardcore.types import Topology
 
-from .config import PLUGINS, SCALES, ExperimentConfig, TaskSetDef, learned_methods
+from .config import PLUGINS, SCALES, ExperimentConfig, TaskSetDef, learned_methods, planners
 from .facts import machine_info, now, software_versions
 from .output import SetOutcome, mean_line, terminal_text, write_outputs
 from .training import LearnedModel, model_for, prepare_learned
@@ -72,8 +72,10 @@ class GuardedSharder(Sharder):
 
 def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: int | None,
                    learned: dict[str, dict[int, LearnedModel]], notes: list[str] | None = None,
-                   ) -> tuple[dict[str, Sharder], dict[str, str]]:
-    """Sharders of the available algorithms for one device count, and the checkpoint used per learned one."""
+                   planner_kwargs: dict | None = None) -> tuple[dict[str, Sharder], dict[str, str]]:
+    """Sharders of the available algorithms for one device count, and the checkpoint used per learned
+    one. ``planner_kwargs`` go to the declared planners (:func:`~experiments.config.planners`): the
+    landscape they plan for, the data, the cache, the test tables a fitted model must not see."""
     from shardcore import algorithms
 
     sharders: dict[str, Sharder] = {}
@@ -81,9 +83,11 @@ def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: in
     for alg in algs:
         if alg in BASELINES:
             sharders[alg] = algorithms.resolve(alg, seed=seed)
-        elif alg in PLUGINS:
+        elif alg in PLUGINS or alg in planners():
+            kwargs = dict(planner_kwargs or {}) if alg in planners() else {}
             try:
-                sharders[alg] = GuardedSharder(alg, inner=algorithms.resolve(alg, batch_size=batch_size))
+                sharders[alg] = GuardedSharder(alg, inner=algorithms.resolve(alg, seed=seed, batch_size=batch_size,
+                                                                             **kwargs))
             except ShardError as exc:
                 if notes is not None:
                     notes.append(f"{alg}: skipped: {exc}")
@@ -249,7 +253,12 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
     for ts in cfg.task_sets:
         tasks = load_tasks(task_dirs[ts] / "test.txt", num_tables=dataset.num_tables)
         set_notes: list[str] = []
-        sharders, used = build_sharders(algs, ts.ndevices, cfg.seed, batch_size, learned, set_notes)
+        planner_kwargs = {"oracle": cfg.oracle, "data_dir": cfg.data_dir, "comm_bandwidth": cfg.comm_bandwidth,
+                          "comm_latency": cfg.comm_latency, "cache_path": cfg.cache_path,
+                          # tables a model fitted from the cache must not have seen
+                          "exclude_task_files": [str(task_dirs[t] / "test.txt") for t in cfg.task_sets]}
+        sharders, used = build_sharders(algs, ts.ndevices, cfg.seed, batch_size, learned, set_notes,
+                                        planner_kwargs=planner_kwargs)
         notes += [n for n in set_notes if n not in notes]
         t0 = time.perf_counter()
         outcomes.append(measure_set(cfg, ts, tasks, dataset.tables, sharders, used, progress))

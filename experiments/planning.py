@@ -31,7 +31,7 @@ from shardcore.errors import InfeasibleError, ShardError
 from shardcore.io import write_text
 from shardcore.tables import TableConfig, total_memory_gb
 
-from .config import PLUGINS, all_algs, known_algs, label, learned_methods, order_algs
+from .config import PLUGINS, all_algs, known_algs, label, learned_methods, order_algs, planners
 from .facts import machine_info, now, software_versions
 from .output import write_csv
 from .procs import kill_group
@@ -63,6 +63,7 @@ class BenchConfig:
     model_paths: dict = field(default_factory=dict)
     models_dir: str | None = "models/experiments/small"
     quiet: bool = False
+    plugin_oracle: str = "emulated:h200"   # the landscape the planner plugins (shardkit_methods.PLANNER_PLUGINS) plan for
     command: list = field(default_factory=lambda: list(sys.argv))
 
 
@@ -147,7 +148,8 @@ def _bench_child_main() -> None:
 
     try:
         tables = load_dataset(spec["data_dir"], with_lookups=False).tables
-        sharder = algorithms.resolve(spec["alg_path"], seed=spec["seed"], batch_size=spec.get("batch_size"))
+        sharder = algorithms.resolve(spec["alg_path"], seed=spec["seed"], batch_size=spec.get("batch_size"),
+                                     **spec.get("plugin_kwargs", {}))
         # warm-up on a small task: lazy initialisation is not charged to the first size
         warm = tables[: min(8, len(tables))]
         try:
@@ -327,6 +329,8 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
             spec = {"data_dir": os.path.abspath(cfg.data_dir), "alg_path": path, "seed": cfg.seed,
                     "batch_size": batch_size, "max_memory": cfg.max_memory, "headroom": cfg.headroom,
                     "precision": cfg.precision, "repeats": cfg.repeats, "time_limit_s": cfg.time_limit_s}
+            if alg in planners():   # a declared planner with its own cost model plans for the emulated landscape here
+                spec["plugin_kwargs"] = {"oracle": cfg.plugin_oracle, "data_dir": os.path.abspath(cfg.data_dir)}
             todo = list(points)
             got: dict[int, dict] = {}
             while todo:

@@ -22,6 +22,11 @@ CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner",
                 "torchrec-tw": "shardcore.torchrec_planner:load_sharder_tw"}
 
 
+def plugins() -> dict[str, str]:
+    """The planners declared beside the learned methods (:func:`shardcore.registry.planner_plugins`)."""
+    return registry.planner_plugins()
+
+
 def checkpoint_method(path: Path) -> str:
     """The method that wrote a checkpoint; only the known method names are accepted (the name is
     used to import the method's package, so a checkpoint never chooses what gets imported)."""
@@ -60,5 +65,13 @@ def resolve(name: str, seed: int = 0, **kwargs) -> Sharder:
         return getattr(importlib.import_module(module), func or "load_sharder")(None, **kwargs)
     if name in registry.method_names():
         return _method_module(name).load_sharder(None, **kwargs)
+    extra = plugins()
+    if name in extra:
+        module, _, func = extra[name].partition(":")
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            raise ShardError(f"--alg {name}: its package is not available in this installation ({exc.msg})") from None
+        return getattr(mod, func or "load_sharder")(None, seed=seed, **kwargs)
     raise ShardError(f"unknown algorithm {name!r}: choose from {', '.join(BASELINES)}, "
                      "or give a trained model's checkpoint (.pt)")

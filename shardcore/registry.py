@@ -108,6 +108,20 @@ def method_names() -> tuple[str, ...]:
     return tuple(getattr(listing, "METHOD_PACKAGES", ()))
 
 
+def planner_plugins() -> dict[str, str]:
+    """``{--alg name: "module[:function]"}`` of the planners the top-level list declares beside the
+    learned methods (``PLANNER_PLUGINS``); empty where there is no list. The module is imported only
+    when its name is asked for."""
+    try:
+        listing = importlib.import_module(TOP_LEVEL_LIST)
+    except ModuleNotFoundError:
+        return {}
+    plugins = getattr(listing, "PLANNER_PLUGINS", {})
+    if not isinstance(plugins, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plugins.items()):
+        raise ShardError(f"{TOP_LEVEL_LIST}.PLANNER_PLUGINS must map --alg names to 'module[:function]' strings")
+    return dict(plugins)
+
+
 def get(name: str) -> MethodSpec:
     """The spec a listed method package declares; one-line :class:`ShardError` otherwise."""
     names = method_names()

@@ -12,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("autoshard", "dreamshard", "neuroshard")
+PLANNERS = ("shardkit_planner",)          # our own planner: a method package too, declared as a plugin
+PACKAGES = METHODS + PLANNERS
 
 
 def _docstring_lines(tree: ast.AST) -> set[int]:
@@ -86,13 +88,13 @@ def test_the_registry_lists_the_method_packages():
 @pytest.mark.parametrize("path", sorted((ROOT / "shardcore").glob("*.py")), ids=lambda p: p.name)
 def test_the_core_neither_imports_nor_names_a_method(path):
     source = path.read_text()
-    assert not _imported_packages(ast.parse(source)) & set(METHODS), path.name
+    assert not _imported_packages(ast.parse(source)) & set(PACKAGES), path.name
     assert method_mentions(source) == [], f"{path.name} names a method in code: {method_mentions(source)[:3]}"
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", PACKAGES)
 def test_no_method_package_imports_another(method):
-    others = set(METHODS) - {method}
+    others = set(PACKAGES) - {method}
     for path in sorted((ROOT / method).rglob("*.py")):
         bad = _imported_packages(ast.parse(path.read_text())) & others
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
@@ -102,7 +104,7 @@ def test_no_method_package_imports_another(method):
 def test_the_experiment_runner_names_no_method(path):
     """The runner reads the methods from the registry; its texts may cite the papers' tables."""
     source = path.read_text()
-    assert not _imported_packages(ast.parse(source)) & set(METHODS), path.name
+    assert not _imported_packages(ast.parse(source)) & set(PACKAGES), path.name
     hits = method_mentions(source, cite_papers=True)
     assert hits == [], f"{path.name} names a method in code: {hits[:3]}"
 
@@ -126,3 +128,10 @@ def test_the_method_list_can_be_replaced_from_the_environment(monkeypatch):
     assert registry.precision_origin("fp16") == "as AutoShard's and DreamShard's original code"
     assert registry.train_hint(None) == ("train one with python train_autoshard.py, train_dreamshard.py or "
                                          "train_neuroshard.py")
+
+
+def test_the_planner_plugins_are_declared_at_the_top_level_and_resolve():
+    from shardcore import algorithms, registry
+
+    assert registry.planner_plugins() == {"shardkit": "shardkit_planner.sharder"}
+    assert type(algorithms.resolve("shardkit", oracle="emulated:h200")).__module__ == "shardkit_planner.sharder"

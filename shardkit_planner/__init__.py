@@ -1,0 +1,10 @@
+"""shardkit's own planner (``--alg shardkit``): the whole plan space (table-, column-, row-wise and
+data-parallel), a cost model fitted on an oracle of this machine (or the emulated card's own model),
+local search from the best of the greedy / TorchRec / given plans, and optionally the oracle itself
+for the final choice among the search's best candidates.
+
+Modules: :mod:`.costmodel` (per-device plan costs), :mod:`.search` (the moves and the local search),
+:mod:`.sharder` (the ``--alg`` entry point, ``load_sharder``), :mod:`.method` (registration with
+:mod:`shardcore.algorithms`). This package imports only :mod:`shardcore`, never another method
+package.
+"""

@@ -1,0 +1,260 @@
+"""The planner's cost model: a whole plan's per-device costs (ms), for every sharding type.
+
+A device's cost is what the oracles report (:mod:`shardcore.oracles`): forward + backward compute
+of its pieces as one fused shard, plus its forward and backward exchanges.
+
+**Compute.** One shard's ``(fw_ms, bw_ms)`` from the features of :mod:`shardcore.emulator` (lookups,
+distinct rows, estimated DRAM traffic, bag-length dispersion, outputs, table count, the shard's
+widest table and its row count...), linear with non-negative weights. A piece is a table with the
+rows, dim and pooling factor it holds (:meth:`shardcore.plan.Sharding.pieces`: a row-wise block the
+lookups in proportion to its rows, a data-parallel replica its batch slice's), so the same features
+cover every type. The weights come from
+
+* ``emulated:h200``: the emulator itself (the oracle's own compute model: exact by construction);
+* ``measured``: a fit on this machine's shard measurements (the measurement cache's
+  :meth:`~shardcore.cache.CostCache.shard_entries` for the dataset, batch and precision),
+  made by :func:`fit_cost_model` (``tools/fit_shardkit_model.py``) with the emulator's fitting code.
+
+**Communication.** ``latency + max(bytes sent, bytes received) / bandwidth`` per phase
+(:class:`~shardcore.commmodel.CommModel`): the emulated oracle's analytic model with the same
+constants, or on the CPU a fit of the measured all-to-alls (the cache's plan measurements). For the
+measured landscape the pieces' extra collectives are added as the evaluator runs them
+(:mod:`shardcore.shardings`): a row-wise table's id exchange (8 bytes per id plus one length per
+sample) and a data-parallel table's gradient all-reduce (``2 (n-1)/n x rows x dim x bytes``), at the
+fitted bandwidth; a data-parallel table sends no pooled outputs. The emulated oracle counts every
+piece's dim in the pooled exchange and nothing else, and so does the model there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from shardcore.commmodel import CommModel, batch_slices, fit_comm_model, remote_bytes
+from shardcore.emulator import DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, shard_features, table_arrays
+from shardcore.errors import ShardError
+from shardcore.io import atomic_open
+from shardcore.plan import DATA_PARALLEL, ROW_WISE, Plan, ShardPiece
+from shardcore.tables import TableConfig, bytes_per_element
+
+FORMAT = "shardkit-planner-cost-1"
+MEASURED, EMULATED = "measured", "emulated:h200"
+DEFAULT_CV = 0.7
+
+
+def length_cvs(data_dir: str | os.PathLike, batch_size: int) -> list[float] | None:
+    """Per dataset table the coefficient of variation of its per-sample lookup counts (the first
+    ``batch_size`` samples of ``data.pt``); None without lookup data."""
+    from shardcore.dataset import load_dataset
+
+    try:
+        ds = load_dataset(data_dir)
+    except ShardError:
+        return None
+    if not ds.has_lookups:
+        return None
+    out = []
+    for off in ds.offsets:
+        n = min(int(batch_size), off.numel() - 1)
+        lengths = np.diff(off[: n + 1].numpy().astype(np.int64))
+        mean = float(lengths.mean()) if n > 0 else 0.0
+        out.append(float(lengths.std() / mean) if mean > 0 else 0.0)
+    return out
+
+
+@dataclass
+class CostModel:
+    """Per-device plan costs in ms (see the module notes)."""
+
+    compute: GpuComputeModel
+    comm: CommModel
+    batch_size: int
+    landscape: str = EMULATED          # MEASURED: the pieces' extra collectives are counted
+    length_cv: list[float] | None = None
+    precision: str = "fp16"
+    source: str = ""
+    _cv_cache: dict = field(default_factory=dict, repr=False)
+
+    # -- compute -------------------------------------------------------------------------------
+    def _cv(self, t: TableConfig) -> float:
+        if self.length_cv is not None and 0 <= t.index < len(self.length_cv):
+            return self.length_cv[t.index]
+        return self.compute.table_cv(t)
+
+    def shard_compute(self, shards: Sequence[Sequence[TableConfig]]) -> np.ndarray:
+        """fw + bw compute (ms) of each shard (an empty shard: 0)."""
+        shards = [list(s) for s in shards]
+        if not shards:
+            return np.zeros(0)
+        cv = [[self._cv(t) for t in s] for s in shards]
+        pred = self.compute.predict_many(shards, self.batch_size, length_cv=cv)
+        return pred[:, 0] + pred[:, 1]
+
+    # -- communication ---------------------------------------------------------------------------
+    def pooled_dim(self, t: TableConfig) -> int:
+        """Width a piece adds to its device's pooled outputs."""
+        if self.landscape == MEASURED and isinstance(t, ShardPiece) and t.kind == DATA_PARALLEL:
+            return 0
+        return int(t.dim)
+
+    def extra_bytes(self, t: TableConfig, ndevices: int) -> float:
+        """Bytes of a piece's own collective on its device (measured landscape only)."""
+        if self.landscape != MEASURED or not isinstance(t, ShardPiece) or ndevices < 2:
+            return 0.0
+        if t.kind == DATA_PARALLEL:
+            return 2.0 * (ndevices - 1) / ndevices * t.row * t.dim * bytes_per_element(self.precision)
+        if t.kind == ROW_WISE:
+            share = (ndevices - 1) / ndevices
+            return 8.0 * share * (self.batch_size * t.pooling_factor + self.batch_size)
+        return 0.0
+
+    def comm_costs(self, dim_sums, extra=None) -> np.ndarray:
+        """fw + bw exchange (ms) per device (the last axis: devices; leading axes: candidate plans),
+        from the pooled widths and the extra bytes."""
+        dims = np.asarray(dim_sums, dtype=float)
+        n = dims.shape[-1]
+        if n < 2:
+            return np.zeros(dims.shape)
+        slices = np.asarray(batch_slices(self.batch_size, n), dtype=float)
+        total = dims.sum(axis=-1, keepdims=True)
+        sent = 4.0 * dims * (self.batch_size - slices)
+        recv = 4.0 * slices * (total - dims)
+        nbytes = np.maximum(sent, recv)
+        lat = self.comm.latency_us * 1e-3
+        per_byte = 1e3 / (self.comm.bandwidth_gbps * 1e9)
+        out = 2.0 * np.where(nbytes > 0, lat + nbytes * per_byte, 0.0)
+        if extra is not None:
+            ex = np.asarray(extra, dtype=float)
+            out = out + np.where(ex > 0, lat + ex * per_byte, 0.0)
+        return out
+
+    # -- whole plans -----------------------------------------------------------------------------
+    def shard_costs(self, shards: Sequence[Sequence[TableConfig]]) -> np.ndarray:
+        """Per device total cost (ms) of a plan given as its devices' pieces."""
+        n = len(shards)
+        comp = self.shard_compute(shards)
+        dims = [sum(self.pooled_dim(t) for t in s) for s in shards]
+        extra = [sum(self.extra_bytes(t, n) for t in s) for s in shards]
+        return comp + self.comm_costs(dims, extra)
+
+    def device_costs(self, tables: Sequence[TableConfig], plan: Plan) -> np.ndarray:
+        return self.shard_costs(plan.shard_tables(tables))
+
+    def plan_cost(self, tables: Sequence[TableConfig], plan: Plan) -> float:
+        return float(self.device_costs(tables, plan).max())
+
+    # -- files -----------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "landscape": self.landscape, "batch_size": int(self.batch_size),
+                "precision": self.precision, "source": self.source, "compute": self.compute.params,
+                "comm": self.comm.to_json(), "length_cv": self.length_cv}
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_open(path) as fh:
+            fh.write(json.dumps(self.to_json()) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CostModel":
+        try:
+            with open(path, "rb") as fh:
+                obj = json.loads(fh.read().decode("utf-8"))
+        except FileNotFoundError:
+            raise ShardError(f"shardkit cost model not found: {path} (fit one with tools/fit_shardkit_model.py)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ShardError(f"{path}: not a readable shardkit cost model ({exc})") from None
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise ShardError(f"{path}: not a shardkit cost model (format {obj.get('format') if isinstance(obj, dict) else None!r})")
+        try:
+            c = obj["comm"]
+            return cls(compute=GpuComputeModel(obj["compute"]),
+                       comm=CommModel(float(c["bandwidth_gbps"]), float(c["latency_us"]), str(c.get("link", "")),
+                                      str(c.get("source", "fitted"))),
+                       batch_size=int(obj["batch_size"]), landscape=str(obj["landscape"]),
+                       length_cv=obj.get("length_cv"), precision=str(obj.get("precision", "fp16")),
+                       source=str(obj.get("source", "")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ShardError(f"{path}: malformed shardkit cost model ({exc})") from None
+
+
+def emulated_model(data_dir: str | os.PathLike, batch_size: int, comm: CommModel | None = None,
+                   card: str = "h200") -> CostModel:
+    """The emulated card's own compute model and the analytic exchange (what ``--oracle emulated:h200``
+    judges plans by)."""
+    return CostModel(load_gpu_model(card), comm or CommModel(), int(batch_size), landscape=f"emulated:{card}",
+                     length_cv=length_cvs(data_dir, batch_size), source=f"emulator ({card})")
+
+
+def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
+                   optimizer: str = "exact_sgd", data_dir: str | os.PathLike | None = None,
+                   exclude_tables: set[int] | None = None, comm_fallback: CommModel | None = None,
+                   min_shards: int = 20) -> CostModel:
+    """Fit the measured landscape's model on the cache's measurements of ``dataset`` at ``batch_size``.
+
+    Only shards whose tables are whole-row (table- or column-wise pieces) and none of whose tables is
+    in ``exclude_tables`` (e.g. the test tables) are used. The exchange is fitted on the cache's plan
+    measurements (per device: max(bytes sent, received) and its measured fw and bw times); with fewer
+    than two sizes, ``comm_fallback`` (or an error) is used."""
+    from shardcore.cache import dataset_digest
+
+    digest = dataset_digest(dataset)
+    exclude = exclude_tables or set()
+    entries = cache.shard_entries(hardware=hardware, dataset=digest, batch_size=batch_size, precision=precision,
+                                  optimizer=optimizer)
+    shards, fw, bw = [], [], []
+    for e in entries:
+        ts = []
+        for index, row, dim in e.tables:
+            if not 0 <= index < dataset.num_tables or index in exclude:
+                ts = None
+                break
+            base = dataset.tables[index]
+            if row != base.row:
+                ts = None
+                break
+            ts.append(base.with_dim(int(dim)))
+        if ts:
+            shards.append(ts)
+            fw.append(e.fw_ms)
+            bw.append(e.bw_ms)
+    if len(shards) < min_shards:
+        raise ShardError(f"only {len(shards)} usable shard measurements at batch {batch_size} in the cache "
+                         f"(need {min_shards}); collect some with collect_compute_cost_data.py")
+    cvs = length_cvs(data_dir, batch_size) if data_dir is not None else None
+    default_cv = float(np.median(cvs)) if cvs else DEFAULT_CV
+    cv = [[(cvs[t.index] if cvs else default_cv) for t in s] for s in shards]
+    ta, shard_of = table_arrays(shards, cv)
+    X = shard_features(ta, shard_of, len(shards), int(batch_size), DEFAULT_SPEC)
+    params = fit_params({int(batch_size): (X, np.asarray(fw), np.asarray(bw))}, DEFAULT_SPEC, card="cpu",
+                        fitted_on=f"{len(shards)} shard measurements ({hardware})", known_tables=None,
+                        default_cv=default_cv)
+    samples = []
+    for p in cache.plan_entries(hardware=hardware, dataset=digest, batch_size=batch_size, precision=precision,
+                                optimizer=optimizer):
+        dims = [sum(int(d) for _i, _r, d in s) for s in p.shards]
+        for (sent, recv), costs in zip(remote_bytes(dims, batch_size), p.device_costs_ms):
+            samples.append((max(sent, recv), 0.5 * (float(costs[1]) + float(costs[2]))))
+    try:
+        comm = fit_comm_model(samples, link="measured all-to-all (this machine)")
+        comm_src = f"{len(samples)} measured exchanges"
+    except ShardError:
+        if comm_fallback is None:
+            raise ShardError("the cache holds no plan measurements at two or more sizes to fit the exchange; "
+                             "measure some plans (eval.py) first") from None
+        comm, comm_src = comm_fallback, "the given exchange model (no plan measurements)"
+    return CostModel(GpuComputeModel(params), comm, int(batch_size), landscape=MEASURED, length_cv=cvs,
+                     precision=precision, source=f"fitted: compute on {len(shards)} shards, comm on {comm_src}")
+
+
+def mape(pred: Sequence[float], true: Sequence[float]) -> float:
+    p, t = np.asarray(pred, dtype=float), np.asarray(true, dtype=float)
+    keep = t > 0
+    if not keep.any():
+        return math.nan
+    return float(100.0 * np.mean(np.abs(p[keep] - t[keep]) / t[keep]))

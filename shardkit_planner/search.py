@@ -1,0 +1,294 @@
+"""Local search over the whole plan space, guided by a :class:`~shardkit_planner.costmodel.CostModel`.
+
+**State**: one :class:`~shardcore.plan.Sharding` per task table; each device's pieces, memory,
+compute cost, pooled width and extra collective bytes are kept up to date.
+
+**Objective**: the plan's cost (the most expensive device), ties broken by the sum of squared device
+costs (so a move that relieves a device tied for the maximum, or evens out the others, still counts).
+A move is taken only when it lowers this pair lexicographically, so the result is never worse than
+the start under the model, and the search cannot cycle.
+
+**Moves** (every one from the most expensive device ``m``, to one of the ``fanout`` cheapest devices
+``e`` with room):
+
+* *move*: a table-wise table, or one column block of a column-wise table, from ``m`` to ``e`` (a block
+  landing where the same table already has a block merges with it: *merge splits back*; a table whose
+  blocks all end up on one device becomes table-wise again);
+* *swap*: a table-wise table of ``m`` with one of ``e``;
+* *split*: a table-wise table (or a block) of ``m`` cut column-wise into two halves, one moved to ``e``
+  (dims stay multiples of 4);
+* *row-wise*: a hot table of ``m`` spread row-wise over every device, or over ``m`` and the cheapest ones;
+* *replicate*: a small hot table of ``m`` made data-parallel (a replica on every device);
+* *gather*: a row-wise or data-parallel table touching ``m`` made table-wise on ``e``.
+
+Each round scores the candidate moves in chunks (one batched compute prediction for every changed
+device shard of a chunk, remembered by shard contents; the exchanges of every candidate in one
+array operation) and takes the best. The search stops at a local optimum, after ``max_rounds`` or
+when ``deadline`` (``time.perf_counter()``) passes, checked between chunks, so a round overruns the
+deadline by at most one chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from shardcore.plan import (COLUMN_WISE, DATA_PARALLEL, ROW_WISE, TABLE_WISE, Plan, Sharding, column_wise,
+                            data_parallel, row_wise, table_wise)
+from shardcore.plan import piece_key
+from shardcore.tables import DIM_MULTIPLE, GB, TableConfig, bytes_per_element
+
+from .costmodel import CostModel
+
+EPS = 1e-9
+
+
+@dataclass
+class SearchStats:
+    rounds: int = 0
+    candidates: int = 0
+    accepted: dict | None = None
+    stopped: str = ""
+
+
+class State:
+    """A plan under search: shardings plus per-device bookkeeping."""
+
+    def __init__(self, model: CostModel, tables: Sequence[TableConfig], shardings: Sequence[Sharding],
+                 ndevices: int, max_memory_gb: float, precision: str):
+        self.model, self.tables, self.n = model, list(tables), int(ndevices)
+        self.cap, self.precision = float(max_memory_gb), precision
+        self.bpe = bytes_per_element(precision) / GB
+        self._comp_cache: dict[tuple, float] = {}
+        self.shardings = list(shardings)
+        self.pieces: list[list[tuple[int, TableConfig]]] = [[] for _ in range(self.n)]
+        self.pos_devices: list[set[int]] = [set() for _ in self.tables]
+        for pos, (t, s) in enumerate(zip(self.tables, self.shardings)):
+            for d, p in s.pieces(t, self.n):
+                self.pieces[d].append((pos, p))
+                self.pos_devices[pos].add(d)
+        self.mem = np.array([sum(self.piece_mem(p) for _, p in ps) for ps in self.pieces])
+        self.comp = self.compute_many([[p for _, p in ps] for ps in self.pieces])
+        self.dims = np.array([sum(model.pooled_dim(p) for _, p in ps) for ps in self.pieces], dtype=float)
+        self.extra = np.array([sum(model.extra_bytes(p, self.n) for _, p in ps) for ps in self.pieces])
+        self.costs = self.comp + model.comm_costs(self.dims, self.extra)
+
+    def piece_mem(self, p: TableConfig) -> float:
+        return p.row * p.dim * self.bpe
+
+    def compute_many(self, shards: list[list[TableConfig]]) -> np.ndarray:
+        """The model's compute of each shard, remembered by the shard's contents."""
+        keys = [tuple(sorted(piece_key(p) for p in ps)) for ps in shards]
+        todo = [i for i, k in enumerate(keys) if k not in self._comp_cache]
+        if todo:
+            uniq: dict[tuple, int] = {}
+            for i in todo:
+                uniq.setdefault(keys[i], i)
+            vals = self.model.shard_compute([shards[i] for i in uniq.values()])
+            for k, v in zip(uniq, vals):
+                self._comp_cache[k] = float(v)
+        return np.array([self._comp_cache[k] for k in keys])
+
+    @property
+    def cost(self) -> float:
+        return float(self.costs.max())
+
+    @property
+    def score(self) -> tuple[float, float]:
+        return float(self.costs.max()), float((self.costs ** 2).sum())
+
+    def plan(self) -> Plan:
+        return Plan.from_shardings(self.tables, self.shardings, self.n)
+
+    # -- a candidate: new shardings for some table positions -------------------------------------
+    def changed_shards(self, change: dict[int, Sharding]) -> dict[int, list[TableConfig]] | None:
+        """The new piece lists of the devices a change touches; None if a device would overflow."""
+        touched: dict[int, None] = {}
+        new_on: dict[int, list[TableConfig]] = {}
+        for pos, s in change.items():
+            for d in self.pos_devices[pos]:
+                touched.setdefault(d, None)
+            for d, p in s.pieces(self.tables[pos], self.n):
+                touched.setdefault(d, None)
+                new_on.setdefault(d, []).append(p)
+        out = {}
+        for d in touched:
+            kept = [p for pos, p in self.pieces[d] if pos not in change]
+            added = new_on.get(d, [])
+            if added:
+                removed = self.mem[d] - sum(self.piece_mem(p) for p in kept)
+                if self.mem[d] - removed + sum(self.piece_mem(p) for p in added) > self.cap + 1e-12:
+                    return None
+            out[d] = kept + added
+        return out
+
+    def apply(self, change: dict[int, Sharding], shards: dict[int, list[TableConfig]], comp: dict[int, float]) -> None:
+        for pos, s in change.items():
+            self.shardings[pos] = s
+            self.pos_devices[pos] = {d for d, _ in s.pieces(self.tables[pos], self.n)}
+        for d in shards:
+            self.pieces[d] = [(pos, p) for pos, p in self.pieces[d] if pos not in change]
+        for pos, s in change.items():
+            for d, p in s.pieces(self.tables[pos], self.n):
+                self.pieces[d].append((pos, p))
+        for d, ps in shards.items():
+            self.mem[d] = sum(self.piece_mem(p) for p in ps)
+            self.comp[d] = comp[d]
+            self.dims[d] = sum(self.model.pooled_dim(p) for p in ps)
+            self.extra[d] = sum(self.model.extra_bytes(p, self.n) for p in ps)
+        self.costs = self.comp + self.model.comm_costs(self.dims, self.extra)
+
+
+def _merge_blocks(blocks: list[tuple[int, int]]) -> Sharding:
+    """Column blocks in order, consecutive ... blocks on one device joined; one block: table-wise."""
+    by_dev: dict[int, int] = {}
+    order: list[int] = []
+    for d, w in blocks:
+        if d not in by_dev:
+            order.append(d)
+            by_dev[d] = 0
+        by_dev[d] += w
+    if len(order) == 1:
+        return table_wise(order[0])
+    return column_wise([(d, by_dev[d]) for d in order])
+
+
+ALL_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL)
+
+
+def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
+                    types: Sequence[str] = ALL_TYPES, max_pieces: int = 16) -> list[tuple[str, dict[int, Sharding]]]:
+    """The moves from the most expensive device ``m`` (see the module notes); only moves whose new
+    sharding is of one of ``types`` (table-wise is always allowed). On a device with many pieces only
+    its ``max_pieces`` heaviest are moved, split or swapped (bounded rounds on large tasks)."""
+    cw, rw, dp = COLUMN_WISE in types, ROW_WISE in types, DATA_PARALLEL in types
+    n = st.n
+    order = [int(d) for d in np.argsort(st.costs, kind="stable") if int(d) != m]
+    dests = order[:fanout]
+    out: list[tuple[str, dict[int, Sharding]]] = []
+    on_m = sorted({pos for pos, _ in st.pieces[m]})
+    # the heaviest tables of m by the model's standalone cost of their piece there, for the costly moves
+    weight = {}
+    for pos, p in st.pieces[m]:
+        weight[pos] = weight.get(pos, 0.0) + p.dim * max(p.pooling_factor, 1e-3)
+    ranked = sorted(on_m, key=lambda pos: -weight[pos])
+    heavy = ranked[:hot]
+    on_m = sorted(ranked[:max_pieces])
+    for pos in on_m:
+        s, t = st.shardings[pos], st.tables[pos]
+        if s.type == TABLE_WISE:
+            for e in dests:
+                out.append(("move", {pos: table_wise(e)}))
+            if cw and t.dim % (2 * DIM_MULTIPLE) == 0:
+                half = t.dim // 2
+                for e in dests[: max(1, fanout // 2)]:
+                    out.append(("split", {pos: column_wise([(m, half), (e, half)])}))
+        elif s.type == COLUMN_WISE:
+            blocks = list(zip(s.devices, s.dims))
+            for j, (d, w) in enumerate(blocks):
+                if d != m:
+                    continue
+                for e in dests:
+                    nb = blocks[:j] + [(e, w)] + blocks[j + 1:]
+                    out.append(("move" if e not in s.devices else "merge", {pos: _merge_blocks(nb)}))
+                if cw and w % (2 * DIM_MULTIPLE) == 0:
+                    for e in dests[: max(1, fanout // 2)]:
+                        nb = blocks[:j] + [(m, w // 2), (e, w // 2)] + blocks[j + 1:]
+                        out.append(("split", {pos: _merge_blocks(nb)}))
+        else:   # row-wise / data-parallel touching m: gather it on one device
+            for e in dests[:2]:
+                out.append(("gather", {pos: table_wise(e)}))
+    # swaps of a table-wise table of m with a lighter one of its cheapest peers
+    def w_of(pos):
+        return st.tables[pos].dim * max(st.tables[pos].pooling_factor, 1e-3)
+
+    tw_m = [pos for pos in ranked[: max(hot, max_pieces // 2)] if st.shardings[pos].type == TABLE_WISE]
+    for e in dests[: max(1, fanout // 3)]:
+        tw_e = sorted((pos for pos, _ in st.pieces[e] if st.shardings[pos].type == TABLE_WISE), key=w_of,
+                      reverse=True)
+        for a in tw_m:
+            wa = weight[a]
+            lighter = [b for b in tw_e if w_of(b) < wa][:max_pieces // 2]
+            for b in lighter:
+                out.append(("swap", {a: table_wise(e), b: table_wise(m)}))
+    if n >= 2:
+        for pos in heavy:
+            s, t = st.shardings[pos], st.tables[pos]
+            if s.type in (ROW_WISE, DATA_PARALLEL):
+                continue
+            if rw:
+                out.append(("row-wise", {pos: row_wise(range(n))}))
+                for k in (2, 4):
+                    if k < n:
+                        out.append(("row-wise", {pos: row_wise([m] + order[: k - 1])}))
+            if dp and t.memory_gb(st.precision) <= dp_max_gb:
+                out.append(("replicate", {pos: data_parallel(n)}))
+    return out
+
+
+def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, max_rounds: int = 100000,
+                 dp_max_gb: float = 0.05, types: Sequence[str] = ALL_TYPES, chunk: int = 64,
+                 stats: SearchStats | None = None) -> State:
+    """Improve ``st`` in place until a local optimum, ``max_rounds`` or ``deadline``."""
+    stats = stats or SearchStats()
+    stats.accepted = stats.accepted or {}
+    model = st.model
+    for _ in range(max_rounds):
+        if time.perf_counter() > deadline:
+            stats.stopped = "time budget"
+            return st
+        m = int(np.argmax(st.costs))
+        cands = candidate_moves(st, m, fanout, hot, dp_max_gb, types)
+        stats.rounds += 1
+        best = None   # (max, sq, kind, change, shards, comp row)
+        evaluated, cut = 0, False
+        for lo in range(0, len(cands), chunk):
+            if evaluated and time.perf_counter() > deadline:
+                cut = True   # the budget ran out inside the round: decide among those scored
+                break
+            kept, changed = [], []
+            for kind, change in cands[lo:lo + chunk]:
+                shards = st.changed_shards(change)
+                if shards is not None:
+                    kept.append((kind, change))
+                    changed.append(shards)
+            if not kept:
+                continue
+            evaluated += len(kept)
+            flat, owner = [], []
+            for c, shards in enumerate(changed):
+                for d, ps in shards.items():
+                    flat.append(ps)
+                    owner.append((c, d))
+            comp = st.compute_many(flat)
+            C = len(kept)
+            comp_m = np.tile(st.comp, (C, 1))
+            dims_m = np.tile(st.dims, (C, 1))
+            extra_m = np.tile(st.extra, (C, 1))
+            for (c, d), ps, v in zip(owner, flat, comp):
+                comp_m[c, d] = v
+                dims_m[c, d] = sum(model.pooled_dim(p) for p in ps)
+                extra_m[c, d] = sum(model.extra_bytes(p, st.n) for p in ps)
+            costs = comp_m + model.comm_costs(dims_m, extra_m)
+            mx = costs.max(axis=1)
+            sq = (costs ** 2).sum(axis=1)
+            i = int(np.lexsort((sq, mx))[0])
+            if best is None or (mx[i], sq[i]) < (best[0], best[1]):
+                best = (float(mx[i]), float(sq[i]), kept[i][0], kept[i][1], changed[i], comp_m[i].copy())
+        stats.candidates += evaluated
+        if best is None:
+            stats.stopped = "no feasible move"
+            return st
+        cur_mx, cur_sq = st.score
+        bmx, bsq, kind, change, shards, comp_row = best
+        if bmx < cur_mx - EPS * max(1.0, cur_mx) or (bmx <= cur_mx + EPS and bsq < cur_sq * (1 - 1e-9)):
+            st.apply(change, shards, {d: float(comp_row[d]) for d in shards})
+            stats.accepted[kind] = stats.accepted.get(kind, 0) + 1
+        else:
+            stats.stopped = "time budget" if cut else "local optimum"
+            return st
+    stats.stopped = "round limit"
+    return st

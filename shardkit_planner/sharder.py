@@ -1,0 +1,243 @@
+"""``--alg shardkit``: start from the best of several plans, improve it by local search under the cost
+model, optionally let the oracle pick among the best candidates.
+
+1. **Starts**: every name in ``starts`` that plans the task: ``model_greedy`` (largest model cost
+   first, each table to the device whose modelled cost stays lowest among those with room), the
+   greedy baselines, ``torchrec`` (TorchRec's full planner, every sharding type) and any other
+   ``--alg`` name or checkpoint (resolved through :func:`shardcore.algorithms.resolve`, so a DreamShard
+   or AutoShard checkpoint can seed the search without this package importing theirs). Starts that
+   cannot place the task are skipped; none at all: :class:`~shardcore.errors.InfeasibleError`.
+2. **Search** (:func:`~shardkit_planner.search.local_search`) from the best starts in turn, by the
+   model, until the time budget is spent (``time_budget_s``, planning of the starts included once the
+   first start is in).
+3. **Choice**: the best plan by the model; with ``refine_k > 0`` and an oracle attached
+   (:meth:`ShardkitSharder.attach_oracle`, done by ``eval.py --shardkit-refine K``), the ``k`` best
+   distinct candidates are measured (through the oracle's cache) and the fastest measured one is
+   kept. ``last_info`` records the start, the moves taken, the model's cost and the measurements used.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
+from shardcore.commmodel import CommModel
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.plan import Plan, table_wise
+from shardcore.tables import TableConfig
+
+from .costmodel import EMULATED, MEASURED, CostModel, emulated_model
+from .search import ALL_TYPES, SearchStats, State, local_search
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CPU_MODEL = ROOT / "models" / "shardkit" / "cpu_cost_model.json"
+DEFAULT_STARTS = ("model_greedy", "size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy")
+DEFAULT_TIME_BUDGET_S = 1.0
+
+
+def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
+                 precision: str) -> Plan:
+    """Tables by standalone modelled cost, largest first, each on the device with the lowest load
+    (summed standalone costs) among those with room; table-wise."""
+    alone = model.shard_compute([[t] for t in tables])
+    order = sorted(range(len(tables)), key=lambda i: (-alone[i], -tables[i].size, i))
+    load = np.zeros(ndevices)
+    mem = np.zeros(ndevices)
+    alloc = [0] * len(tables)
+    for i in order:
+        need = tables[i].memory_gb(precision)
+        room = np.nonzero(mem + need <= max_memory_gb + 1e-12)[0]
+        if len(room) == 0:
+            raise InfeasibleError(f"infeasible: table {tables[i].index} (task position {i}) fits on no device")
+        d = int(room[np.argmin(load[room])])
+        alloc[i] = d
+        load[d] += alone[i]
+        mem[d] += need
+    return Plan.from_shardings(tables, [table_wise(d) for d in alloc], ndevices)
+
+
+@dataclass
+class ShardkitSharder(Sharder):
+    model: CostModel | None = None
+    model_factory: Any = None                 # () -> CostModel, called on first use
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S
+    starts: tuple = DEFAULT_STARTS
+    refine_k: int = 0
+    types: tuple = ALL_TYPES                  # sharding types the search may create
+    start_kwargs: dict = field(default_factory=dict)
+    oracle: Any = None
+    last_info: dict = field(default_factory=dict)
+    _start_sharders: dict = field(default_factory=dict, repr=False)
+
+    def attach_oracle(self, oracle) -> None:
+        """The oracle whose measurements pick among the top candidates (when ``refine_k > 0``)."""
+        self.oracle = oracle
+
+    def cost_model(self) -> CostModel:
+        if self.model is None:
+            if self.model_factory is None:
+                raise ShardError("shardkit: no cost model")
+            self.model = self.model_factory()
+        return self.model
+
+    def _start_sharder(self, name: str):
+        if name not in self._start_sharders:
+            from shardcore import algorithms
+
+            self._start_sharders[name] = algorithms.resolve(name, **self.start_kwargs)
+        return self._start_sharders[name]
+
+    def start_plans(self, tables, ndevices, max_memory_gb, precision) -> list[tuple[str, Plan]]:
+        model = self.cost_model()
+        out = []
+        for name in self.starts:
+            try:
+                if name == "model_greedy":
+                    plan = model_greedy(model, tables, ndevices, max_memory_gb, precision)
+                elif name in GREEDY_KEYS:
+                    plan = greedy_plan(tables, ndevices, max_memory_gb, GREEDY_KEYS[name], precision)
+                else:
+                    plan = self._start_sharder(name).shard(tables, ndevices, max_memory_gb, precision)
+            except InfeasibleError:
+                continue
+            if plan.is_feasible(tables, max_memory_gb, precision):
+                out.append((name, plan))
+        if not out:
+            raise InfeasibleError(f"infeasible: none of shardkit's starts ({', '.join(self.starts)}) could place the task")
+        return out
+
+    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+        t0 = time.perf_counter()
+        tables = list(tables)
+        model = self.cost_model()
+        deadline = t0 + self.time_budget_s
+        starts = self.start_plans(tables, ndevices, max_memory_gb, precision)
+        states = []
+        for name, plan in starts:
+            st = State(model, tables, plan.table_shardings(tables), ndevices, max_memory_gb, precision)
+            states.append((st.score, name, st))
+        states.sort(key=lambda x: x[0])
+        pool: list[tuple[tuple, str, Plan]] = [(score, name, st.plan()) for score, name, st in states]
+        stats = SearchStats(accepted={})
+        searched = []
+        for score, name, st in states:
+            if searched and time.perf_counter() > deadline:
+                break
+            local_search(st, deadline, types=self.types, stats=stats)
+            searched.append(name)
+            pool.append((st.score, f"{name}+search", st.plan()))
+        pool.sort(key=lambda x: x[0])
+        distinct, seen = [], set()
+        for score, name, plan in pool:
+            key = tuple((s.type, s.devices, s.dims) for s in plan.table_shardings(tables))
+            if key not in seen:
+                seen.add(key)
+                distinct.append((score, name, plan))
+        best_score, best_name, best = distinct[0]
+        info = {"shardkit_start": best_name, "shardkit_model_ms": round(best_score[0], 4),
+                "shardkit_start_ms": round(states[0][0][0], 4), "shardkit_searched": searched,
+                "shardkit_moves": dict(stats.accepted), "shardkit_rounds": stats.rounds,
+                "shardkit_stopped": stats.stopped, "shardkit_measurements": 0,
+                "shardkit_model": model.source}
+        if self.refine_k > 0:
+            if self.oracle is None:
+                raise ShardError("shardkit: refinement (--shardkit-refine) needs an oracle; plan-only runs have none")
+            measured = []
+            for score, name, plan in distinct[: self.refine_k]:
+                r = self.oracle.evaluate(plan.shard_tables(tables))
+                measured.append((float(r.cost_ms), name, plan))
+            info["shardkit_measurements"] = len(measured)
+            info["shardkit_measured_ms"] = [round(c, 4) for c, _, _ in measured]
+            cost, best_name, best = min(measured, key=lambda x: x[0])
+            info["shardkit_start"] = best_name
+        self.last_info = info
+        return best
+
+
+def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> CostModel:
+    """The measured landscape's model fitted now on the cache's measurements of this machine (when no
+    fitted file exists, e.g. inside ``make experiments`` after the learned methods' training filled
+    the cache); tables of ``exclude_task_files`` are left out of the fit."""
+    from shardcore.cache import CostCache, hardware_fingerprint
+    from shardcore.dataset import load_dataset
+    from shardcore.tasks import load_tasks
+
+    from .costmodel import fit_cost_model
+
+    path = cache_path or ROOT / "data" / "cost_cache.sqlite"
+    if data_dir is None or not Path(path).is_file():
+        raise ShardError(f"--alg shardkit on the measured oracle needs a cost model fitted on this machine: "
+                         f"{DEFAULT_CPU_MODEL} is missing and there is no measurement cache to fit one from "
+                         "(fit one with tools/fit_shardkit_model.py, or give --shardkit-model, or plan for "
+                         "--oracle emulated:h200)")
+    ds = load_dataset(data_dir)
+    exclude: set[int] = set()
+    for f in exclude_task_files or ():
+        if Path(f).is_file():
+            for task in load_tasks(f, num_tables=ds.num_tables):
+                exclude.update(task.table_ids)
+    with CostCache(path) as cache:
+        return fit_cost_model(cache, ds, int(batch_size or ds.batch_size), hardware=hardware_fingerprint(),
+                              data_dir=data_dir, exclude_tables=exclude, comm_fallback=CommModel())
+
+
+def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwidth, comm_latency,
+                   cache_path=None, exclude_task_files=None):
+    def make() -> CostModel:
+        if model_path:
+            return CostModel.load(model_path)
+        if landscape.startswith("emulated"):
+            comm = CommModel(**({"bandwidth_gbps": float(comm_bandwidth)} if comm_bandwidth else {}),
+                             **({"latency_us": float(comm_latency)} if comm_latency is not None else {}))
+            return emulated_model(data_dir or os.devnull, batch_size or 4096, comm, card=landscape.split(":", 1)[1])
+        if DEFAULT_CPU_MODEL.is_file():
+            return CostModel.load(DEFAULT_CPU_MODEL)
+        return fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files)
+    return make
+
+
+def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, data_dir=None, batch_size=None,
+                 comm_bandwidth=None, comm_latency=None, shardkit_time=None, shardkit_refine=0,
+                 shardkit_starts=None, shardkit_types=None, cache_path=None, exclude_task_files=None,
+                 seed: int = 0, **kwargs) -> ShardkitSharder:
+    """``--alg shardkit``. ``oracle``: the landscape planned for (``measured``: the fitted model of this
+    machine, ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one, else fitted
+    on the spot from ``cache_path``'s measurements without the tables of ``exclude_task_files``;
+    ``emulated:h200``: the emulator). ``shardkit_types``: the sharding types the search may create
+    (default: all four on the emulated landscape; table- and column-wise on the measured one, whose
+    fitted exchange model has not been calibrated on row-wise / data-parallel collectives). Other
+    keyword arguments go to the start algorithms."""
+    if path is not None:
+        raise ShardError("--alg shardkit takes no checkpoint (its cost model: --shardkit-model FILE.json)")
+    landscape = (oracle or MEASURED).lower()
+    if landscape not in (MEASURED, EMULATED):
+        raise ShardError(f"shardkit: unknown landscape {oracle!r} (measured or {EMULATED})")
+    budget = DEFAULT_TIME_BUDGET_S if shardkit_time is None else float(shardkit_time)
+    if not budget > 0:
+        raise ShardError(f"--shardkit-time must be positive seconds, got {shardkit_time}")
+    refine = int(shardkit_refine or 0)
+    if refine < 0:
+        raise ShardError(f"--shardkit-refine must be 0 or more, got {shardkit_refine}")
+    starts = tuple(shardkit_starts) if shardkit_starts else DEFAULT_STARTS
+    if "shardkit" in starts:
+        raise ShardError("--shardkit-starts cannot name shardkit itself")
+    if shardkit_types:
+        abbrev = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "dp": "data_parallel"}
+        types = tuple(abbrev.get(str(t).lower(), str(t).lower()) for t in shardkit_types)
+        bad = [t for t in types if t not in ALL_TYPES]
+        if bad:
+            raise ShardError(f"--shardkit-types: unknown type {bad[0]!r} (tw, cw, rw, dp or their full names)")
+    else:
+        types = ALL_TYPES if landscape.startswith("emulated") else ("table_wise", "column_wise")
+    start_kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    start_kwargs.update(seed=seed, batch_size=batch_size)
+    factory = _model_factory(landscape, data_dir, batch_size, shardkit_model, comm_bandwidth, comm_latency,
+                             cache_path, exclude_task_files)
+    return ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
+                           refine_k=refine, types=types, start_kwargs=start_kwargs)

@@ -1,0 +1,227 @@
+"""shardkit's own planner (--alg shardkit): memory cap, never worse than its start under its model,
+every sharding type, the three entry points, the time budget, measured refinement's count.
+
+All on a tiny dataset with the emulated-H200 model (no hardware, no data beyond the table configs)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from shardcore import algorithms
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.evaluator import PlanResult
+from shardcore.plan import column_wise, data_parallel, row_wise, table_wise
+from shardkit_planner.costmodel import CostModel, emulated_model
+from shardkit_planner.search import State, candidate_moves, local_search
+from shardkit_planner.sharder import ShardkitSharder, load_sharder, model_greedy
+from helpers import FnOracle, make_dataset
+
+B = 64
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("shardkit")
+    tables = make_dataset(path, num_tables=30, batch_size=B, seed=5, dims=(8, 16, 32, 64))
+    return str(path), tables
+
+
+@pytest.fixture(scope="module")
+def model(data):
+    path, _ = data
+    return emulated_model(path, B)
+
+
+def _sharder(model, **kw):
+    kw.setdefault("time_budget_s", 0.3)
+    return ShardkitSharder(name="shardkit", model=model, **kw)
+
+
+def test_respects_a_binding_memory_cap(data, model):
+    _, tables = data
+    task = tables[:20]
+    total = sum(t.memory_gb() for t in task)
+    cap = max(1.05 * total / 4, 1.01 * max(t.memory_gb() for t in task))
+    sk = _sharder(model)
+    plan = sk.shard(task, 4, cap)
+    assert plan.is_feasible(task, cap)
+    assert max(plan.device_memory_gb(task)) <= cap + 1e-12
+    # every candidate move the search scores from this plan keeps the cap too
+    st = State(model, task, plan.table_shardings(task), 4, cap, "fp16")
+    m = int(np.argmax(st.costs))
+    for _kind, change in candidate_moves(st, m, 6, 3, 0.05):
+        shards = st.changed_shards(change)
+        if shards is not None:
+            assert all(sum(p.memory_gb() for p in ps) <= cap + 1e-9 for ps in shards.values())
+    # a cap no table fits: one-line infeasible error
+    with pytest.raises(InfeasibleError):
+        sk.shard(task, 4, 1e-9)
+
+
+def test_never_worse_than_its_starts_under_its_model(data, model):
+    _, tables = data
+    task = tables[5:25]
+    sk = _sharder(model)
+    plan = sk.shard(task, 4, 10.0)
+    starts = sk.start_plans(task, 4, 10.0, "fp16")
+    assert {n for n, _ in starts} >= {"model_greedy", "size_lookup_greedy"}
+    best_start = min(model.plan_cost(task, p) for _, p in starts)
+    got = model.plan_cost(task, plan)
+    assert got <= best_start + 1e-9
+    assert sk.last_info["shardkit_model_ms"] == pytest.approx(got, abs=1e-3)
+    assert sk.last_info["shardkit_measurements"] == 0
+    # and the search itself, from a poor start (everything on device 0), only goes down
+    st = State(model, task, [table_wise(0)] * len(task), 4, 10.0, "fp16")
+    before = st.score
+    local_search(st, time.perf_counter() + 5.0, max_rounds=40)
+    assert st.score <= before and st.cost < before[0]
+
+
+def test_every_sharding_type(data, model):
+    _, tables = data
+    task = [t for t in tables if t.dim % 8 == 0 and t.pooling_factor > 0][:8]
+    assert len(task) == 8
+    shardings = [table_wise(0), column_wise([(1, task[1].dim // 2), (2, task[1].dim // 2)]),
+                 column_wise([(3, 4), (0, task[2].dim - 4)]), row_wise([0, 1, 2, 3]), row_wise([2, 3]),
+                 data_parallel(4), table_wise(1), table_wise(2)]
+    st = State(model, task, shardings, 4, 10.0, "fp16")
+    plan = st.plan()
+    assert set(plan.sharding_types(task)) == {"table_wise", "column_wise", "row_wise", "data_parallel"}
+    # the incremental state agrees with the whole-plan prediction
+    np.testing.assert_allclose(st.costs, model.device_costs(task, plan), rtol=1e-9)
+    kinds = set()
+    for m in range(4):
+        kinds |= {k for k, _ in candidate_moves(st, m, 6, 8, 1.0)}
+    assert {"move", "split", "merge", "swap", "row-wise", "replicate", "gather"} <= kinds
+    local_search(st, time.perf_counter() + 5.0, max_rounds=30)
+    after = st.plan()                       # a valid plan of every type
+    np.testing.assert_allclose(st.costs, model.device_costs(task, after), rtol=1e-9)
+    # restricted to table- and column-wise, the search creates no row-wise / data-parallel table
+    st2 = State(model, task, [table_wise(0)] * len(task), 4, 10.0, "fp16")
+    local_search(st2, time.perf_counter() + 5.0, max_rounds=30, types=("table_wise", "column_wise"))
+    assert set(st2.plan().sharding_types(task)) <= {"table_wise", "column_wise"}
+
+
+def test_time_budget_is_honoured(data, model):
+    _, tables = data
+    sk = _sharder(model, time_budget_s=0.05)
+    t0 = time.perf_counter()
+    sk.shard(tables, 8, 10.0)
+    took = time.perf_counter() - t0
+    # the budget is checked between search rounds: one round over it at most
+    assert sk.last_info["shardkit_stopped"] in ("time budget", "local optimum", "no feasible move")
+    assert took < 0.05 + 2.0
+    with pytest.raises(ShardError, match="--shardkit-time"):
+        load_sharder(oracle="emulated:h200", shardkit_time=0)
+
+
+class CountingOracle:
+    """Judges plans with the model itself plus a per-plan offset, counting the calls."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, 0
+
+    def evaluate(self, shards):
+        self.calls += 1
+        c = self.model.shard_costs(shards)
+        bump = 1.0 if self.calls == 1 else 0.0   # the model's favourite is measured slower
+        return PlanResult([[float(x) + bump, 0.0, 0.0, 0.0] for x in c])
+
+
+def test_refinement_counts_measurements_and_keeps_the_fastest(data, model):
+    _, tables = data
+    task = tables[:16]
+    sk = _sharder(model, refine_k=3)
+    with pytest.raises(ShardError, match="oracle"):
+        sk.shard(task, 4, 10.0)
+    oracle = CountingOracle(model)
+    sk.attach_oracle(oracle)
+    plan = sk.shard(task, 4, 10.0)
+    info = sk.last_info
+    assert info["shardkit_measurements"] == oracle.calls and 1 <= oracle.calls <= 3
+    assert len(info["shardkit_measured_ms"]) == oracle.calls
+    if oracle.calls > 1:   # the first (model's best) was measured slower: another one is kept
+        assert model.plan_cost(task, plan) + 0.0 == pytest.approx(min(info["shardkit_measured_ms"][1:]), abs=1e-3)
+
+
+def test_model_greedy_and_cost_model_file_round_trip(data, model, tmp_path):
+    _, tables = data
+    plan = model_greedy(model, tables[:12], 3, 10.0, "fp16")
+    assert plan.is_feasible(tables[:12], 10.0)
+    path = tmp_path / "m.json"
+    model.save(path)
+    again = CostModel.load(path)
+    np.testing.assert_allclose(again.device_costs(tables[:12], plan), model.device_costs(tables[:12], plan))
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ShardError, match="not a shardkit cost model"):
+        CostModel.load(tmp_path / "bad.json")
+
+
+def test_resolved_by_name_and_used_by_eval_and_plan(data, tmp_path, capsys):
+    path, tables = data
+    sk = algorithms.resolve("shardkit", oracle="emulated:h200", data_dir=path, batch_size=B, shardkit_time=0.1)
+    assert isinstance(sk, ShardkitSharder)
+    with pytest.raises(ShardError, match="shardkit"):
+        algorithms.resolve("shardkit", oracle="emulated:a100")
+    # eval.py, judged by the emulated oracle
+    import eval as eval_script
+
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("0,1,2,3,4,5,6,7,8,9,10,11\n12,13,14,15,16,17,18,19\n")
+    out = tmp_path / "out.jsonl"
+    eval_script.main(["--alg", "size_lookup_greedy,shardkit", "--task-path", str(tasks), "--data-dir", path,
+                      "--ndevices", "3", "--max-memory", "10", "--oracle", "emulated:h200", "--quiet",
+                      "--shardkit-time", "0.1", "--shardkit-refine", "2", "--out", str(out)])
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    sk_recs = [r for r in recs if r["alg"] == "shardkit"]
+    assert len(sk_recs) == 2 and all(r["feasible"] and r["cost_ms"] > 0 for r in sk_recs)
+    assert all(1 <= r["shardkit_measurements"] <= 2 for r in sk_recs)
+    # plan.py on a table_configs.json
+    import plan as plan_script
+
+    out_plan = tmp_path / "plan.json"
+    assert plan_script.main(["--tables", f"{path}/table_configs.json", "--ndevices", "4", "--max-memory", "10",
+                             "--alg", "shardkit", "--shardkit-time", "0.1", "--out", str(out_plan)]) == 0
+    obj = json.loads(out_plan.read_text())
+    assert obj["ndevices"] == 4 and len(obj["tables"]) == len(tables)
+    capsys.readouterr()
+
+
+def test_eval_simulator_plans_with_shardkit(data, tmp_path, capsys, monkeypatch):
+    """eval_simulator.py resolves --alg shardkit with its landscape flags (the NeuroShard simulator
+    that scores it is stubbed: its models are trained elsewhere)."""
+    path, tables = data
+    import eval_simulator
+
+    seen = {}
+    real = algorithms.resolve
+
+    def spy(name, **kw):
+        seen[name] = kw
+        return real(name, **kw)
+
+    monkeypatch.setattr(eval_simulator.algorithms, "resolve", spy)
+
+    class FakeSim(FnOracle):   # the simulator is a cost oracle: a table costs 1 ms
+        def __init__(self):
+            super().__init__(lambda shards: [[float(len(s)), 0.0, 0.0, 0.0] for s in shards])
+
+        @staticmethod
+        def load(*a, **k):
+            return FakeSim()
+
+    monkeypatch.setattr(eval_simulator, "Simulator", FakeSim)
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("0,1,2,3,4,5\n")
+    out = tmp_path / "sim.jsonl"
+    eval_simulator.main(["--alg", "shardkit", "--task-path", str(tasks), "--data-dir", path, "--ndevices", "2",
+                         "--max-memory", "10", "--oracle", "emulated:h200", "--shardkit-time", "0.1",
+                         "--quiet", "--out", str(out)])
+    assert seen["shardkit"]["oracle"] == "emulated:h200" and seen["shardkit"]["shardkit_time"] == 0.1
+    rec = json.loads(out.read_text().splitlines()[0])
+    assert rec["alg"] == "shardkit" and rec["feasible"] and rec["shardkit_model"].startswith("emulator")
+    capsys.readouterr()

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Fit shardkit's cost model for the measured landscape on this machine's measurements.
+
+  python tools/fit_shardkit_model.py --data-dir data/dlrm_datasets --cache-path data/cost_cache.sqlite \
+      --exclude-tasks data/dlrm_tasks_50/test.txt --out models/shardkit/cpu_cost_model.json
+
+Compute: the shard measurements the cache holds for the dataset at the batch (e.g. from
+collect_compute_cost_data.py, which draws from the training pool of tables), fitted with the emulator's
+features and non-negative least squares (shardkit_planner/costmodel.py). Exchange: the cache's plan
+measurements (eval.py runs). Shards with a table of an --exclude-tasks file are left out, so the test
+tables stay unseen. Writes the model atomically (JSON) and prints what it was fitted on.
+"""
+
+import argparse
+import collections
+import os
+
+
+from shardcore.cli import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.errors import ShardError
+from shardcore.tasks import load_tasks
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"dataset measured (default {DEFAULT_DATA_DIR})")
+    p.add_argument("--cache-path", default="data/cost_cache.sqlite", help="measurement cache (default data/cost_cache.sqlite)")
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+                   help="batch of the measurements (default: the dataset's)")
+    p.add_argument("--weights-precision", choices=["fp16", "fp32"], default="fp16", help="weights precision (default fp16)")
+    p.add_argument("--optimizer", default="exact_sgd", help="sparse optimizer of the measurements (default exact_sgd)")
+    p.add_argument("--hardware", default=None, metavar="TEXT",
+                   help="the cache's hardware fingerprint to use, or a part of it (default: the only one "
+                        "the cache holds for this dataset and batch)")
+    p.add_argument("--exclude-tasks", default=None, metavar="FILES",
+                   help="comma-separated task files whose tables no fitted shard may contain (the test tasks)")
+    p.add_argument("--out", default="models/shardkit/cpu_cost_model.json",
+                   help="where the model goes (default models/shardkit/cpu_cost_model.json)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    from shardcore.cache import CostCache, dataset_digest
+    from shardkit_planner.costmodel import fit_cost_model
+
+    if not os.path.isfile(args.cache_path):
+        raise ShardError(f"--cache-path {args.cache_path}: no such file")
+    ds = load_dataset(args.data_dir)
+    batch = args.batch_size or ds.batch_size
+    exclude = set()
+    for path in (args.exclude_tasks.split(",") if args.exclude_tasks else []):
+        for task in load_tasks(path.strip(), num_tables=ds.num_tables):
+            exclude.update(task.table_ids)
+    with CostCache(args.cache_path) as cache:
+        digest = dataset_digest(ds)
+        hw = collections.Counter(e.hardware for e in cache.shard_entries(dataset=digest, batch_size=batch))
+        hws = [h for h in hw if args.hardware is None or args.hardware in h]
+        if not hws:
+            raise ShardError(f"{args.cache_path}: no shard measurements of {args.data_dir} at batch {batch}"
+                             + (f" on hardware matching {args.hardware!r}" if args.hardware else ""))
+        if len(hws) > 1:
+            raise ShardError(f"{args.cache_path}: measurements from {len(hws)} machines; choose one with --hardware")
+        model = fit_cost_model(cache, ds, batch, hardware=hws[0], precision=args.weights_precision,
+                               optimizer=args.optimizer, data_dir=args.data_dir, exclude_tables=exclude)
+    model.save(args.out)
+    print(f"fitted on {hws[0]}: {model.source}; exchange {model.comm.describe()}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""shardkit against the best anchor of an eval.py --out file (one run, plans side by side).
+
+  python tools/shardkit_compare.py results/shardkit/emu_dlrm50.jsonl [more.jsonl ...]
+
+Per file: every algorithm's mean plan cost over the tasks all of them planned feasibly, its mean
+imbalance (max / mean of the devices' costs), and shardkit's margin below the best other algorithm's
+mean ("best anchor"); --anchors restricts which algorithms count as anchors.
+"""
+
+import argparse
+import json
+import statistics
+
+
+from shardcore.cli import ArgumentParser as OneLineParser, run_main
+from shardcore.errors import ShardError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", help="eval.py --out files (measured or emulated)")
+    p.add_argument("--alg", default="shardkit", help="the algorithm compared (default shardkit)")
+    p.add_argument("--anchors", default=None, help="comma-separated anchors (default: every other algorithm)")
+    return p
+
+
+def summarize(path: str, alg: str, anchors: list[str] | None) -> str:
+    try:
+        with open(path, "rb") as fh:
+            recs = [json.loads(x) for x in fh.read().decode("utf-8").splitlines() if x.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ShardError(f"{path}: not a readable eval.py --out file ({exc})") from None
+    by: dict[str, dict[int, dict]] = {}
+    for r in recs:
+        by.setdefault(r["alg"], {})[int(r["task"])] = r
+    if alg not in by:
+        raise ShardError(f"{path}: no {alg} records")
+    algs = [a for a in by if a == alg or anchors is None or a in anchors]
+    tasks = set.intersection(*({t for t, r in by[a].items() if r.get("cost_ms") is not None} for a in algs))
+    if not tasks:
+        raise ShardError(f"{path}: no task every algorithm planned and measured")
+    lines = [f"{path}: {len(tasks)} tasks, {recs[0].get('hardware', '?')}",
+             "| alg | mean cost ms | mean imbalance | vs shardkit |", "|---|---|---|---|"]
+    mean = {a: statistics.fmean(by[a][t]["cost_ms"] for t in tasks) for a in algs}
+
+    def imb(r):
+        tot = [sum(c) for c in r["device_costs_ms"]]
+        return max(tot) / (sum(tot) / len(tot))
+
+    for a in sorted(algs, key=lambda a: mean[a]):
+        im = statistics.fmean(imb(by[a][t]) for t in tasks)
+        rel = "" if a == alg else f"{100.0 * (mean[alg] / mean[a] - 1):+.1f}%"
+        lines.append(f"| {a} | {mean[a]:.4g} | {im:.3f} | {rel} |")
+    best = min((a for a in algs if a != alg), key=lambda a: mean[a])
+    margin = 100.0 * (1 - mean[alg] / mean[best])
+    wins = sum(by[alg][t]["cost_ms"] <= min(by[a][t]["cost_ms"] for a in algs if a != alg) for t in tasks)
+    lines.append(f"{alg}: {margin:.1f}% below the best anchor ({best}); best on {wins}/{len(tasks)} tasks; "
+                 f"target >= 5%: {'met' if margin >= 5.0 else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    anchors = [a.strip() for a in args.anchors.split(",")] if args.anchors else None
+    for path in args.files:
+        print(summarize(path, args.alg, anchors))
+        print()
+
+
+if __name__ == "__main__":
+    run_main(main)
