@@ -4,7 +4,7 @@ local search from the best of the greedy / TorchRec / given plans, and optionall
 for the final choice among the search's best candidates.
 
 Modules: :mod:`.costmodel` (per-device plan costs), :mod:`.search` (the moves and the local search),
-:mod:`.sharder` (the ``--alg`` entry point, ``load_sharder``), :mod:`.method` (registration with
-:mod:`shardcore.algorithms`). This package imports only :mod:`shardcore`, never another method
+:mod:`.sharder` (the ``--alg`` entry point, ``load_sharder``, declared in the top-level
+``shardkit_methods.PLANNER_PLUGINS``). This package imports only :mod:`shardcore`, never another method
 package.
 """

@@ -255,7 +255,8 @@ def test_config_errors():
     small = config.SCALES["small"]
     assert [t.name for t in small.task_sets] == ["DLRM-20 (4)", "DLRM-50 (4)", "DLRM-40 (8)", "DLRM-80 (8)"]
     assert small.num_test == 5 and small.train_sets == (config.TaskSetDef(50, 4),)
-    assert config.all_algs()[-3:] == ("autoshard", "dreamshard", "neuroshard")
+    assert config.all_algs()[-4:] == ("autoshard", "dreamshard", "neuroshard", "shardkit")   # ours last
+    assert config.label("shardkit") == "shardkit" and config.label("torchrec-tw") == "TorchRec (TW)"
     assert config.label("neuroshard") == "NeuroShard" and config.label("size_greedy") == "Size-based"
 
 
