@@ -206,7 +206,7 @@ def main(argv=None):
             print(f"shardkit's measured refinement: {sum(refined)} plan measurements over {len(refined)} tasks "
                   f"(up to {args.shardkit_refine} per task)")
     if args.export_torchrec:
-        from shardcore.torchrec_planner import PlanRecord, export_plans
+        from shardcore.plan_export import PlanRecord, export_plans
 
         records = [PlanRecord(r.task, r.alg, tasks[r.task].tables(dataset.tables), r.plan()) for r in results]
         paths = export_plans(args.export_torchrec, records, args.max_memory, args.weights_precision)

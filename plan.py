@@ -10,7 +10,7 @@ names default to table_<index>). --alg is a baseline (random, naive, dim_greedy,
 size_lookup_greedy), torchrec (TorchRec's planner; needs TorchRec installed), or a trained model's checkpoint.
 The summary's lookup load (dim x pooling factor per device) is a hardware-free proxy of each device's work;
 eval.py measures plans on hardware. --out writes the plan as JSON; --torchrec also writes
-<out>.torchrec.json, which shardcore.torchrec_planner.load_torchrec_plan turns into TorchRec's ShardingPlan.
+<out>.torchrec.json, which shardcore.plan_export.load_torchrec_plan turns into TorchRec's ShardingPlan.
 """
 
 import argparse
@@ -28,7 +28,7 @@ from shardcore.compare import lookup_load
 from shardcore.io import check_output_file, read_text, write_json
 from shardcore.report import format_table
 from shardcore.tables import BIN_NAMES, NUM_BINS, TableConfig, dim_problem
-from shardcore.torchrec_planner import plan_json, torchrec_path_for, torchrec_plan_json
+from shardcore.plan_export import plan_json, torchrec_path_for, torchrec_plan_json
 from shardcore.cli import ArgumentParser as OneLineParser
 
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
@@ -263,7 +263,7 @@ def main(argv=None):
             path = torchrec_path_for(args.out)
             write_json(path, torchrec_plan_json(tables, plan, names, args.weights_precision,
                                                 module_path=args.torchrec_module))
-            print(f"wrote {path} (TorchRec: shardcore.torchrec_planner.load_torchrec_plan)")
+            print(f"wrote {path} (TorchRec: shardcore.plan_export.load_torchrec_plan)")
     return 0
 
 

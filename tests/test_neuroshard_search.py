@@ -16,7 +16,7 @@ from shardcore.compare import plan_task
 from shardcore.types import Topology
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
-from shardcore.torchrec_planner import plan_json, torchrec_plan_json
+from shardcore.plan_export import plan_json, torchrec_plan_json
 
 from test_neuroshard_helpers import synthetic_tables, train_simulator
 

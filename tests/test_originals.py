@@ -34,7 +34,7 @@ from shardcore.errors import ShardError  # noqa: E402
 from shardcore.taskgen import generate_transfer_tasks  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
 from tools import gen_dlrm_data, gen_tasks  # noqa: E402
-from shardcore.torchrec_planner import default_names  # noqa: E402
+from shardcore.plan_export import default_names  # noqa: E402
 
 from autoshard.sharder import AutoShardModel  # noqa: E402
 

@@ -12,7 +12,7 @@ from shardcore.baselines import BASELINES
 from shardcore.errors import ShardError
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
-from shardcore import torchrec_planner as trp
+from shardcore import plan_export as pe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,7 +63,7 @@ def test_csv_gives_feasible_plan_and_files(tmp_path, capsys):
     assert plain["memory_gb"] == pytest.approx(mem, abs=1e-5)
 
     trec = json.loads((tmp_path / "out" / "plan.torchrec.json").read_text())
-    assert trec["format"] == trp.TORCHREC_FORMAT and trec["world_size"] == 4
+    assert trec["format"] == pe.TORCHREC_FORMAT and trec["world_size"] == 4
     assert {t["name"]: t["ranks"] for t in trec["tables"]} == {t["name"]: [t["device"]] for t in plain["tables"]}
     assert all(t["sharding_type"] == "table_wise" for t in trec["tables"])
 
@@ -169,10 +169,10 @@ def test_alg_torchrec_without_torchrec_says_how_to_install(tmp_path, monkeypatch
 def test_export_plans_writes_both_forms_per_task(tmp_path):
     tables_a = [TableConfig(i, 100 * (i + 1), 8, 1.0) for i in range(4)]
     tables_b = [TableConfig(i, 50, 4, 2.0) for i in (7, 9)]
-    records = [trp.PlanRecord(0, "lookup_greedy", tables_a, Plan((0, 1, 1, 0), 2)),
+    records = [pe.PlanRecord(0, "lookup_greedy", tables_a, Plan((0, 1, 1, 0), 2)),
                (3, "models/dreamshard/9.pt", tables_b, Plan((1, 0), 2), ["x", "y"]),
                (4, "torchrec", tables_b, None)]  # no plan found: listed, no files
-    paths = trp.export_plans(tmp_path / "exp", records, max_memory_gb=1.0)
+    paths = pe.export_plans(tmp_path / "exp", records, max_memory_gb=1.0)
     assert all(p.is_file() for p in paths) and len(paths) == 5
     index = json.loads((tmp_path / "exp" / "index.json").read_text())
     assert [(e["task"], e["alg"]) for e in index["plans"]] == [
@@ -187,7 +187,7 @@ def test_export_plans_writes_both_forms_per_task(tmp_path):
         ("table_0", [0], [100, 8]), ("table_1", [1], [200, 8]), ("table_2", [1], [300, 8]), ("table_3", [0], [400, 8])]
 
     with pytest.raises(ShardError, match="duplicate table name"):
-        trp.plan_json(tables_a, Plan((0, 0, 0, 0), 1), 1.0, names=["a", "b", "a", "c"])
+        pe.plan_json(tables_a, Plan((0, 0, 0, 0), 1), 1.0, names=["a", "b", "a", "c"])
     with pytest.raises(ShardError, match="share the export directory"):
-        trp.export_plans(tmp_path / "clash", [(0, "a/b", tables_b, Plan((0, 0), 1)),
+        pe.export_plans(tmp_path / "clash", [(0, "a/b", tables_b, Plan((0, 0), 1)),
                                               (0, "a_b", tables_b, Plan((0, 0), 1))], 1.0)

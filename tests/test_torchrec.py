@@ -26,6 +26,7 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from shardcore import algorithms  # noqa: E402
+from shardcore import plan_export as pe  # noqa: E402
 from shardcore import torchrec_planner as trp  # noqa: E402
 from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
 from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise  # noqa: E402
@@ -101,10 +102,10 @@ def test_exported_plan_loads_into_torchrec_sharding_plan(tmp_path):
 
     plan = trp.load_sharder_tw(None).shard(TASK, 4, 0.25)
     names = [f"emb_{t.index}" for t in TASK]
-    plain, trec = trp.export_plan(tmp_path, "task", TASK, plan, 0.25, names=names, module_path="sparse.ebc")
+    plain, trec = pe.export_plan(tmp_path, "task", TASK, plan, 0.25, names=names, module_path="sparse.ebc")
     assert json.loads(plain.read_text())["feasible"]
     ebc = _ebc(TASK, names)
-    sp = trp.load_torchrec_plan(trec, module=ebc)
+    sp = pe.load_torchrec_plan(trec, module=ebc)
     assert isinstance(sp, ShardingPlan) and list(sp.plan) == ["sparse.ebc"]
     module_plan = sp.plan["sparse.ebc"]
     for n, t, d in zip(names, TASK, plan.allocation):
@@ -112,14 +113,14 @@ def test_exported_plan_loads_into_torchrec_sharding_plan(tmp_path):
         assert ps.sharding_type == "table_wise" and ps.ranks == [d]
         (shard,) = ps.sharding_spec.shards
         assert shard.shard_sizes == [t.row, t.dim] and str(shard.placement) == f"rank:{d}/cuda:{d}"
-    cpu = trp.load_torchrec_plan(trec, device_type="cpu", module_path="")
+    cpu = pe.load_torchrec_plan(trec, device_type="cpu", module_path="")
     assert str(cpu.plan[""][names[0]].sharding_spec.shards[0].placement) == f"rank:{plan.allocation[0]}/cpu"
 
     wrong = _ebc([t.with_dim(t.dim * 2) for t in TASK], names)
     with pytest.raises(ShardError, match="the plan has"):
-        trp.load_torchrec_plan(trec, module=wrong)
+        pe.load_torchrec_plan(trec, module=wrong)
     with pytest.raises(ShardError, match="not in the module"):
-        trp.load_torchrec_plan(trec, module=_ebc(TASK[:2], names[:2]))
+        pe.load_torchrec_plan(trec, module=_ebc(TASK[:2], names[:2]))
 
 
 # ---- DistributedModelParallel on 2 gloo CPU ranks ---------------------------------------------
@@ -140,7 +141,7 @@ def _dmp_worker(rank, world, port, plan_path, names, queue):
         from torchrec.distributed.model_parallel import DistributedModelParallel
 
         ebc = _ebc(DMP_TABLES, names)
-        sharding_plan = trp.load_torchrec_plan(plan_path, device_type="cpu", module=ebc)
+        sharding_plan = pe.load_torchrec_plan(plan_path, device_type="cpu", module=ebc)
         model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=sharding_plan,
                                          sharders=[EmbeddingBagCollectionSharder()])
         local = {}
@@ -169,7 +170,7 @@ def _free_port():
 def test_exported_plan_applied_by_distributed_model_parallel_on_cpu(tmp_path):
     names = [f"tbl_{t.index}" for t in DMP_TABLES]
     plan = Plan((1, 0, 1, 1, 0, 0), 2)  # ours, deliberately not TorchRec's choice
-    _, trec = trp.export_plan(tmp_path, "dmp", DMP_TABLES, plan, 1.0, names=names)
+    _, trec = pe.export_plan(tmp_path, "dmp", DMP_TABLES, plan, 1.0, names=names)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
@@ -209,13 +210,13 @@ def test_plan_cli_with_alg_torchrec(tmp_path):
                         "torchrec-tw", "--batch-size", "2048", "--out", str(out), "--torchrec"]) == 0
     plain = json.loads(out.read_text())
     assert plain["feasible"] and plain["alg"] == "torchrec-tw" and max(plain["memory_gb"]) <= 0.5
-    sp = trp.load_torchrec_plan(trp.torchrec_path_for(out))
+    sp = pe.load_torchrec_plan(pe.torchrec_path_for(out))
     assert {n: ps.ranks for n, ps in sp.plan[""].items()} == {t["name"]: [t["device"]] for t in plain["tables"]}
     # the full planner: every table's sharding in the plain form, and the TorchRec form loads
     assert script.main(["--tables", str(csv_path), "--ndevices", "4", "--max-memory", "0.5", "--alg", "torchrec",
                         "--out", str(out), "--torchrec"]) == 0
     plain = json.loads(out.read_text())
-    sp = trp.load_torchrec_plan(trp.torchrec_path_for(out))
+    sp = pe.load_torchrec_plan(pe.torchrec_path_for(out))
     assert {n: ps.sharding_type for n, ps in sp.plan[""].items()} == {
         t["name"]: ("data_parallel" if t["sharding"]["type"] == "data_parallel" else ps_type(t["sharding"], 4))
         for t in plain["tables"]}
@@ -236,11 +237,11 @@ def test_every_type_exported_loaded_and_converted_back_exactly(tmp_path):
     plan = Plan.from_shardings(TASK, EVERY, 4)
     assert plan.general
     names = [f"emb_{t.index}" for t in TASK]
-    plain, trec = trp.export_plan(tmp_path, "every", TASK, plan, 1.0, names=names)
+    plain, trec = pe.export_plan(tmp_path, "every", TASK, plan, 1.0, names=names)
     rows = json.loads(plain.read_text())["tables"]
     assert [r["sharding"]["type"] for r in rows] == [s.type for s in EVERY]
     assert rows[2]["sharding"]["rows"] == [250_000, 250_000] and rows[1]["column_shards"][1]["dim_offset"] == 96
-    sp = trp.load_torchrec_plan(trec, module=_ebc(TASK, names))
+    sp = pe.load_torchrec_plan(trec, module=_ebc(TASK, names))
     module_plan = sp.plan[""]
     kinds = [module_plan[n].sharding_type for n in names]
     assert kinds == ["row_wise", "column_wise", "table_row_wise", "data_parallel", "column_wise", "table_wise",

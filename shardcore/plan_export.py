@@ -1,0 +1,302 @@
+"""Plan files: a plan in plain JSON and in the form TorchRec loads, written for one task or many,
+and read back into TorchRec's ``ShardingPlan`` (reading needs TorchRec installed, writing does not).
+
+:func:`plan_json` gives the plain form
+(``{"tables": [{"name", "index", "rows", "dim", "pooling_factor", "device"}, ...], "ndevices",
+"max_memory_gb", "memory_gb": [...]}``), :func:`torchrec_plan_json` a form that
+:func:`load_torchrec_plan` / :func:`sharding_plan_from_json` turn back into TorchRec's
+``ShardingPlan`` (one ``ParameterSharding`` per table: table-wise, ``fused``, ``ranks=[r]``, one
+shard ``[0, 0] + [rows, dim]`` placed on ``rank:r/cuda:r``, or ``rank:r/cpu``; a table that a plan
+splits column-wise (NeuroShard, :attr:`Plan.splits`, or uneven blocks) is ``column_wise`` with one
+shard of ``[rows, dim_j]`` per column block, on the ranks its blocks were given; a row-wise table is
+``row_wise`` over all ranks or ``table_row_wise`` over a subset, shard ``j`` ``[j x block, 0] +
+[rows_j, dim]`` on its ``j``-th rank (trailing empty blocks included, as TorchRec writes them); a
+data-parallel table is ``data_parallel`` on the ``dense`` kernel with every rank and no sharding
+spec). JSON rather than a
+pickle, so loading a plan never executes code. :func:`export_plan` writes both files for one task;
+:func:`export_plans` writes a directory for many (task, algorithm) records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from . import io
+from .errors import ShardError
+from .plan import COLUMN_WISE, ROW_WISE, TABLE_WISE, Plan, Sharding, row_blocks
+from .tables import TableConfig
+from .torchrec_planner import _torchrec
+
+TORCHREC_FORMAT = "shardcore-torchrec-plan-v1"
+PLAN_FORMAT = "shardcore-plan-v1"
+
+
+def default_names(tables: Sequence[TableConfig]) -> list[str]:
+    """``table_<dataset index>``; a table that a task uses more than once (NeuroShard's task files
+    draw ids with replacement) is named ``table_<index>_<k>`` at its k-th repeat, so names stay unique."""
+    seen: dict[int, int] = {}
+    names = []
+    for t in tables:
+        k = seen.get(t.index, 0)
+        seen[t.index] = k + 1
+        names.append(f"table_{t.index}" if k == 0 else f"table_{t.index}_{k}")
+    return names
+
+
+def _check_names(tables: Sequence[TableConfig], names: Sequence[str] | None) -> list[str]:
+    names = default_names(tables) if names is None else [str(n) for n in names]
+    if len(names) != len(tables):
+        raise ShardError(f"{len(names)} table names for {len(tables)} tables")
+    seen: dict[str, int] = {}
+    for pos, n in enumerate(names):
+        if not n:
+            raise ShardError(f"table at position {pos} has an empty name")
+        if n in seen:
+            raise ShardError(f"duplicate table name {n!r} (positions {seen[n]} and {pos})")
+        seen[n] = pos
+    return names
+
+
+def column_shards(tables: Sequence[TableConfig], plan: Plan) -> list[list[tuple[int, int, int]]]:
+    """Per task table, its column shards as ``(rank, dim offset, dim)``: one shard covering the whole
+    table when the plan does not split it, ``k`` shards of ``dim / k`` (in column order, on the ranks
+    the plan's allocation gives the expanded table list) when ``plan.splits`` cuts it into ``k``."""
+    out = []
+    for t, s in zip(tables, plan.table_shardings(tables)):
+        if s.type == TABLE_WISE:
+            out.append([(int(s.devices[0]), 0, t.dim)])
+        elif s.type == COLUMN_WISE:
+            offs = [sum(s.dims[:j]) for j in range(len(s.dims))]
+            out.append([(int(d), o, int(w)) for d, o, w in zip(s.devices, offs, s.dims)])
+        else:
+            raise ShardError(f"table {t.index} is {s.type}: it has no column shards")
+    return out
+
+
+def _torchrec_shards(t: TableConfig, s: Sharding, world: int) -> tuple[str, str, list[int], list[dict]]:
+    """TorchRec's ``(sharding_type, compute_kernel, ranks, shards)`` of one table's sharding."""
+    if s.type == TABLE_WISE:
+        return "table_wise", "fused", [int(s.devices[0])], [
+            {"offsets": [0, 0], "sizes": [t.row, t.dim], "rank": int(s.devices[0])}]
+    if s.type == COLUMN_WISE:
+        shards, off = [], 0
+        for d, w in zip(s.devices, s.dims):
+            shards.append({"offsets": [0, off], "sizes": [t.row, int(w)], "rank": int(d)})
+            off += int(w)
+        return "column_wise", "fused", [int(d) for d in s.devices], shards
+    if s.type == ROW_WISE:
+        kind = "row_wise" if list(s.devices) == list(range(world)) else "table_row_wise"
+        shards, off = [], 0
+        for d, rows in zip(s.devices, row_blocks(t.row, len(s.devices))):
+            shards.append({"offsets": [off, 0], "sizes": [rows, t.dim], "rank": int(d)})
+            off += rows
+        return kind, "fused", [int(d) for d in s.devices], shards
+    return "data_parallel", "dense", list(range(world)), []
+
+
+def plan_json(tables: Sequence[TableConfig], plan: Plan, max_memory_gb: float, precision: str = "fp16",
+              names: Sequence[str] | None = None, device_ids: Sequence[int] | None = None,
+              **meta: Any) -> dict:
+    """The plain form: ``{"tables": [{"name", "index", "rows", "dim", "pooling_factor", "device"}],
+    "ndevices", "max_memory_gb", "memory_gb": [...], ...}``. ``device`` is the rank (0..N-1);
+    ``device_ids`` (optional) names the physical device of each rank; ``meta`` (e.g. ``alg``,
+    ``task``) is added as top-level keys. A table the plan splits column-wise has ``"device": null``
+    and ``"column_shards": [{"device", "dim_offset", "dim"}, ...]`` (its ``k`` shards in column order)."""
+    names = _check_names(tables, names)
+    shardings = plan.table_shardings(tables)
+    if device_ids is not None and len(device_ids) != plan.ndevices:
+        raise ShardError(f"{len(device_ids)} device ids for a plan over {plan.ndevices} devices")
+    out: dict[str, Any] = {"format": PLAN_FORMAT}
+    out.update(meta)
+    rows = []
+    for n, t, s in zip(names, tables, shardings):
+        row = {"name": n, "index": t.index, "rows": t.row, "dim": t.dim, "pooling_factor": t.pooling_factor,
+               "device": int(s.devices[0]) if s.type == TABLE_WISE else None, "sharding": s.to_json(t)}
+        if s.type == COLUMN_WISE:
+            offs = [sum(s.dims[:j]) for j in range(len(s.dims))]
+            row["column_shards"] = [{"device": int(r), "dim_offset": o, "dim": int(d)}
+                                    for r, o, d in zip(s.devices, offs, s.dims)]
+        rows.append(row)
+    out["tables"] = rows
+    out["ndevices"] = plan.ndevices
+    if device_ids is not None:
+        out["device_ids"] = [int(x) for x in device_ids]
+    out["max_memory_gb"] = max_memory_gb
+    out["precision"] = precision
+    out["memory_gb"] = [round(m, 6) for m in plan.device_memory_gb(tables, precision)]
+    out["feasible"] = plan.is_feasible(tables, max_memory_gb, precision)
+    return out
+
+
+def torchrec_plan_json(tables: Sequence[TableConfig], plan: Plan, names: Sequence[str] | None = None,
+                       precision: str = "fp16", module_path: str = "", compute_kernel: str = "fused") -> dict:
+    """The TorchRec form: per table (by name) a ``ParameterSharding``: table-wise on one rank;
+    column-wise with the ranks of its column blocks (shard ``j`` at ``[0, offset_j]`` of
+    ``[rows, dim_j]``); row-wise (all ranks) or table-row-wise (a subset) with shard ``j`` at
+    ``[j x block, 0]`` of ``[rows_j, dim]``; data-parallel on the ``dense`` kernel, every rank, no shards.
+    ``module_path`` is where the ``EmbeddingBagCollection`` sits in the user's model ("" when the
+    model is the collection itself, e.g. ``"sparse_arch.embedding_bag_collection"``)."""
+    names = _check_names(tables, names)
+    rows = []
+    for n, t, s in zip(names, tables, plan.table_shardings(tables)):
+        kind, kernel, ranks, shards = _torchrec_shards(t, s, plan.ndevices)
+        rows.append({"name": n, "sharding_type": kind,
+                     "compute_kernel": kernel if kind == "data_parallel" else compute_kernel,
+                     "ranks": ranks, "rows": t.row, "dim": t.dim, "shards": shards})
+    return {
+        "format": TORCHREC_FORMAT,
+        "world_size": plan.ndevices,
+        "module_path": module_path,
+        "data_type": precision,
+        "tables": rows,
+    }
+
+
+def torchrec_path_for(path: str | os.PathLike) -> Path:
+    """``plan.json`` -> ``plan.torchrec.json`` (where ``plan.py --torchrec`` writes the TorchRec form)."""
+    path = Path(path)
+    stem = path.name[:-5] if path.name.endswith(".json") else path.name
+    return path.with_name(stem + ".torchrec.json")
+
+
+def export_plan(out_dir: str | os.PathLike, stem: str, tables: Sequence[TableConfig], plan: Plan,
+                max_memory_gb: float, precision: str = "fp16", names: Sequence[str] | None = None,
+                module_path: str = "", **meta: Any) -> tuple[Path, Path]:
+    """Write ``out_dir/<stem>.json`` (plain form) and ``out_dir/<stem>.torchrec.json`` (TorchRec
+    form), each atomically; returns both paths."""
+    out_dir = Path(out_dir)
+    plain = out_dir / f"{stem}.json"
+    trec = out_dir / f"{stem}.torchrec.json"
+    io.write_json(plain, plan_json(tables, plan, max_memory_gb, precision, names, **meta))
+    io.write_json(trec, torchrec_plan_json(tables, plan, names, precision, module_path))
+    return plain, trec
+
+
+@dataclass
+class PlanRecord:
+    """One planned task for :func:`export_plans`: the task's id, the algorithm, its tables (task
+    order), the plan and optionally the tables' names (default ``table_<index>``)."""
+
+    task: int
+    alg: str
+    tables: Sequence[TableConfig]
+    plan: Plan | None
+    names: Sequence[str] | None = None
+
+
+def alg_slug(alg: str) -> str:
+    """A directory name for an ``--alg`` value (which may be a checkpoint path)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", alg).strip("._") or "alg"
+    return slug
+
+
+def export_plans(out_dir: str | os.PathLike, records: Iterable[PlanRecord | tuple],
+                 max_memory_gb: float, precision: str = "fp16", module_path: str = "") -> list[Path]:
+    """Write every record's plan in both forms: ``out_dir/<alg>/task_<k>.json`` and
+    ``out_dir/<alg>/task_<k>.torchrec.json`` (``<alg>`` made safe as a directory name, ``k`` the task
+    id zero-padded to 4 digits), plus ``out_dir/index.json`` listing them. ``records`` holds
+    :class:`PlanRecord` or ``(task, alg, tables, plan[, names])`` tuples; a record whose plan is
+    ``None`` (the algorithm found none) writes no files and is listed with ``"plan": null``.
+    Returns the paths written (the index last)."""
+    out_dir = Path(out_dir)
+    slugs: dict[str, str] = {}
+    written: list[Path] = []
+    index = []
+    for rec in records:
+        if not isinstance(rec, PlanRecord):
+            rec = PlanRecord(*rec)
+        slug = slugs.setdefault(rec.alg, alg_slug(rec.alg))
+        clash = [a for a, s in slugs.items() if s == slug and a != rec.alg]
+        if clash:
+            raise ShardError(f"algorithms {clash[0]!r} and {rec.alg!r} would share the export directory {slug!r}")
+        if rec.plan is None:
+            index.append({"task": int(rec.task), "alg": rec.alg, "plan": None, "torchrec": None})
+            continue
+        stem = f"task_{int(rec.task):04d}"
+        plain, trec = export_plan(out_dir / slug, stem, rec.tables, rec.plan, max_memory_gb, precision,
+                                  rec.names, module_path, alg=rec.alg, task=int(rec.task))
+        written += [plain, trec]
+        index.append({"task": int(rec.task), "alg": rec.alg, "plan": str(plain.relative_to(out_dir)),
+                      "torchrec": str(trec.relative_to(out_dir))})
+    index_path = out_dir / "index.json"
+    io.write_json(index_path, {"format": "shardcore-plan-index-v1", "max_memory_gb": max_memory_gb,
+                               "precision": precision, "plans": index})
+    written.append(index_path)
+    return written
+
+
+# --------------------------------------------------------------------------------------------
+# Back into TorchRec (needs TorchRec)
+# --------------------------------------------------------------------------------------------
+
+def _read_json(path_or_obj: str | os.PathLike | Mapping) -> dict:
+    if isinstance(path_or_obj, Mapping):
+        return dict(path_or_obj)
+    path = Path(path_or_obj)
+    if not path.is_file():
+        raise ShardError(f"plan not found: {path}")
+    try:
+        return json.loads(io.read_text(path, "plan (JSON)"))
+    except json.JSONDecodeError as exc:
+        raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+
+
+def sharding_plan_from_json(obj: Mapping, device_type: str = "cuda", module_path: str | None = None,
+                            module=None, local_world_size: int | None = None):
+    """TorchRec's ``ShardingPlan`` from :func:`torchrec_plan_json`'s dict.
+
+    ``device_type``: where the shards live (``"cuda"``: ``rank:r/cuda:<r mod local_world_size>``;
+    ``"cpu"``: ``rank:r/cpu``). ``module_path`` overrides the file's. With ``module`` (the
+    ``EmbeddingBagCollection`` to shard) every table is checked to exist there with the same rows
+    and dim."""
+    _torchrec()
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+
+    if obj.get("format") != TORCHREC_FORMAT:
+        raise ShardError(f"not a shardcore TorchRec plan (format {obj.get('format')!r}, expected {TORCHREC_FORMAT!r})")
+    world = int(obj["world_size"])
+    local = int(local_world_size or world)
+    if module is not None:
+        shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in module.embedding_bag_configs()}
+        for t in obj["tables"]:
+            if t["name"] not in shapes:
+                raise ShardError(f"the plan's table {t['name']!r} is not in the module (tables: {sorted(shapes)})")
+            if shapes[t["name"]] != (t["rows"], t["dim"]):
+                raise ShardError(f"table {t['name']!r}: the plan has {t['rows']} x {t['dim']}, "
+                                 f"the module {shapes[t['name']][0]} x {shapes[t['name']][1]}")
+
+    def placement(rank: int) -> str:
+        if not 0 <= rank < world:
+            raise ShardError(f"plan places a shard on rank {rank}, but the world size is {world}")
+        return f"rank:{rank}/cpu" if device_type == "cpu" else f"rank:{rank}/{device_type}:{rank % local}"
+
+    params = {}
+    for t in obj["tables"]:
+        if t["sharding_type"] == "data_parallel":   # a replica everywhere: no sharding spec
+            for r in t["ranks"]:
+                placement(int(r))
+            params[t["name"]] = ParameterSharding(sharding_type="data_parallel", compute_kernel=t["compute_kernel"],
+                                                  ranks=[int(r) for r in t["ranks"]], sharding_spec=None)
+            continue
+        spec = EnumerableShardingSpec([
+            ShardMetadata(shard_offsets=list(s["offsets"]), shard_sizes=list(s["sizes"]),
+                          placement=placement(int(s["rank"])))
+            for s in t["shards"]])
+        params[t["name"]] = ParameterSharding(sharding_type=t["sharding_type"], compute_kernel=t["compute_kernel"],
+                                              ranks=[int(r) for r in t["ranks"]], sharding_spec=spec)
+    path = obj.get("module_path", "") if module_path is None else module_path
+    return ShardingPlan({path: EmbeddingModuleShardingPlan(params)})
+
+
+def load_torchrec_plan(path: str | os.PathLike, device_type: str = "cuda", module_path: str | None = None,
+                       module=None, local_world_size: int | None = None):
+    """Read a ``*.torchrec.json`` and return TorchRec's ``ShardingPlan`` (for
+    ``DistributedModelParallel(model, plan=...)``); see :func:`sharding_plan_from_json`."""
+    return sharding_plan_from_json(_read_json(path), device_type=device_type, module_path=module_path,
+                                   module=module, local_world_size=local_world_size)
