@@ -20,9 +20,9 @@ from tqdm import tqdm
 
 from shardcore import algorithms, report
 from shardcore.cli import serve_if_torchrun_rank
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids,
+from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids,
                            num_devices, open_evaluator, run_main)
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.compare import evaluate
 from shardcore.types import Topology
@@ -41,10 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "column-, row-wise and data-parallel sharding), torchrec-tw (the same, table-wise "
                         "only), neuroshard, autoshard, shardkit (shardkit's own planner: every sharding type, a cost "
                         "model of the oracle, local search; flags below), or a model checkpoint path (default random)")
-    p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/test.txt",
-                   help="task file, one task per line (default data/dlrm_tasks_50/test.txt)")
-    p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
-                   help=f"processed dataset directory (default {DEFAULT_DATA_DIR})")
+    add_task_args(p, "data/dlrm_tasks_50/test.txt")
     add_device_args(p)
     add_memory_args(p)
     p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N", help="evaluate only the first N tasks")
@@ -56,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
     p.add_argument("--export-torchrec", default=None, metavar="DIR",
                    help="also write every plan as DIR/<alg>/task_<k>.json (plain) and .torchrec.json "
-                        "(TorchRec ParameterSharding: table-wise, column-wise for split tables) plus DIR/index.json")
+                        "(TorchRec ParameterSharding, every sharding type) plus DIR/index.json")
     ns = p.add_argument_group("NeuroShard (--alg neuroshard)")
     ns.add_argument("--compute-model", "--compute_model", dest="compute_model", default=None, metavar="PT",
                     help="pre-trained compute cost model (default models/neuroshard/compute.pt)")

@@ -24,9 +24,9 @@ from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, searc
 from neuroshard.simulator import Simulator
 from shardcore import algorithms, report
 from shardcore.cli import serve_if_torchrun_rank
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,
+from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.compare import evaluate
 from shardcore.types import Topology
@@ -42,10 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alg", default="neuroshard",
                    help="algorithm(s), comma-separated: neuroshard, random, naive, dim_greedy, size_greedy, "
                         "lookup_greedy, size_lookup_greedy, shardkit (planned for --oracle), or a checkpoint (default neuroshard)")
-    p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/test.txt",
-                   help="task file, one task per line (default %(default)s)")
-    p.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
-                   help=f"processed dataset directory (default {DEFAULT_DATA_DIR})")
+    add_task_args(p, "data/dlrm_tasks_50/test.txt")
     add_device_args(p)
     add_memory_args(p, default_precision="fp32")
     add_model_paths(p)

@@ -21,9 +21,9 @@ from autoshard.sharder import AutoShardModel
 from autoshard.trainer import AutoShardTrainer
 from shardcore.baselines import make_baseline
 from shardcore.cli import serve_if_torchrun_rank
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, add_refused_flag,
+from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag,
                            device_ids, open_evaluator, positive_float, run_main)
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.dataset import load_dataset
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.tasks import load_tasks
 from shardcore.cli import ArgumentParser as OneLineParser
@@ -33,10 +33,7 @@ from shardcore.io import check_output_dir
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task-path", "--task_path", default="data/dlrm_tasks_50/train.txt",
-                   help="training tasks, one per line (default %(default)s)")
-    p.add_argument("--data-dir", "--data_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
-                   help="processed dataset directory (default %(default)s)")
+    add_task_args(p, "data/dlrm_tasks_50/train.txt", what="training tasks")
     add_device_args(p)
     add_memory_args(p)
     p.add_argument("--savedir", default="models/autoshard", help="root of the experiment folders (default %(default)s)")

@@ -17,9 +17,9 @@ from dreamshard.config import DreamShardConfig
 from dreamshard.sharder import DreamShardModel
 from dreamshard.trainer import DreamShardTrainer
 from shardcore.cli import serve_if_torchrun_rank
-from shardcore.cli import (add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices,
+from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
-from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
+from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks
 from shardcore.cli import ArgumentParser as OneLineParser
@@ -29,8 +29,7 @@ from shardcore.io import check_output_dir
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task-path", "--task_path", dest="task_path", default="data/dlrm_tasks_50/train.txt", help="training tasks (default %(default)s)")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")
+    add_task_args(p, "data/dlrm_tasks_50/train.txt", what="training tasks")
     add_device_args(p)
     add_memory_args(p)
     p.add_argument("--out-dir", default="models/dreamshard", help="checkpoints and train_log.csv (default %(default)s)")

@@ -132,6 +132,17 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
 
 
+def add_task_args(parser: argparse.ArgumentParser, default_tasks: str, what: str = "task file") -> None:
+    """``--task-path`` (a task file) and ``--data-dir`` (the processed dataset), with the original
+    repositories' spellings."""
+    from .dataset import DEFAULT_DATA_DIR
+
+    parser.add_argument("--task-path", "--task_path", dest="task_path", default=default_tasks,
+                        help=f"{what}, one task per line (default %(default)s)")
+    parser.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
+                        help="processed dataset directory (default %(default)s)")
+
+
 def add_device_args(parser: argparse.ArgumentParser, default_ndevices: int = 4) -> None:
     """``--gpu-devices 0,1,2,3`` and/or ``--ndevices N``: the plan has N devices (default: as many
     as listed), measured on the listed devices (on a CPU-only machine: logical devices)."""
