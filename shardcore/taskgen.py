@@ -10,7 +10,7 @@ halving down to 4) and keeps only tasks whose total weight memory fits ``ndevice
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -69,22 +69,31 @@ def _draw_tasks(pool: Sequence[int], tables: Sequence[TableConfig], n: int, spec
     if spec.t_max > len(pool):
         raise ShardError(f"{which} pool has {len(pool)} tables, fewer than T={spec.t_max}: "
                          "lower --T / --T-range or use a larger dataset")
-    tasks = []
-    tries = 0
-    while len(tasks) < n:
-        tries += 1
-        if tries > MAX_TRIES_PER_TASK * n:
-            raise ShardError(f"could not draw {n} {which} tasks under the memory cap ({_cap_text(spec)}): "
-                             "raise it or lower --T / --max-dim")
+
+    def draw() -> Task | None:
         t = int(rng.integers(spec.t_min, spec.t_max + 1))
-        ids = sorted(int(i) for i in rng.choice(pool, size=t, replace=False))
+        ids = tuple(sorted(int(i) for i in rng.choice(pool, size=t, replace=False)))
         if spec.dims is None:
-            tasks.append(Task(tuple(ids)))
-            continue
+            return Task(ids)
         dims = tuple(int(d) for d in rng.choice(spec.dims, size=t))
-        if not _fits(tables, ids, dims, spec):
-            continue
-        tasks.append(Task(tuple(ids), dims))
+        return Task(ids, dims) if _fits(tables, ids, dims, spec) else None
+
+    return _sample(n, draw, spec, f"{which} tasks", "--T / --max-dim")
+
+
+def _sample(n: int, draw: Callable[[], "Task | None"], spec: TaskSpec, what: str, knobs: str) -> list[Task]:
+    """``n`` tasks from ``draw`` (None: a draw over the memory cap, rejected), or a one-line error
+    after :data:`MAX_TRIES_PER_TASK` draws per task."""
+    tasks: list[Task] = []
+    for _ in range(MAX_TRIES_PER_TASK * n):
+        if len(tasks) == n:
+            break
+        task = draw()
+        if task is not None:
+            tasks.append(task)
+    if len(tasks) < n:
+        raise ShardError(f"could not draw {n} {what} under the memory cap ({_cap_text(spec)}): "
+                         f"raise it or lower {knobs}")
     return tasks
 
 
@@ -106,19 +115,14 @@ def generate_single_pool_tasks(tables: Sequence[TableConfig], num_tasks: int, sp
     if not spec.dims:
         raise ShardError("single-pool tasks with a dim per table need dims (--max_dim or --dims)")
     rng = np.random.default_rng(spec.seed)
-    tasks: list[Task] = []
-    tries = 0
-    while len(tasks) < num_tasks:
-        tries += 1
-        if tries > MAX_TRIES_PER_TASK * num_tasks:
-            raise ShardError(f"could not draw {num_tasks} tasks under the memory cap ({_cap_text(spec)}): "
-                             "raise it or lower --T_range / --max_dim")
+
+    def draw() -> Task | None:
         t = int(rng.integers(spec.t_min, spec.t_max + 1))
-        ids = [int(i) for i in rng.integers(0, len(tables), size=t)]
-        dims = [int(d) for d in rng.choice(spec.dims, size=t)]
-        if _fits(tables, ids, dims, spec):
-            tasks.append(Task(tuple(ids), tuple(dims)))
-    return tasks
+        ids = tuple(int(i) for i in rng.integers(0, len(tables), size=t))
+        dims = tuple(int(d) for d in rng.choice(spec.dims, size=t))
+        return Task(ids, dims) if _fits(tables, ids, dims, spec) else None
+
+    return _sample(num_tasks, draw, spec, "tasks", "--T_range / --max_dim")
 
 
 def generate_tasks(tables: Sequence[TableConfig], spec: TaskSpec) -> tuple[list[Task], list[Task]]:
