@@ -68,9 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     sk.add_argument("--shardkit-time", type=positive_float, default=None, metavar="S",
                     help="shardkit's planning time budget per task in seconds (default 1.0)")
     sk.add_argument("--shardkit-refine", type=nonnegative_int, default=0, metavar="K",
-                    help="measure shardkit's K best candidates on the oracle (through its cache) and keep the "
-                         "fastest; 0 (default) keeps the cost model's choice. The measurements used are "
-                         "recorded per task (shardkit_measurements)")
+                    help="up to K plan measurements per task on the oracle (through its cache): the best "
+                         "candidate by the cost model, corrected by every measurement so far, is measured and "
+                         "the search runs again under the corrected model; the fastest measured plan is kept "
+                         "and measured once more, afresh, for the reported cost. 0 (default) keeps the cost "
+                         "model's choice. Recorded per task: shardkit_measurements, shardkit_measured_ms, "
+                         "shardkit_model_choice_ms")
     sk.add_argument("--shardkit-model", default=None, metavar="JSON",
                     help="shardkit's cost model (default: models/shardkit/cpu_cost_model.json for the measured "
                          "oracle, the emulator for --oracle emulated:h200)")
@@ -84,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-set", default=None, metavar="NAME",
                    help="row label of the paper-style table (default: derived from the task file)")
     add_oracle_args(p)
+    p.add_argument("--repeats", type=positive_int, default=1, metavar="N",
+                   help="measure every plan N times (noisy hardware such as a shared CPU): a task's plans are "
+                        "made first, then measured in N rounds, each plan once per round in --alg order, every "
+                        "measurement afresh (the cache is not read); per device and cost part the median is "
+                        "reported, and each round's cost is recorded (repeat_costs_ms). Default 1")
     return p
 
 
@@ -184,7 +192,7 @@ def main(argv=None):
 
             with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:
                 results = evaluate(tasks, dataset.tables, sharders, topology, oracle=ev, on_result=show_and_mark,
-                                   progress=bar)
+                                   progress=bar, repeats=args.repeats)
             hardware, noise_pct = ev.hardware, ev.noise_pct
         task_set = args.task_set or f"{os.path.basename(os.path.dirname(os.path.abspath(args.task_path)))}/" \
                                     f"{os.path.basename(args.task_path)} ({ndevices})"

@@ -125,29 +125,75 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
     return result, (plan if feasible else None)
 
 
+def median_result(answers: Sequence[PlanResult]) -> PlanResult:
+    """Several measurements of one plan as one: per device and cost part the median (a plan's cost
+    is then the slowest device's sum of medians)."""
+    if len(answers) == 1:
+        return answers[0]
+    import numpy as np
+
+    parts = np.median(np.array([a.device_costs_ms for a in answers], dtype=float), axis=0)
+    first, n = answers[0], len(answers[0].device_costs_ms)
+    cached = [all(d < len(a.compute_from_cache) and a.compute_from_cache[d] for a in answers) for d in range(n)]
+    return PlanResult([[float(x) for x in dev] for dev in parts], from_cache=all(a.from_cache for a in answers),
+                      compute_from_cache=cached, wall_s=float(sum(a.wall_s for a in answers)),
+                      parts=dict(first.parts), hardware=first.hardware)
+
+
 def evaluate(tasks: Sequence[Task], dataset_tables: Sequence[TableConfig], sharders: dict[str, Sharder],
              topology: Topology, oracle: CostOracle | None = None,
              on_result: Callable[[TaskResult, Task], None] | None = None,
-             progress: Any = None) -> list[TaskResult]:
+             progress: Any = None, repeats: int = 1) -> list[TaskResult]:
     """Every algorithm on every task, task by task (so algorithms are measured side by side).
 
     Each feasible plan is judged by ``oracle`` (none: plans only); its answer fills ``cost_ms`` and
-    ``device_costs_ms`` and is kept whole in ``measured``. ``on_result(result, task)`` sees every
-    record as it is made; ``progress`` is an optional tqdm-like bar, advanced once per (task,
-    algorithm)."""
+    ``device_costs_ms`` and is kept whole in ``measured``. A sharder that ``measures_candidates`` has
+    its plan measured afresh (the cache neither asked nor trusted for it). ``repeats > 1`` (noisy
+    hardware): a task's plans are all made first, then measured in ``repeats`` rounds, every plan once
+    per round in algorithm order, every measurement afresh; each record keeps the per device and part
+    medians (:func:`median_result`) and every round's plan cost (``repeat_costs_ms``).
+    ``on_result(result, task)`` sees every record once it is complete; ``progress`` is an optional
+    tqdm-like bar, advanced once per (task, algorithm)."""
+    if int(repeats) < 1:
+        raise ShardError(f"repeats must be at least 1, got {repeats}")
+    repeats = int(repeats)
     results = []
     bar = progress
+
+    def measure(sharder, plan, tables, fresh):
+        shards = plan.shard_tables(tables)
+        fresh = fresh or bool(getattr(sharder, "measures_candidates", False))
+        return oracle.evaluate(shards, no_cache=True) if fresh else oracle.evaluate(shards)
+
+    def record(result, answer, task):
+        result.measured = answer
+        result.cost_ms, result.device_costs_ms = answer.cost_ms, answer.device_costs_ms
+
+    def done(result, task):
+        results.append(result)
+        if on_result is not None:
+            on_result(result, task)
+        if bar is not None:
+            bar.update(1)
+
     for k, task in enumerate(tasks):
         tables = task.tables(dataset_tables)
-        for alg, sharder in sharders.items():
-            result, plan = plan_task(k, alg, sharder, tables, topology)
-            if oracle is not None and plan is not None:
-                answer = oracle.evaluate(plan.shard_tables(tables))
-                result.measured = answer
-                result.cost_ms, result.device_costs_ms = answer.cost_ms, answer.device_costs_ms
-            results.append(result)
-            if on_result is not None:
-                on_result(result, task)
-            if bar is not None:
-                bar.update(1)
+        if oracle is None or repeats == 1:
+            for alg, sharder in sharders.items():
+                result, plan = plan_task(k, alg, sharder, tables, topology)
+                if oracle is not None and plan is not None:
+                    record(result, measure(sharder, plan, tables, False), task)
+                done(result, task)
+            continue
+        planned = [(sharder, *plan_task(k, alg, sharder, tables, topology)) for alg, sharder in sharders.items()]
+        answers: list[list[PlanResult]] = [[] for _ in planned]
+        for _ in range(repeats):
+            for i, (sharder, result, plan) in enumerate(planned):
+                if plan is not None:
+                    answers[i].append(measure(sharder, plan, tables, True))
+        for (sharder, result, plan), got in zip(planned, answers):
+            if got:
+                record(result, median_result(got), task)
+                result.extra["repeat_costs_ms"] = [round(a.cost_ms, 4) for a in got]
+            done(result, task)
     return results

@@ -76,6 +76,11 @@ class Sharder(abc.ABC):
 
     name: str
 
+    #: True for a sharder that chose its plan by measuring candidates on the oracle that judges it.
+    #: The kept plan's measurement is then the smallest of several noisy ones (biased low), so
+    #: :func:`shardcore.compare.evaluate` measures its plan again, bypassing the cache.
+    measures_candidates = False
+
     @abc.abstractmethod
     def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
               precision: str = "fp16") -> "Plan":

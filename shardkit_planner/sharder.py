@@ -33,6 +33,7 @@ from shardcore.plan import Plan, table_wise
 from shardcore.tables import TableConfig
 
 from .costmodel import EMULATED, MEASURED, CostModel, emulated_model
+from .refine import refine
 from .search import ALL_TYPES, SearchStats, State, local_search
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,8 +77,14 @@ class ShardkitSharder(Sharder):
     _start_sharders: dict = field(default_factory=dict, repr=False)
 
     def attach_oracle(self, oracle) -> None:
-        """The oracle whose measurements pick among the top candidates (when ``refine_k > 0``)."""
+        """The oracle whose measurements refine the choice (when ``refine_k > 0``)."""
         self.oracle = oracle
+
+    @property
+    def measures_candidates(self) -> bool:
+        """True when the plan was chosen by measuring on the attached oracle (its kept measurement is
+        the smallest of several: the comparison measures it again, see :class:`Sharder`)."""
+        return self.refine_k > 0 and self.oracle is not None
 
     def cost_model(self) -> CostModel:
         if self.model is None:
@@ -148,14 +155,16 @@ class ShardkitSharder(Sharder):
         if self.refine_k > 0:
             if self.oracle is None:
                 raise ShardError("shardkit: refinement (--shardkit-refine) needs an oracle; plan-only runs have none")
-            measured = []
-            for score, name, plan in distinct[: self.refine_k]:
-                r = self.oracle.evaluate(plan.shard_tables(tables))
-                measured.append((float(r.cost_ms), name, plan))
-            info["shardkit_measurements"] = len(measured)
-            info["shardkit_measured_ms"] = [round(c, 4) for c, _, _ in measured]
-            cost, best_name, best = min(measured, key=lambda x: x[0])
-            info["shardkit_start"] = best_name
+            res = refine(model, self.oracle, tables, [(name, plan) for _, name, plan in distinct], ndevices,
+                         max_memory_gb, precision, self.refine_k, search_s=self.time_budget_s, types=self.types,
+                         stats=stats)
+            info.update({"shardkit_measurements": len(res.measured_ms),
+                         "shardkit_measurements_from_cache": res.from_cache,
+                         "shardkit_measured_ms": [round(c, 4) for c in res.measured_ms],
+                         "shardkit_measured_plans": res.names,
+                         "shardkit_model_choice_ms": round(res.model_first_ms, 4),
+                         "shardkit_start": res.name, "shardkit_moves": dict(stats.accepted)})
+            best = res.plan
         self.last_info = info
         return best
 

@@ -112,6 +112,37 @@ def test_evaluate_keeps_the_oracles_whole_answer_out_of_the_record(tiny):
     assert plan is not None and result.ndevices == 2 and result.max_memory_gb == 1.0
 
 
+def test_repeats_measure_interleaved_afresh_and_keep_medians(tiny):
+    """--repeats N: a task's plans are measured in N rounds (every algorithm once per round), never
+    from the cache, and each record keeps per device and part medians and every round's cost."""
+    _, tables = tiny
+    seen = []
+    noise = iter([1.0, 10.0, 3.0, 30.0, 2.0, 20.0] * 2)
+
+    def fn(shards):
+        k = next(noise)
+        return [[k * len(s), 0.0, 0.0, 0.0] for s in shards]
+
+    class Recording(FnOracle):
+        def evaluate(self, shards, no_cache=None):
+            seen.append(no_cache)
+            return super().evaluate(shards, no_cache)
+
+    oracle = Recording(fn)
+    sharders = {"naive": make_baseline("naive"), "size_greedy": make_baseline("size_greedy")}
+    tasks = [Task((0, 1, 2, 3)), Task((4, 5, 6, 7))]
+    results = evaluate(tasks, tables, sharders, Topology(2, 1.0), oracle=oracle, repeats=3)
+    assert oracle.calls == 12 and seen == [True] * 12
+    # rounds interleave the algorithms: naive got factors 1, 3, 2 (median 2), size_greedy 10, 30, 20
+    first_naive, first_size = results[0], results[1]
+    assert first_naive.alg == "naive" and first_naive.extra["repeat_costs_ms"] == [2.0, 6.0, 4.0]
+    sizes = [len(s) for s in first_size.plan(tasks[0].tables(tables)).shard_tables(tasks[0].tables(tables))]
+    assert first_naive.cost_ms == 4.0 and first_size.cost_ms == 20.0 * max(sizes)
+    assert first_size.device_costs_ms == [[20.0 * n, 0.0, 0.0, 0.0] for n in sizes]
+    with pytest.raises(ShardError, match="repeats"):
+        evaluate(tasks, tables, sharders, Topology(2, 1.0), oracle=oracle, repeats=0)
+
+
 # -- the cache layer --------------------------------------------------------------------------
 def test_cache_layer_stores_shards_but_not_plans_with_modelled_communication(tiny, tmp_path):
     path, tables = tiny

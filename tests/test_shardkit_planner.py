@@ -148,6 +148,81 @@ def test_refinement_counts_measurements_and_keeps_the_fastest(data, model):
         assert model.plan_cost(task, plan) + 0.0 == pytest.approx(min(info["shardkit_measured_ms"][1:]), abs=1e-3)
 
 
+def _skewed_oracle(model, slow):
+    """The truth differs from the model: each table of ``slow`` adds 3x its standalone modelled
+    compute to its device's modelled compute (split fw 1/3, bw 2/3); no exchange."""
+    def fn(shards):
+        out = []
+        for s in shards:
+            c = float(model.shard_compute([s])[0]) if s else 0.0
+            c += sum(3.0 * float(model.shard_compute([[p]])[0]) for p in s if p.index in slow)
+            out.append([c / 3, 0.0, 0.0, 2 * c / 3])
+        return out
+    return FnOracle(fn)
+
+
+def test_calibrated_model_learns_measured_shards_and_table_corrections(data, model):
+    from shardkit_planner.refine import CalibratedModel
+
+    _, tables = data
+    task = tables[:12]
+    cal = CalibratedModel.around(model, ridge=1e-6)
+    shards = [task[0:3], task[3:6], task[6:9], task[9:12]]
+    measured = [[10.0, 1.0, 1.0, 20.0], [5.0, 1.0, 1.0, 5.0], [1.0, 0.0, 0.0, 1.0], [2.0, 1.0, 1.0, 2.0]]
+    base = model.shard_compute(shards)
+    cal.observe(shards, measured)
+    # measured shards are known exactly
+    np.testing.assert_allclose(cal.shard_compute(shards), [30.0, 10.0, 2.0, 4.0])
+    # a new shard takes its tables' corrections: with one shard per table group the residual is
+    # shared out over its tables in proportion to their standalone costs
+    for pieces, res in zip(shards, np.array([30.0, 10.0, 2.0, 4.0]) - base):
+        assert cal.correction(pieces) == pytest.approx(res, rel=1e-3)
+    mixed = [task[0], task[3]]
+    assert cal.shard_compute([mixed])[0] == pytest.approx(model.shard_compute([mixed])[0] + cal.correction(mixed))
+    assert cal.correction([tables[20]]) == 0.0          # never measured: the model's own figure
+    assert cal.comm_scale != 1.0
+    np.testing.assert_allclose(cal.comm_costs([[8, 8, 8, 8]]), model.comm_costs([[8, 8, 8, 8]]) * cal.comm_scale)
+
+
+def test_refinement_corrects_a_wrong_model_and_is_measured_afresh(data, model):
+    """The model underrates two tables it put on one device: its own choice is slow on the truth; refinement measures,
+    corrects and searches again, and keeps a faster plan; the comparison then measures that plan with
+    the cache bypassed (its kept measurement is the smallest of several)."""
+    from shardcore.compare import evaluate
+    from shardcore.tasks import Task
+    from shardcore.types import Topology
+
+    _, tables = data
+    task = tables[:16]
+    plain = _sharder(model, starts=("model_greedy",))
+    first = plain.shard(task, 4, 10.0)
+    crowded = max(first.shard_tables(task), key=len)      # two tables the model put together
+    slow = {crowded[0].index, crowded[1].index}
+    oracle = _skewed_oracle(model, slow)
+    truth = lambda plan: max(sum(c) for c in oracle.fn(plan.shard_tables(task)))
+    sk = _sharder(model, starts=("model_greedy",), refine_k=4)
+    sk.attach_oracle(oracle)
+    assert sk.measures_candidates and not plain.measures_candidates
+    plan = sk.shard(task, 4, 10.0)
+    info = sk.last_info
+    assert info["shardkit_measurements"] == oracle.calls <= 4
+    assert info["shardkit_model_choice_ms"] == pytest.approx(truth(first), abs=1e-3)
+    assert truth(plan) == pytest.approx(min(info["shardkit_measured_ms"]), abs=1e-3)
+    assert truth(plan) < 0.95 * truth(first)
+
+    class Recording(FnOracle):
+        def evaluate(self, shards, no_cache=None):
+            self.flags.append(no_cache)
+            return super().evaluate(shards, no_cache)
+
+    rec = Recording(oracle.fn)
+    rec.flags = []
+    sk.attach_oracle(rec)
+    ids = [t.index for t in task]
+    evaluate([Task(ids)], tables, {"plain": plain, "shardkit": sk}, Topology(4, 10.0), oracle=rec)
+    assert rec.flags[0] is None and rec.flags[-1] is True
+
+
 def test_model_greedy_and_cost_model_file_round_trip(data, model, tmp_path):
     _, tables = data
     plan = model_greedy(model, tables[:12], 3, 10.0, "fp16")

@@ -12,6 +12,8 @@ import argparse
 import json
 import statistics
 
+import numpy as np
+
 
 from shardcore.cli import ArgumentParser as OneLineParser, run_main
 from shardcore.errors import ShardError
@@ -57,6 +59,25 @@ def summarize(path: str, alg: str, anchors: list[str] | None) -> str:
     wins = sum(by[alg][t]["cost_ms"] <= min(by[a][t]["cost_ms"] for a in algs if a != alg) for t in tasks)
     lines.append(f"{alg}: {margin:.1f}% below the best anchor ({best}); best on {wins}/{len(tasks)} tasks; "
                  f"target >= 5%: {'met' if margin >= 5.0 else 'NOT met'}")
+    order = sorted(tasks)
+    lo, hi = margin_interval([by[alg][t]["cost_ms"] for t in order], [by[best][t]["cost_ms"] for t in order])
+    lines.append(f"  95% paired bootstrap interval of the margin (tasks resampled): {lo:.1f}% .. {hi:.1f}%")
+    choice = [by[alg][t].get("shardkit_model_choice_ms") for t in order]
+    if all(c is not None for c in choice):
+        used = sum(int(by[alg][t].get("shardkit_measurements", 0)) for t in order)
+        first = statistics.fmean(choice)
+        lines.append(f"  measured refinement: {used} plan measurements; the cost model's own first choice "
+                     f"measured {first:.4g} ms on average ({100.0 * (1 - first / mean[best]):+.1f}% below the best "
+                     f"anchor); the kept plans measured again afresh: {mean[alg]:.4g} ms")
+    return "\n".join(lines)
+
+
+def margin_interval(ours, theirs, reps: int = 10000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of 100 (1 - mean(ours) / mean(theirs)) with the tasks resampled in pairs."""
+    a, b = np.asarray(ours, dtype=float), np.asarray(theirs, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(reps, len(a)))
+    m = 100.0 * (1.0 - a[idx].mean(axis=1) / b[idx].mean(axis=1))
+    return float(np.percentile(m, 2.5)), float(np.percentile(m, 97.5))
     return "\n".join(lines)
 
 
