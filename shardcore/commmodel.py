@@ -12,6 +12,22 @@ for each of the two phases (the all-to-all ends when a device's slowest directio
 bytes; each direction of a full-duplex link runs at ``bandwidth``). Bytes are those of fp32 pooled
 outputs (4 per element), as the real exchange.
 
+**Row-wise and data-parallel pieces** (:mod:`shardcore.plan`) add two collectives, as the measured
+evaluator runs them (:mod:`shardcore.shardings`); where they are modelled from the tables alone (the
+emulated oracle, shardkit's planner for it), :meth:`CommModel.exchange_ms` prices them with the same
+constants, one latency each:
+
+* forward, the **row-wise id all-to-all**: every device sends each row-wise holder the ids of its
+  batch slice that fall in the holder's rows, plus one length per sample (int64, 8 bytes each). With
+  a piece's *id width* (:func:`id_width`: its expected ids per sample, the table's pooling factor x
+  the piece's row share, which is the piece's ``pooling_factor``, plus the one length) and ``P_d`` the
+  sum of device ``d``'s id widths, ``d`` receives ``8 (B - B_d) P_d`` bytes and sends
+  ``8 B_d (sum_j P_j - P_d)`` (:func:`id_bytes`): the all-to-all of :func:`remote_bytes` with the
+  directions swapped, the ids expected rather than counted from ``data.pt``;
+* backward, the **data-parallel gradient all-reduce**: a ring, ``2 (n - 1) / n x rows x dim`` elements
+  of the weights' precision (:func:`allreduce_bytes`), on every device (each holds a replica); a
+  replica sends no pooled outputs (:func:`pooled_width` is 0: its device computes its own slice).
+
 **Defaults** (flags ``--comm-bandwidth`` and ``--comm-latency`` change them): 200 GB/s per device
 and direction, 25 us per collective. They stand for NVLink 4 between the GPUs of one 8-GPU
 H100/H200 (HGX) node: 450 GB/s per GPU per direction nominal, of which an NCCL all-to-all achieves
@@ -27,11 +43,16 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import ShardError
+from .plan import DATA_PARALLEL, ROW_WISE
+from .tables import TableConfig, bytes_per_element
 
 DEFAULT_COMM_BANDWIDTH_GBPS = 200.0
 DEFAULT_COMM_LATENCY_US = 25.0
 DEFAULT_LINK = "NVLink 4 within one 8-GPU H100/H200 node (assumed)"
 OUTPUT_ELEMENT_SIZE = 4
+ID_ELEMENT_SIZE = 8        # the row-wise input distribution's int64 ids and per-sample lengths
+PIECES_NOTE = ("row-wise id all-to-all (ids expected from the tables' pooling factors) and data-parallel "
+               "gradient all-reduce (ring) modelled with the same constants")
 
 
 def batch_slices(batch_size: int, ndevices: int) -> list[int]:
@@ -53,6 +74,38 @@ def remote_bytes(dim_sums: Sequence[int], batch_size: int) -> list[tuple[int, in
         recv = bs[d] * (total_dim - own)             # everyone else's outputs for my samples
         out.append((OUTPUT_ELEMENT_SIZE * sent, OUTPUT_ELEMENT_SIZE * recv))
     return out
+
+
+def pooled_width(t: TableConfig) -> int:
+    """Width a piece adds to its device's pooled outputs: its dim, none for a data-parallel replica."""
+    return 0 if getattr(t, "kind", None) == DATA_PARALLEL else int(t.dim)
+
+
+def id_width(t: TableConfig) -> float:
+    """A row-wise piece's int64 elements per sample in the id all-to-all: the expected ids in its rows
+    (its ``pooling_factor``: the table's, times the piece's row share) plus one length; 0 otherwise."""
+    return float(t.pooling_factor) + 1.0 if getattr(t, "kind", None) == ROW_WISE else 0.0
+
+
+def allreduce_bytes(t: TableConfig, ndevices: int, precision: str = "fp16") -> float:
+    """Bytes a data-parallel replica's ring all-reduce moves per device (``2 (n-1)/n x rows x dim`` in
+    the weights' precision, the dense gradient's dtype); 0 for other pieces or one device."""
+    if getattr(t, "kind", None) != DATA_PARALLEL or ndevices < 2:
+        return 0.0
+    return 2.0 * (ndevices - 1) / ndevices * t.row * t.dim * bytes_per_element(precision)
+
+
+def id_bytes(id_widths, batch_size: int):
+    """Per device ``(bytes sent, bytes received)`` of the row-wise id all-to-all, ``id_widths[..., d]``
+    the sum of device ``d``'s :func:`id_width` (numpy arrays, devices on the last axis)."""
+    import numpy as np
+
+    w = np.asarray(id_widths, dtype=float)
+    slices = np.asarray(batch_slices(batch_size, w.shape[-1]), dtype=float)
+    total = w.sum(axis=-1, keepdims=True)
+    sent = ID_ELEMENT_SIZE * slices * (total - w)             # my slice's ids for every other holder
+    recv = ID_ELEMENT_SIZE * (batch_size - slices) * w        # the others' ids in my rows
+    return sent, recv
 
 
 @dataclass(frozen=True)
@@ -86,6 +139,41 @@ class CommModel:
             t = self.phase_ms(max(sent, recv))
             out.append((t, t))
         return out
+
+    def _phase(self, nbytes):
+        """:meth:`phase_ms` of an array of byte counts."""
+        import numpy as np
+
+        nbytes = np.asarray(nbytes, dtype=float)
+        return np.where(nbytes > 0, self.latency_us * 1e-3 + nbytes / (self.bandwidth_gbps * 1e9) * 1e3, 0.0)
+
+    def exchange_ms(self, pooled_widths, batch_size: int, id_widths=None, backward_bytes=None):
+        """``(fw_ms, bw_ms)`` arrays of a plan's exchanges per device (devices on the last axis; leading
+        axes: candidate plans), the one place they are priced from widths (see the module notes):
+
+        - both phases: the pooled all-to-all of ``pooled_widths`` (:func:`pooled_width` sums);
+        - forward: the row-wise id all-to-all of ``id_widths`` (:func:`id_width` sums), one latency;
+        - backward: ``backward_bytes`` per device in one more collective (the data-parallel
+          all-reduce, :func:`allreduce_bytes` sums), one latency.
+
+        One device: nothing is exchanged."""
+        import numpy as np
+
+        dims = np.asarray(pooled_widths, dtype=float)
+        n = dims.shape[-1]
+        if n < 2:
+            return np.zeros(dims.shape), np.zeros(dims.shape)
+        slices = np.asarray(batch_slices(batch_size, n), dtype=float)
+        total = dims.sum(axis=-1, keepdims=True)
+        sent = OUTPUT_ELEMENT_SIZE * dims * (batch_size - slices)
+        recv = OUTPUT_ELEMENT_SIZE * slices * (total - dims)
+        pooled = self._phase(np.maximum(sent, recv))
+        fw, bw = pooled, pooled
+        if id_widths is not None:
+            fw = fw + self._phase(np.maximum(*id_bytes(np.broadcast_to(id_widths, dims.shape), batch_size)))
+        if backward_bytes is not None:
+            bw = bw + self._phase(np.broadcast_to(np.asarray(backward_bytes, dtype=float), dims.shape))
+        return fw, bw
 
     def describe(self) -> str:
         how = "fitted to measured all-to-alls" if self.source == "fitted" else "analytic"

@@ -5,9 +5,13 @@
   devices than the machine has GPUs).
 - ``emulated:h200``: an NVIDIA H200 emulated from real measurements (:class:`EmulatedOracle`):
   each shard's forward and backward compute from :mod:`shardcore.emulator`'s model fitted on the
-  shipped H200 shard measurements (``data/gpu_measurements/``), the all-to-alls from the analytic
-  :class:`~shardcore.commmodel.CommModel`. It needs only the table configs (no ``data.pt``), no
-  workers and no cache, and answers in microseconds, so every trainer can use it.
+  shipped H200 shard measurements (``data/gpu_measurements/``), the exchanges from the analytic
+  :class:`~shardcore.commmodel.CommModel`: the pooled all-to-all (without data-parallel replicas,
+  which send nothing), a row-wise table's id all-to-all (forward, ids expected from the tables'
+  pooling factors) and a data-parallel table's gradient all-reduce (backward), as the measured
+  evaluator runs them, at the same bandwidth and latency
+  (:meth:`~shardcore.commmodel.CommModel.exchange_ms`). It needs only the table configs (no
+  ``data.pt``), no workers and no cache, and answers in microseconds, so every trainer can use it.
 
 Both implement :class:`~shardcore.types.ShardCostOracle`, give the same
 :class:`~shardcore.types.PlanResult` (per device ``[fw_comp, fw_comm, bw_comm, bw_comp]`` ms, plan
@@ -26,7 +30,7 @@ from typing import Sequence
 
 from .benchmark import ComputeCost, normalize_optimizer, normalize_precision
 from .cache import CacheContext
-from .commmodel import CommModel
+from .commmodel import PIECES_NOTE, CommModel, allreduce_bytes, id_width, pooled_width
 from .errors import ShardError
 from .tables import TableConfig
 from .types import PlanResult
@@ -180,7 +184,8 @@ class EmulatedOracle:
     @property
     def parts(self) -> dict:
         return {"compute": f"modelled (emulated:{self.card}, fitted on measured shards)",
-                "comm": "none (one device)" if self.ndevices == 1 else self.comm_model.describe()}
+                "comm": ("none (one device)" if self.ndevices == 1
+                         else f"{self.comm_model.describe()}; {PIECES_NOTE}")}
 
     @property
     def context(self) -> CacheContext:
@@ -222,7 +227,12 @@ class EmulatedOracle:
     def measure_shard(self, tables: Sequence[TableConfig], no_cache: bool | None = None) -> ComputeCost:
         return self.measure_shards([tables])[0]
 
-    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None):
+    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None, *,
+                     id_widths: Sequence[float] | None = None, allreduce: Sequence[float] | None = None):
+        """Per device ``(fw_ms, bw_ms)`` of the pooled all-to-all of ``dim_sums`` and the split sizes;
+        ``id_widths`` / ``allreduce`` (per device, :func:`~shardcore.commmodel.id_width` and
+        :func:`~shardcore.commmodel.allreduce_bytes` sums) add a plan's row-wise id all-to-all
+        (forward) and data-parallel all-reduce (backward)."""
         from .evaluator import comm_splits
 
         if len(dim_sums) != self.ndevices:
@@ -230,7 +240,11 @@ class EmulatedOracle:
         dims = [int(x) for x in dim_sums]
         if min(dims) < 0:
             raise ShardError("dim sums must be non-negative")
-        costs = self.comm_model.predict(dims, self.batch_size)
+        for name, vals in (("id widths", id_widths), ("all-reduce sizes", allreduce)):
+            if vals is not None and len(vals) != self.ndevices:
+                raise ShardError(f"need {self.ndevices} {name}, got {len(vals)}")
+        fw, bw = self.comm_model.exchange_ms(dims, self.batch_size, id_widths, allreduce)
+        costs = [(float(f), float(b)) for f, b in zip(fw, bw)]
         if delays_ms is not None:  # a late starter makes the others wait in the forward exchange
             if len(delays_ms) != self.ndevices:
                 raise ShardError(f"need {self.ndevices} delays, got {len(delays_ms)}")
@@ -253,7 +267,11 @@ class EmulatedOracle:
         costs_c = self.measure_shards([[] if d in known else s for d, s in enumerate(shards)])
         from_cache = [bool(s) and d in known for d, s in enumerate(shards)]
         costs_c = [known[d] if from_cache[d] else c for d, c in enumerate(costs_c)]
-        comm, splits = self.measure_comm([sum(t.dim for t in s) for s in shards])
+        n = self.ndevices
+        comm, splits = self.measure_comm([sum(pooled_width(t) for t in s) for s in shards],
+                                         id_widths=[sum(id_width(t) for t in s) for s in shards],
+                                         allreduce=[sum(allreduce_bytes(t, n, self.precision) for t in s)
+                                                    for s in shards])
         costs = [[c.fw_ms, f, b, c.bw_ms] for c, (f, b) in zip(costs_c, comm)]
         return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
                           wall_s=time.perf_counter() - t0, parts=self.parts, hardware=self.hardware)

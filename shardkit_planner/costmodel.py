@@ -15,14 +15,17 @@ cover every type. The weights come from
   :meth:`~shardcore.cache.CostCache.shard_entries` for the dataset, batch and precision),
   made by :func:`fit_cost_model` (``tools/fit_shardkit_model.py``) with the emulator's fitting code.
 
-**Communication.** ``latency + max(bytes sent, bytes received) / bandwidth`` per phase
-(:class:`~shardcore.commmodel.CommModel`): the emulated oracle's analytic model with the same
-constants, or on the CPU a fit of the measured all-to-alls (the cache's plan measurements). For the
-measured landscape the pieces' extra collectives are added as the evaluator runs them
-(:mod:`shardcore.shardings`): a row-wise table's id exchange (8 bytes per id plus one length per
-sample) and a data-parallel table's gradient all-reduce (``2 (n-1)/n x rows x dim x bytes``), at the
-fitted bandwidth; a data-parallel table sends no pooled outputs. The emulated oracle counts every
-piece's dim in the pooled exchange and nothing else, and so does the model there.
+**Communication.** ``latency + max(bytes sent, bytes received) / bandwidth`` per phase, priced by
+:meth:`shardcore.commmodel.CommModel.exchange_ms` (the one place, shared with the emulated oracle):
+the emulated oracle's analytic model with the same constants, or on the CPU a fit of the measured
+all-to-alls (the cache's plan measurements). A data-parallel table sends no pooled outputs
+(:func:`~shardcore.commmodel.pooled_width`); its gradient all-reduce (``2 (n-1)/n x rows x dim x
+bytes``, :func:`~shardcore.commmodel.allreduce_bytes`) is one more collective. On the emulated
+landscape a row-wise table's id all-to-all is priced as the oracle prices it (per device the expected
+ids it sends and receives, 8 bytes each plus one length per sample, :func:`~shardcore.commmodel.id_width`),
+so the model is the oracle exactly. On the measured landscape the id exchange is approximated per
+holder (``8 x (n-1)/n x (B x pooling factor + B)`` bytes, in one collective with the all-reduce), at
+the fitted bandwidth.
 """
 
 from __future__ import annotations
@@ -36,12 +39,13 @@ from typing import Sequence
 
 import numpy as np
 
-from shardcore.commmodel import CommModel, batch_slices, fit_comm_model, remote_bytes
+from shardcore.commmodel import (CommModel, allreduce_bytes, fit_comm_model, id_width as piece_id_width,
+                                 pooled_width, remote_bytes)
 from shardcore.emulator import DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, shard_features, table_arrays
 from shardcore.errors import ShardError
 from shardcore.io import atomic_open
-from shardcore.plan import DATA_PARALLEL, ROW_WISE, Plan, ShardPiece
-from shardcore.tables import TableConfig, bytes_per_element
+from shardcore.plan import ROW_WISE, Plan, ShardPiece
+from shardcore.tables import TableConfig
 
 FORMAT = "shardkit-planner-cost-1"
 MEASURED, EMULATED = "measured", "emulated:h200"
@@ -75,7 +79,7 @@ class CostModel:
     compute: GpuComputeModel
     comm: CommModel
     batch_size: int
-    landscape: str = EMULATED          # MEASURED: the pieces' extra collectives are counted
+    landscape: str = EMULATED          # how the row-wise id exchange is priced (see the module notes)
     length_cv: list[float] | None = None
     precision: str = "fp16"
     source: str = ""
@@ -98,41 +102,27 @@ class CostModel:
 
     # -- communication ---------------------------------------------------------------------------
     def pooled_dim(self, t: TableConfig) -> int:
-        """Width a piece adds to its device's pooled outputs."""
-        if self.landscape == MEASURED and isinstance(t, ShardPiece) and t.kind == DATA_PARALLEL:
-            return 0
-        return int(t.dim)
+        """Width a piece adds to its device's pooled outputs (none for a data-parallel replica)."""
+        return pooled_width(t)
+
+    def id_width(self, t: TableConfig) -> float:
+        """int64 elements per sample a piece adds to its device's row-wise id all-to-all (the emulated
+        landscape: as the oracle prices it; the measured one counts it in :meth:`extra_bytes`)."""
+        return 0.0 if self.landscape == MEASURED else piece_id_width(t)
 
     def extra_bytes(self, t: TableConfig, ndevices: int) -> float:
-        """Bytes of a piece's own collective on its device (measured landscape only)."""
-        if self.landscape != MEASURED or not isinstance(t, ShardPiece) or ndevices < 2:
-            return 0.0
-        if t.kind == DATA_PARALLEL:
-            return 2.0 * (ndevices - 1) / ndevices * t.row * t.dim * bytes_per_element(self.precision)
-        if t.kind == ROW_WISE:
+        """Bytes of a piece's own collective on its device: a data-parallel replica's all-reduce, and
+        on the measured landscape a row-wise holder's approximate id exchange."""
+        if self.landscape == MEASURED and isinstance(t, ShardPiece) and t.kind == ROW_WISE and ndevices >= 2:
             share = (ndevices - 1) / ndevices
             return 8.0 * share * (self.batch_size * t.pooling_factor + self.batch_size)
-        return 0.0
+        return allreduce_bytes(t, ndevices, self.precision)
 
-    def comm_costs(self, dim_sums, extra=None) -> np.ndarray:
+    def comm_costs(self, dim_sums, extra=None, ids=None) -> np.ndarray:
         """fw + bw exchange (ms) per device (the last axis: devices; leading axes: candidate plans),
-        from the pooled widths and the extra bytes."""
-        dims = np.asarray(dim_sums, dtype=float)
-        n = dims.shape[-1]
-        if n < 2:
-            return np.zeros(dims.shape)
-        slices = np.asarray(batch_slices(self.batch_size, n), dtype=float)
-        total = dims.sum(axis=-1, keepdims=True)
-        sent = 4.0 * dims * (self.batch_size - slices)
-        recv = 4.0 * slices * (total - dims)
-        nbytes = np.maximum(sent, recv)
-        lat = self.comm.latency_us * 1e-3
-        per_byte = 1e3 / (self.comm.bandwidth_gbps * 1e9)
-        out = 2.0 * np.where(nbytes > 0, lat + nbytes * per_byte, 0.0)
-        if extra is not None:
-            ex = np.asarray(extra, dtype=float)
-            out = out + np.where(ex > 0, lat + ex * per_byte, 0.0)
-        return out
+        from the pooled widths, the extra collective's bytes and the row-wise id widths."""
+        fw, bw = self.comm.exchange_ms(dim_sums, self.batch_size, ids, extra)
+        return fw + bw
 
     # -- whole plans -----------------------------------------------------------------------------
     def shard_costs(self, shards: Sequence[Sequence[TableConfig]]) -> np.ndarray:
@@ -141,7 +131,8 @@ class CostModel:
         comp = self.shard_compute(shards)
         dims = [sum(self.pooled_dim(t) for t in s) for s in shards]
         extra = [sum(self.extra_bytes(t, n) for t in s) for s in shards]
-        return comp + self.comm_costs(dims, extra)
+        ids = [sum(self.id_width(t) for t in s) for s in shards]
+        return comp + self.comm_costs(dims, extra, ids)
 
     def device_costs(self, tables: Sequence[TableConfig], plan: Plan) -> np.ndarray:
         return self.shard_costs(plan.shard_tables(tables))

@@ -1,7 +1,7 @@
 """Local search over the whole plan space, guided by a :class:`~shardkit_planner.costmodel.CostModel`.
 
 **State**: one :class:`~shardcore.plan.Sharding` per task table; each device's pieces, memory,
-compute cost, pooled width and extra collective bytes are kept up to date.
+compute cost, pooled width, row-wise id width and extra collective bytes are kept up to date.
 
 **Objective**: the plan's cost (the most expensive device), ties broken by the sum of squared device
 costs (so a move that relieves a device tied for the maximum, or evens out the others, still counts).
@@ -74,7 +74,8 @@ class State:
         self.comp = self.compute_many([[p for _, p in ps] for ps in self.pieces])
         self.dims = np.array([sum(model.pooled_dim(p) for _, p in ps) for ps in self.pieces], dtype=float)
         self.extra = np.array([sum(model.extra_bytes(p, self.n) for _, p in ps) for ps in self.pieces])
-        self.costs = self.comp + model.comm_costs(self.dims, self.extra)
+        self.ids = np.array([sum(model.id_width(p) for _, p in ps) for ps in self.pieces], dtype=float)
+        self.costs = self.comp + model.comm_costs(self.dims, self.extra, self.ids)
 
     def piece_mem(self, p: TableConfig) -> float:
         return p.row * p.dim * self.bpe
@@ -139,7 +140,8 @@ class State:
             self.comp[d] = comp[d]
             self.dims[d] = sum(self.model.pooled_dim(p) for p in ps)
             self.extra[d] = sum(self.model.extra_bytes(p, self.n) for p in ps)
-        self.costs = self.comp + self.model.comm_costs(self.dims, self.extra)
+            self.ids[d] = sum(self.model.id_width(p) for p in ps)
+        self.costs = self.comp + self.model.comm_costs(self.dims, self.extra, self.ids)
 
 
 def _merge_blocks(blocks: list[tuple[int, int]]) -> Sharding:
@@ -268,11 +270,13 @@ def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, m
             comp_m = np.tile(st.comp, (C, 1))
             dims_m = np.tile(st.dims, (C, 1))
             extra_m = np.tile(st.extra, (C, 1))
+            ids_m = np.tile(st.ids, (C, 1))
             for (c, d), ps, v in zip(owner, flat, comp):
                 comp_m[c, d] = v
                 dims_m[c, d] = sum(model.pooled_dim(p) for p in ps)
                 extra_m[c, d] = sum(model.extra_bytes(p, st.n) for p in ps)
-            costs = comp_m + model.comm_costs(dims_m, extra_m)
+                ids_m[c, d] = sum(model.id_width(p) for p in ps)
+            costs = comp_m + model.comm_costs(dims_m, extra_m, ids_m)
             mx = costs.max(axis=1)
             sq = (costs ** 2).sum(axis=1)
             i = int(np.lexsort((sq, mx))[0])

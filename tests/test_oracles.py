@@ -261,3 +261,85 @@ def test_cache_layer_never_keeps_row_wise_or_data_parallel_pieces(tiny, tmp_path
     whole = layer.evaluate(Plan.from_shardings(task, [table_wise(0), table_wise(2), table_wise(1), table_wise(1)],
                                                3).shard_tables(task))
     assert not whole.from_cache and layer.cache.counts() == {"shards": 3, "plans": 1}
+
+
+# -- the emulated oracle prices row-wise and data-parallel collectives --------------------------
+def _hot_task(tables):
+    """Four tables with lookups (a row-wise table's id exchange is not empty)."""
+    task = [t for t in tables if t.pooling_factor > 0][:4]
+    assert len(task) == 4
+    return task
+
+
+def test_emulated_row_wise_table_pays_its_expected_id_exchange(tiny):
+    """A row-wise table's forward adds an int64 all-to-all of the ids each device's batch slice sends
+    every holder (the piece's expected ids, the table's pooling factor x its row share, plus one
+    length per sample); its pooled partials travel both ways as a table-wise table's outputs do."""
+    from shardcore.commmodel import CommModel, batch_slices
+    from shardcore.evaluator import _model_extra
+    from shardcore.plan import Plan, row_blocks, row_wise, table_wise
+    from shardcore.shardings import CommLayout
+
+    path, tables = tiny
+    task = _hot_task(tables)
+    hot = task[0]
+    n, B = 3, 64
+    model = CommModel(bandwidth_gbps=50.0, latency_us=10.0)
+    emu = EmulatedOracle(path, n, comm_model=model)
+    rest = [table_wise(2), table_wise(1), table_wise(0)]
+    tw = emu.evaluate(Plan.from_shardings(task, [table_wise(0)] + rest, n).shard_tables(task))
+    rw_plan = Plan.from_shardings(task, [row_wise([0, 1, 2])] + rest, n)
+    rw = emu.evaluate(rw_plan.shard_tables(task))
+    # table-wise: the pooled exchange only, the same both ways
+    assert all(d[1] == d[2] for d in tw.device_costs_ms)
+    # row-wise: the backward is the pooled exchange with the partials' width on every holder ...
+    dims = [sum(t.dim for t in s) for s in rw_plan.shard_tables(task)]
+    assert dims[1] == task[1].dim + hot.dim
+    for d, (fw, bw) in enumerate(model.predict(dims, B)):
+        assert rw.device_costs_ms[d][2] == pytest.approx(bw, rel=1e-12)
+    # ... and the forward adds exactly the id all-to-all, counted by hand: holder k's block of rows
+    # gets slice j's expected ids (B_j x pooling factor x rows_k / rows) plus B_j lengths, 8 bytes each
+    slices = batch_slices(B, n)
+    blocks = row_blocks(hot.row, n)
+    ids = [[slices[j] * hot.pooling_factor * blocks[k] / hot.row + slices[j] for k in range(n)] for j in range(n)]
+    for d in range(n):
+        sent = 8 * sum(ids[d][k] for k in range(n) if k != d)
+        recv = 8 * sum(ids[j][d] for j in range(n) if j != d)
+        expect = model.latency_us * 1e-3 + max(sent, recv) / (model.bandwidth_gbps * 1e9) * 1e3
+        fw, bw = rw.device_costs_ms[d][1:3]
+        assert fw - bw == pytest.approx(expect, rel=1e-9) and expect > model.latency_us * 1e-3
+    assert all(r[1] > t[1] for r, t in zip(rw.device_costs_ms, tw.device_costs_ms))
+    # the same as the measured evaluator's modelled exchange given those counts (shardings.comm_layout's form)
+    layout = CommLayout(dims, ids_send=ids, allreduce=[0] * n)
+    times = _model_extra(model, model.predict(dims, B), layout, "fp16")
+    for d in range(n):
+        assert rw.device_costs_ms[d][1:3] == pytest.approx(list(times[d]), rel=1e-9)
+    assert "row-wise id all-to-all" in rw.parts["comm"] and "data-parallel" in rw.parts["comm"]
+    assert rw.parts["comm"].startswith("modelled (analytic")
+
+
+def test_emulated_data_parallel_table_adds_its_all_reduce_and_sends_no_outputs(tiny):
+    from shardcore.commmodel import CommModel
+    from shardcore.plan import Plan, data_parallel, table_wise
+
+    path, tables = tiny
+    task = _hot_task(tables)
+    small = task[0]
+    n = 3
+    model = CommModel()
+    emu = EmulatedOracle(path, n, comm_model=model)
+    rest = [table_wise(2), table_wise(1), table_wise(0)]
+    dp = emu.evaluate(Plan.from_shardings(task, [data_parallel(n)] + rest, n).shard_tables(task))
+    without = emu.evaluate(Plan.from_shardings(task[1:], rest, n).shard_tables(task[1:]))
+    ring = 2 * (n - 1) / n * small.row * small.dim * 2          # fp16 gradient, ring all-reduce
+    expect = model.latency_us * 1e-3 + ring / (model.bandwidth_gbps * 1e9) * 1e3
+    for d in range(n):
+        fw, bw = dp.device_costs_ms[d][1:3]
+        # its pooled dims are not exchanged: the forward is the plan's without the table
+        assert fw == pytest.approx(without.device_costs_ms[d][1], rel=1e-12)
+        assert bw - fw == pytest.approx(expect, rel=1e-9)
+    assert dp.comm[0].fw_send == without.comm[0].fw_send
+    # one device: nothing to exchange
+    one = EmulatedOracle(path, 1).evaluate(Plan.from_shardings(task, [data_parallel(1)] + [table_wise(0)] * 3, 1)
+                                           .shard_tables(task))
+    assert one.device_costs_ms[0][1:3] == [0.0, 0.0]

@@ -300,3 +300,37 @@ def test_eval_simulator_plans_with_shardkit(data, tmp_path, capsys, monkeypatch)
     rec = json.loads(out.read_text().splitlines()[0])
     assert rec["alg"] == "shardkit" and rec["feasible"] and rec["shardkit_model"].startswith("emulator")
     capsys.readouterr()
+
+
+def test_emulated_model_is_the_oracle_on_row_wise_and_data_parallel_plans(data, model):
+    """The planner's emulated model prices what the emulated oracle prices (compute, pooled exchange
+    without replicas, row-wise id all-to-all, data-parallel all-reduce), so the two agree exactly."""
+    from shardcore.commmodel import CommModel
+    from shardcore.oracles import EmulatedOracle
+    from shardcore.plan import Plan
+
+    path, tables = data
+    task = [t for t in tables if t.dim % 8 == 0 and t.pooling_factor > 0][:8]
+    plans = [[row_wise([0, 1, 2, 3])] + [table_wise(d % 4) for d in range(7)],
+             [data_parallel(4)] + [table_wise(d % 4) for d in range(7)],
+             [table_wise(0), column_wise([(1, task[1].dim // 2), (2, task[1].dim // 2)]), row_wise([2, 3]),
+              row_wise([0, 1, 2, 3]), data_parallel(4), data_parallel(4), table_wise(1), table_wise(3)]]
+    for comm in (None, CommModel(bandwidth_gbps=20.0, latency_us=40.0)):
+        m = model if comm is None else emulated_model(path, B, comm)
+        with EmulatedOracle(path, 4, comm_model=comm) as emu:
+            for shardings in plans:
+                plan = Plan.from_shardings(task, shardings, 4)
+                truth = [sum(d) for d in emu.evaluate(plan.shard_tables(task)).device_costs_ms]
+                np.testing.assert_allclose(m.device_costs(task, plan), truth, rtol=1e-12)
+                st = State(m, task, shardings, 4, 10.0, "fp16")       # the search's incremental form
+                np.testing.assert_allclose(st.costs, truth, rtol=1e-12)
+            # and the search's result, whatever types it chose
+            st = State(m, task, plans[2], 4, 10.0, "fp16")
+            local_search(st, time.perf_counter() + 2.0, max_rounds=20)
+            truth = [sum(d) for d in emu.evaluate(st.plan().shard_tables(task)).device_costs_ms]
+            np.testing.assert_allclose(st.costs, truth, rtol=1e-12)
+    # the id exchange is priced on every device (each sends ids or receives them)
+    shards = Plan.from_shardings(task, plans[0], 4).shard_tables(task)
+    dims = [[sum(p.dim for p in s) for s in shards]]
+    ids = [[sum(model.id_width(p) for p in s) for s in shards]]
+    assert (model.comm_costs(dims, ids=ids) > model.comm_costs(dims)).all()
