@@ -64,26 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", "--checkpointpath", dest="checkpoint", default=None, metavar="PT",
                    help="AutoShard checkpoint for --alg autoshard (default models/autoshard/default/model.pt; "
                         "--checkpointpath is AutoShard's spelling, though its model.tar files cannot be loaded)")
-    sk = p.add_argument_group("shardkit (--alg shardkit)")
-    sk.add_argument("--shardkit-time", type=positive_float, default=None, metavar="S",
-                    help="shardkit's planning time budget per task in seconds (default 1.0)")
-    sk.add_argument("--shardkit-refine", type=nonnegative_int, default=0, metavar="K",
-                    help="up to K plan measurements per task on the oracle (through its cache): the best "
-                         "candidate by the cost model, corrected by every measurement so far, is measured and "
-                         "the search runs again under the corrected model; the fastest measured plan is kept "
-                         "and measured once more, afresh, for the reported cost. 0 (default) keeps the cost "
-                         "model's choice. Recorded per task: shardkit_measurements, shardkit_measured_ms, "
-                         "shardkit_model_choice_ms")
-    sk.add_argument("--shardkit-model", default=None, metavar="JSON",
-                    help="shardkit's cost model (default: models/shardkit/cpu_cost_model.json for the measured "
-                         "oracle, the emulator for --oracle emulated:h200)")
-    sk.add_argument("--shardkit-starts", type=name_list, default=None, metavar="ALGS",
-                    help="comma-separated plans shardkit starts from: model_greedy, the greedy baselines, "
-                         "torchrec, or other --alg names / checkpoints (default model_greedy and the four greedy "
-                         "baselines)")
-    sk.add_argument("--shardkit-types", type=name_list, default=None, metavar="TYPES",
-                    help="sharding types shardkit's search may create: tw, cw, rw, dp (default all four for "
-                         "--oracle emulated:h200, tw,cw for the measured oracle)")
+    algorithms.add_plugin_args(p, measuring=True)   # --shardkit-time, --shardkit-refine, ...
     p.add_argument("--task-set", default=None, metavar="NAME",
                    help="row label of the paper-style table (default: derived from the task file)")
     add_oracle_args(p)
@@ -137,11 +118,9 @@ def main(argv=None):
               "bw_comm_model": args.bw_comm_model, "checkpoint": args.checkpoint,
               # the landscape and the flags a planner with its own cost model reads (others ignore them)
               "oracle": args.oracle, "data_dir": args.data_dir, "comm_bandwidth": args.comm_bandwidth,
-              "comm_latency": args.comm_latency, "shardkit_time": args.shardkit_time,
-              "shardkit_refine": args.shardkit_refine, "shardkit_model": args.shardkit_model,
-              "shardkit_starts": args.shardkit_starts, "shardkit_types": args.shardkit_types,
-              "cache_path": args.cache_path}
-    if args.shardkit_refine and args.plan_only:
+              "comm_latency": args.comm_latency, "cache_path": args.cache_path,
+              **algorithms.plugin_kwargs(args)}
+    if getattr(args, "shardkit_refine", None) and args.plan_only:
         raise ShardError("--shardkit-refine measures candidates: it cannot be used with --plan-only")
     if args.launcher == "torchrun":   # TorchRec plans for the hosts torchrun gives (its local_world_size)
         from shardcore.launch import rank_env
@@ -207,7 +186,7 @@ def main(argv=None):
         print()
         print(type_counts_text(results))
         refined = [r.extra["shardkit_measurements"] for r in results if "shardkit_measurements" in r.extra]
-        if args.shardkit_refine and refined:
+        if refined:
             print(f"shardkit's measured refinement: {sum(refined)} plan measurements over {len(refined)} tasks "
                   f"(up to {args.shardkit_refine} per task)")
     if args.export_torchrec:

@@ -52,13 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true",
                    help="also measure every plan on hardware and report the simulator's error")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="one JSON object per task and algorithm")
-    p.add_argument("--shardkit-time", type=positive_float, default=None, metavar="S",
-                   help="--alg shardkit: planning time budget per task in seconds (default 1.0)")
-    p.add_argument("--shardkit-model", default=None, metavar="JSON",
-                   help="--alg shardkit: its cost model (default: this machine's fitted model for the measured "
-                        "oracle, the emulator for --oracle emulated:h200)")
     p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
     add_oracle_args(p)
+    algorithms.add_plugin_args(p, measuring=False)   # --shardkit-time, --shardkit-model, ...
     return p
 
 
@@ -105,7 +101,7 @@ def main(argv=None):
     kwargs = dict(paths, **search_kwargs(args))
     # shardkit plans for the landscape of --oracle (its own cost model; the simulator then scores it)
     kwargs.update(oracle=args.oracle, data_dir=args.data_dir, comm_bandwidth=args.comm_bandwidth,
-                  comm_latency=args.comm_latency, shardkit_time=args.shardkit_time, shardkit_model=args.shardkit_model)
+                  comm_latency=args.comm_latency, **algorithms.plugin_kwargs(args))
     sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=args.batch_size, **kwargs)
                 for name in names}
     topology = Topology(ndevices, args.max_memory, args.weights_precision)

@@ -212,9 +212,7 @@ def build_parser():
                     help="the landscape shardkit plans for: emulated:h200 (default; the emulator's model, needs "
                          "nothing else) or measured (this machine's fitted model, models/shardkit/cpu_cost_model.json "
                          "or --shardkit-model)")
-    sk.add_argument("--shardkit-model", default=None, metavar="JSON", help="shardkit's cost model file")
-    sk.add_argument("--shardkit-time", type=positive_float, default=None, metavar="S",
-                    help="shardkit's planning time budget in seconds (default 1.0); no measured refinement here")
+    algorithms.add_plugin_args(p, measuring=False, groups={"shardkit": sk})   # --shardkit-time, ...
     p.add_argument("--out", default=None, metavar="PLAN.json", help="write the plan as JSON (atomically)")
     p.add_argument("--torchrec", action="store_true",
                    help="also write the TorchRec-loadable form beside --out (PLAN.torchrec.json)")
@@ -243,7 +241,7 @@ def main(argv=None):
     elif args.batch_size is not None:
         raise ShardError("--batch-size is for --alg torchrec / torchrec-tw / shardkit only")
     if args.alg == "shardkit":
-        kwargs.update(oracle=args.shardkit_oracle, shardkit_model=args.shardkit_model, shardkit_time=args.shardkit_time)
+        kwargs.update(oracle=args.shardkit_oracle, **algorithms.plugin_kwargs(args))
     sharder = algorithms.resolve(args.alg, seed=args.seed, **kwargs)
     plan = sharder.shard(tables, ndevices, args.max_memory, args.weights_precision)
     if not plan.is_feasible(tables, args.max_memory, args.weights_precision):

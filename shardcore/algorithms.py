@@ -3,16 +3,20 @@
 A checkpoint (``*.pt``) names the method that wrote it in its ``"method"`` entry; the method's
 package (one of those :mod:`shardcore.registry` lists) provides ``load_sharder(path, **kw)`` in its
 ``sharder`` module. shardcore imports that module by name only when such a checkpoint is asked
-for, so the core never depends on a method package.
+for, so the core never depends on a method package. A declared planner (``PLANNER_PLUGINS``) may state
+its settings as a config (``CONFIG`` in its module); the scripts then get its flags from
+:func:`add_plugin_args` and pass them on with :func:`plugin_kwargs`.
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 from . import registry
 from .baselines import BASELINES, Sharder, make_baseline
+from .config import Config, add_config_args, given_args
 from .errors import ShardError
 from .io import load_checkpoint
 
@@ -25,6 +29,40 @@ CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner",
 def plugins() -> dict[str, str]:
     """The planners declared beside the learned methods (:func:`shardcore.registry.planner_plugins`)."""
     return registry.planner_plugins()
+
+
+def _plugin_configs() -> dict[str, Any]:
+    """``{name: CONFIG}`` of the declared planners whose module states its settings as a
+    :class:`~shardcore.config.Config` instance named ``CONFIG`` (a planner that is not installed has none)."""
+    out = {}
+    for name, target in plugins().items():
+        try:
+            mod = importlib.import_module(target.partition(":")[0])
+        except ModuleNotFoundError:
+            continue
+        cfg = getattr(mod, "CONFIG", None)
+        if isinstance(cfg, Config):
+            out[name] = cfg
+    return out
+
+
+def add_plugin_args(parser, measuring: bool = True, groups: dict | None = None) -> None:
+    """One argument group per declared planner with a ``CONFIG`` (``groups[name]`` when the script
+    made one already): a ``--<name>-<field>`` flag per :func:`~shardcore.config.param` field (fields of
+    group ``measuring`` only where ``measuring``: a script that measures plans)."""
+    for name, cfg in _plugin_configs().items():
+        group = (groups or {}).get(name) or parser.add_argument_group(f"{name} (--alg {name})")
+        add_config_args(group, cfg, prefix=f"{name}-", skip_groups=() if measuring else ("measuring",))
+
+
+def plugin_kwargs(args) -> dict[str, Any]:
+    """The declared planners' flags given on the command line, as :func:`resolve` keyword arguments
+    (``<name>_<field>``); flags not given are left out (the planner's defaults apply)."""
+    out = {}
+    for name, cfg in _plugin_configs().items():
+        for field, value in given_args(type(cfg), args, prefix=f"{name}-").items():
+            out[f"{name}_{field}"] = value
+    return out
 
 
 def checkpoint_method(path: Path) -> str:

@@ -63,16 +63,20 @@ def _dest(f: dataclasses.Field, prefix: str) -> str:
 
 
 def add_config_args(p: argparse.ArgumentParser | argparse._ArgumentGroup, defaults: "Config", prefix: str = "",
-                    groups: dict[str, Any] | None = None, underscore_aliases: bool = False) -> None:
+                    groups: dict[str, Any] | None = None, underscore_aliases: bool = False,
+                    skip_groups: tuple[str, ...] = ()) -> None:
     """Add one flag per :func:`param` field of ``defaults`` to ``p``, with the values of ``defaults``
     as the flags' defaults (``{default}`` in a help text is replaced by that value).
 
     ``prefix`` (e.g. ``comm-``) goes before every flag and its ``dest`` (``comm_``) when a script
     configures two objects of one class; ``groups`` maps a field's ``group`` name to an argument group
     (fields of other groups go to ``p``); ``underscore_aliases`` also accepts every dashed flag
-    spelled with underscores (``--head_hidden`` beside ``--head-hidden``), as the original scripts did."""
+    spelled with underscores (``--head_hidden`` beside ``--head-hidden``), as the original scripts did;
+    fields whose ``group`` is in ``skip_groups`` get no flag (a script where they do not apply)."""
     for f in flag_fields(defaults):
         meta = f.metadata["cli"]
+        if meta["group"] and meta["group"] in skip_groups:
+            continue
         kw: dict[str, Any] = {"dest": _dest(f, prefix),
                               "help": meta["help"].replace("{default}", str(getattr(defaults, f.name)))}
         default = getattr(defaults, f.name) if meta["cli_default"] is _NO_CLI_DEFAULT else meta["cli_default"]

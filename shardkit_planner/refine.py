@@ -41,7 +41,8 @@ from shardcore.tables import TableConfig
 from .costmodel import CostModel
 from .search import SearchStats, State, local_search
 
-_FW_COMP, _FW_COMM, _BW_COMM, _BW_COMP = (COST_PARTS.index(p) for p in ("fw_comp", "fw_comm", "bw_comm", "bw_comp"))
+_COMPUTE = [COST_PARTS.index("fw_comp"), COST_PARTS.index("bw_comp")]
+_EXCHANGE = [COST_PARTS.index("fw_comm"), COST_PARTS.index("bw_comm")]
 
 
 def shard_key(pieces: Sequence[TableConfig]) -> tuple:
@@ -102,8 +103,8 @@ class CalibratedModel(CostModel):
                 out[i] = self.known.get(shard_key(s), out[i] + self.correction(s))
         return np.maximum(out, 0.0)
 
-    def comm_costs(self, dim_sums, extra=None) -> np.ndarray:
-        return CostModel.comm_costs(self, dim_sums, extra) * self.comm_scale
+    def comm_costs(self, dim_sums, extra=None, ids=None) -> np.ndarray:
+        return CostModel.comm_costs(self, dim_sums, extra, ids) * self.comm_scale
 
     def _refit(self) -> None:
         """Per-table corrections ``a`` minimising sum over measured shards of (sum_p w_p a_t(p) -
@@ -128,12 +129,13 @@ class CalibratedModel(CostModel):
         base = self._base_compute(shards)
         n = len(shards)
         base_comm = CostModel.comm_costs(self, [sum(self.pooled_dim(p) for p in s) for s in shards],
-                                         [sum(self.extra_bytes(p, n) for p in s) for s in shards])
+                                         [sum(self.extra_bytes(p, n) for p in s) for s in shards],
+                                         [sum(self.id_width(p) for p in s) for s in shards])
         for s, b, bc, c in zip(shards, base, base_comm, device_costs_ms):
             if not s:
                 continue
-            comp = float(c[_FW_COMP]) + float(c[_BW_COMP])
-            comm = float(c[_FW_COMM]) + float(c[_BW_COMM])
+            comp = sum(float(c[i]) for i in _COMPUTE)
+            comm = sum(float(c[i]) for i in _EXCHANGE)
             k = shard_key(s)
             if comp > 0 and k not in self.known:
                 self.known[k] = comp

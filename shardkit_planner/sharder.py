@@ -11,9 +11,10 @@ model, optionally let the oracle pick among the best candidates.
    model, until the time budget is spent (``time_budget_s``, planning of the starts included once the
    first start is in).
 3. **Choice**: the best plan by the model; with ``refine_k > 0`` and an oracle attached
-   (:meth:`ShardkitSharder.attach_oracle`, done by ``eval.py --shardkit-refine K``), the ``k`` best
-   distinct candidates are measured (through the oracle's cache) and the fastest measured one is
-   kept. ``last_info`` records the start, the moves taken, the model's cost and the measurements used.
+   (:meth:`ShardkitSharder.attach_oracle`, done by ``eval.py --shardkit-refine K``), up to ``k``
+   measurements that each correct the model and search again (:mod:`shardkit_planner.refine`), and
+   the fastest measured plan is kept (``measures_candidates``: the comparison measures it again).
+   ``last_info`` records the start, the moves taken, the model's cost and the measurements used.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
+from shardcore.cli import name_list, nonnegative_int, positive_float
+from shardcore.config import Config, param
 from shardcore.commmodel import CommModel
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan, table_wise
@@ -61,6 +64,36 @@ def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int,
         load[d] += alone[i]
         mem[d] += need
     return Plan.from_shardings(tables, [table_wise(d) for d in alloc], ndevices)
+
+
+@dataclass
+class ShardkitConfig(Config):
+    """shardkit's own settings, stated once: ``eval.py``, ``eval_simulator.py`` and ``plan.py`` get
+    ``--shardkit-<field>`` flags from these fields (through :func:`shardcore.algorithms.add_plugin_args`;
+    ``refine`` only where plans are measured)."""
+
+    time: float = param(DEFAULT_TIME_BUDGET_S, "shardkit's planning time budget per task in seconds (default "
+                        "{default}; measured refinement's rounds each search this long again)", type=positive_float,
+                        metavar="S", cli_default=None)
+    model: str | None = param(None, "shardkit's cost model file (default: models/shardkit/cpu_cost_model.json for the "
+                              "measured oracle, the emulator's own for emulated:h200)", type=str, metavar="JSON")
+    starts: tuple = param(DEFAULT_STARTS, "comma-separated plans shardkit starts from: model_greedy, the greedy "
+                          "baselines, torchrec, neuroshard or other --alg names / checkpoints (default "
+                          "model_greedy and the four greedy baselines)", type=name_list, metavar="ALGS",
+                          cli_default=None)
+    types: tuple | None = param(None, "sharding types shardkit's search may create: tw, cw, rw, dp (default all "
+                                "four for emulated:h200, tw,cw for the measured oracle)", type=name_list,
+                                metavar="TYPES")
+    refine: int = param(0, "up to K plan measurements per task on the oracle (through its cache): the best "
+                        "candidate by the cost model, corrected by every measurement so far, is measured and the "
+                        "search runs again under the corrected model; the fastest measured plan is kept and "
+                        "measured once more, afresh, for the reported cost. 0 (default) keeps the cost model's "
+                        "choice. Recorded per task: shardkit_measurements, shardkit_measured_ms, "
+                        "shardkit_model_choice_ms", type=nonnegative_int, metavar="K", cli_default=None,
+                        group="measuring")
+
+
+CONFIG = ShardkitConfig()      # the defaults; the --alg plugin's flags (shardcore.algorithms.add_plugin_args)
 
 
 @dataclass
@@ -227,13 +260,13 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
     landscape = (oracle or MEASURED).lower()
     if landscape not in (MEASURED, EMULATED):
         raise ShardError(f"shardkit: unknown landscape {oracle!r} (measured or {EMULATED})")
-    budget = DEFAULT_TIME_BUDGET_S if shardkit_time is None else float(shardkit_time)
+    budget = CONFIG.time if shardkit_time is None else float(shardkit_time)
     if not budget > 0:
         raise ShardError(f"--shardkit-time must be positive seconds, got {shardkit_time}")
     refine = int(shardkit_refine or 0)
     if refine < 0:
         raise ShardError(f"--shardkit-refine must be 0 or more, got {shardkit_refine}")
-    starts = tuple(shardkit_starts) if shardkit_starts else DEFAULT_STARTS
+    starts = tuple(shardkit_starts) if shardkit_starts else CONFIG.starts
     if "shardkit" in starts:
         raise ShardError("--shardkit-starts cannot name shardkit itself")
     if shardkit_types:

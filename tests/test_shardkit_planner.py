@@ -334,3 +334,26 @@ def test_emulated_model_is_the_oracle_on_row_wise_and_data_parallel_plans(data, 
     dims = [[sum(p.dim for p in s) for s in shards]]
     ids = [[sum(model.id_width(p) for p in s) for s in shards]]
     assert (model.comm_costs(dims, ids=ids) > model.comm_costs(dims)).all()
+
+
+def test_flags_come_from_the_config_once():
+    """--shardkit-* flags are generated from ShardkitConfig for every script; --shardkit-refine only
+    where plans are measured; only the flags given reach the planner."""
+    import eval as eval_script
+    import eval_simulator
+    import plan as plan_script
+
+    from shardkit_planner.sharder import CONFIG
+
+    def dests(parser):
+        return {a.dest for a in parser._actions}
+
+    ev, sim, pl = eval_script.build_parser(), eval_simulator.build_parser(), plan_script.build_parser()
+    flags = {"shardkit_time", "shardkit_model", "shardkit_starts", "shardkit_types"}
+    assert flags | {"shardkit_refine"} <= dests(ev)
+    assert flags <= dests(sim) and flags <= dests(pl)
+    assert "shardkit_refine" not in dests(sim) | dests(pl)
+    args = ev.parse_args(["--shardkit-time", "0.5", "--shardkit-types", "tw,rw"])
+    assert algorithms.plugin_kwargs(args) == {"shardkit_time": 0.5, "shardkit_types": ("tw", "rw")}
+    assert algorithms.plugin_kwargs(ev.parse_args([])) == {}
+    assert CONFIG.time == load_sharder(oracle="emulated:h200").time_budget_s
