@@ -357,3 +357,23 @@ def test_flags_come_from_the_config_once():
     assert algorithms.plugin_kwargs(args) == {"shardkit_time": 0.5, "shardkit_types": ("tw", "rw")}
     assert algorithms.plugin_kwargs(ev.parse_args([])) == {}
     assert CONFIG.time == load_sharder(oracle="emulated:h200").time_budget_s
+
+
+def test_compare_tool_prints_margin_interval_and_repeatability(tmp_path):
+    from tools import shardkit_compare
+
+    recs = []
+    for t, (ours, theirs) in enumerate([(90.0, 100.0), (95.0, 100.0), (80.0, 100.0)]):
+        recs.append({"task": t, "alg": "shardkit", "cost_ms": ours, "device_costs_ms": [[ours, 0, 0, 0], [ours / 2, 0, 0, 0]],
+                     "repeat_costs_ms": [ours, ours * 1.1, ours * 0.9], "shardkit_model_choice_ms": 100.0,
+                     "shardkit_measurements": 3})
+        recs.append({"task": t, "alg": "size_lookup_greedy", "cost_ms": theirs,
+                     "device_costs_ms": [[theirs, 0, 0, 0], [theirs, 0, 0, 0]], "repeat_costs_ms": [theirs] * 3})
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    text = shardkit_compare.summarize(str(path), "shardkit", None)
+    assert "11.7% below the best anchor (size_lookup_greedy); best on 3/3 tasks; target >= 5%: met" in text
+    lo, hi = shardkit_compare.margin_interval([90, 95, 80], [100, 100, 100])
+    assert 5.0 <= lo <= 11.7 <= hi <= 20.0
+    assert "9 plan measurements" in text and "(0.0% below the best anchor)" in text
+    assert "repeatability" in text and "largest 10.0%" in text

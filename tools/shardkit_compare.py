@@ -43,7 +43,7 @@ def summarize(path: str, alg: str, anchors: list[str] | None) -> str:
     if not tasks:
         raise ShardError(f"{path}: no task every algorithm planned and measured")
     lines = [f"{path}: {len(tasks)} tasks, {recs[0].get('hardware', '?')}",
-             "| alg | mean cost ms | mean imbalance | vs shardkit |", "|---|---|---|---|"]
+             f"| alg | mean cost ms | mean imbalance | vs {alg} |", "|---|---|---|---|"]
     mean = {a: statistics.fmean(by[a][t]["cost_ms"] for t in tasks) for a in algs}
 
     def imb(r):
@@ -66,9 +66,16 @@ def summarize(path: str, alg: str, anchors: list[str] | None) -> str:
     if all(c is not None for c in choice):
         used = sum(int(by[alg][t].get("shardkit_measurements", 0)) for t in order)
         first = statistics.fmean(choice)
+        rel = 100.0 * (1 - first / mean[best])
         lines.append(f"  measured refinement: {used} plan measurements; the cost model's own first choice "
-                     f"measured {first:.4g} ms on average ({100.0 * (1 - first / mean[best]):+.1f}% below the best "
-                     f"anchor); the kept plans measured again afresh: {mean[alg]:.4g} ms")
+                     f"measured {first:.4g} ms on average ({abs(rel):.1f}% {'below' if rel >= 0 else 'above'} "
+                     f"the best anchor); the kept plans measured again afresh: {mean[alg]:.4g} ms")
+    spread = [abs(c - statistics.median(r["repeat_costs_ms"])) / statistics.median(r["repeat_costs_ms"])
+              for a in algs for t in order for r in [by[a][t]] if len(r.get("repeat_costs_ms") or ()) > 1
+              for c in r["repeat_costs_ms"]]
+    if spread:
+        lines.append(f"  repeatability (--repeats): a round's plan cost is {100.0 * statistics.fmean(spread):.1f}% "
+                     f"from its plan's median on average (largest {100.0 * max(spread):.1f}%)")
     return "\n".join(lines)
 
 
