@@ -186,9 +186,9 @@ def main(argv=None):
         print()
         print(type_counts_text(results))
         refined = [r.extra["shardkit_measurements"] for r in results if "shardkit_measurements" in r.extra]
-        if refined:
+        if any(refined):
             print(f"shardkit's measured refinement: {sum(refined)} plan measurements over {len(refined)} tasks "
-                  f"(up to {args.shardkit_refine} per task)")
+                  f"(up to {getattr(args, 'shardkit_refine', None)} per task)")
     if args.export_torchrec:
         from shardcore.plan_export import PlanRecord, export_plans
 
