@@ -255,6 +255,15 @@ def test_resolved_by_name_and_used_by_eval_and_plan(data, tmp_path, capsys):
     sk_recs = [r for r in recs if r["alg"] == "shardkit"]
     assert len(sk_recs) == 2 and all(r["feasible"] and r["cost_ms"] > 0 for r in sk_recs)
     assert all(1 <= r["shardkit_measurements"] <= 2 for r in sk_recs)
+    # the cost model against those records: the emulator judges, so the model is exact (factor 1)
+    from tools import shardkit_cost_accuracy
+
+    capsys.readouterr()
+    shardkit_cost_accuracy.main(["--records", str(out), "--task-path", str(tasks), "--data-dir", path,
+                                 "--oracle", "emulated:h200", "--batch-size", str(B)])
+    text = capsys.readouterr().out
+    assert "| all | 4 | 0.00 |" in text and "median over the plans: 1.000" in text
+    assert "(leave one task out): plan-cost MAPE 0.00% over 4 plans" in text
     # plan.py on a table_configs.json
     import plan as plan_script
 
