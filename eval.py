@@ -29,7 +29,7 @@ from shardcore.types import Topology
 from shardcore.io import atomic_open
 from shardcore.shardings import type_counts_text
 from shardcore.tasks import load_tasks
-from shardcore.cli import ArgumentParser as OneLineParser, name_list, nonnegative_int, positive_float, positive_int
+from shardcore.cli import ArgumentParser as OneLineParser, positive_int
 from shardcore.io import check_output_dir, check_output_file
 
 

@@ -32,7 +32,7 @@ from shardcore.compare import evaluate
 from shardcore.types import Topology
 from shardcore.io import atomic_open
 from shardcore.tasks import load_tasks
-from shardcore.cli import ArgumentParser as OneLineParser, positive_float, positive_int
+from shardcore.cli import ArgumentParser as OneLineParser, positive_int
 from shardcore.costs import COST_PARTS
 from shardcore.io import check_output_file
 

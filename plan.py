@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 from shardcore import algorithms
-from shardcore.cli import (add_device_args, add_memory_args, device_ids, num_devices, positive_float, positive_int,
+from shardcore.cli import (add_device_args, add_memory_args, device_ids, num_devices, positive_int,
                            run_main)
 from shardcore.errors import ShardError
 from shardcore.compare import lookup_load

@@ -263,8 +263,8 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
     budget = CONFIG.time if shardkit_time is None else float(shardkit_time)
     if not budget > 0:
         raise ShardError(f"--shardkit-time must be positive seconds, got {shardkit_time}")
-    refine = int(shardkit_refine or 0)
-    if refine < 0:
+    refine_k = int(shardkit_refine or 0)
+    if refine_k < 0:
         raise ShardError(f"--shardkit-refine must be 0 or more, got {shardkit_refine}")
     starts = tuple(shardkit_starts) if shardkit_starts else CONFIG.starts
     if "shardkit" in starts:
@@ -282,4 +282,4 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
     factory = _model_factory(landscape, data_dir, batch_size, shardkit_model, comm_bandwidth, comm_latency,
                              cache_path, exclude_task_files)
     return ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
-                           refine_k=refine, types=types, start_kwargs=start_kwargs)
+                           refine_k=refine_k, types=types, start_kwargs=start_kwargs)

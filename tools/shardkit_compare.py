@@ -85,7 +85,6 @@ def margin_interval(ours, theirs, reps: int = 10000, seed: int = 0) -> tuple[flo
     idx = np.random.default_rng(seed).integers(0, len(a), size=(reps, len(a)))
     m = 100.0 * (1.0 - a[idx].mean(axis=1) / b[idx].mean(axis=1))
     return float(np.percentile(m, 2.5)), float(np.percentile(m, 97.5))
-    return "\n".join(lines)
 
 
 def main(argv=None):
