@@ -499,6 +499,9 @@ class CachedOracle:
         store = open_cache(cache)
         if store is None:
             raise ShardError("a cache layer needs a cache: give a CostCache or a path")
+        if getattr(oracle, "fit", None) == "heldout":
+            raise ShardError("the held-out emulated oracle judges each plan with a fit made without that plan's "
+                             "tables, so its answers are not cached (use its full fit to cache)")
         object.__setattr__(self, "oracle", oracle)
         object.__setattr__(self, "cache", store)
         object.__setattr__(self, "no_cache", bool(no_cache))

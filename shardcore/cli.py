@@ -259,6 +259,10 @@ def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-
                         "hardware, FBGEMM on its CPU or CUDA GPUs) or 'emulated:h200' (an NVIDIA H200 "
                         "emulated from real shard measurements, data/gpu_measurements/; needs no GPU and "
                         "no data.pt, only the table configs)")
+    g.add_argument("--emulator-fit", default="heldout", choices=["heldout", "full"],
+                   help="which fit of the emulated GPU judges a plan: 'heldout' (default: refitted without every "
+                        "measured shard that holds one of the plan's tables, so the judge never saw the tables it "
+                        "judges) or 'full' (the shipped fit on every measurement); emulated oracles only")
     g.add_argument("--comm-bandwidth", type=positive_float, default=DEFAULT_COMM_BANDWIDTH_GBPS, metavar="GB/S",
                    help="modelled all-to-all bandwidth per device and direction, used where the exchange "
                         "is not measured (emulated oracle, or more plan devices than GPUs) (default "
@@ -291,7 +295,8 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
     common = dict(oracle=oracle, batch_size=oracle_batch_size(args), optimizer=args.optimizer,
                   precision=args.weights_precision, comm_model=comm)
     if oracle.startswith(EMULATED_PREFIX):
-        return open_oracle(data_dir, ndevices or len(devices), **common)
+        return open_oracle(data_dir, ndevices or len(devices), emulator_fit=getattr(args, "emulator_fit", "heldout"),
+                           **common)
     kwargs = {}
     if args.bench_iters is not None:
         kwargs["bench_iters"] = args.bench_iters

@@ -559,3 +559,127 @@ def default_cv_of(known: Mapping, tables: Sequence[TableConfig], batch: int) -> 
         if acc >= total / 2:
             return round(c, 6)
     return round(pairs[-1][0], 6)
+
+
+# -- held-out fits: a judge that never saw the tables it judges ------------------------------------
+class MeasuredLandscape:
+    """One batch size's shipped measurements with their features, ready to be refitted on any subset
+    of its shards (:meth:`fit`): the distinct shards (a shard measured more than once enters once,
+    its measurements averaged), their known-CV feature rows ``X``, measured ``fw``/``bw`` ms and the
+    table indices each holds (``tables``)."""
+
+    def __init__(self, batch: int, directory: str | os.PathLike = MEASUREMENTS_DIR, spec: Mapping | None = None,
+                 known: Mapping | None = None, default_cv: float | None = None):
+        self.batch = int(batch)
+        self.spec = dict(spec or DEFAULT_SPEC)
+        self.known = known if known is not None else synthetic_length_cv()
+        self.meas = load_measurements(self.batch, directory)
+        self.default_cv = default_cv if default_cv is not None else default_cv_of(self.known, self.meas["tables"], self.batch)
+        self.X = measurement_features(self.meas, self.batch, self.spec, known_index(self.known), self.default_cv)
+        self.fw = np.array([s["fw_ms"] for s in self.meas["shards"]])
+        self.bw = np.array([s["bw_ms"] for s in self.meas["shards"]])
+        self.tables = [frozenset(int(t.index) for t in s["configs"]) for s in self.meas["shards"]]
+
+    def holding(self, tables: "frozenset[int] | set[int]") -> np.ndarray:
+        """Mask of the shards that hold at least one of ``tables``."""
+        tables = frozenset(tables)
+        return np.array([not s.isdisjoint(tables) for s in self.tables], dtype=bool)
+
+    def fit(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(fw weights, bw weights) fitted on the shards ``rows`` (a mask or indices)."""
+        return fit_weights(self.X[rows], self.fw[rows]), fit_weights(self.X[rows], self.bw[rows])
+
+
+@functools.lru_cache(maxsize=4)
+def measured_landscapes(card: str = "h200") -> tuple[MeasuredLandscape, ...]:
+    """The shipped measurements of ``card``, one :class:`MeasuredLandscape` per batch size (largest
+    first), loaded once per process."""
+    if card not in MODEL_FILES:
+        raise ShardError(f"no emulated GPU {card!r}: choose one of {', '.join(MODEL_FILES)}")
+    known = synthetic_length_cv()
+    out, default_cv = [], None
+    for batch in sorted(SHARD_FILES, reverse=True):
+        land = MeasuredLandscape(batch, MEASUREMENTS_DIR, DEFAULT_SPEC, known, default_cv)
+        default_cv = land.default_cv
+        out.append(land)
+    return tuple(out)
+
+
+def measured_tables(card: str = "h200") -> dict:
+    """``{index: (hash size, pooling factor)}`` of the tables the shipped measurements hold (the
+    default synthetic dataset's): a table of another dataset is "measured" only when its index, hash
+    size (within 2%) and pooling factor (within 15%) match, the rule of :func:`known_cv`."""
+    land = measured_landscapes(card)[0]
+    return {int(t.index): (float(t.row), float(t.pooling_factor)) for t in land.meas["tables"]}
+
+
+def seen_tables(tables: Sequence[TableConfig], card: str = "h200") -> frozenset[int]:
+    """The indices of ``tables`` that are tables of the shipped measurements (see
+    :func:`measured_tables`); only those can have been seen by a fit."""
+    ref = measured_tables(card)
+    out = set()
+    for t in tables:
+        r = ref.get(int(t.index))
+        if r is None:
+            continue
+        row, pf = r
+        if 0.98 * row <= t.row <= row * 1.0001 and (
+                (pf == 0 and t.pooling_factor == 0) or (pf > 0 and abs(t.pooling_factor - pf) <= 0.15 * pf)):
+            out.add(int(t.index))
+    return frozenset(out)
+
+
+def _fold_of(tables: frozenset, folds: int) -> int:
+    """A fixed split of the shards into ``folds`` parts by their tables, independent of numpy's or
+    Python's hash seeds."""
+    import zlib
+
+    return zlib.crc32(",".join(str(i) for i in sorted(tables)).encode()) % folds
+
+
+def _parse_subset(subset: str) -> tuple[int, int] | None:
+    """``"all"`` -> None; ``"drop:k/K"`` (leave out fold k of K) -> (k, K)."""
+    if subset == "all":
+        return None
+    try:
+        kind, _, frac = subset.partition(":")
+        k, folds = (int(v) for v in frac.split("/"))
+        if kind == "drop" and folds >= 2 and 0 <= k < folds:
+            return k, folds
+    except ValueError:
+        pass
+    raise ShardError(f"held-out subset must be 'all' or 'drop:k/K' (0 <= k < K, K >= 2), got {subset!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -> GpuComputeModel:
+    """The emulated ``card`` refitted, exactly as the shipped parameters are fitted, on every measured
+    shard that holds none of the tables ``exclude`` (``subset``: ``"all"`` of those shards, or
+    ``"drop:k/K"``: without the k-th of K fixed folds of them, a model that is not that judge).
+    Cached per process (a fit takes a fraction of a second)."""
+    drop = _parse_subset(subset)
+    lands = measured_landscapes(card)
+    base = read_params(model_path(card))
+    sets = {}
+    used = []
+    for land in lands:
+        rows = ~land.holding(exclude)
+        if drop is not None:
+            rows &= np.array([_fold_of(s, drop[1]) != drop[0] for s in land.tables], dtype=bool)
+        if rows.sum() < 2 * land.X.shape[1]:
+            if land is lands[0]:
+                raise ShardError(f"held-out emulator: only {int(rows.sum())} measured shards at batch {land.batch} "
+                                 f"hold none of the {len(exclude)} excluded tables (need {2 * land.X.shape[1]})")
+            # a smaller batch's set (the launch-bound floor) that cannot be refitted without the excluded
+            # tables is left out: above its batch the largest set alone predicts (it binds for ~2% of shards)
+            used.append(f"batch {land.batch}: left out ({int(rows.sum())} shards hold none of them)")
+            continue
+        wf, wb = land.fit(rows)
+        sets[str(land.batch)] = {"shards": int(rows.sum()), "fw": [float(v) for v in wf], "bw": [float(v) for v in wb]}
+        used.append(f"batch {land.batch}: {int(rows.sum())} of {len(rows)} shards")
+    params = dict(base)
+    params["sets"] = sets
+    params["fitted_on"] = (f"{base.get('fitted_on', '?')} -- refitted without the shards holding {len(exclude)} "
+                           f"held-out tables ({subset}: {'; '.join(used)})")
+    params["heldout"] = {"tables": sorted(exclude), "subset": subset}
+    return GpuComputeModel(params)

@@ -10,7 +10,10 @@
   which send nothing), a row-wise table's id all-to-all (forward, ids expected from the tables'
   pooling factors) and a data-parallel table's gradient all-reduce (backward), as the measured
   evaluator runs them, at the same bandwidth and latency
-  (:meth:`~shardcore.commmodel.CommModel.exchange_ms`). It needs only the table configs (no
+  (:meth:`~shardcore.commmodel.CommModel.exchange_ms`). **Held out** (the default, ``--emulator-fit
+  heldout``): the compute model that judges a plan is the emulator refitted without every measured
+  shard that holds one of the plan's tables (:func:`shardcore.emulator.heldout_model`), so a judge
+  never saw the tables it judges; ``--emulator-fit full`` uses the shipped fit. It needs only the table configs (no
   ``data.pt``), no workers and no cache, and answers in microseconds, so every trainer can use it.
 
 Both implement :class:`~shardcore.types.ShardCostOracle`, give the same
@@ -40,6 +43,8 @@ EMULATED_PREFIX = "emulated:"
 EMULATED_CARDS = ("h200",)
 ORACLE_CHOICES = (MEASURED,) + tuple(EMULATED_PREFIX + c for c in EMULATED_CARDS)
 CARD_NAMES = {"h200": "NVIDIA H200"}
+HELDOUT, FULL = "heldout", "full"     # which fit of the emulated card judges a plan (EmulatedOracle's fit)
+EMULATOR_FITS = (HELDOUT, FULL)
 
 
 def parse_oracle(spec: str) -> str:
@@ -116,7 +121,8 @@ def open_oracle(data_dir: str | os.PathLike, ndevices: int | None = None, *, ora
     if spec.startswith(EMULATED_PREFIX):
         n = ndevices if ndevices is not None else (len(device_ids) if device_ids else 4)
         return EmulatedOracle(data_dir, n, card=spec[len(EMULATED_PREFIX):], batch_size=batch_size,
-                              optimizer=optimizer, precision=precision, comm_model=comm_model)
+                              optimizer=optimizer, precision=precision, comm_model=comm_model,
+                              fit=measure_kwargs.pop("emulator_fit", HELDOUT))
     from .cache import CachedOracle, open_cache
     from .evaluator import PlanEvaluator
 
@@ -142,10 +148,13 @@ class EmulatedOracle:
 
     def __init__(self, dataset_dir: str | os.PathLike, ndevices: int = 4, *, card: str = "h200",
                  batch_size: int | None = None, optimizer: str = "exact_sgd", precision: str = "fp16",
-                 comm_model: CommModel | None = None):
+                 comm_model: CommModel | None = None, fit: str = HELDOUT):
         from .dataset import load_dataset
         from .emulator import load_gpu_model
 
+        if fit not in EMULATOR_FITS:
+            raise ShardError(f"emulator fit must be one of {', '.join(EMULATOR_FITS)}, got {fit!r}")
+        self.fit = fit
         if card not in EMULATED_CARDS:
             raise ShardError(f"no emulated GPU {card!r}: choose one of {', '.join(EMULATED_CARDS)}")
         if int(ndevices) < 1:
@@ -178,12 +187,15 @@ class EmulatedOracle:
     # -- what is measured --------------------------------------------------------------------
     @property
     def hardware(self) -> str:
+        held = ", held out: never fitted on a plan's own tables" if self.fit == HELDOUT else ""
         return (f"emulated {CARD_NAMES.get(self.card, self.card)} (compute model fitted on real "
-                f"{CARD_NAMES.get(self.card, self.card)} measurements), {self.ndevices} devices")
+                f"{CARD_NAMES.get(self.card, self.card)} measurements{held}), {self.ndevices} devices")
 
     @property
     def parts(self) -> dict:
-        return {"compute": f"modelled (emulated:{self.card}, fitted on measured shards)",
+        how = ("refitted per plan without the measured shards that hold any of its tables" if self.fit == HELDOUT
+               else "the shipped fit on every measured shard")
+        return {"compute": f"modelled (emulated:{self.card}, {how})",
                 "comm": ("none (one device)" if self.ndevices == 1
                          else f"{self.comm_model.describe()}; {PIECES_NOTE}")}
 
@@ -191,7 +203,8 @@ class EmulatedOracle:
     def context(self) -> CacheContext:
         from .cache import dataset_digest
 
-        return CacheContext(f"emulated:{self.card}", dataset_digest(self.dataset), self.batch_size,
+        held = ":heldout" if self.fit == HELDOUT else ""   # a held-out answer depends on the plan's tables
+        return CacheContext(f"emulated:{self.card}{held}", dataset_digest(self.dataset), self.batch_size,
                             self.optimizer, self.precision)
 
     # -- lifecycle (nothing to start) ----------------------------------------------------------
@@ -217,11 +230,25 @@ class EmulatedOracle:
                 raise ShardError(f"{what}: table {t.index} has dim {t.dim}")
         return tables
 
-    def measure_shards(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None
-                       ) -> list[ComputeCost]:
+    def compute_model(self, tables: Sequence[TableConfig]):
+        """The compute model that judges a plan or shards holding ``tables``: the shipped fit, or (held
+        out, the default) the fit without every measured shard that holds one of them
+        (:func:`shardcore.emulator.heldout_model`; tables of another dataset were never measured)."""
+        if self.fit == FULL:
+            return self.model
+        from .emulator import heldout_model, seen_tables
+
+        seen = seen_tables(tables, self.card)
+        return heldout_model(seen, self.card) if seen else self.model
+
+    def measure_shards(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None, *,
+                       judged: Sequence[TableConfig] | None = None) -> list[ComputeCost]:
+        """Each shard's (fw, bw) compute; the held-out fit is the one without the tables of ``judged``
+        (default: every table of ``shards``)."""
         shards = [self._check(s, f"shard {k}") for k, s in enumerate(shards)]
         cv = None if self.length_cv is None else [[self.length_cv[t.index] for t in s] for s in shards]
-        pred = self.model.predict_many(shards, self.batch_size, length_cv=cv)
+        model = self.compute_model([t for s in shards for t in s] if judged is None else judged)
+        pred = model.predict_many(shards, self.batch_size, length_cv=cv)
         return [ComputeCost(float(fw), float(bw)) for fw, bw in pred]
 
     def measure_shard(self, tables: Sequence[TableConfig], no_cache: bool | None = None) -> ComputeCost:
@@ -264,7 +291,8 @@ class EmulatedOracle:
         t0 = time.perf_counter()
         shards = self.check_shards(shards)
         known = dict(compute or {})
-        costs_c = self.measure_shards([[] if d in known else s for d, s in enumerate(shards)])
+        costs_c = self.measure_shards([[] if d in known else s for d, s in enumerate(shards)],
+                                      judged=[t for s in shards for t in s])
         from_cache = [bool(s) and d in known for d, s in enumerate(shards)]
         costs_c = [known[d] if from_cache[d] else c for d, c in enumerate(costs_c)]
         n = self.ndevices

@@ -12,6 +12,7 @@ from helpers import load_tool
 
 from shardcore.cli import run_main
 from shardcore.dataset import load_table_configs
+from shardcore.errors import ShardError
 from shardcore.emulator import MEASUREMENTS_DIR, load_gpu_model, read_params, model_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,3 +200,55 @@ def test_gpucheck_runs_reconstructed_and_prediction_fast(model, tables):
     for _ in range(20):
         model.predict(shard, 65536)
     assert (time.perf_counter() - t0) / 20 < 5e-3  # well under a millisecond on an idle core
+
+
+# -- the held-out judge ----------------------------------------------------------------------------
+def test_heldout_fit_never_sees_the_excluded_tables_and_refits_like_the_shipped_one(model, tables):
+    from shardcore.emulator import MEASUREMENTS_DIR as MD, TASK_FILES, heldout_model, measured_landscapes, seen_tables
+
+    land = measured_landscapes("h200")[0]
+    # no table excluded: the same weights as the shipped fit at batch 65536
+    full = heldout_model(frozenset(), "h200")
+    np.testing.assert_allclose(full.weights[65536][0], model.weights[65536][0], rtol=1e-8, atol=1e-15)
+    with open(os.path.join(MD, TASK_FILES["dlrm_tasks_50"])) as fh:
+        task = frozenset(int(v) for v in fh.readline().split()[0].split(","))
+    held = heldout_model(task, "h200")
+    assert held.params["heldout"]["tables"] == sorted(task)
+    used = int(held.params["sets"]["65536"]["shards"])
+    holding = land.holding(task)
+    assert used == int((~holding).sum()) and 0 < used < len(holding)
+    # refitting on exactly the shards that hold none of the task's tables gives the same weights
+    wf, wb = land.fit(~holding)
+    np.testing.assert_allclose(held.weights[65536][0], wf)
+    np.testing.assert_allclose(held.weights[65536][1], wb)
+    assert not np.allclose(held.weights[65536][0], model.weights[65536][0])
+    # a model that is not the judge: one fold of the judge's shards left out
+    sub = heldout_model(task, "h200", "drop:0/5")
+    assert 0.7 * used < int(sub.params["sets"]["65536"]["shards"]) < used
+    # the measured tables are recognised by index, hash size and pooling factor; others never were
+    assert seen_tables([tables[i] for i in task]) == task
+    assert seen_tables([dataclasses.replace(tables[i], row=tables[i].row * 3 + 1000) for i in task]) == frozenset()
+    with pytest.raises(ShardError, match="drop:k/K"):
+        heldout_model(task, "h200", "half")
+
+
+def test_heldout_oracle_judges_each_plan_without_its_tables(tables):
+    from shardcore.cache import CachedOracle
+    from shardcore.emulator import heldout_model
+    from shardcore.oracles import EmulatedOracle
+    from shardcore.plan import Plan
+
+    data_dir = os.path.dirname(CONFIGS)
+    task = [tables[i] for i in (3, 17, 40, 77, 120, 300)]
+    plan = Plan.from_shards([[0, 1, 2], [3, 4, 5]], 6).shard_tables(task)
+    held = EmulatedOracle(data_dir, 2, batch_size=65536)
+    full = EmulatedOracle(data_dir, 2, batch_size=65536, fit="full")
+    assert held.fit == "heldout" and "held out" in held.hardware and "without" in held.parts["compute"]
+    r_held, r_full = held.evaluate(plan), full.evaluate(plan)
+    judge = heldout_model(frozenset(t.index for t in task), "h200")
+    for d, shard in enumerate(plan):
+        fw, bw = judge.predict(shard, 65536)
+        assert r_held.device_costs_ms[d][0] == pytest.approx(fw) and r_held.device_costs_ms[d][3] == pytest.approx(bw)
+    assert r_held.device_costs_ms != r_full.device_costs_ms
+    with pytest.raises(ShardError, match="not cached"):
+        CachedOracle(held, True)

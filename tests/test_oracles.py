@@ -32,8 +32,8 @@ def tiny(tmp_path_factory):
 class CountingEmulated(EmulatedOracle):
     """The emulated oracle counting what it is asked; ``comm_measured`` as a test sets it."""
 
-    def __init__(self, *a, comm_measured=False, **kw):
-        super().__init__(*a, **kw)
+    def __init__(self, *a, comm_measured=False, fit="full", **kw):
+        super().__init__(*a, fit=fit, **kw)
         self.comm_measured = comm_measured
         self.plans_asked = 0
         self.shards_asked = 0
@@ -53,7 +53,7 @@ def test_every_oracle_implements_the_protocol(tiny, tmp_path):
     path, _ = tiny
     ev = PlanEvaluator(path, ndevices=2, bench_iters=1, warmup_iters=0)   # no worker starts before a request
     emu = EmulatedOracle(path, 3)
-    layer = CachedOracle(EmulatedOracle(path, 3), tmp_path / "c.sqlite")
+    layer = CachedOracle(EmulatedOracle(path, 3, fit="full"), tmp_path / "c.sqlite")
     for oracle in (ev, emu, layer):
         assert isinstance(oracle, CostOracle) and isinstance(oracle, ShardCostOracle), type(oracle).__name__
     assert not ev.running   # checking the interface started nothing
