@@ -122,6 +122,7 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
         result.general = plan.general
         result._plan = plan
         result.extra["lookup_load"] = [round(x, 3) for x in lookup_load(tables, plan)]
+    result.extra["table_ids"] = [int(t.index) for t in tables]   # the task, so a record is judged on its own
     return result, (plan if feasible else None)
 
 

@@ -683,3 +683,21 @@ def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -
                            f"held-out tables ({subset}: {'; '.join(used)})")
     params["heldout"] = {"tables": sorted(exclude), "subset": subset}
     return GpuComputeModel(params)
+
+
+@functools.lru_cache(maxsize=256)
+def judge_error(exclude: frozenset, card: str = "h200") -> np.ndarray:
+    """The held-out error of the judge of a plan with tables ``exclude`` (the fit of
+    :func:`heldout_model`): measured / predicted fw+bw of every measured plan shard that holds one of
+    those tables (never seen by that fit; all such shards when fewer than 30 are plan shards), divided
+    by their median (a common scale moves every plan alike). Empty when none of them was measured."""
+    land = measured_landscapes(card)[0]
+    held = land.holding(exclude)
+    plan = held & np.array([s["kind"] == "plan" for s in land.meas["shards"]], dtype=bool)
+    rows = plan if plan.sum() >= 30 else held
+    if not rows.any():
+        return np.zeros(0)
+    wf, wb = heldout_model(exclude, card).weights[land.batch]
+    pred = land.X[rows] @ wf + land.X[rows] @ wb
+    ratio = (land.fw[rows] + land.bw[rows]) / pred
+    return ratio / np.median(ratio)

@@ -19,6 +19,8 @@ model, optionally let the oracle pick among the best candidates.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import time
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CPU_MODEL = ROOT / "models" / "shardkit" / "cpu_cost_model.json"
 DEFAULT_STARTS = ("model_greedy", "size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy")
 DEFAULT_TIME_BUDGET_S = 1.0
+HELDOUT_SUBSET = "drop:0/5"    # shardkit's held-out emulator: one fifth of the judge's shards left out
 
 
 def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
@@ -106,6 +109,7 @@ class ShardkitSharder(Sharder):
     types: tuple = ALL_TYPES                  # sharding types the search may create
     start_kwargs: dict = field(default_factory=dict)
     oracle: Any = None
+    emulator_fit: str = "heldout"             # on an emulated landscape: plan each task with a held-out fit
     last_info: dict = field(default_factory=dict)
     _start_sharders: dict = field(default_factory=dict, repr=False)
 
@@ -126,6 +130,25 @@ class ShardkitSharder(Sharder):
             self.model = self.model_factory()
         return self.model
 
+    def task_model(self, tables: Sequence[TableConfig]) -> CostModel:
+        """The model a task is planned with. Planning for the held-out emulated card
+        (``emulator_fit="heldout"``): its compute is the emulator refitted without every measured shard
+        that holds one of the task's tables and without one fixed fifth of the rest
+        (:func:`shardcore.emulator.heldout_model` with :data:`HELDOUT_SUBSET`), so shardkit never plans
+        with a model that saw the task's tables, nor with the judge itself."""
+        model = self.cost_model()
+        if self.emulator_fit != "heldout" or not model.landscape.startswith("emulated:"):
+            return model
+        from shardcore.emulator import heldout_model, seen_tables
+
+        card = model.landscape.split(":", 1)[1]
+        seen = seen_tables(tables, card)
+        if not seen:
+            return model
+        return dataclasses.replace(model, compute=heldout_model(seen, card, HELDOUT_SUBSET),
+                                   source=f"emulator ({card}) refitted without the task's {len(seen)} measured "
+                                          f"tables and fold {HELDOUT_SUBSET.split(':')[1]} of the rest")
+
     def _start_sharder(self, name: str):
         if name not in self._start_sharders:
             from shardcore import algorithms
@@ -133,8 +156,9 @@ class ShardkitSharder(Sharder):
             self._start_sharders[name] = algorithms.resolve(name, **self.start_kwargs)
         return self._start_sharders[name]
 
-    def start_plans(self, tables, ndevices, max_memory_gb, precision) -> list[tuple[str, Plan]]:
-        model = self.cost_model()
+    def start_plans(self, tables, ndevices, max_memory_gb, precision, model: CostModel | None = None
+                    ) -> list[tuple[str, Plan]]:
+        model = model or self.cost_model()
         out = []
         for name in self.starts:
             try:
@@ -155,9 +179,9 @@ class ShardkitSharder(Sharder):
     def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
         t0 = time.perf_counter()
         tables = list(tables)
-        model = self.cost_model()
+        model = self.task_model(tables)
         deadline = t0 + self.time_budget_s
-        starts = self.start_plans(tables, ndevices, max_memory_gb, precision)
+        starts = self.start_plans(tables, ndevices, max_memory_gb, precision, model)
         states = []
         for name, plan in starts:
             st = State(model, tables, plan.table_shardings(tables), ndevices, max_memory_gb, precision)
@@ -247,7 +271,7 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
 def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, data_dir=None, batch_size=None,
                  comm_bandwidth=None, comm_latency=None, shardkit_time=None, shardkit_refine=0,
                  shardkit_starts=None, shardkit_types=None, cache_path=None, exclude_task_files=None,
-                 seed: int = 0, **kwargs) -> ShardkitSharder:
+                 emulator_fit: str | None = None, seed: int = 0, **kwargs) -> ShardkitSharder:
     """``--alg shardkit``. ``oracle``: the landscape planned for (``measured``: the fitted model of this
     machine, ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one, else fitted
     on the spot from ``cache_path``'s measurements without the tables of ``exclude_task_files``;
@@ -281,5 +305,8 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
     start_kwargs.update(seed=seed, batch_size=batch_size)
     factory = _model_factory(landscape, data_dir, batch_size, shardkit_model, comm_bandwidth, comm_latency,
                              cache_path, exclude_task_files)
+    fit = emulator_fit or "heldout"
+    if fit not in ("heldout", "full"):
+        raise ShardError(f"shardkit: emulator fit must be heldout or full, got {emulator_fit!r}")
     return ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
-                           refine_k=refine_k, types=types, start_kwargs=start_kwargs)
+                           refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit)

@@ -386,3 +386,54 @@ def test_compare_tool_prints_margin_interval_and_repeatability(tmp_path):
     assert 5.0 <= lo <= 11.7 <= hi <= 20.0
     assert "9 plan measurements" in text and "(0.0% below the best anchor)" in text
     assert "repeatability" in text and "largest 10.0%" in text
+
+
+def test_expected_slowest_device_under_model_error():
+    from shardcore.costs import expected_slowest
+
+    # no error: the plain slowest device; a balanced plan suffers more from error than a skewed one
+    assert expected_slowest([[1.0, 1.0]], [[0.5, 0.5]], [1.0])[0] == pytest.approx(1.5)
+    ratios = [0.9, 1.1]
+    balanced, skewed = expected_slowest([[1.0, 1.0], [1.2, 0.6]], [[0, 0], [0, 0]], ratios, draws=4000)
+    assert balanced == pytest.approx(1.0 + 0.1 * 0.5, abs=0.01)      # max of two draws is 1.1 w.p. 3/4
+    assert skewed == pytest.approx(1.2, abs=0.02) and skewed - 1.2 < balanced - 1.0
+    with pytest.raises(ValueError):
+        expected_slowest([[1.0]], [[0.0]], [])
+
+
+def test_compare_tool_stressed_judge_on_emulated_records(tmp_path):
+    from shardcore.costs import expected_slowest
+    from shardcore.emulator import MEASUREMENTS_DIR, judge_error, seen_tables
+    from shardcore.dataset import load_table_configs
+    from tools import shardkit_compare
+
+    tables = load_table_configs(MEASUREMENTS_DIR / "dlrm_b65536" / "table_configs.json")
+    with open(MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt") as fh:
+        tasks = [[int(v) for v in line.split()[0].split(",")] for line in fh if line.strip()][:3]
+    recs = []
+    for t, ids in enumerate(tasks):
+        for alg, devs in (("shardkit", [[1.0, 0.1, 0.1, 1.0]] * 4),
+                          ("lookup_greedy", [[1.2, 0.1, 0.1, 1.2]] + [[0.8, 0.1, 0.1, 0.8]] * 3)):
+            cost = max(sum(d) for d in devs)
+            recs.append({"task": t, "alg": alg, "cost_ms": cost, "device_costs_ms": devs, "table_ids": ids,
+                         "hardware": "emulated NVIDIA H200 (...), 4 devices"})
+    path = tmp_path / "e.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    text = shardkit_compare.summarize(str(path), "shardkit", None, draws=500)
+    ours, theirs = [], []
+    for t, ids in enumerate(tasks):
+        ratios = judge_error(seen_tables([tables[i] for i in ids]))
+        assert len(ratios) >= 30 and np.median(ratios) == pytest.approx(1.0)
+        ours.append(float(expected_slowest([2.0] * 4, [0.2] * 4, ratios, 500, seed=t)))
+        theirs.append(float(expected_slowest([2.4, 1.6, 1.6, 1.6], [0.2] * 4, ratios, 500, seed=t)))
+    assert min(ours) > 2.2      # the balanced plan pays for the judge's error, the skewed one less
+    assert np.mean(theirs) - 2.6 < np.mean(ours) - 2.2
+    line = next(x for x in text.splitlines() if "stressed judge" in x)
+    assert (f"shardkit {np.mean(ours):.4g} ms, best anchor lookup_greedy {np.mean(theirs):.4g} ms: "
+            f"{100 * (1 - np.mean(ours) / np.mean(theirs)):.1f}% below") in line
+    # records without their tables cannot be stressed: one line says what to do
+    for r in recs:
+        r.pop("table_ids")
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    with pytest.raises(ShardError, match="table_ids"):
+        shardkit_compare.summarize(str(path), "shardkit", None)

@@ -6,17 +6,27 @@
 Per file: every algorithm's mean plan cost over the tasks all of them planned feasibly, its mean
 imbalance (max / mean of the devices' costs), and shardkit's margin below the best other algorithm's
 mean ("best anchor"); --anchors restricts which algorithms count as anchors.
+
+On an emulated landscape the margin is also given under the **stressed judge**: every device's compute
+multiplied by an independent draw from the judge's own held-out error (measured / predicted cost of
+the real H200 shards holding the task's tables, which the judge never saw:
+shardcore.emulator.judge_error), --draws draws (the same for every plan of a task), the expected
+slowest device (shardcore.costs.expected_slowest). A margin whose interval reaches zero is a tie.
 """
 
 import argparse
 import json
+import os
 import statistics
 
 import numpy as np
 
 
-from shardcore.cli import ArgumentParser as OneLineParser, run_main
+from shardcore.cli import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.emulator import MEASUREMENTS_DIR
 from shardcore.errors import ShardError
+
+DEFAULT_DATA_DIR = str(MEASUREMENTS_DIR / "dlrm_b65536")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,10 +34,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", help="eval.py --out files (measured or emulated)")
     p.add_argument("--alg", default="shardkit", help="the algorithm compared (default shardkit)")
     p.add_argument("--anchors", default=None, help="comma-separated anchors (default: every other algorithm)")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, metavar="DIR",
+                   help="the records' dataset (its table configs), to find the tables the emulated judge's "
+                        "held-out error is taken from (default %(default)s)")
+    p.add_argument("--draws", type=positive_int, default=1000, metavar="N",
+                   help="draws of the stressed judge per task (default %(default)s)")
     return p
 
 
-def summarize(path: str, alg: str, anchors: list[str] | None) -> str:
+def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int) -> dict | None:
+    """``{alg: {task: expected slowest device}}`` under the stressed judge; None when the records'
+    tables were never measured (no held-out error to draw from)."""
+    from shardcore.costs import expected_slowest
+    from shardcore.emulator import judge_error, seen_tables
+
+    out: dict = {a: {} for a in algs}
+    for t in tasks:
+        ids = by[algs[0]][t].get("table_ids")
+        if ids is None:
+            raise ShardError("the records carry no table_ids (written before the stressed judge existed): "
+                             "run eval.py again")
+        if max(ids) >= len(tables):
+            raise ShardError(f"--data-dir {len(tables)} tables, but the records name table {max(ids)}")
+        ratios = judge_error(seen_tables([tables[i] for i in ids]))
+        if len(ratios) == 0:
+            return None
+        for k, a in enumerate(algs):
+            dev = np.asarray(by[a][t]["device_costs_ms"], dtype=float)
+            out[a][t] = float(expected_slowest(dev[:, 0] + dev[:, 3], dev[:, 1] + dev[:, 2], ratios, draws, seed=t))
+    return out
+
+
+def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DEFAULT_DATA_DIR,
+              draws: int = 1000) -> str:
     try:
         with open(path, "rb") as fh:
             recs = [json.loads(x) for x in fh.read().decode("utf-8").splitlines() if x.strip()]
@@ -76,6 +115,24 @@ def summarize(path: str, alg: str, anchors: list[str] | None) -> str:
     if spread:
         lines.append(f"  repeatability (--repeats): a round's plan cost is {100.0 * statistics.fmean(spread):.1f}% "
                      f"from its plan's median on average (largest {100.0 * max(spread):.1f}%)")
+    if "emulated" in str(recs[0].get("hardware", "")):
+        from shardcore.dataset import load_table_configs
+
+        stressed = stressed_costs(by, algs, order, load_table_configs(os.path.join(data_dir, "table_configs.json")),
+                                  draws)
+        if stressed is None:
+            lines.append("  stressed judge: not computed (the tasks' tables were never measured on the card)")
+        else:
+            smean = {a: statistics.fmean(stressed[a][t] for t in order) for a in algs}
+            sbest = min((a for a in algs if a != alg), key=lambda a: smean[a])
+            smargin = 100.0 * (1 - smean[alg] / smean[sbest])
+            slo, shi = margin_interval([stressed[alg][t] for t in order], [stressed[sbest][t] for t in order])
+            verdict = ("a tie (the interval reaches zero)" if slo <= 0 <= shi else
+                       f"target >= 5%: {'met' if smargin >= 5.0 else 'NOT met'}")
+            lines.append(f"  stressed judge (device compute x the judge's held-out error, {draws} draws, expected "
+                         f"slowest device): {alg} {smean[alg]:.4g} ms, best anchor {sbest} {smean[sbest]:.4g} ms: "
+                         f"{smargin:.1f}% below ({slo:.1f}% .. {shi:.1f}%); {verdict}")
+            lines.append("    stressed means: " + ", ".join(f"{a} {smean[a]:.4g}" for a in sorted(algs, key=smean.get)))
     return "\n".join(lines)
 
 
@@ -91,7 +148,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     anchors = [a.strip() for a in args.anchors.split(",")] if args.anchors else None
     for path in args.files:
-        print(summarize(path, args.alg, anchors))
+        print(summarize(path, args.alg, anchors, args.data_dir, args.draws))
         print()
 
 
