@@ -701,3 +701,33 @@ def judge_error(exclude: frozenset, card: str = "h200") -> np.ndarray:
     pred = land.X[rows] @ wf + land.X[rows] @ wb
     ratio = (land.fw[rows] + land.bw[rows]) / pred
     return ratio / np.median(ratio)
+
+
+MIN_PLAN_TABLES = 8     # model_error's shards: those of at least this many tables, like a plan's devices
+
+
+@functools.lru_cache(maxsize=256)
+def model_error(exclude: frozenset, card: str = "h200", subset: str = "all", folds: int = 5) -> np.ndarray:
+    """The cross-validated error of the fit :func:`heldout_model` ``(exclude, card, subset)`` on its own
+    shards (never on a shard that holds an excluded table): measured / predicted fw+bw of each shard
+    from a refit without its fold (``folds`` fixed folds), divided by their median. What a planner may
+    know of its model's error without looking at the tables it plans."""
+    land = measured_landscapes(card)[0]
+    rows = ~land.holding(exclude)
+    drop = _parse_subset(subset)
+    if drop is not None:
+        rows &= np.array([_fold_of(s, drop[1]) != drop[0] for s in land.tables], dtype=bool)
+    idx = np.flatnonzero(rows)
+    fold = np.array([_fold_of(land.tables[i] | {-1}, folds) for i in idx])   # a split unlike the subset's
+    ratio = np.zeros(len(idx))
+    for k in range(folds):
+        test = fold == k
+        if not test.any() or (~test).sum() < 2 * land.X.shape[1]:
+            continue
+        wf, wb = land.fit(idx[~test])
+        pred = land.X[idx[test]] @ wf + land.X[idx[test]] @ wb
+        ratio[test] = (land.fw[idx[test]] + land.bw[idx[test]]) / pred
+    big = np.array([len(land.tables[i]) >= MIN_PLAN_TABLES for i in idx])   # shards shaped like plan devices
+    keep = (ratio > 0) & big if ((ratio > 0) & big).sum() >= 30 else ratio > 0
+    ratio = ratio[keep]
+    return ratio / np.median(ratio) if len(ratio) else ratio

@@ -50,6 +50,7 @@ from shardcore.tables import TableConfig
 FORMAT = "shardkit-planner-cost-1"
 MEASURED, EMULATED = "measured", "emulated:h200"
 DEFAULT_CV = 0.7
+ERROR_DRAWS = 64          # draws of the model's error in the search's objective
 
 
 def length_cvs(data_dir: str | os.PathLike, batch_size: int) -> list[float] | None:
@@ -83,7 +84,17 @@ class CostModel:
     length_cv: list[float] | None = None
     precision: str = "fp16"
     source: str = ""
+    # the compute model's own error, as measured / predicted ratios (cross-validated on its shards);
+    # with it the search minimises the expected slowest device (error_draws), without it the slowest
+    error: np.ndarray | None = field(default=None, repr=False)
     _cv_cache: dict = field(default_factory=dict, repr=False)
+
+    def error_draws(self, ndevices: int, draws: int = ERROR_DRAWS, seed: int = 0) -> np.ndarray | None:
+        """``[draws, ndevices]`` fixed factors drawn from :attr:`error` (None without it)."""
+        if self.error is None or len(self.error) == 0:
+            return None
+        rng = np.random.default_rng(seed)
+        return np.asarray(self.error, dtype=float)[rng.integers(0, len(self.error), size=(draws, int(ndevices)))]
 
     # -- compute -------------------------------------------------------------------------------
     def _cv(self, t: TableConfig) -> float:

@@ -3,7 +3,11 @@
 **State**: one :class:`~shardcore.plan.Sharding` per task table; each device's pieces, memory,
 compute cost, pooled width, row-wise id width and extra collective bytes are kept up to date.
 
-**Objective**: the plan's cost (the most expensive device), ties broken by the sum of squared device
+**Objective**: the plan's cost (the most expensive device) -- or, when the model knows its own error
+(:meth:`~shardkit_planner.costmodel.CostModel.error_draws`), the *expected* most expensive device with
+every device's compute off by an independent draw of that error (fixed draws, so the objective is
+deterministic): a plan balanced to the model's last digit gains nothing there, since the machine will
+not follow the model that closely -- ties broken by the sum of squared device
 costs (so a move that relieves a device tied for the maximum, or evens out the others, still counts).
 A move is taken only when it lowers this pair lexicographically, so the result is never worse than
 the start under the model, and the search cannot cycle.
@@ -76,6 +80,16 @@ class State:
         self.extra = np.array([sum(model.extra_bytes(p, self.n) for _, p in ps) for ps in self.pieces])
         self.ids = np.array([sum(model.id_width(p) for _, p in ps) for ps in self.pieces], dtype=float)
         self.costs = self.comp + model.comm_costs(self.dims, self.extra, self.ids)
+        self.draws = model.error_draws(self.n)
+
+    def slowest(self, comp: np.ndarray, costs: np.ndarray) -> np.ndarray:
+        """The objective's first term for plans with device compute ``comp`` and total ``costs`` (devices
+        on the last axis): the slowest device, or, when the model knows its error, the expected
+        slowest device with each device's compute off by a draw of it (the same draws for every plan)."""
+        if self.draws is None:
+            return costs.max(axis=-1)
+        comm = costs - comp
+        return (comp[..., None, :] * self.draws + comm[..., None, :]).max(axis=-1).mean(axis=-1)
 
     def piece_mem(self, p: TableConfig) -> float:
         return p.row * p.dim * self.bpe
@@ -99,7 +113,7 @@ class State:
 
     @property
     def score(self) -> tuple[float, float]:
-        return float(self.costs.max()), float((self.costs ** 2).sum())
+        return float(self.slowest(self.comp, self.costs)), float((self.costs ** 2).sum())
 
     def plan(self) -> Plan:
         return Plan.from_shardings(self.tables, self.shardings, self.n)
@@ -277,7 +291,7 @@ def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, m
                 extra_m[c, d] = sum(model.extra_bytes(p, st.n) for p in ps)
                 ids_m[c, d] = sum(model.id_width(p) for p in ps)
             costs = comp_m + model.comm_costs(dims_m, extra_m, ids_m)
-            mx = costs.max(axis=1)
+            mx = st.slowest(comp_m, costs)
             sq = (costs ** 2).sum(axis=1)
             i = int(np.lexsort((sq, mx))[0])
             if best is None or (mx[i], sq[i]) < (best[0], best[1]):

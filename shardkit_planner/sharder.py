@@ -87,6 +87,10 @@ class ShardkitConfig(Config):
     types: tuple | None = param(None, "sharding types shardkit's search may create: tw, cw, rw, dp (default all "
                                 "four for emulated:h200, tw,cw for the measured oracle)", type=name_list,
                                 metavar="TYPES")
+    robust: bool = param(True, "minimise the cost model's slowest device (a point estimate) instead of the default, "
+                         "which plans for the machine rather than the model: the expected slowest device with each "
+                         "device's compute off by a draw of the model's own cross-validated error (where the model "
+                         "knows it: the emulated landscapes)", flags=("--point-estimate",), action="store_false")
     refine: int = param(0, "up to K plan measurements per task on the oracle (through its cache): the best "
                         "candidate by the cost model, corrected by every measurement so far, is measured and the "
                         "search runs again under the corrected model; the fastest measured plan is kept and "
@@ -110,6 +114,7 @@ class ShardkitSharder(Sharder):
     start_kwargs: dict = field(default_factory=dict)
     oracle: Any = None
     emulator_fit: str = "heldout"             # on an emulated landscape: plan each task with a held-out fit
+    robust: bool = True                       # minimise the expected slowest device under the model's error
     last_info: dict = field(default_factory=dict)
     _start_sharders: dict = field(default_factory=dict, repr=False)
 
@@ -137,15 +142,17 @@ class ShardkitSharder(Sharder):
         (:func:`shardcore.emulator.heldout_model` with :data:`HELDOUT_SUBSET`), so shardkit never plans
         with a model that saw the task's tables, nor with the judge itself."""
         model = self.cost_model()
-        if self.emulator_fit != "heldout" or not model.landscape.startswith("emulated:"):
+        if not model.landscape.startswith("emulated:"):
             return model
-        from shardcore.emulator import heldout_model, seen_tables
+        from shardcore.emulator import heldout_model, model_error, seen_tables
 
         card = model.landscape.split(":", 1)[1]
-        seen = seen_tables(tables, card)
+        seen = seen_tables(tables, card) if self.emulator_fit == "heldout" else frozenset()
         if not seen:
-            return model
+            error = model_error(frozenset(), card) if self.robust else None
+            return dataclasses.replace(model, error=error)
         return dataclasses.replace(model, compute=heldout_model(seen, card, HELDOUT_SUBSET),
+                                   error=model_error(seen, card, HELDOUT_SUBSET) if self.robust else None,
                                    source=f"emulator ({card}) refitted without the task's {len(seen)} measured "
                                           f"tables and fold {HELDOUT_SUBSET.split(':')[1]} of the rest")
 
@@ -204,11 +211,14 @@ class ShardkitSharder(Sharder):
                 seen.add(key)
                 distinct.append((score, name, plan))
         best_score, best_name, best = distinct[0]
-        info = {"shardkit_start": best_name, "shardkit_model_ms": round(best_score[0], 4),
+        point = float(model.device_costs(tables, best).max())
+        info = {"shardkit_start": best_name, "shardkit_model_ms": round(point, 4),
                 "shardkit_start_ms": round(states[0][0][0], 4), "shardkit_searched": searched,
                 "shardkit_moves": dict(stats.accepted), "shardkit_rounds": stats.rounds,
                 "shardkit_stopped": stats.stopped, "shardkit_measurements": 0,
                 "shardkit_model": model.source}
+        if model.error is not None and len(model.error):   # the objective it minimised: the expected slowest
+            info["shardkit_expected_ms"] = round(best_score[0], 4)
         if self.refine_k > 0:
             if self.oracle is None:
                 raise ShardError("shardkit: refinement (--shardkit-refine) needs an oracle; plan-only runs have none")
@@ -271,7 +281,8 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
 def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, data_dir=None, batch_size=None,
                  comm_bandwidth=None, comm_latency=None, shardkit_time=None, shardkit_refine=0,
                  shardkit_starts=None, shardkit_types=None, cache_path=None, exclude_task_files=None,
-                 emulator_fit: str | None = None, seed: int = 0, **kwargs) -> ShardkitSharder:
+                 emulator_fit: str | None = None, shardkit_robust: bool | None = None, seed: int = 0,
+                 **kwargs) -> ShardkitSharder:
     """``--alg shardkit``. ``oracle``: the landscape planned for (``measured``: the fitted model of this
     machine, ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one, else fitted
     on the spot from ``cache_path``'s measurements without the tables of ``exclude_task_files``;
@@ -309,4 +320,5 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
     if fit not in ("heldout", "full"):
         raise ShardError(f"shardkit: emulator fit must be heldout or full, got {emulator_fit!r}")
     return ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
-                           refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit)
+                           refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit,
+                           robust=CONFIG.robust if shardkit_robust is None else bool(shardkit_robust))

@@ -5,6 +5,7 @@ All on a tiny dataset with the emulated-H200 model (no hardware, no data beyond 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -65,7 +66,7 @@ def test_respects_a_binding_memory_cap(data, model):
 def test_never_worse_than_its_starts_under_its_model(data, model):
     _, tables = data
     task = tables[5:25]
-    sk = _sharder(model)
+    sk = _sharder(model, robust=False)
     plan = sk.shard(task, 4, 10.0)
     starts = sk.start_plans(task, 4, 10.0, "fp16")
     assert {n for n, _ in starts} >= {"model_greedy", "size_lookup_greedy"}
@@ -437,3 +438,31 @@ def test_compare_tool_stressed_judge_on_emulated_records(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     with pytest.raises(ShardError, match="table_ids"):
         shardkit_compare.summarize(str(path), "shardkit", None)
+
+
+def test_robust_objective_never_worse_than_its_starts_under_the_models_error(data, model):
+    """With its error known, shardkit minimises the expected slowest device under that error; the
+    plan it keeps is never worse by that measure than any of its starts."""
+    _, tables = data
+    task = tables[5:25]
+    ratios = np.array([0.85, 0.95, 1.0, 1.0, 1.05, 1.2])
+    m = dataclasses.replace(model, error=ratios)
+    sk = _sharder(m, robust=True)
+    sk.task_model = lambda _tables: m            # the data set's tables are not the card's: plan with m
+    plan = sk.shard(task, 4, 10.0)
+    draws = m.error_draws(4)
+    assert draws.shape == (64, 4) and set(np.unique(draws)) <= set(ratios)
+
+    def objective(p):
+        shards = p.shard_tables(task)
+        comp = m.shard_compute(shards)
+        return float((comp[None, :] * draws + (m.shard_costs(shards) - comp)[None, :]).max(axis=1).mean())
+
+    got = objective(plan)
+    assert sk.last_info["shardkit_expected_ms"] == pytest.approx(got, abs=1e-3)
+    assert sk.last_info["shardkit_model_ms"] == pytest.approx(m.plan_cost(task, plan), abs=1e-3)
+    assert all(got <= objective(p) + 1e-9 for _, p in sk.start_plans(task, 4, 10.0, "fp16", m))
+    # the expected slowest device is at least the slowest expected device (Jensen)
+    shards = plan.shard_tables(task)
+    comp = m.shard_compute(shards)
+    assert got >= float((comp * draws.mean(axis=0) + m.shard_costs(shards) - comp).max()) - 1e-9
