@@ -209,10 +209,10 @@ class ShardkitPlanner(ShardingPlanner):
             if type(m) in others:
                 raise ShardError(f"ShardkitPlanner plans EmbeddingBagCollections only; {path or 'the module'} is a "
                                  f"{type(m).__name__} with a sharder given")
-        offered = set(ebc_sharders[0].sharding_types(self.device_type))
+        offered = set(ebc_sharders[0].sharding_types(self.topology.compute_device))
         missing = [t for t in self.types if t not in offered]
         if missing:
-            raise ShardError(f"the EmbeddingBagCollection sharder does not offer {missing[0]} on {self.device_type} "
+            raise ShardError(f"the EmbeddingBagCollection sharder does not offer {missing[0]} on {self.topology.compute_device} "
                              f"(offers {', '.join(sorted(offered))}); pass types= without it")
 
     def _types_allowed(self, stats: Sequence[TableStats]) -> tuple[str, ...]:
