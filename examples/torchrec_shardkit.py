@@ -115,7 +115,7 @@ def worker(rank: int, world: int, port: int, local_batch: int, queue) -> None:
             kernel_config=KernelConfig(compute_device="cuda"))
         constraints = {f"t{i}": ParameterConstraints(pooling_factors=[pf]) for i, (_r, _d, pf) in enumerate(TABLES)}
         planner = ShardkitPlanner(topology, batch_size=PER_RANK_BATCH, constraints=constraints,
-                                  device_type="cpu", time_budget_s=0.5)
+                                  device_type="cpu", time_budget_s=2.0)
         sharders = [EmbeddingBagCollectionSharder()]
         plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
         if rank == 0:

@@ -59,7 +59,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlan
 
 from shardcore.commmodel import CommModel
 from shardcore.errors import ShardError
-from shardcore.plan import DATA_PARALLEL, ROW_WISE, Plan, ShardPiece, Sharding
+from shardcore.plan import ROW_WISE, Plan, ShardPiece, Sharding
 from shardcore.plan_export import sharding_plan_from_json, torchrec_plan_json
 from shardcore.tables import GB
 from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
