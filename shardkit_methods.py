@@ -8,4 +8,6 @@ METHOD_PACKAGES = ("autoshard", "dreamshard", "neuroshard")
 
 # Planners that are not trained by a script of their own: ``--alg name`` -> "module[:function]",
 # the function (default ``load_sharder``) called as ``f(None, seed=..., **kwargs)``.
-PLANNER_PLUGINS = {"shardkit": "shardkit_planner.sharder"}
+PLANNER_PLUGINS = {"shardkit": "shardkit_planner.sharder",
+                   # TorchRec's planner priced by the emulated H200 (needs TorchRec; shardkit_torchrec/)
+                   "torchrec-emu": "shardkit_torchrec.sharder"}

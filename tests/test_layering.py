@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("autoshard", "dreamshard", "neuroshard")
 PLANNERS = ("shardkit_planner",)          # our own planner: a method package too, declared as a plugin
 PACKAGES = METHODS + PLANNERS
+INTEROP = ("shardkit_torchrec",)           # TorchRec's interfaces backed by shardkit: may import the core and our planner
 
 
 def _docstring_lines(tree: ast.AST) -> set[int]:
@@ -88,23 +89,32 @@ def test_the_registry_lists_the_method_packages():
 @pytest.mark.parametrize("path", sorted((ROOT / "shardcore").glob("*.py")), ids=lambda p: p.name)
 def test_the_core_neither_imports_nor_names_a_method(path):
     source = path.read_text()
-    assert not _imported_packages(ast.parse(source)) & set(PACKAGES), path.name
+    assert not _imported_packages(ast.parse(source)) & set(PACKAGES + INTEROP), path.name
     assert method_mentions(source) == [], f"{path.name} names a method in code: {method_mentions(source)[:3]}"
+    assert not any(p in source for p in INTEROP), f"{path.name} names the TorchRec interop package"
 
 
 @pytest.mark.parametrize("method", PACKAGES)
 def test_no_method_package_imports_another(method):
-    others = set(PACKAGES) - {method}
+    others = (set(PACKAGES) - {method}) | set(INTEROP)
     for path in sorted((ROOT / method).rglob("*.py")):
         bad = _imported_packages(ast.parse(path.read_text())) & others
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "shardkit_torchrec").rglob("*.py")), ids=lambda p: p.name)
+def test_the_torchrec_interop_imports_only_the_core_and_our_planner(path):
+    """shardkit_torchrec may use shardcore and shardkit_planner, never a learned method package, and names none."""
+    source = path.read_text()
+    assert not _imported_packages(ast.parse(source)) & set(METHODS), path.name
+    assert method_mentions(source) == [], f"{path.name} names a method in code: {method_mentions(source)[:3]}"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.py")), ids=lambda p: p.name)
 def test_the_experiment_runner_names_no_method(path):
     """The runner reads the methods from the registry; its texts may cite the papers' tables."""
     source = path.read_text()
-    assert not _imported_packages(ast.parse(source)) & set(PACKAGES), path.name
+    assert not _imported_packages(ast.parse(source)) & set(PACKAGES + INTEROP), path.name
     hits = method_mentions(source, cite_papers=True)
     assert hits == [], f"{path.name} names a method in code: {hits[:3]}"
 
@@ -133,5 +143,6 @@ def test_the_method_list_can_be_replaced_from_the_environment(monkeypatch):
 def test_the_planner_plugins_are_declared_at_the_top_level_and_resolve():
     from shardcore import algorithms, registry
 
-    assert registry.planner_plugins() == {"shardkit": "shardkit_planner.sharder"}
+    assert registry.planner_plugins() == {"shardkit": "shardkit_planner.sharder",
+                                          "torchrec-emu": "shardkit_torchrec.sharder"}
     assert type(algorithms.resolve("shardkit", oracle="emulated:h200")).__module__ == "shardkit_planner.sharder"

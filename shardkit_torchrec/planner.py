@@ -1,0 +1,304 @@
+"""``ShardkitPlanner``: shardkit's planner behind TorchRec's ``ShardingPlanner`` interface.
+
+::
+
+    planner = ShardkitPlanner(topology, batch_size=512, constraints=constraints, samples=[kjt, ...])
+    plan = planner.collective_plan(model, [EmbeddingBagCollectionSharder()], pg)   # same plan on every rank
+    model = DistributedModelParallel(model, device=device, plan=plan, sharders=[EmbeddingBagCollectionSharder()])
+
+**In.** Every ``EmbeddingBagCollection`` of the module (all planned together, as one task); per table its
+rows, dim and the statistics of :mod:`shardkit_torchrec.stats` (pooling factor from the samples, else
+``ParameterConstraints.pooling_factors``, else TorchRec's default; reuse and bag-length CV from the
+samples). From the ``Topology``: the world size (one host: ``local_world_size == world_size``, the one
+NVLink domain the exchange model describes; several hosts are refused), the memory cap per rank (the
+smallest rank's HBM, or DDR on a ``cpu`` topology, less ``reserve``, like TorchRec's storage
+reservation; shardkit's cap counts the weights), and the intra-host bandwidth as the exchange model's
+(TorchRec's built-in default, a nominal 600 GiB/s, is not a statement about the hardware: then the
+exchange model keeps its own stated constants, :class:`~shardcore.commmodel.CommModel`). The batch is
+TorchRec's per-rank ``batch_size`` times the world size.
+
+**Planning.** :class:`shardkit_planner.sharder.ShardkitSharder` (starts, local search) under the cost model
+of ``oracle``: ``"emulated:h200"`` (the default on a ``cuda`` topology: the emulated H200's compute model,
+:func:`shardkit_planner.costmodel.emulated_model`, and the exchange model), a fitted shardkit cost model
+file (``tools/fit_shardkit_model.py``), or a :class:`~shardkit_planner.costmodel.CostModel`. A ``cpu``
+topology has no default: name one. The search may create every type shardkit has (``types``).
+
+**What TorchRec can express** (checked on 4 gloo ranks, forward outputs against the unsharded tables, in
+``tests/test_shardkit_torchrec.py``): table-wise; column-wise with uneven blocks, several blocks on one
+rank allowed (TorchRec's ``column_wise``, shard ``j`` at column offset ``j``); row-wise over all ranks in
+rank order (TorchRec's ``row_wise`` gives rank ``r`` the ``r``-th block of ``ceil(rows / world)`` rows,
+whatever the sharding spec's placements say); data-parallel (``dense`` kernel, every rank). It cannot
+express a row-wise table over a subset of one host's ranks (its ``table_row_wise`` spans a whole host)
+or over all ranks in another order. The search is kept to what TorchRec expresses (the cost model
+prices a device holding such a row block at ``INEXPRESSIBLE_MS``, so no move creates one), and the plan
+is checked once more: a table it still cannot express is refused in one line
+(:class:`~shardcore.errors.ShardError`), never changed.
+
+**Out.** TorchRec's ``ShardingPlan`` (``fused`` kernel; ``dense`` for data-parallel), built through the
+plan-file form of :mod:`shardcore.plan_export` (one entry per collection's module path), placements
+``rank:r/cuda:r`` or ``rank:r/cpu`` after ``device_type`` (default: the topology's compute device).
+``collective_plan`` plans on rank 0 and broadcasts that JSON form (bytes, not a pickle) to every rank of
+the group; an error on rank 0 is raised on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torchrec.distributed.planner.constants import BATCH_SIZE, INTRA_NODE_BANDWIDTH
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
+
+from shardcore.commmodel import CommModel
+from shardcore.errors import ShardError
+from shardcore.plan import ROW_WISE, Plan, ShardPiece, Sharding
+from shardcore.plan_export import sharding_plan_from_json, torchrec_plan_json
+from shardcore.tables import GB
+from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
+from shardkit_planner.sharder import DEFAULT_STARTS, DEFAULT_TIME_BUDGET_S, ShardkitSharder
+from shardkit_planner.search import ALL_TYPES
+
+from .stats import TableStats, collections, precision_of, table_stats
+
+INEXPRESSIBLE_MS = 1e6      # the price of a device holding a row block TorchRec cannot place (module notes)
+DEFAULT_RESERVE = 0.15      # TorchRec's default storage reservation keeps 15% of every device off limits
+
+
+def expressible_problem(s: Sharding, world: int) -> str | None:
+    """Why TorchRec cannot apply our sharding on one host of ``world`` ranks (``None`` when it can)."""
+    if s.type == ROW_WISE and list(s.devices) != list(range(world)):
+        return (f"row-wise over ranks {list(s.devices)}: TorchRec's row_wise puts row block j on rank j of all "
+                f"{world} ranks, and its table_row_wise spans a whole host")
+    return None
+
+
+def _inexpressible_piece(p, world: int) -> bool:
+    """A row block that is not one of the ``world`` blocks TorchRec's row_wise makes."""
+    if not isinstance(p, ShardPiece) or p.kind != ROW_WISE:
+        return False
+    block = -(-int(p.full_row) // world)
+    return p.row_start % block != 0 or p.row != min(block, p.full_row - p.row_start)
+
+
+@dataclass
+class TorchRecCostModel(CostModel):
+    """A cost model whose search space is what TorchRec can express on ``world`` ranks: a device that
+    holds a row block TorchRec's row_wise would not make costs ``INEXPRESSIBLE_MS`` more."""
+
+    world: int = 1
+
+    @classmethod
+    def wrap(cls, model: CostModel, world: int) -> "TorchRecCostModel":
+        kw = {f.name: getattr(model, f.name) for f in fields(CostModel) if f.init and not f.name.startswith("_")}
+        return cls(**kw, world=int(world))
+
+    def shard_compute(self, shards):
+        shards = [list(s) for s in shards]
+        out = super().shard_compute(shards)
+        bad = np.array([any(_inexpressible_piece(p, self.world) for p in s) for s in shards], dtype=float)
+        return out + INEXPRESSIBLE_MS * bad
+
+
+def _cost_model(oracle, batch: int, comm: CommModel, world: int, stats: Sequence[TableStats]) -> CostModel:
+    if isinstance(oracle, CostModel):
+        base = oracle
+    elif isinstance(oracle, str) and oracle.lower().startswith("emulated:"):
+        base = emulated_model(os.devnull, batch, comm, card=oracle.split(":", 1)[1])
+    elif isinstance(oracle, (str, os.PathLike)) and Path(oracle).is_file():
+        base = CostModel.load(oracle)
+    else:
+        raise ShardError(f"ShardkitPlanner: oracle {oracle!r} is neither {EMULATED!r}, a shardkit cost model file, "
+                         "nor a CostModel")
+    model = TorchRecCostModel.wrap(base, world)
+    model.batch_size = int(batch)
+    # the tables' positions are their indices: their CVs are given, never looked up among the dataset's
+    model.length_cv = [s.length_cv if s.length_cv is not None else float(base.compute.default_cv) for s in stats]
+    return model
+
+
+def _comm_from_topology(topology: Topology, comm: CommModel | None) -> CommModel:
+    if comm is not None:
+        return comm
+    bw = float(topology.intra_host_bw)               # bytes per ms
+    if math.isclose(bw, INTRA_NODE_BANDWIDTH):
+        return CommModel()
+    return CommModel(bandwidth_gbps=bw / 1e6, link=f"the topology's intra-host bandwidth ({bw / 1e6:.1f} GB/s)")
+
+
+class ShardkitPlanner(ShardingPlanner):
+    """shardkit as TorchRec's ``ShardingPlanner`` (see the module notes).
+
+    ``topology``: TorchRec's (world size, caps, bandwidths, compute device); ``batch_size``: per rank, as
+    TorchRec's planners take it (default TorchRec's ``BATCH_SIZE``); ``constraints``: TorchRec's
+    ``{table: ParameterConstraints}`` (their pooling factors are read; ``sharding_types`` limit a table's
+    types); ``samples``: input ``KeyedJaggedTensor`` s; ``oracle``: the cost model planned for;
+    ``comm``: an exchange model replacing the topology's bandwidth; ``time_budget_s``, ``starts``,
+    ``types``: shardkit's search; ``reserve``: the share of each rank's memory kept free;
+    ``device_type``: where the plan places shards (default the topology's compute device).
+
+    After ``plan``: ``last_plan`` (ours), ``last_stats`` (the tables as planned), ``last_info``
+    (shardkit's record: start, moves, the model's cost in ms...)."""
+
+    def __init__(self, topology: Topology, batch_size: int | None = None,
+                 constraints: Optional[Dict[str, ParameterConstraints]] = None, samples: Sequence[Any] | None = None,
+                 oracle: str | os.PathLike | CostModel | None = None, comm: CommModel | None = None,
+                 time_budget_s: float = DEFAULT_TIME_BUDGET_S, starts: Sequence[str] = DEFAULT_STARTS,
+                 types: Sequence[str] = ALL_TYPES, reserve: float = DEFAULT_RESERVE,
+                 device_type: str | None = None) -> None:
+        if topology.local_world_size != topology.world_size:
+            raise ShardError(f"ShardkitPlanner plans one host: the topology has {topology.world_size} ranks in hosts "
+                             f"of {topology.local_world_size} (the exchange model is one NVLink domain's)")
+        if oracle is None:
+            if topology.compute_device != "cuda":
+                raise ShardError(f"ShardkitPlanner: a {topology.compute_device} topology has no default cost model: "
+                                 f"give oracle={EMULATED!r} or a shardkit cost model file fitted on this machine "
+                                 "(tools/fit_shardkit_model.py)")
+            oracle = EMULATED
+        if not 0.0 <= float(reserve) < 1.0:
+            raise ShardError(f"ShardkitPlanner: reserve must be in [0, 1), got {reserve}")
+        bad = [t for t in types if t not in ALL_TYPES]
+        if bad or not types:
+            raise ShardError(f"ShardkitPlanner: unknown sharding type {bad[0] if bad else None!r} "
+                             f"(choose from {', '.join(ALL_TYPES)})")
+        self.topology = topology
+        self.batch_size = int(batch_size or BATCH_SIZE)
+        self.constraints = dict(constraints or {})
+        self.samples = list(samples or [])
+        self.oracle = oracle
+        self.comm = _comm_from_topology(topology, comm)
+        self.time_budget_s = float(time_budget_s)
+        self.starts = tuple(starts)
+        self.types = tuple(types)
+        self.reserve = float(reserve)
+        self.device_type = device_type or topology.compute_device
+        self.last_plan: Plan | None = None
+        self.last_stats: list[TableStats] = []
+        self.last_info: dict = {}
+
+    # -- the pieces ------------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return int(self.topology.world_size)
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world
+
+    def cap_gb(self) -> float:
+        """The weights' memory cap per rank in GB: the smallest rank's HBM (DDR on a cpu topology), less the reserve."""
+        kind = "hbm" if self.topology.compute_device in ("cuda", "mtia") else "ddr"
+        cap = min(getattr(d.storage, kind) for d in self.topology.devices)
+        return cap * (1.0 - self.reserve) / GB
+
+    def _check_sharders(self, module: nn.Module, sharders: Sequence[ModuleSharder]) -> None:
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+        ebc_sharders = [s for s in sharders if issubclass(EmbeddingBagCollection, s.module_type)]
+        if not ebc_sharders:
+            raise ShardError("ShardkitPlanner plans EmbeddingBagCollections: no sharder for them was given")
+        others = {s.module_type for s in sharders} - {s.module_type for s in ebc_sharders}
+        for path, m in module.named_modules():
+            if type(m) in others:
+                raise ShardError(f"ShardkitPlanner plans EmbeddingBagCollections only; {path or 'the module'} is a "
+                                 f"{type(m).__name__} with a sharder given")
+        offered = set(ebc_sharders[0].sharding_types(self.topology.compute_device))
+        missing = [t for t in self.types if t not in offered]
+        if missing:
+            raise ShardError(f"the EmbeddingBagCollection sharder does not offer {missing[0]} on {self.topology.compute_device} "
+                             f"(offers {', '.join(sorted(offered))}); pass types= without it")
+
+    def _types_allowed(self, stats: Sequence[TableStats]) -> tuple[str, ...]:
+        """The types every table's constraints allow (shardkit's search takes one set for the task)."""
+        allowed = set(self.types)
+        for s in stats:
+            con = self.constraints.get(s.name)
+            if con is not None and con.sharding_types:
+                allowed &= {"column_wise" if t == "table_column_wise" else t for t in con.sharding_types}
+        if "table_wise" not in allowed:
+            raise ShardError("ShardkitPlanner: the constraints leave no table-wise sharding, which shardkit's starts need")
+        return tuple(t for t in ALL_TYPES if t in allowed)
+
+    def plan_json(self, module: nn.Module, sharders: Sequence[ModuleSharder]) -> list[dict]:
+        """The plan in :func:`shardcore.plan_export.torchrec_plan_json` form, one dict per collection."""
+        self._check_sharders(module, sharders)
+        stats = table_stats(module, self.constraints, self.samples, self.global_batch)
+        precision = precision_of(cfg for _p, ebc in collections(module) for cfg in ebc.embedding_bag_configs())
+        tables = [s.table for s in stats]
+        model = _cost_model(self.oracle, self.global_batch, self.comm, self.world, stats)
+        model.precision = precision
+        sharder = ShardkitSharder(name="shardkit", model=model, time_budget_s=self.time_budget_s,
+                                  starts=self.starts, types=self._types_allowed(stats),
+                                  start_kwargs={"batch_size": self.global_batch})
+        plan = sharder.shard(tables, self.world, self.cap_gb(), precision)
+        shardings = plan.table_shardings(tables)
+        for s, sh in zip(stats, shardings):
+            problem = expressible_problem(sh, self.world)
+            if problem:
+                raise ShardError(f"TorchRec cannot express table {s.name}'s sharding: {problem}")
+        self.last_plan, self.last_stats = plan, list(stats)
+        self.last_info = dict(sharder.last_info, precision=precision, cap_gb=self.cap_gb(),
+                              global_batch=self.global_batch, comm=self.comm.describe())
+        out = []
+        for path in dict.fromkeys(s.path for s in stats):
+            idx = [i for i, s in enumerate(stats) if s.path == path]
+            sub = [tables[i] for i in idx]
+            sub_plan = Plan.from_shardings(sub, [shardings[i] for i in idx], self.world)
+            out.append(torchrec_plan_json(sub, sub_plan, [stats[i].name for i in idx], precision, module_path=path))
+        return out
+
+    def from_json(self, objs: Sequence[Mapping], module: nn.Module | None = None) -> ShardingPlan:
+        """TorchRec's ``ShardingPlan`` of :meth:`plan_json`'s dicts (placements after ``device_type``)."""
+        mods = dict(collections(module)) if module is not None else {}
+        merged: dict = {}
+        for obj in objs:
+            path = obj["module_path"]
+            sp = sharding_plan_from_json(obj, device_type=self.device_type, module=mods.get(path),
+                                         local_world_size=self.topology.local_world_size)
+            merged.update(sp.plan)
+        return ShardingPlan(merged)
+
+    # -- TorchRec's interface ----------------------------------------------------------------------
+    def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
+        return self.from_json(self.plan_json(module, sharders), module)
+
+    def collective_plan(self, module: nn.Module, sharders: Optional[List[ModuleSharder[nn.Module]]] = None,
+                        pg: Optional[Any] = None) -> ShardingPlan:
+        """Plan on the group's rank 0 and broadcast the plan (its JSON form) to every rank."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise ShardError("collective_plan needs torch.distributed initialised (or call plan() on one rank)")
+        if sharders is None:
+            from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+            sharders = [EmbeddingBagCollectionSharder()]
+        group = pg if pg is not None else dist.GroupMember.WORLD
+        src = dist.get_global_rank(group, 0)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+            else torch.device("cpu")
+        if dist.get_rank(group) == 0:
+            try:
+                payload = {"plans": self.plan_json(module, sharders)}
+            except ShardError as exc:
+                payload = {"error": str(exc)}
+            data = torch.tensor(list(json.dumps(payload).encode("utf-8")), dtype=torch.uint8, device=device)
+            size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+            dist.broadcast(size, src=src, group=group)
+            dist.broadcast(data, src=src, group=group)
+        else:
+            size = torch.zeros(1, dtype=torch.int64, device=device)
+            dist.broadcast(size, src=src, group=group)
+            data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+            dist.broadcast(data, src=src, group=group)
+            payload = json.loads(bytes(data.cpu().tolist()).decode("utf-8"))
+        if "error" in payload:
+            raise ShardError(f"ShardkitPlanner on rank 0: {payload['error']}")
+        return self.from_json(payload["plans"], module)

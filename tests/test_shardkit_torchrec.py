@@ -1,0 +1,217 @@
+"""shardkit inside TorchRec (shardkit_torchrec): ShardkitPlanner applied by DistributedModelParallel on 4
+gloo CPU ranks, EmulatedPerfEstimator inside TorchRec's own planner, the table statistics, and what
+TorchRec cannot express. Skipped without TorchRec, as tests/test_torchrec.py."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+try:
+    import torchrec  # noqa: F401
+except Exception as exc:  # noqa: BLE001 - a broken install (e.g. a mismatched fbgemm) is not an ImportError
+    reason = f"TorchRec cannot be imported ({type(exc).__name__}: {exc})"
+    if os.environ.get("SHARDKIT_REQUIRE_TORCHREC") == "1":
+        from shardcore.torchrec_planner import INSTALL_HINT
+
+        pytest.fail(f"{reason}, and SHARDKIT_REQUIRE_TORCHREC=1 (make test) requires it. {INSTALL_HINT}",
+                    pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+import torch  # noqa: E402
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor  # noqa: E402
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints  # noqa: E402
+from torchrec.distributed.planner.constants import POOLING_FACTOR  # noqa: E402
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator  # noqa: E402
+from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator  # noqa: E402
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig  # noqa: E402
+
+from shardcore import algorithms  # noqa: E402
+from shardcore.commmodel import CommModel  # noqa: E402
+from shardcore.dlrm import reuse_bins, reuse_counts  # noqa: E402
+from shardcore.emulator import load_gpu_model  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+from shardcore.plan import column_wise, data_parallel, row_wise, table_wise  # noqa: E402
+from shardcore.tables import TableConfig  # noqa: E402
+from shardkit_planner.costmodel import emulated_model  # noqa: E402
+from shardkit_torchrec import stats as st  # noqa: E402
+from shardkit_torchrec.estimator import EmulatedPerfEstimator  # noqa: E402
+from shardkit_torchrec.planner import (INEXPRESSIBLE_MS, ShardkitPlanner, TorchRecCostModel,  # noqa: E402
+                                       expressible_problem)
+from shardkit_torchrec.sharder import EmulatedTorchRecSharder  # noqa: E402
+
+
+def topology(world=4, compute="cuda", cap=2 << 30, local=None):
+    caps = {"hbm_cap_bytes": cap} if compute == "cuda" else {"ddr_cap_bytes": cap}
+    return TopologyFactory.create_topology(TrainerConfig(world_size=world, local_world_size=local or world, **caps),
+                                           kernel_config=KernelConfig(compute_device=compute))
+
+
+def ebc(spec, device="meta"):
+    return EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t{i}", embedding_dim=d, num_embeddings=r,
+                                                             feature_names=[f"f{i}"]) for i, (r, d) in enumerate(spec)],
+                                  device=torch.device(device))
+
+
+# -------------------------------------------------------------------------------------------------
+# The done-when test: 13 tables, ShardkitPlanner, DMP on 4 gloo CPU ranks, forward and backward
+# -------------------------------------------------------------------------------------------------
+
+def test_example_plans_applies_and_trains_on_four_gloo_ranks():
+    import examples.torchrec_shardkit as ex
+
+    assert len(ex.TABLES) >= 12 and len({d for _r, d, _pf in ex.TABLES}) >= 5
+    results = ex.run(world=4, local_batch=32)
+    assert sorted(results) == [0, 1, 2, 3]
+    for rank, res in results.items():
+        assert "error" not in res, f"rank {rank}:\n{res.get('error')}"
+    plans = {res["plan"] for res in results.values()}
+    assert len(plans) == 1                                  # every rank got rank 0's plan
+    types = results[0]["types"]
+    assert sorted(types) == sorted(f"t{i}" for i in range(len(ex.TABLES)))
+    assert types["t0"] == "row_wise"                        # the large hot table, spread over the ranks
+    assert len(set(types.values())) >= 2, types
+    assert "param | sharding type | compute kernel" in results[0]["plan"]   # TorchRec's own table format
+    for res in results.values():
+        assert res["max_err"] < 1e-4                        # sharded forward == the unsharded model's
+        assert math.isfinite(res["loss"]) and res["dense_grads"] > 0 and res["grads_finite"]
+
+
+# -------------------------------------------------------------------------------------------------
+# ShardkitPlanner without processes
+# -------------------------------------------------------------------------------------------------
+
+SPEC = [(200_000, 64), (5_000, 16), (20_000, 32), (1_000, 8), (50_000, 64), (3_000, 128), (8_000, 32), (12_000, 16)]
+PFS = [150.0, 2.0, 4.0, 1.0, 6.0, 3.0, 1.5, 8.0]
+
+
+def test_planner_plan_is_shardkits_plan_in_torchrecs_form():
+    cons = {f"t{i}": ParameterConstraints(pooling_factors=[pf]) for i, pf in enumerate(PFS)}
+    planner = ShardkitPlanner(topology(), batch_size=16384, constraints=cons, time_budget_s=0.3)
+    sp = planner.plan(ebc(SPEC), [EmbeddingBagCollectionSharder()])
+    module_plan = sp.plan[""]
+    ours = planner.last_plan.table_shardings([s.table for s in planner.last_stats])
+    assert planner.global_batch == 65536 and planner.last_stats[0].table.pooling_factor == 150.0
+    assert math.isclose(planner.cap_gb(), 2 * 0.85)
+    for i, s in enumerate(ours):
+        ps = module_plan[f"t{i}"]
+        assert expressible_problem(s, 4) is None
+        if s.type == "data_parallel":
+            assert ps.sharding_type == "data_parallel" and ps.compute_kernel == "dense" and ps.sharding_spec is None
+            continue
+        assert ps.compute_kernel == "fused" and ps.sharding_type == s.type
+        shards = [(sm.shard_offsets, sm.shard_sizes, str(sm.placement)) for sm in ps.sharding_spec.shards]
+        if s.type == "column_wise":   # uneven blocks allowed: in column order on their ranks
+            offs = [sum(s.dims[:j]) for j in range(len(s.dims))]
+            assert shards == [([0, o], [SPEC[i][0], w], f"rank:{d}/cuda:{d}") for o, w, d in zip(offs, s.dims, s.devices)]
+        elif s.type == "row_wise":    # block j on rank j
+            assert [sh[2] for sh in shards] == [f"rank:{r}/cuda:{r}" for r in range(4)]
+    assert ours[0].type == "row_wise"   # the hot table
+
+
+def test_planner_refuses_what_it_cannot_plan():
+    with pytest.raises(ShardError, match="one host"):
+        ShardkitPlanner(topology(world=4, local=2))
+    with pytest.raises(ShardError, match="no default cost model"):
+        ShardkitPlanner(topology(compute="cpu"))
+    two = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="a", embedding_dim=8, num_embeddings=10,
+                                                            feature_names=["x", "y"])], device=torch.device("meta"))
+    with pytest.raises(ShardError, match="serves 2 features"):
+        ShardkitPlanner(topology()).plan(two, [EmbeddingBagCollectionSharder()])
+    with pytest.raises(ShardError, match="does not offer row_wise on cpu"):
+        ShardkitPlanner(topology(compute="cpu"), oracle="emulated:h200").plan(ebc(SPEC), [EmbeddingBagCollectionSharder()])
+
+
+def test_what_torchrec_cannot_express_is_refused_and_kept_out_of_the_search():
+    assert expressible_problem(row_wise([0, 1, 2, 3]), 4) is None
+    for s in (table_wise(2), column_wise([(1, 12), (1, 20)]), data_parallel(4)):
+        assert expressible_problem(s, 4) is None
+    assert "row-wise over ranks [2, 3]" in expressible_problem(row_wise([2, 3]), 4)
+    assert "row-wise over ranks [3, 1, 0, 2]" in expressible_problem(row_wise([3, 1, 0, 2]), 4)
+    t = TableConfig(0, 1000, 32, 10.0)
+    base = emulated_model(os.devnull, 65536, CommModel())
+    model = TorchRecCostModel.wrap(base, 4)
+    full = [[p] for _d, p in row_wise([0, 1, 2, 3]).pieces(t, 4)]
+    sub = [[p] for _d, p in row_wise([2, 3]).pieces(t, 4)]
+    assert np.allclose(model.shard_compute(full), base.shard_compute(full))
+    assert np.all(model.shard_compute(sub) >= INEXPRESSIBLE_MS)
+
+
+# -------------------------------------------------------------------------------------------------
+# Table statistics
+# -------------------------------------------------------------------------------------------------
+
+def test_stats_from_samples_then_constraints_then_torchrecs_default():
+    module = ebc([(100, 8), (50, 16), (30, 4)])
+    lengths = torch.tensor([3, 1, 2, 0, 1, 1, 1, 1])     # f0: 3, 1, 2, 0; f1: 1, 1, 1, 1
+    values = torch.tensor([5, 5, 7, 5, 9, 9, 1, 2, 3, 3])
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f0", "f1"], values=values, lengths=lengths)
+    cons = {"t1": ParameterConstraints(pooling_factors=[9.0]), "t2": ParameterConstraints()}
+    out = st.table_stats(module, cons, [kjt, kjt])
+    f0 = np.array([3, 1, 2, 0, 3, 1, 2, 0])
+    assert out[0].source == "samples" and out[0].table.pooling_factor == 1.5
+    assert math.isclose(out[0].length_cv, f0.std() / f0.mean())
+    ids0 = np.array([5, 5, 7, 5, 9, 9] * 2)
+    assert out[0].table.bins == reuse_bins(reuse_counts(ids0, 100)[0])
+    assert out[1].source == "samples" and out[1].table.pooling_factor == 1.0 and out[1].length_cv == 0.0
+    assert out[2].source == "constraints" and out[2].table.pooling_factor == POOLING_FACTOR   # the dataclass default
+    assert st.table_stats(module)[1].source == "default" and st.DEFAULT_POOLING_FACTOR == POOLING_FACTOR
+    # the reuse statistics stop at the global batch
+    first = st.table_stats(module, None, [kjt, kjt], global_batch=4)[0]
+    assert first.table.bins == reuse_bins(reuse_counts(np.array([5, 5, 7, 5, 9, 9]), 100)[0])
+    bad = KeyedJaggedTensor.from_lengths_sync(keys=["f0"], values=torch.tensor([100]), lengths=torch.tensor([1]))
+    with pytest.raises(ShardError, match="outside"):
+        st.table_stats(module, None, [bad])
+
+
+# -------------------------------------------------------------------------------------------------
+# EmulatedPerfEstimator inside TorchRec's planner
+# -------------------------------------------------------------------------------------------------
+
+def test_estimator_prices_shards_with_the_emulator_and_the_exchange_model():
+    spec = [(200_000, 64), (5_000, 16), (20_000, 32)]
+    pfs = [40.0, 2.0, 4.0]
+    topo = topology()
+    cons = {f"t{i}": ParameterConstraints(pooling_factors=[pf]) for i, pf in enumerate(pfs)}
+    comm = CommModel()
+    est = EmulatedPerfEstimator(topo, cons, comm=comm)
+    enum = EmbeddingEnumerator(topology=topo, batch_size=1024, constraints=cons,
+                               estimator=[est, EmbeddingStorageEstimator(topology=topo, constraints=cons)])
+    options = enum.enumerate(ebc(spec), [EmbeddingBagCollectionSharder()])
+    gpu = load_gpu_model("h200")
+    B = 1024 * 4
+    seen = set()
+    for o in options:
+        i = int(o.name[1:])
+        t = TableConfig(-1, spec[i][0], spec[i][1], pfs[i])
+        seen.add(o.sharding_type)
+        if o.sharding_type == "table_wise":
+            (fw, bw), = gpu.predict_many([[t]], B, length_cv=[[gpu.default_cv]])
+            perf = o.shards[0].perf
+            assert math.isclose(perf.fwd_compute, fw) and math.isclose(perf.bwd_compute, bw)
+            # its comm is what it adds to the oracle's exchange on its rank, less the collective's latency
+            widths = [spec[i][1], 0, 0, 0]
+            efw, ebw = comm.exchange_ms(widths, B)
+            assert math.isclose(perf.fwd_comms, efw[0] - comm.latency_us * 1e-3)
+            assert math.isclose(perf.bwd_comms, ebw[0] - comm.latency_us * 1e-3)
+        if o.sharding_type == "row_wise":   # the id all-to-all forward, the pooled outputs both ways
+            p = o.shards[0].perf
+            assert p.fwd_comms > p.bwd_comms > 0
+        if o.sharding_type == "data_parallel":   # no pooled outputs, the gradient all-reduce backward
+            p = o.shards[0].perf
+            assert p.fwd_comms == 0 and p.bwd_comms > 0
+    assert {"table_wise", "row_wise", "column_wise", "data_parallel"} <= seen
+    planner = EmbeddingShardingPlanner(topology=topo, batch_size=1024, constraints=cons, enumerator=enum)
+    sp = planner.plan(ebc(spec), [EmbeddingBagCollectionSharder()])
+    assert sorted(sp.plan[""]) == ["t0", "t1", "t2"]
+
+
+def test_alg_torchrec_emu_is_a_declared_plugin_and_plans():
+    sharder = algorithms.resolve("torchrec-emu", batch_size=65536, oracle="emulated:h200")
+    assert isinstance(sharder, EmulatedTorchRecSharder) and sharder.name == "torchrec-emu"
+    tables = [TableConfig(i, r, d, pf) for i, ((r, d), pf) in enumerate(zip(SPEC, PFS))]
+    plan = sharder.shard(tables, 4, 0.5)
+    assert plan.is_feasible(tables, 0.5)
+    assert len(sharder.last_info["torchrec_types"]) == len(tables)
