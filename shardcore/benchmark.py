@@ -3,7 +3,9 @@
 A *shard* is the list of tables one device holds. :class:`ShardRunner` builds **one** fused FBGEMM
 operator (``SplitTableBatchedEmbeddingBagsCodegen``) over all of them, feeds it the tables' real
 lookup data from the dataset (the indices and offsets of every table concatenated, as a training
-step would) and times
+step would) and times (a device holding data-parallel replicas runs them in a second fused operator
+over its batch slice only, :func:`shardcore.plan.device_kernels`; its times are the two operators'
+together)
 
 - **forward**: the pooled (summed) embedding lookup, output ``[B, sum of the shard's dims]`` fp32;
 - **backward**: the fused backward, which also applies the sparse optimizer update
@@ -249,7 +251,9 @@ def shard_lookups(dataset, tables: Sequence[TableConfig], batch_size: int | None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused operator's input for a shard: all tables' indices concatenated (int64) and offsets
     of ``len(tables) * B + 1`` entries over that concatenation (int64). A row-wise or data-parallel
-    piece contributes only its own lookups (:func:`shardcore.shardings.piece_lookups`)."""
+    piece contributes only its own lookups (:func:`shardcore.shardings.piece_lookups`); replicas
+    (whose bags are their batch slice's ``B_d``) go in an operator of their own
+    (:func:`shardcore.plan.device_kernels`), never mixed with whole-batch tables."""
     dataset = _dataset(dataset)
     b = resolve_batch_size(dataset, batch_size)
     validate_tables(dataset, tables)
@@ -340,10 +344,11 @@ class BufferPool:
 
 
 def build_operator(tables: Sequence[TableConfig], optimizer: str = "exact_sgd", precision: str = "fp16",
-                   device: str | torch.device = "cpu", pool: BufferPool | None = None):
+                   device: str | torch.device = "cpu", pool: BufferPool | None = None, pool_role: str = ""):
     """One fused ``SplitTableBatchedEmbeddingBagsCodegen`` over ``tables`` (sum pooling).
 
-    On the CPU, ``pool`` (optional) supplies reusable weight buffers (see :class:`BufferPool`)."""
+    On the CPU, ``pool`` (optional) supplies reusable weight buffers (see :class:`BufferPool`), under
+    roles prefixed with ``pool_role`` (operators alive together take different prefixes)."""
     (TBE, ComputeDevice, EmbeddingLocation, PoolingMode, EmbOptimType, SparseType) = _fbgemm()
     optimizer, precision = normalize_optimizer(optimizer), normalize_precision(precision)
     device = torch.device(device)
@@ -362,11 +367,11 @@ def build_operator(tables: Sequence[TableConfig], optimizer: str = "exact_sgd", 
     if _accepts_preallocated_buffers(TBE):
         dtype = torch.float16 if precision == "fp16" else torch.float32
         take = pool.take if pool is not None else (lambda _role, n, dt: _lazy_zeros(n, dt))
-        buffers = {"weights": take("weights", sum(t.row * t.dim for t in tables), dtype)}
+        buffers = {"weights": take(pool_role + "weights", sum(t.row * t.dim for t in tables), dtype)}
         if optimizer == "exact_adagrad":
-            buffers["momentum1"] = take("momentum1", sum(t.row * t.dim for t in tables), torch.float32)
+            buffers["momentum1"] = take(pool_role + "momentum1", sum(t.row * t.dim for t in tables), torch.float32)
         elif optimizer == "exact_row_wise_adagrad":
-            buffers["momentum1"] = take("momentum1", sum(t.row for t in tables), torch.float32)
+            buffers["momentum1"] = take(pool_role + "momentum1", sum(t.row for t in tables), torch.float32)
         try:
             return TBE(specs, preallocated_host_buffers=buffers, **kwargs)
         except (AssertionError, ValueError, TypeError):
@@ -375,7 +380,9 @@ def build_operator(tables: Sequence[TableConfig], optimizer: str = "exact_sgd", 
 
 
 class ShardRunner:
-    """One shard's fused operator, its inputs and a fixed output gradient, ready to run.
+    """One shard's fused operator, its inputs and a fixed output gradient, ready to run; with
+    data-parallel replicas, a second operator for them over the device's batch slice
+    (:func:`shardcore.plan.device_kernels`), run after the first in each phase.
 
     ``check_memory`` refuses a shard that does not fit (see :func:`check_fits`) before building it.
     An empty shard builds nothing and costs 0.
@@ -393,27 +400,39 @@ class ShardRunner:
         validate_tables(self.dataset, self.tables)
         self.output_dim = sum(t.dim for t in self.tables)
         self.op = None
+        self.kernels: list[tuple] = []   # per fused operator: (op, indices, offsets, output gradient)
         if not self.tables:
             return
         if check_memory:
             check_fits(self.tables, self.precision, self.optimizer, self.device, usable=usable_bytes)
-        indices, offsets = shard_lookups(self.dataset, self.tables, self.batch_size)
-        self.num_lookups = int(indices.numel())
-        self.op = build_operator(self.tables, self.optimizer, self.precision, self.device, pool=pool)
-        self.indices = indices.to(self.device)
-        self.offsets = offsets.to(self.device)
+        from .plan import device_kernels
+
         gen = torch.Generator().manual_seed(0)
-        grad = torch.randn(self.batch_size, self.output_dim, generator=gen)
-        self.grad = grad.to(self.device)
+        self.num_lookups = 0
+        for k, (b, tables) in enumerate(device_kernels(self.tables, self.batch_size)):
+            indices, offsets = shard_lookups(self.dataset, tables, self.batch_size)
+            self.num_lookups += int(indices.numel())
+            op = build_operator(tables, self.optimizer, self.precision, self.device, pool=pool,
+                                pool_role="" if k == 0 else f"kernel{k}:")
+            grad = torch.randn(b, sum(t.dim for t in tables), generator=gen)
+            self.kernels.append((op, indices.to(self.device), offsets.to(self.device), grad.to(self.device)))
+        self.op, self.indices, self.offsets, self.grad = self.kernels[0]
 
     @property
     def empty(self) -> bool:
         return self.op is None
 
-    def forward(self) -> torch.Tensor:
-        return self.op(self.indices, self.offsets)
+    def forward(self):
+        """The pooled outputs: one tensor, or with a data-parallel operator a list, one per operator."""
+        if len(self.kernels) == 1:
+            return self.op(self.indices, self.offsets)
+        return [op(idx, off) for op, idx, off, _g in self.kernels]
 
-    def backward(self, out: torch.Tensor, grad: torch.Tensor | None = None) -> None:
+    def backward(self, out, grad: torch.Tensor | None = None) -> None:
+        if isinstance(out, list):
+            for o, (_op, _i, _o, g) in zip(out, self.kernels):
+                o.backward(g)
+            return
         out.backward(self.grad if grad is None else grad)
 
     def measure(self, warmup_iters: int = DEFAULT_WARMUP_ITERS, bench_iters: int = DEFAULT_BENCH_ITERS,
@@ -472,6 +491,7 @@ class ShardRunner:
 
     def close(self) -> None:
         self.op = None
+        self.kernels = []
         self.indices = self.offsets = self.grad = None
 
 

@@ -21,9 +21,11 @@ DreamShard's buffer of measured plans) through :meth:`CostCache.shard_entries` a
   ``(dataset table index, rows, dim)`` triples, sorted, so the order of tables in a shard does not
   matter.
 - ``plan_costs``: a whole plan, keyed by the setting plus the ordered list of shards (device order
-  matters: device ``d`` receives the ``d``-th slice of the batch), holding per device the four
-  costs ``[forward compute, forward communication, backward communication, backward compute]`` in
-  ms and the plan cost (max over devices of their sum).
+  matters: device ``d`` receives the ``d``-th slice of the batch) and the cost convention it was
+  measured under (:data:`PLAN_CONVENTION`), holding per device the four costs ``[forward compute,
+  forward communication, backward communication, backward compute]`` in ms and the plan cost (max
+  over devices of their sum). A plan stored under an older convention is neither answered nor
+  listed by :meth:`CostCache.plan_entries` (a shard's compute is the same under both and stays).
 
 **The layer.** :class:`CachedOracle` puts the cache around any oracle (the measured evaluator, an
 emulated GPU): it answers stored plans itself, hands the oracle the stored compute of known shards,
@@ -61,6 +63,12 @@ if TYPE_CHECKING:
 
 DEFAULT_CACHE_PATH = "data/cost_cache.sqlite"
 SCHEMA_VERSION = 1
+# What a stored plan's exchange costs include, part of its key: "exchange-2" = the input ids of every
+# model-parallel table travel (forward) and a data-parallel replica runs its own kernel over its batch
+# slice (shardcore.commmodel, shardcore.plan.device_kernels). Plans keyed "plan" (before it) priced
+# only the row-wise tables' ids.
+PLAN_CONVENTION = "exchange-2"
+_PLAN_KIND = f"plan:{PLAN_CONVENTION}"
 
 # The shard key: sorted (dataset table index, rows, dim) triples.
 ShardKey = tuple[tuple[int, int, int], ...]
@@ -379,7 +387,7 @@ class CostCache:
     def get_plan(self, ctx: CacheContext, shards: Sequence[Iterable[TableConfig | Sequence[int]]]
                  ) -> list[list[float]] | None:
         """The stored per-device ``[fw_comp, fw_comm, bw_comm, bw_comp]`` of a plan, or ``None``."""
-        key = _digest("plan", ctx, [shard_key(s) for s in shards])
+        key = _digest(_PLAN_KIND, ctx, [shard_key(s) for s in shards])
         row = self._execute("SELECT device_costs FROM plan_costs WHERE key = ?", (key,)).fetchone()
         return None if row is None else self._costs("plan_costs", row[0], len(shards))
 
@@ -396,7 +404,7 @@ class CostCache:
             "INSERT OR REPLACE INTO plan_costs (key, hardware, dataset, batch_size, optimizer, precision, "
             "ndevices, shards, device_costs, cost_ms, bench_iters, warmup_iters, created) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (_digest("plan", ctx, skeys), *ctx._as_list(), len(skeys), json.dumps(skeys),
+            (_digest(_PLAN_KIND, ctx, skeys), *ctx._as_list(), len(skeys), json.dumps(skeys),
              json.dumps(costs), cost, bench_iters, warmup_iters, time.time()))
 
     # -- queries ----------------------------------------------------------------------------
@@ -436,17 +444,20 @@ class CostCache:
                      dataset: str | None = None, batch_size: int | None = None,
                      optimizer: str | None = None, precision: str | None = None,
                      ndevices: int | None = None, limit: int | None = None) -> list[PlanEntry]:
-        """Stored plan measurements, oldest first; ``ctx`` or the keyword filters narrow them."""
+        """Stored plan measurements of the current cost convention (:data:`PLAN_CONVENTION`), oldest
+        first; ``ctx`` or the keyword filters narrow them."""
         where, params = self._where(ctx, hardware=hardware, dataset=dataset, batch_size=batch_size,
                                     optimizer=optimizer, precision=precision, ndevices=ndevices)
-        sql = ("SELECT shards, device_costs, cost_ms, hardware, dataset, batch_size, optimizer, precision, "
+        sql = ("SELECT key, shards, device_costs, cost_ms, hardware, dataset, batch_size, optimizer, precision, "
                f"created FROM plan_costs{where} ORDER BY created, key")
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
         out = []
-        for shards, costs, cost, hw, ds, b, opt, prec, created in self._execute(sql, params).fetchall():
+        for key, shards, costs, cost, hw, ds, b, opt, prec, created in self._execute(sql, params).fetchall():
             shards = self._json("plan_costs", "shards", shards)
             costs = self._costs("plan_costs", costs, len(shards))
+            if key != _digest(_PLAN_KIND, CacheContext(hw, ds, int(b), opt, prec), shards):
+                continue   # measured under an older cost convention (PLAN_CONVENTION)
+            if limit is not None and len(out) >= int(limit):
+                break
             out.append(PlanEntry(
                 tuple(tuple(tuple(t) for t in s) for s in shards),
                 tuple(tuple(c) for c in costs),

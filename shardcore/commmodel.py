@@ -12,21 +12,27 @@ for each of the two phases (the all-to-all ends when a device's slowest directio
 bytes; each direction of a full-duplex link runs at ``bandwidth``). Bytes are those of fp32 pooled
 outputs (4 per element), as the real exchange.
 
-**Row-wise and data-parallel pieces** (:mod:`shardcore.plan`) add two collectives, as the measured
-evaluator runs them (:mod:`shardcore.shardings`); where they are modelled from the tables alone (the
-emulated oracle, shardkit's planner for it), :meth:`CommModel.exchange_ms` prices them with the same
-constants, one latency each:
+**A training step's other two collectives**, for every sharding type (:mod:`shardcore.plan`'s
+pieces), as the measured evaluator runs them (:mod:`shardcore.shardings`); where they are modelled
+from the tables alone (the emulated oracle, shardkit's planner), :meth:`CommModel.exchange_ms`
+prices them with the same constants, one latency each (the one convention every oracle and model
+uses):
 
-* forward, the **row-wise id all-to-all**: every device sends each row-wise holder the ids of its
-  batch slice that fall in the holder's rows, plus one length per sample (int64, 8 bytes each). With
-  a piece's *id width* (:func:`id_width`: its expected ids per sample, the table's pooling factor x
-  the piece's row share, which is the piece's ``pooling_factor``, plus the one length) and ``P_d`` the
-  sum of device ``d``'s id widths, ``d`` receives ``8 (B - B_d) P_d`` bytes and sends
-  ``8 B_d (sum_j P_j - P_d)`` (:func:`id_bytes`): the all-to-all of :func:`remote_bytes` with the
-  directions swapped, the ids expected rather than counted from ``data.pt``;
+* forward, the **input-id all-to-all**: every device reads its batch slice's samples, and sends
+  every device that holds a model-parallel piece of a table that slice's ids of the table, plus one
+  length per sample (int64, 8 bytes each): a table-wise table's holder all the table's ids, every
+  column block's holder all of them too (each block needs every id), a row-wise block's holder the
+  ids in its rows; a data-parallel replica's ids stay home. A piece's *id width*
+  (:func:`id_width`) is the int64 elements per sample it adds to its holder: its expected ids per
+  sample (its ``pooling_factor``: the table's, for a row-wise block times its row share) plus the
+  one length, 0 for a replica. With ``P_d`` the sum of device ``d``'s id widths, ``d`` receives
+  ``8 (B - B_d) P_d`` bytes and sends ``8 B_d (sum_j P_j - P_d)`` (:func:`id_bytes`): the
+  all-to-all of :func:`remote_bytes` with the directions swapped, the ids expected rather than
+  counted from ``data.pt``;
 * backward, the **data-parallel gradient all-reduce**: a ring, ``2 (n - 1) / n x rows x dim`` elements
   of the weights' precision (:func:`allreduce_bytes`), on every device (each holds a replica); a
-  replica sends no pooled outputs (:func:`pooled_width` is 0: its device computes its own slice).
+  replica sends no pooled outputs (:func:`pooled_width` is 0: its device computes its own slice, in
+  a kernel of its own over that slice, :func:`shardcore.plan.device_kernels`).
 
 **Defaults** (flags ``--comm-bandwidth`` and ``--comm-latency`` change them): 200 GB/s per device
 and direction, 25 us per collective. They stand for NVLink 4 between the GPUs of one 8-GPU
@@ -43,22 +49,16 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import ShardError
-from .plan import DATA_PARALLEL, ROW_WISE
+from .plan import DATA_PARALLEL, batch_slices  # noqa: F401  (batch_slices: re-exported)
 from .tables import TableConfig, bytes_per_element
 
 DEFAULT_COMM_BANDWIDTH_GBPS = 200.0
 DEFAULT_COMM_LATENCY_US = 25.0
 DEFAULT_LINK = "NVLink 4 within one 8-GPU H100/H200 node (assumed)"
 OUTPUT_ELEMENT_SIZE = 4
-ID_ELEMENT_SIZE = 8        # the row-wise input distribution's int64 ids and per-sample lengths
-PIECES_NOTE = ("row-wise id all-to-all (ids expected from the tables' pooling factors) and data-parallel "
-               "gradient all-reduce (ring) modelled with the same constants")
-
-
-def batch_slices(batch_size: int, ndevices: int) -> list[int]:
-    """Samples per device: ``B`` split evenly, the first ``B mod n`` devices taking one more."""
-    base, rem = divmod(int(batch_size), int(ndevices))
-    return [base + (1 if j < rem else 0) for j in range(ndevices)]
+ID_ELEMENT_SIZE = 8        # the input distribution's int64 ids and per-sample lengths
+PIECES_NOTE = ("input-id all-to-all of every model-parallel table (ids expected from the tables' pooling "
+               "factors) and data-parallel gradient all-reduce (ring) modelled with the same constants")
 
 
 def remote_bytes(dim_sums: Sequence[int], batch_size: int) -> list[tuple[int, int]]:
@@ -82,9 +82,10 @@ def pooled_width(t: TableConfig) -> int:
 
 
 def id_width(t: TableConfig) -> float:
-    """A row-wise piece's int64 elements per sample in the id all-to-all: the expected ids in its rows
-    (its ``pooling_factor``: the table's, times the piece's row share) plus one length; 0 otherwise."""
-    return float(t.pooling_factor) + 1.0 if getattr(t, "kind", None) == ROW_WISE else 0.0
+    """int64 elements per sample a piece adds to its holder in the input-id all-to-all: its expected
+    ids (its ``pooling_factor``: a table-wise table's or column block's the table's, a row-wise
+    block's the table's times its row share) plus one length; 0 for a data-parallel replica."""
+    return 0.0 if getattr(t, "kind", None) == DATA_PARALLEL else float(t.pooling_factor) + 1.0
 
 
 def allreduce_bytes(t: TableConfig, ndevices: int, precision: str = "fp16") -> float:
@@ -96,7 +97,7 @@ def allreduce_bytes(t: TableConfig, ndevices: int, precision: str = "fp16") -> f
 
 
 def id_bytes(id_widths, batch_size: int):
-    """Per device ``(bytes sent, bytes received)`` of the row-wise id all-to-all, ``id_widths[..., d]``
+    """Per device ``(bytes sent, bytes received)`` of the input-id all-to-all, ``id_widths[..., d]``
     the sum of device ``d``'s :func:`id_width` (numpy arrays, devices on the last axis)."""
     import numpy as np
 
@@ -152,7 +153,7 @@ class CommModel:
         axes: candidate plans), the one place they are priced from widths (see the module notes):
 
         - both phases: the pooled all-to-all of ``pooled_widths`` (:func:`pooled_width` sums);
-        - forward: the row-wise id all-to-all of ``id_widths`` (:func:`id_width` sums), one latency;
+        - forward: the input-id all-to-all of ``id_widths`` (:func:`id_width` sums), one latency;
         - backward: ``backward_bytes`` per device in one more collective (the data-parallel
           all-reduce, :func:`allreduce_bytes` sums), one latency.
 

@@ -270,6 +270,30 @@ class GpuComputeModel:
         return f"{self.card} compute model fitted on {self.params.get('fitted_on', '?')}"
 
 
+def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfig]], batch_size: int,
+                    cv_of=None) -> np.ndarray:
+    """``[len(shards), 2]`` (fw_ms, bw_ms) of devices holding ``shards[d]``: the sum of ``model``'s
+    predictions of each device's kernels (:func:`shardcore.plan.device_kernels`: its model-parallel
+    pieces fused at ``batch_size``, its data-parallel replicas fused at its batch slice), one
+    :meth:`~GpuComputeModel.predict_many` per distinct batch. ``cv_of(t)``: a table's bag-length CV
+    (default: the model's :meth:`~GpuComputeModel.table_cv`). A replica keeps its table's reuse
+    statistics, taken at the full batch (the slice's are not known from the configs)."""
+    from .plan import device_kernels
+
+    cv_of = cv_of or model.table_cv
+    out = np.zeros((len(shards), 2))
+    groups: dict[int, list[tuple[int, list[TableConfig]]]] = {}
+    for d, shard in enumerate(shards):
+        for b, pieces in device_kernels(list(shard), batch_size):
+            groups.setdefault(b, []).append((d, pieces))
+    for b, kernels in groups.items():
+        if b < 1:      # an empty batch slice (fewer samples than devices): nothing to look up
+            continue
+        pred = model.predict_many([k for _, k in kernels], b, length_cv=[[cv_of(t) for t in k] for _, k in kernels])
+        np.add.at(out, [d for d, _ in kernels], pred)
+    return out
+
+
 def model_path(card: str) -> Path:
     if card not in MODEL_FILES:
         raise ShardError(f"no emulated GPU {card!r}: choose one of {', '.join(MODEL_FILES)}")

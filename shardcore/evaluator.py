@@ -7,13 +7,18 @@ list device ``d`` holds). Measuring it reproduces a model-parallel training iter
 embedding layer:
 
 1. **forward compute**: device ``d`` runs its fused operator over the whole batch ``B``,
-   giving pooled outputs ``[B, D_d]`` (``D_d`` = the sum of its tables' dims);
-2. **forward communication**: an all-to-all in which ``d`` sends every device ``j`` the rows of
-   ``j``'s slice of the batch (``B_j`` samples: ``B`` split evenly, the first ``B mod n`` devices
-   taking one more) for all of ``d``'s tables, so ``j`` receives ``[B_j, sum_d D_d]`` in total
-   (``all_to_all_single`` on flat fp32 buffers with input split sizes ``B_j * D_d`` and output
-   split sizes ``B_d' * D_d``);
-3. **backward communication**: the reverse exchange of the gradients of those outputs;
+   giving pooled outputs ``[B, D_d]`` (``D_d`` = the sum of its tables' dims), and its
+   data-parallel replicas, if any, in a second operator over its own batch slice
+   (:func:`shardcore.plan.device_kernels`);
+2. **forward communication**: the input-id all-to-all (every device sends each holder of a
+   model-parallel table its batch slice's ids of the table plus one length per sample, the counts
+   taken from ``data.pt``, :func:`shardcore.shardings.comm_layout`), then an all-to-all in which
+   ``d`` sends every device ``j`` the rows of ``j``'s slice of the batch (``B_j`` samples: ``B``
+   split evenly, the first ``B mod n`` devices taking one more) for all of ``d``'s tables, so ``j``
+   receives ``[B_j, sum_d D_d]`` in total (``all_to_all_single`` on flat fp32 buffers with input
+   split sizes ``B_j * D_d`` and output split sizes ``B_d' * D_d``);
+3. **backward communication**: the reverse exchange of the gradients of those outputs, then the
+   data-parallel gradient all-reduce, if any;
 4. **backward compute**: the fused backward with the sparse optimizer update.
 
 Per device the four costs are reported in ms in that order, and a plan's cost is the maximum over
@@ -89,7 +94,6 @@ from .benchmark import (DEFAULT_BENCH_ITERS, DEFAULT_LOCK_TIMEOUT_S, DEFAULT_WAR
 from .commmodel import CommModel, batch_slices, fit_comm_model, remote_bytes
 from .cache import CacheContext, dataset_digest, hardware_fingerprint, shard_key
 from .errors import ShardError
-from .plan import has_pieces
 from .tables import TableConfig
 from .types import PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
 
@@ -332,8 +336,8 @@ def _start_error(exc: BaseException) -> str:
 def _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms, device, extra=None) -> dict:
     """Time the forward and backward exchanges of this rank (medians in ms).
 
-    Forward: the row-wise input distribution (``extra["ids_send"]``, an int64 all-to-all; absent
-    without row-wise tables), then the all-to-all of pooled outputs, then the local sum of row-wise
+    Forward: the input distribution (``extra["ids_send"]``, an int64 all-to-all of every
+    model-parallel table's ids; absent when not given), then the all-to-all of pooled outputs, then the local sum of row-wise
     partials (``extra["rw_sums"]``). Backward: the reverse all-to-all, then the all-reduce of the
     data-parallel tables' gradients (``extra["allreduce"]`` elements per rank, in
     ``extra["allreduce_dtype"]``). See :mod:`shardcore.shardings`."""
@@ -347,6 +351,7 @@ def _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms, device, e
     ids_send = extra.get("ids_send") or []
     ids_out = [int(ids_send[rank][s]) for s in range(world)] if ids_send else []
     ids_in = [int(ids_send[j][rank]) for j in range(world)] if ids_send else []
+    info.update(ids_send=ids_out, ids_recv=ids_in)     # the input-id all-to-all's split sizes (int64)
     ar_numel = int((extra.get("allreduce") or [0] * world)[rank])
     any_ids = bool(ids_send) and any(any(int(x) for x in row) for row in ids_send)
     any_ar = any(int(x) for x in (extra.get("allreduce") or []))
@@ -418,7 +423,7 @@ def _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms, device, e
 
 
 def _model_extra(model: CommModel, times, layout, precision: str):
-    """Modelled times plus a plan's row-wise id all-to-all (forward) and data-parallel all-reduce
+    """Modelled times plus a plan's input-id all-to-all (forward) and data-parallel all-reduce
     (backward, a ring: 2 (n - 1) / n of the gradient's bytes each way)."""
     n = len(times)
     elem = 2 if precision == "fp16" else 4
@@ -632,7 +637,8 @@ class PlanEvaluator:
         elif self.comm_model is None:
             hosts = self.topology[0]
             comm = (f"measured ({'NCCL' if self.device_type == 'cuda' else 'gloo'} all-to-all"
-                    + (f" across {hosts} hosts)" if hosts > 1 else ")"))
+                    + (f" across {hosts} hosts" if hosts > 1 else "")
+                    + ": input ids and pooled outputs; data-parallel all-reduce)")
         else:
             comm = self.comm_model.describe()
         return {"compute": compute, "comm": comm}
@@ -991,7 +997,8 @@ class PlanEvaluator:
         Returns per device ``(fw_ms, bw_ms)`` and the split sizes. With more plan devices than
         workers the times come from the communication model (``delays_ms`` is then refused: a
         model has no waiting peers). ``layout`` (a :class:`~shardcore.shardings.CommLayout`) adds a
-        plan's row-wise input distribution and data-parallel all-reduce (and the row-wise local sums).
+        plan's input-id distribution and data-parallel all-reduce (and the row-wise local sums), as
+        :meth:`evaluate` always does; without it, the pooled all-to-alls alone.
         """
         if len(dim_sums) != self.ndevices:
             raise ShardError(f"need {self.ndevices} dim sums, got {len(dim_sums)}")
@@ -1103,10 +1110,10 @@ class PlanEvaluator:
         shards = self._check_shards(shards)
         known = dict(compute or {})
         costs_c: dict[int, ComputeCost] = {}
-        # Row-wise / data-parallel pieces (shardcore.plan.ShardPiece): the exchange gains the pieces'
-        # collectives (a cache layer keeps neither such shards nor their plans: see has_pieces).
+        # The step's exchanges (shardcore.shardings.comm_layout): every model-parallel table's input
+        # ids, the pooled outputs (with row-wise partials), the data-parallel all-reduce.
         layout = None
-        if any(map(has_pieces, shards)):
+        if self.ndevices > 1:
             from .shardings import comm_layout
 
             layout = comm_layout(self.dataset, shards, self.batch_size)

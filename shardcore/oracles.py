@@ -5,11 +5,13 @@
   devices than the machine has GPUs).
 - ``emulated:h200``: an NVIDIA H200 emulated from real measurements (:class:`EmulatedOracle`):
   each shard's forward and backward compute from :mod:`shardcore.emulator`'s model fitted on the
-  shipped H200 shard measurements (``data/gpu_measurements/``), the exchanges from the analytic
+  shipped H200 shard measurements (``data/gpu_measurements/``), a device's model-parallel pieces
+  as one kernel at the batch and its data-parallel replicas as another at its batch slice
+  (:func:`~shardcore.emulator.predict_devices`); the exchanges from the analytic
   :class:`~shardcore.commmodel.CommModel`: the pooled all-to-all (without data-parallel replicas,
-  which send nothing), a row-wise table's id all-to-all (forward, ids expected from the tables'
-  pooling factors) and a data-parallel table's gradient all-reduce (backward), as the measured
-  evaluator runs them, at the same bandwidth and latency
+  which send nothing), every model-parallel table's input-id all-to-all (forward, ids expected from
+  the tables' pooling factors) and a data-parallel table's gradient all-reduce (backward), as the
+  measured evaluator runs them, at the same bandwidth and latency
   (:meth:`~shardcore.commmodel.CommModel.exchange_ms`). **Held out** (the default, ``--emulator-fit
   heldout``): the compute model that judges a plan is the emulator refitted without every measured
   shard that holds one of the plan's tables (:func:`shardcore.emulator.heldout_model`), so a judge
@@ -243,12 +245,15 @@ class EmulatedOracle:
 
     def measure_shards(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None, *,
                        judged: Sequence[TableConfig] | None = None) -> list[ComputeCost]:
-        """Each shard's (fw, bw) compute; the held-out fit is the one without the tables of ``judged``
+        """Each device's (fw, bw) compute; the held-out fit is the one without the tables of ``judged``
         (default: every table of ``shards``)."""
+        from .emulator import predict_devices
+
         shards = [self._check(s, f"shard {k}") for k, s in enumerate(shards)]
-        cv = None if self.length_cv is None else [[self.length_cv[t.index] for t in s] for s in shards]
+        cv_of = None if self.length_cv is None else (lambda t: self.length_cv[t.index])
         model = self.compute_model([t for s in shards for t in s] if judged is None else judged)
-        pred = model.predict_many(shards, self.batch_size, length_cv=cv)
+        # a device's model-parallel pieces at the batch, its data-parallel replicas at its slice
+        pred = predict_devices(model, shards, self.batch_size, cv_of)
         return [ComputeCost(float(fw), float(bw)) for fw, bw in pred]
 
     def measure_shard(self, tables: Sequence[TableConfig], no_cache: bool | None = None) -> ComputeCost:
@@ -258,7 +263,7 @@ class EmulatedOracle:
                      id_widths: Sequence[float] | None = None, allreduce: Sequence[float] | None = None):
         """Per device ``(fw_ms, bw_ms)`` of the pooled all-to-all of ``dim_sums`` and the split sizes;
         ``id_widths`` / ``allreduce`` (per device, :func:`~shardcore.commmodel.id_width` and
-        :func:`~shardcore.commmodel.allreduce_bytes` sums) add a plan's row-wise id all-to-all
+        :func:`~shardcore.commmodel.allreduce_bytes` sums) add a plan's input-id all-to-all
         (forward) and data-parallel all-reduce (backward)."""
         from .evaluator import comm_splits
 

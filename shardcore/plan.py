@@ -11,6 +11,12 @@ Four sharding types (the moves of production planners such as TorchRec's):
   ``devices[j]``; a device looks up only the batch's indices that fall in its range;
 * ``data_parallel`` (DP): a full replica on every device, each looking up its own slice of the batch.
 
+What a device computes is :func:`device_kernels`: its model-parallel pieces (TW, CW, RW) fused in
+one kernel over the whole batch ``B``, and its data-parallel replicas in a second kernel over its
+batch slice only (``B_d`` samples, :func:`batch_slices`), as a training step runs them (a replica's
+pooled outputs are its own samples', never exchanged). Every oracle and cost model prices a
+device's compute as these kernels.
+
 A plan expands into **pieces** (:class:`ShardPiece`, a :class:`~shardcore.tables.TableConfig` with
 the rows and dim the device holds, and for RW the row range, for DP the batch slice); ``allocation``
 then gives the device of every piece, ``shards`` the pieces per device. Memory per device counts
@@ -70,9 +76,11 @@ class ShardPiece(TableConfig):
 
     ``kind``: ``table_wise``/``column_wise`` (the whole batch's lookups of the table),
     ``row_wise`` (rows ``row_start .. row_start + row - 1`` of a table of ``full_row`` rows: only the
-    batch's indices in that range, shifted to start at 0) or ``data_parallel`` (the lookups of batch
-    slice ``batch_part = (j, n)``: slice ``j`` of the batch split evenly over ``n`` devices, the
-    first ``B mod n`` taking one more sample; the other samples' bags are empty).
+    batch's indices in that range, shifted to start at 0; its ``pooling_factor`` the table's times
+    the row share, an estimate) or ``data_parallel`` (the lookups of batch slice ``batch_part =
+    (j, n)``: slice ``j`` of the batch split evenly over ``n`` devices, the first ``B mod n`` taking
+    one more sample (:func:`batch_slices`), looked up in its own kernel over those samples only
+    (:func:`device_kernels`); its ``pooling_factor`` is the table's, per sample of the slice).
     """
 
     kind: str = TABLE_WISE
@@ -89,6 +97,36 @@ class ShardPiece(TableConfig):
     def key(self) -> tuple:
         return (int(self.index), int(self.row), int(self.dim), self.kind, int(self.row_start),
                 int(self.full_row), tuple(self.batch_part) if self.batch_part else None)
+
+
+def batch_slices(batch_size: int, ndevices: int) -> list[int]:
+    """Samples per device: ``B`` split evenly, the first ``B mod n`` devices taking one more."""
+    base, rem = divmod(int(batch_size), int(ndevices))
+    return [base + (1 if j < rem else 0) for j in range(ndevices)]
+
+
+def local_batch(t: TableConfig, batch_size: int) -> int:
+    """The samples a piece is looked up for: a data-parallel replica's batch slice, else the batch."""
+    part = getattr(t, "batch_part", None)
+    if getattr(t, "kind", None) == DATA_PARALLEL and part is not None:
+        j, n = part
+        return batch_slices(batch_size, n)[j]
+    return int(batch_size)
+
+
+def device_kernels(shard: Sequence[TableConfig], batch_size: int) -> list[tuple[int, list[TableConfig]]]:
+    """The fused kernels a device runs for its pieces, as ``(batch, pieces)``: its model-parallel
+    pieces (table-wise, column-wise, row-wise) in one kernel over the whole batch, then its
+    data-parallel replicas in another over the device's batch slice (one per distinct slice, normally
+    one). Empty kernels are left out, so a shard of whole tables is one kernel at ``batch_size``."""
+    mp = [t for t in shard if getattr(t, "kind", None) != DATA_PARALLEL]
+    out = [(int(batch_size), mp)] if mp else []
+    dp: dict = {}
+    for t in shard:
+        if getattr(t, "kind", None) == DATA_PARALLEL:
+            dp.setdefault(tuple(t.batch_part) if t.batch_part else None, []).append(t)
+    out.extend((local_batch(ts[0], batch_size), ts) for ts in dp.values())
+    return out
 
 
 def has_pieces(shard: Sequence[TableConfig]) -> bool:
@@ -165,7 +203,8 @@ class Sharding:
                 start += rows
             return out
         n = ndevices
-        return [(int(d), ShardPiece(table.index, table.row, table.dim, table.pooling_factor / n, table.bins,
+        # a replica's own kernel runs over its batch slice: the table's lookups per sample
+        return [(int(d), ShardPiece(table.index, table.row, table.dim, table.pooling_factor, table.bins,
                                     kind=DATA_PARALLEL, full_row=table.row, batch_part=(int(d), n)))
                 for d in sorted(self.devices)]
 

@@ -6,15 +6,19 @@ or plain tables). Per piece, :func:`piece_lookups` cuts the batch's lookups from
 * table-wise / column-wise: the table's whole batch (a column block has the table's lookups);
 * row-wise: only the indices in the piece's row range, shifted to start at 0, with the per-sample
   offsets rebuilt (a sample with no index in the range is an empty bag);
-* data-parallel: only the samples of the device's batch slice (the other bags empty), so the
-  piece's pooled output is its slice's rows.
+* data-parallel: only the samples of the device's batch slice (``B_d`` bags), looked up in a kernel
+  of their own over that slice (:func:`shardcore.plan.device_kernels`), so the piece's pooled
+  output is its slice's rows.
 
-Per plan, :func:`comm_layout` gives what the communication phase exchanges besides today's
-all-to-all of pooled outputs (whose per-device widths now include the row-wise partial sums):
+Per plan, :func:`comm_layout` gives what the communication phase exchanges besides the all-to-all
+of pooled outputs (whose per-device widths include the row-wise partial sums); it is the convention
+of :mod:`shardcore.commmodel`, with the ids counted from ``data.pt`` instead of expected:
 
-* **row-wise input distribution**: every device holds the ids of its batch slice; it sends each
-  row-wise holder the ids of its slice that fall in that holder's range, plus one length per sample
-  (to rebuild the offsets): an all-to-all of int64 with split sizes counted from ``data.pt``;
+* **input distribution**: every device holds the ids of its batch slice; it sends every holder of a
+  model-parallel piece the ids of its slice the piece looks up, plus one length per sample (to
+  rebuild the offsets): a table-wise table's holder and every column block's holder all the table's
+  ids of the slice, a row-wise holder those in its range; an all-to-all of int64 with split sizes
+  counted from ``data.pt`` (:func:`slice_id_counts`). A data-parallel replica's ids stay home;
 * **row-wise output**: each holder's partial sums ``[B, dim]`` go out in the pooled-output
   all-to-all (device ``j`` receives ``[B_j, dim]`` from every holder) and are summed at ``j``
   (the all-to-all plus local sum that a reduce-scatter does; one all-to-all serves every backend and
@@ -48,7 +52,8 @@ def _raw(dataset, t: TableConfig, b: int, full_row: int) -> tuple[torch.Tensor, 
 
 
 def piece_lookups(dataset, t: TableConfig, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The piece's indices (int64, local to the piece's rows) and offsets ``[b + 1]`` over them."""
+    """The piece's indices (int64, local to the piece's rows) and offsets over them: ``[b + 1]``
+    for a batch of ``b``, a data-parallel replica's ``[B_d + 1]`` over its slice of that batch."""
     if not isinstance(t, ShardPiece) or not t.special:
         return _raw(dataset, t, b, t.row)
     idx, off = _raw(dataset, t, b, t.full_row or t.row)
@@ -67,8 +72,7 @@ def piece_lookups(dataset, t: TableConfig, b: int) -> tuple[torch.Tensor, torch.
         s0 = sum(sl[:j])
         s1 = s0 + sl[j]
         a, z = int(off[s0]), int(off[s1])
-        new_off = torch.clamp(off - a, 0, z - a)
-        return idx[a:z].contiguous(), new_off
+        return idx[a:z].contiguous(), (off[s0:s1 + 1] - a).contiguous()
     raise ShardError(f"unknown piece kind {t.kind!r}")
 
 
@@ -86,12 +90,30 @@ def rw_counts(dataset, t: ShardPiece, b: int, ndevices: int) -> list[int]:
     return out
 
 
+def slice_id_counts(dataset, t: TableConfig, b: int, ndevices: int) -> list[int]:
+    """Per batch slice ``j`` (of ``ndevices``): how many ids of the slice the piece's holder receives
+    (a table-wise table or column block: all the table's; a row-wise block: those in its rows; a
+    data-parallel replica: none)."""
+    kind = getattr(t, "kind", None)
+    if kind == DATA_PARALLEL:
+        return [0] * ndevices
+    if kind == ROW_WISE:
+        return rw_counts(dataset, t, b, ndevices)
+    off = dataset.offsets[t.index][: b + 1].to(torch.int64)
+    out, s = [], 0
+    for n in batch_slices(b, ndevices):
+        out.append(int(off[s + n] - off[s]))
+        s += n
+    return out
+
+
 @dataclass
 class CommLayout:
     """What a plan's communication phase exchanges (all sizes in elements)."""
 
     dim_sums: list[int]                            # per device: width of its pooled outputs (TW, CW, RW)
     ids_send: list[list[int]] = field(default_factory=list)   # [j][s]: int64 ids (+ lengths) j sends s
+    # (every model-parallel piece's; j == s: the ids a device keeps, not sent)
     allreduce: list[int] = field(default_factory=list)        # per device: DP gradient elements
     rw_sums: list[list[tuple[int, int, int]]] = field(default_factory=list)
     # one entry per row-wise table: its partials as (source device, column offset in that device's
@@ -114,6 +136,7 @@ def comm_layout(dataset, shards: Sequence[Sequence[TableConfig]], batch_size: in
     ids = [[0] * n for _ in range(n)]
     allreduce = [0] * n
     groups: dict[tuple, list[tuple[int, int, int]]] = {}
+    whole: dict[int, list[int]] = {}     # a whole table's ids per slice (table-wise, column blocks)
     for d, shard in enumerate(shards):
         col = 0
         for t in shard:
@@ -121,8 +144,14 @@ def comm_layout(dataset, shards: Sequence[Sequence[TableConfig]], batch_size: in
                 allreduce[d] += int(t.row) * int(t.dim)
                 continue
             if isinstance(t, ShardPiece) and t.kind == ROW_WISE:
-                for j, c in enumerate(rw_counts(dataset, t, batch_size, n)):
-                    ids[j][d] += c + slices[j]
+                counts = slice_id_counts(dataset, t, batch_size, n)
+            else:
+                if t.index not in whole:
+                    whole[t.index] = slice_id_counts(dataset, t, batch_size, n)
+                counts = whole[t.index]
+            for j, c in enumerate(counts):      # slice j's ids of the piece, plus one length a sample
+                ids[j][d] += c + slices[j]
+            if isinstance(t, ShardPiece) and t.kind == ROW_WISE:
                 # a table's row blocks: same table, rows and dim, consecutive ranges
                 key = (t.index, t.full_row, t.dim)
                 groups.setdefault(key, []).append((d, col, int(t.dim)))

@@ -1,14 +1,17 @@
 """The planner's cost model: a whole plan's per-device costs (ms), for every sharding type.
 
 A device's cost is what the oracles report (:mod:`shardcore.oracles`): forward + backward compute
-of its pieces as one fused shard, plus its forward and backward exchanges.
+of its kernels, plus its forward and backward exchanges.
 
 **Compute.** One shard's ``(fw_ms, bw_ms)`` from the features of :mod:`shardcore.emulator` (lookups,
 distinct rows, estimated DRAM traffic, bag-length dispersion, outputs, table count, the shard's
 widest table and its row count...), linear with non-negative weights. A piece is a table with the
 rows, dim and pooling factor it holds (:meth:`shardcore.plan.Sharding.pieces`: a row-wise block the
-lookups in proportion to its rows, a data-parallel replica its batch slice's), so the same features
-cover every type. The weights come from
+lookups in proportion to its rows), so the same features cover every type. A device runs two
+kernels (:func:`shardcore.plan.device_kernels`): its model-parallel pieces fused over the batch and
+its data-parallel replicas fused over its batch slice, each predicted at its batch and summed
+(:func:`shardcore.emulator.predict_devices`, the emulated oracle's own function). The weights come
+from
 
 * ``emulated:h200``: the emulator itself (the oracle's own compute model: exact by construction);
 * ``measured``: a fit on this machine's shard measurements (the measurement cache's
@@ -16,16 +19,15 @@ cover every type. The weights come from
   made by :func:`fit_cost_model` (``tools/fit_shardkit_model.py``) with the emulator's fitting code.
 
 **Communication.** ``latency + max(bytes sent, bytes received) / bandwidth`` per phase, priced by
-:meth:`shardcore.commmodel.CommModel.exchange_ms` (the one place, shared with the emulated oracle):
-the emulated oracle's analytic model with the same constants, or on the CPU a fit of the measured
-all-to-alls (the cache's plan measurements). A data-parallel table sends no pooled outputs
-(:func:`~shardcore.commmodel.pooled_width`); its gradient all-reduce (``2 (n-1)/n x rows x dim x
-bytes``, :func:`~shardcore.commmodel.allreduce_bytes`) is one more collective. On the emulated
-landscape a row-wise table's id all-to-all is priced as the oracle prices it (per device the expected
-ids it sends and receives, 8 bytes each plus one length per sample, :func:`~shardcore.commmodel.id_width`),
-so the model is the oracle exactly. On the measured landscape the id exchange is approximated per
-holder (``8 x (n-1)/n x (B x pooling factor + B)`` bytes, in one collective with the all-reduce), at
-the fitted bandwidth.
+:meth:`shardcore.commmodel.CommModel.exchange_ms` (the one place, shared with the emulated oracle)
+with the convention every oracle uses: the pooled all-to-all both ways (a data-parallel table sends
+no pooled outputs, :func:`~shardcore.commmodel.pooled_width`), forward the input-id all-to-all of
+every model-parallel piece (per device the expected ids it sends and receives, 8 bytes each plus
+one length per sample, :func:`~shardcore.commmodel.id_width`), backward the data-parallel gradient
+all-reduce (``2 (n-1)/n x rows x dim x bytes``, :func:`~shardcore.commmodel.allreduce_bytes`), one
+latency each. The constants are the emulated oracle's analytic ones (so on that landscape the model
+is the oracle exactly), or on the CPU a fit of the measured pooled all-to-alls (the cache's plan
+measurements, backward phase: the pooled exchange alone).
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ import numpy as np
 
 from shardcore.commmodel import (CommModel, allreduce_bytes, fit_comm_model, id_width as piece_id_width,
                                  pooled_width, remote_bytes)
-from shardcore.emulator import DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, shard_features, table_arrays
+from shardcore.emulator import (DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, predict_devices,
+                                shard_features, table_arrays)
 from shardcore.errors import ShardError
 from shardcore.io import atomic_open
-from shardcore.plan import ROW_WISE, Plan, ShardPiece
+from shardcore.plan import Plan
 from shardcore.tables import TableConfig
 
 FORMAT = "shardkit-planner-cost-1"
@@ -80,7 +83,7 @@ class CostModel:
     compute: GpuComputeModel
     comm: CommModel
     batch_size: int
-    landscape: str = EMULATED          # how the row-wise id exchange is priced (see the module notes)
+    landscape: str = EMULATED          # which landscape the weights and constants describe
     length_cv: list[float] | None = None
     precision: str = "fp16"
     source: str = ""
@@ -107,8 +110,7 @@ class CostModel:
         shards = [list(s) for s in shards]
         if not shards:
             return np.zeros(0)
-        cv = [[self._cv(t) for t in s] for s in shards]
-        pred = self.compute.predict_many(shards, self.batch_size, length_cv=cv)
+        pred = predict_devices(self.compute, shards, self.batch_size, self._cv)
         return pred[:, 0] + pred[:, 1]
 
     # -- communication ---------------------------------------------------------------------------
@@ -117,21 +119,18 @@ class CostModel:
         return pooled_width(t)
 
     def id_width(self, t: TableConfig) -> float:
-        """int64 elements per sample a piece adds to its device's row-wise id all-to-all (the emulated
-        landscape: as the oracle prices it; the measured one counts it in :meth:`extra_bytes`)."""
-        return 0.0 if self.landscape == MEASURED else piece_id_width(t)
+        """int64 elements per sample a piece adds to its device's input-id all-to-all
+        (:func:`~shardcore.commmodel.id_width`, as every oracle prices it)."""
+        return piece_id_width(t)
 
     def extra_bytes(self, t: TableConfig, ndevices: int) -> float:
-        """Bytes of a piece's own collective on its device: a data-parallel replica's all-reduce, and
-        on the measured landscape a row-wise holder's approximate id exchange."""
-        if self.landscape == MEASURED and isinstance(t, ShardPiece) and t.kind == ROW_WISE and ndevices >= 2:
-            share = (ndevices - 1) / ndevices
-            return 8.0 * share * (self.batch_size * t.pooling_factor + self.batch_size)
+        """Bytes of a piece's own backward collective on its device: a data-parallel replica's
+        all-reduce (:func:`~shardcore.commmodel.allreduce_bytes`)."""
         return allreduce_bytes(t, ndevices, self.precision)
 
     def comm_costs(self, dim_sums, extra=None, ids=None) -> np.ndarray:
         """fw + bw exchange (ms) per device (the last axis: devices; leading axes: candidate plans),
-        from the pooled widths, the extra collective's bytes and the row-wise id widths."""
+        from the pooled widths, the extra collective's bytes and the input-id widths."""
         fw, bw = self.comm.exchange_ms(dim_sums, self.batch_size, ids, extra)
         return fw + bw
 
@@ -201,7 +200,8 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
 
     Only shards whose tables are whole-row (table- or column-wise pieces) and none of whose tables is
     in ``exclude_tables`` (e.g. the test tables) are used. The exchange is fitted on the cache's plan
-    measurements (per device: max(bytes sent, received) and its measured fw and bw times); with fewer
+    measurements (per device: max(bytes sent, received) of the pooled outputs and its measured
+    backward exchange, the pooled all-to-all alone); with fewer
     than two sizes, ``comm_fallback`` (or an error) is used."""
     from shardcore.cache import dataset_digest
 
@@ -239,9 +239,11 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
     samples = []
     for p in cache.plan_entries(hardware=hardware, dataset=digest, batch_size=batch_size, precision=precision,
                                 optimizer=optimizer):
+        # the backward exchange of a stored plan (table- and column-wise only) is the pooled all-to-all
+        # alone; the forward adds the id all-to-all, priced from the same fitted constants
         dims = [sum(int(d) for _i, _r, d in s) for s in p.shards]
         for (sent, recv), costs in zip(remote_bytes(dims, batch_size), p.device_costs_ms):
-            samples.append((max(sent, recv), 0.5 * (float(costs[1]) + float(costs[2]))))
+            samples.append((max(sent, recv), float(costs[2])))
     try:
         comm = fit_comm_model(samples, link="measured all-to-all (this machine)")
         comm_src = f"{len(samples)} measured exchanges"

@@ -1,7 +1,7 @@
 """Local search over the whole plan space, guided by a :class:`~shardkit_planner.costmodel.CostModel`.
 
 **State**: one :class:`~shardcore.plan.Sharding` per task table; each device's pieces, memory,
-compute cost, pooled width, row-wise id width and extra collective bytes are kept up to date.
+compute cost, pooled width, input-id width and extra collective bytes are kept up to date.
 
 **Objective**: the plan's cost (the most expensive device) -- or, when the model knows its own error
 (:meth:`~shardkit_planner.costmodel.CostModel.error_draws`), the *expected* most expensive device with

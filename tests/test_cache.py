@@ -31,6 +31,31 @@ def test_shard_roundtrip_and_order_insensitive(tmp_path):
     assert cache.get_shard(CTX, T[:2]) is None
 
 
+def test_a_plan_of_an_older_cost_convention_is_neither_answered_nor_listed(tmp_path):
+    """Plans measured before every table's ids were exchanged (stored under the old key) must not
+    stand for today's: get_plan misses them and plan_entries skips them; shards stay valid."""
+    import json
+
+    from shardcore import cache as cache_mod
+
+    cache = CostCache(tmp_path / "c.sqlite")
+    shards = [T[:2], T[2:]]
+    cache.put_shard(CTX, T[:2], 1.0, 2.0)
+    cache.put_plan(CTX, shards, [[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert cache_mod.PLAN_CONVENTION == "exchange-2"
+    # the row as the previous code keyed it (kind "plan")
+    old_key = cache_mod._digest("plan", CTX, [shard_key(s) for s in shards])
+    with sqlite3.connect(tmp_path / "c.sqlite") as conn:
+        conn.execute("UPDATE plan_costs SET key = ?", (old_key,))
+    assert cache.counts() == {"shards": 1, "plans": 1}
+    assert cache.get_plan(CTX, shards) is None and cache.plan_entries(CTX) == []
+    assert cache.get_shard(CTX, T[:2]) == (1.0, 2.0)
+    cache.put_plan(CTX, shards, [[1, 1, 1, 1], [1, 1, 1, 1]])      # measured afresh: listed again
+    assert cache.get_plan(CTX, shards) == [[1.0] * 4] * 2
+    assert [json.loads(json.dumps(e.device_costs_ms)) for e in cache.plan_entries(CTX)] == [[[1.0] * 4] * 2]
+    assert len(cache.plan_entries(CTX, limit=1)) == 1
+
+
 @pytest.mark.parametrize("field,value", [("hardware", "other-gpu"), ("dataset", "ffff"), ("batch_size", 1024),
                                          ("optimizer", "exact_adagrad"), ("precision", "fp32")])
 def test_setting_is_part_of_the_key(tmp_path, field, value):

@@ -118,6 +118,41 @@ def test_all_to_all_moves_the_right_bytes(ev, data):
     assert res.comm[1].bytes_sent("fw") == 0 and res.comm[1].bytes_received("fw") > 0
 
 
+def test_every_table_ids_travel_in_the_measured_forward(ev, data, monkeypatch):
+    """A table-wise plan's forward exchange runs the input-id all-to-all: every device sends each
+    table's holder its batch slice's ids of the table (this dataset: a fixed count per sample) plus
+    one length per sample, counted from data.pt; the workers report the split sizes they ran."""
+    _, t = data
+    shards = [[t[0], t[3]], [], [t[5], t[6], t[7]]]
+    replies = []
+    inner = ev.oracle
+    request = inner._request
+
+    def spy(ranks, make_msg, phase):
+        rep = request(ranks, make_msg, phase)
+        if phase == "comm":
+            replies.append(rep)
+        return rep
+
+    monkeypatch.setattr(inner, "_request", spy)
+    res = ev.evaluate(shards, no_cache=True)
+    assert len(replies) == 1
+    bs = batch_slices(B, 3)
+    width = [sum(int(x.pooling_factor) + 1 for x in s) for s in shards]     # ids + one length, per sample
+    assert width == [(4 + 1) + (3 + 1), 0, (6 + 1) + (2 + 1) + (5 + 1)]
+    for d in range(3):
+        rep = replies[0][d]
+        assert rep["ids_send"] == [bs[d] * width[k] for k in range(3)]       # my slice's ids, to each holder
+        assert rep["ids_recv"] == [bs[j] * width[d] for j in range(3)]       # every slice's ids of my tables
+        fw_comm, bw_comm = res.device_costs_ms[d][1:3]
+        assert fw_comm > 0 and bw_comm > 0
+    # device 0 received 8 bytes per id from the two other slices: (333 + 333) x 9 elements
+    assert 8 * sum(replies[0][0]["ids_recv"][1:]) == 8 * 666 * 9
+    # the pooled outputs are unchanged by the id exchange
+    dims = [sum(x.dim for x in s) for s in shards]
+    assert all(sp == comm_splits(dims, B, d) for d, sp in enumerate(res.comm))
+
+
 def test_more_lookups_cost_more(ev, data):
     _, t = data
     res = ev.evaluate([[t[0]], [t[1]], []], no_cache=True)   # t[1]: 10x the lookups of t[0]

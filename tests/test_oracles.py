@@ -271,74 +271,125 @@ def _hot_task(tables):
     return task
 
 
-def test_emulated_row_wise_table_pays_its_expected_id_exchange(tiny):
-    """A row-wise table's forward adds an int64 all-to-all of the ids each device's batch slice sends
-    every holder (the piece's expected ids, the table's pooling factor x its row share, plus one
-    length per sample); its pooled partials travel both ways as a table-wise table's outputs do."""
-    from shardcore.commmodel import CommModel, batch_slices
+def _slices(B, n):
+    base, rem = divmod(B, n)
+    return [base + (1 if j < rem else 0) for j in range(n)]
+
+
+def _hand_ids(task, shardings, n, B):
+    """``ids[j][k]``: int64 elements batch slice ``j`` sends device ``k``, counted by hand from the
+    convention: a table-wise holder and every column block's holder get all the table's expected ids
+    (pooling factor per sample), a row-wise block's holder those in its rows (pooling factor x row
+    share), each plus one length per sample; a data-parallel replica nothing."""
+    from shardcore.plan import row_blocks
+
+    sl = _slices(B, n)
+    ids = [[0.0] * n for _ in range(n)]
+    for t, s in zip(task, shardings):
+        if s.type == "table_wise":
+            holders = [(s.devices[0], t.pooling_factor)]
+        elif s.type == "column_wise":
+            holders = [(d, t.pooling_factor) for d in s.devices]
+        elif s.type == "row_wise":
+            holders = [(d, t.pooling_factor * r / t.row) for d, r in zip(s.devices, row_blocks(t.row, len(s.devices)))]
+        else:
+            holders = []
+        for k, pf in holders:
+            for j in range(n):
+                ids[j][k] += sl[j] * pf + sl[j]
+    return ids
+
+
+def _id_ms(model, ids, d):
+    n = len(ids)
+    sent = 8 * sum(ids[d][k] for k in range(n) if k != d)
+    recv = 8 * sum(ids[j][d] for j in range(n) if j != d)
+    return model.latency_us * 1e-3 + max(sent, recv) / (model.bandwidth_gbps * 1e9) * 1e3
+
+
+def test_emulated_ids_travel_for_every_model_parallel_table(tiny):
+    """Every table's input ids travel from the device that read the sample to the device(s) holding
+    its rows: the forward adds one int64 all-to-all, counted here by hand for a table-wise, a
+    column-wise, a row-wise and a data-parallel plan; the pooled outputs travel both ways as before."""
+    from shardcore.commmodel import CommModel
     from shardcore.evaluator import _model_extra
-    from shardcore.plan import Plan, row_blocks, row_wise, table_wise
+    from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise
     from shardcore.shardings import CommLayout
 
     path, tables = tiny
     task = _hot_task(tables)
     hot = task[0]
-    n, B = 3, 64
+    n, B = 3, 64                              # uneven slices: 22, 21, 21
     model = CommModel(bandwidth_gbps=50.0, latency_us=10.0)
     emu = EmulatedOracle(path, n, comm_model=model)
     rest = [table_wise(2), table_wise(1), table_wise(0)]
-    tw = emu.evaluate(Plan.from_shardings(task, [table_wise(0)] + rest, n).shard_tables(task))
-    rw_plan = Plan.from_shardings(task, [row_wise([0, 1, 2])] + rest, n)
-    rw = emu.evaluate(rw_plan.shard_tables(task))
-    # table-wise: the pooled exchange only, the same both ways
-    assert all(d[1] == d[2] for d in tw.device_costs_ms)
-    # row-wise: the backward is the pooled exchange with the partials' width on every holder ...
-    dims = [sum(t.dim for t in s) for s in rw_plan.shard_tables(task)]
-    assert dims[1] == task[1].dim + hot.dim
-    for d, (fw, bw) in enumerate(model.predict(dims, B)):
-        assert rw.device_costs_ms[d][2] == pytest.approx(bw, rel=1e-12)
-    # ... and the forward adds exactly the id all-to-all, counted by hand: holder k's block of rows
-    # gets slice j's expected ids (B_j x pooling factor x rows_k / rows) plus B_j lengths, 8 bytes each
-    slices = batch_slices(B, n)
-    blocks = row_blocks(hot.row, n)
-    ids = [[slices[j] * hot.pooling_factor * blocks[k] / hot.row + slices[j] for k in range(n)] for j in range(n)]
-    for d in range(n):
-        sent = 8 * sum(ids[d][k] for k in range(n) if k != d)
-        recv = 8 * sum(ids[j][d] for j in range(n) if j != d)
-        expect = model.latency_us * 1e-3 + max(sent, recv) / (model.bandwidth_gbps * 1e9) * 1e3
-        fw, bw = rw.device_costs_ms[d][1:3]
-        assert fw - bw == pytest.approx(expect, rel=1e-9) and expect > model.latency_us * 1e-3
-    assert all(r[1] > t[1] for r, t in zip(rw.device_costs_ms, tw.device_costs_ms))
-    # the same as the measured evaluator's modelled exchange given those counts (shardings.comm_layout's form)
-    layout = CommLayout(dims, ids_send=ids, allreduce=[0] * n)
-    times = _model_extra(model, model.predict(dims, B), layout, "fp16")
-    for d in range(n):
-        assert rw.device_costs_ms[d][1:3] == pytest.approx(list(times[d]), rel=1e-9)
-    assert "row-wise id all-to-all" in rw.parts["comm"] and "data-parallel" in rw.parts["comm"]
-    assert rw.parts["comm"].startswith("modelled (analytic")
+    plans = {"tw": [table_wise(0)] + rest, "cw": [column_wise([(0, 4), (2, hot.dim - 4)])] + rest,
+             "rw": [row_wise([0, 1, 2])] + rest, "dp": [data_parallel(n)] + rest}
+    res = {}
+    for name, shardings in plans.items():
+        plan = Plan.from_shardings(task, shardings, n)
+        shards = plan.shard_tables(task)
+        r = res[name] = emu.evaluate(shards)
+        dims = [sum(0 if getattr(t, "kind", None) == "data_parallel" else t.dim for t in s) for s in shards]
+        ids = _hand_ids(task, shardings, n, B)
+        pooled = model.predict(dims, B)
+        for d in range(n):
+            fw, bw = r.device_costs_ms[d][1:3]
+            # the forward is the pooled exchange plus exactly the hand-counted id all-to-all
+            assert fw - pooled[d][0] == pytest.approx(_id_ms(model, ids, d), rel=1e-9)
+            if name != "dp":        # no all-reduce: the backward is the pooled exchange alone
+                assert bw == pytest.approx(pooled[d][1], rel=1e-12)
+        # the measured evaluator's modelled exchange (oversubscribed), given those counts, is the same
+        times = _model_extra(model, pooled, CommLayout(dims, ids_send=ids, allreduce=[0] * n), "fp16")
+        for d in range(n):
+            assert r.device_costs_ms[d][1] == pytest.approx(times[d][0], rel=1e-9)
+    # a table-wise holder receives the table's ids from the two other slices: device 0 holds two tables
+    ids = _hand_ids(task, plans["tw"], n, B)
+    assert ids[1][0] == pytest.approx(21 * (hot.pooling_factor + 1) + 21 * (task[3].pooling_factor + 1))
+    # column blocks each receive all ids: more id traffic than table-wise; row blocks share them out
+    assert res["cw"].device_costs_ms[2][1] > res["tw"].device_costs_ms[2][1]
+    # the row-wise partials widen every holder's pooled exchange: its backward is that of the dims
+    rw_dims = [sum(t.dim for t in s) for s in Plan.from_shardings(task, plans["rw"], n).shard_tables(task)]
+    assert rw_dims[1] == task[1].dim + hot.dim
+    assert "input-id all-to-all" in res["rw"].parts["comm"] and "data-parallel" in res["rw"].parts["comm"]
+    assert res["rw"].parts["comm"].startswith("modelled (analytic")
 
 
 def test_emulated_data_parallel_table_adds_its_all_reduce_and_sends_no_outputs(tiny):
+    """A replica sends no pooled outputs and no ids; it adds the gradient all-reduce (backward), and its
+    compute is a kernel of its own over the device's batch slice, with the table's pooling factor."""
     from shardcore.commmodel import CommModel
     from shardcore.plan import Plan, data_parallel, table_wise
 
     path, tables = tiny
     task = _hot_task(tables)
     small = task[0]
-    n = 3
+    n, B = 3, 64
     model = CommModel()
     emu = EmulatedOracle(path, n, comm_model=model)
     rest = [table_wise(2), table_wise(1), table_wise(0)]
-    dp = emu.evaluate(Plan.from_shardings(task, [data_parallel(n)] + rest, n).shard_tables(task))
+    dp_plan = Plan.from_shardings(task, [data_parallel(n)] + rest, n)
+    dp = emu.evaluate(dp_plan.shard_tables(task))
     without = emu.evaluate(Plan.from_shardings(task[1:], rest, n).shard_tables(task[1:]))
     ring = 2 * (n - 1) / n * small.row * small.dim * 2          # fp16 gradient, ring all-reduce
     expect = model.latency_us * 1e-3 + ring / (model.bandwidth_gbps * 1e9) * 1e3
     for d in range(n):
         fw, bw = dp.device_costs_ms[d][1:3]
-        # its pooled dims are not exchanged: the forward is the plan's without the table
+        # neither its pooled dims nor its ids are exchanged: the forward is the plan's without the table
         assert fw == pytest.approx(without.device_costs_ms[d][1], rel=1e-12)
-        assert bw - fw == pytest.approx(expect, rel=1e-9)
+        assert bw - without.device_costs_ms[d][2] == pytest.approx(expect, rel=1e-9)
     assert dp.comm[0].fw_send == without.comm[0].fw_send
+    # compute: the device's whole tables at the batch, plus the replica alone at the device's slice
+    cv = emu.length_cv
+    for d, (shard, slice_d) in enumerate(zip(dp_plan.shard_tables(task), _slices(B, n))):
+        rep = [p for p in shard if getattr(p, "kind", None) == "data_parallel"]
+        whole = [p for p in shard if getattr(p, "kind", None) != "data_parallel"]
+        assert len(rep) == 1 and rep[0].pooling_factor == small.pooling_factor and rep[0].batch_part == (d, n)
+        a = emu.model.predict(whole, B, [cv[t.index] for t in whole])
+        b = emu.model.predict([small], slice_d, [cv[small.index]])
+        assert dp.device_costs_ms[d][0] == pytest.approx(a[0] + b[0], rel=1e-12)
+        assert dp.device_costs_ms[d][3] == pytest.approx(a[1] + b[1], rel=1e-12)
+        assert b[0] < emu.model.predict([small], B, [cv[small.index]])[0]   # a slice costs less than the batch
     # one device: nothing to exchange
     one = EmulatedOracle(path, 1).evaluate(Plan.from_shardings(task, [data_parallel(1)] + [table_wise(0)] * 3, 1)
                                            .shard_tables(task))

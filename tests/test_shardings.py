@@ -65,15 +65,17 @@ def test_rw_cw_dp_pooled_outputs_equal_table_wise(data):
     assert [b.dim for b in blocks] == [4, 12]
     cw = torch.cat([_pooled(ds, [blocks[0]], [w[:, :4]]), _pooled(ds, [blocks[1]], [w[:, 4:]])], dim=1)
     torch.testing.assert_close(cw, tw, rtol=1e-5, atol=1e-5)
-    # data-parallel: every replica pools its own slice of the batch, together the whole batch
+    # data-parallel: every replica pools its own slice of the batch (only those bags), together the
+    # whole batch
     plan = Plan.from_shardings([t], [data_parallel(3)], 3)
     reps = plan.expand([t])
+    assert all(p.pooling_factor == t.pooling_factor for p in reps)   # its lookups per sample of its slice
     outs = [_pooled(ds, [p], [w]) for p in reps]
     start = 0
     for p, out in zip(reps, outs):
         n = len(range(*_slice(p.batch_part, B)))
-        torch.testing.assert_close(out[start:start + n], tw[start:start + n], rtol=1e-5, atol=1e-5)
-        assert float(out[:start].abs().sum()) == 0.0 and float(out[start + n:].abs().sum()) == 0.0
+        assert out.shape == (n, t.dim)
+        torch.testing.assert_close(out, tw[start:start + n], rtol=1e-5, atol=1e-5)
         start += n
     assert start == B
 
@@ -164,16 +166,72 @@ def test_bad_shardings_are_one_line_errors(obj, match):
 def test_comm_layout_counts_the_real_ids(data):
     path, tables = data
     ds = load_dataset(path)
-    task = [t for t in tables if t.pooling_factor > 0][:3]
-    plan = Plan.from_shardings(task, [row_wise([0, 1, 2]), data_parallel(3), table_wise(2)], 3)
+    task = [t for t in tables if t.pooling_factor > 0][:4]
+    task[3] = task[3].with_dim(16)
+    plan = Plan.from_shardings(task, [row_wise([0, 1, 2]), data_parallel(3), table_wise(2),
+                                      column_wise([(0, 8), (1, 8)])], 3)
     shards = plan.shard_tables(task)
     layout = comm_layout(ds, shards, B)
-    # ids sent: every id of the row-wise table once, plus a length per sample per holder
-    total_ids = int(piece_lookups(ds, task[0], B)[0].numel())
-    assert sum(map(sum, layout.ids_send)) == total_ids + 3 * B
+    # ids sent: every id of the row-wise table once, plus a length per sample per holder; the
+    # table-wise table's ids to its holder; every id of the column-wise table to each of its two
+    # blocks; none of the replica's
+    n_ids = [int(piece_lookups(ds, t, B)[0].numel()) for t in task]
+    assert sum(map(sum, layout.ids_send)) == (n_ids[0] + 3 * B) + (n_ids[2] + B) + 2 * (n_ids[3] + B)
+    # counted per slice (17, 17, 16 samples) from the offsets: what slice j sends the table-wise holder
+    sl = [17, 17, 16]
+    off = ds.offsets[task[2].index][: B + 1].to(torch.int64)
+    cuts = [0, 17, 34, 50]
+    tw_slice = [int(off[cuts[j + 1]] - off[cuts[j]]) for j in range(3)]
+    off3 = ds.offsets[task[3].index][: B + 1].to(torch.int64)
+    cw_slice = [int(off3[cuts[j + 1]] - off3[cuts[j]]) for j in range(3)]
+    rw_to = [[0] * 3 for _ in range(3)]
+    for k, p in enumerate(plan.expand(task)[:3]):          # the row blocks, on devices 0, 1, 2
+        idx, offs = piece_lookups(ds, p, B)
+        for j in range(3):
+            rw_to[j][k] = int(offs[cuts[j + 1]] - offs[cuts[j]])
+    for j in range(3):
+        assert layout.ids_send[j][2] == rw_to[j][2] + sl[j] + tw_slice[j] + sl[j]
+        assert layout.ids_send[j][0] == rw_to[j][0] + sl[j] + cw_slice[j] + sl[j]
+        assert layout.ids_send[j][1] == rw_to[j][1] + sl[j] + cw_slice[j] + sl[j]
     assert layout.allreduce == [task[1].row * task[1].dim] * 3
-    assert layout.dim_sums == [task[0].dim, task[0].dim, task[0].dim + task[2].dim]
+    assert layout.dim_sums == [task[0].dim + 8, task[0].dim + 8, task[0].dim + task[2].dim]
     assert [len(g) for g in layout.rw_sums] == [3]
+
+
+def test_a_device_runs_its_replicas_in_a_kernel_of_their_own_over_its_slice(data):
+    """device_kernels: whole tables / blocks / row blocks at the batch, replicas at the device's slice;
+    the measured runner builds one operator each, the replica's over its slice's bags only."""
+    from shardcore.benchmark import ShardRunner
+    from shardcore.plan import device_kernels
+
+    path, tables = data
+    ds = load_dataset(path)
+    task = [t for t in tables if t.pooling_factor > 0][:3]
+    plan = Plan.from_shardings(task, [table_wise(1), data_parallel(3), row_wise([1, 2])], 3)
+    shards = plan.shard_tables(task)
+    sl = [17, 17, 16]
+    for d, shard in enumerate(shards):
+        kernels = device_kernels(shard, B)
+        rep = [p for p in shard if getattr(p, "kind", None) == "data_parallel"]
+        assert kernels[-1] == (sl[d], rep)
+        assert [t for b, ts in kernels if b == B for t in ts] == [p for p in shard if p not in rep]
+    assert device_kernels([task[0]], B) == [(B, [task[0]])]             # whole tables: one kernel
+    runner = ShardRunner(ds, shards[2], batch_size=B)
+    try:
+        assert len(runner.kernels) == 2
+        outs = runner.forward()
+        assert [tuple(o.shape) for o in outs] == [(B, task[2].dim), (16, task[1].dim)]
+        assert [p.kind for p in shards[2]] == ["data_parallel", "row_wise"]   # the runner puts the row block first
+        assert int(runner.kernels[1][2].numel()) == 16 + 1                 # offsets over the slice's bags
+        off = ds.offsets[task[1].index]
+        slice_ids = int(off[B] - off[B - 16])
+        row_ids = int(piece_lookups(ds, shards[2][1], B)[0].numel())
+        assert runner.num_lookups == row_ids + slice_ids
+        runner.backward(outs)
+        fw, bw = runner.sample(0, 1)
+        assert fw[0] > 0 and bw[0] > 0
+    finally:
+        runner.close()
 
 
 def test_rw_dp_plan_measured_end_to_end_on_four_cpu_devices(data):

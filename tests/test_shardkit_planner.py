@@ -312,9 +312,86 @@ def test_eval_simulator_plans_with_shardkit(data, tmp_path, capsys, monkeypatch)
     capsys.readouterr()
 
 
+def test_emulated_model_is_the_oracle_on_every_type_and_device_count(data, model):
+    """Table- and column-wise plans too (their ids travel), on 2 and 3 devices (uneven slices: a
+    replica's kernel runs at its own slice): the model and the oracle are one computation."""
+    from shardcore.oracles import EmulatedOracle
+    from shardcore.plan import Plan
+
+    path, tables = data
+    task = [t for t in tables if t.dim % 8 == 0 and t.pooling_factor > 0][:6]
+    for n in (2, 3):
+        plans = [[table_wise(d % n) for d in range(6)],
+                 [column_wise([(0, task[0].dim // 2), (n - 1, task[0].dim // 2)])] + [table_wise(d % n) for d in range(5)],
+                 [row_wise(list(range(n)))] + [table_wise(d % n) for d in range(5)],
+                 [data_parallel(n), data_parallel(n)] + [table_wise(d % n) for d in range(4)],
+                 [data_parallel(n), row_wise([n - 1, 0]), column_wise([(1, 4), (0, task[2].dim - 4)])]
+                 + [table_wise(d % n) for d in range(3)]]
+        with EmulatedOracle(path, n) as emu:
+            for shardings in plans:
+                plan = Plan.from_shardings(task, shardings, n)
+                truth = [sum(d) for d in emu.evaluate(plan.shard_tables(task)).device_costs_ms]
+                np.testing.assert_allclose(model.device_costs(task, plan), truth, rtol=1e-12)
+                np.testing.assert_allclose(State(model, task, shardings, n, 10.0, "fp16").costs, truth, rtol=1e-12)
+    # the per-piece id widths the search keeps: a table's pooling factor + 1 length for a table-wise
+    # table and for every column block, its row share's for a row block, nothing for a replica
+    t = task[0]
+    tw = Plan.from_shardings([t], [table_wise(1)], 2).expand([t])
+    cw = Plan.from_shardings([t], [column_wise([(0, t.dim // 2), (1, t.dim // 2)])], 2).expand([t])
+    rw = Plan.from_shardings([t], [row_wise([0, 1])], 2).expand([t])
+    dp = Plan.from_shardings([t], [data_parallel(2)], 2).expand([t])
+    assert [model.id_width(p) for p in tw + cw] == [t.pooling_factor + 1] * 3
+    assert [model.id_width(p) for p in rw] == pytest.approx([t.pooling_factor * p.row / t.row + 1 for p in rw])
+    assert [model.id_width(p) for p in dp] == [0.0, 0.0] and [model.pooled_dim(p) for p in dp] == [0, 0]
+
+
+def test_measured_model_prices_ids_as_the_oracles_do_at_its_fitted_constants(data, tmp_path):
+    """On the measured landscape the exchange is fitted on the stored plans' backward (the pooled
+    all-to-all alone: the forward also carries the ids), and the ids are priced by the same convention
+    (commmodel.id_width), no longer a row-wise-only approximation folded into the all-reduce."""
+    from shardcore.cache import CacheContext, CostCache, dataset_digest
+    from shardcore.commmodel import CommModel, id_width, remote_bytes
+    from shardcore.dataset import load_dataset
+    from shardcore.plan import Plan
+    from shardkit_planner.costmodel import MEASURED, fit_cost_model
+
+    path, tables = data
+    ds = load_dataset(path)
+    ctx = CacheContext("cpu-test", dataset_digest(ds), B, "exact_sgd", "fp16")
+    cache = CostCache(tmp_path / "c.sqlite")
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        shard = [tables[int(i)] for i in rng.choice(len(tables), 3, replace=False)]
+        look = sum(t.pooling_factor for t in shard)
+        cache.put_shard(ctx, shard, 0.1 + 0.01 * look, 0.2 + 0.02 * look)
+    truth = CommModel(bandwidth_gbps=2.0, latency_us=30.0)
+    for k in range(6):
+        shards = [tables[2 * k:2 * k + 2], tables[12 + k:13 + k]]
+        dims = [sum(t.dim for t in s) for s in shards]
+        costs = []
+        for sent, recv in remote_bytes(dims, B):
+            pooled = truth.phase_ms(max(sent, recv))
+            costs.append([1.0, pooled + 0.5, pooled, 2.0])     # the forward's extra 0.5: its ids
+        cache.put_plan(ctx, shards, costs)
+    m = fit_cost_model(cache, ds, B, hardware="cpu-test", data_dir=path)
+    assert m.landscape == MEASURED
+    assert m.comm.bandwidth_gbps == pytest.approx(2.0, rel=1e-6)
+    assert m.comm.latency_us == pytest.approx(30.0, rel=1e-6)
+    task = [t for t in tables if t.pooling_factor > 0][:3]
+    plan = Plan.from_shardings(task, [row_wise([0, 1]), table_wise(1), data_parallel(2)], 2)
+    shards = plan.shard_tables(task)
+    assert all(m.id_width(p) == id_width(p) for s in shards for p in s)
+    assert m.extra_bytes(shards[0][0], 2) == 0.0                      # a row block adds no all-reduce bytes
+    dims = [sum(m.pooled_dim(p) for p in s) for s in shards]
+    ids = [sum(id_width(p) for p in s) for s in shards]
+    ar = [sum(m.extra_bytes(p, 2) for p in s) for s in shards]
+    fw, bw = m.comm.exchange_ms(dims, B, ids, ar)
+    np.testing.assert_allclose(m.shard_costs(shards) - m.shard_compute(shards), fw + bw, rtol=1e-12)
+
+
 def test_emulated_model_is_the_oracle_on_row_wise_and_data_parallel_plans(data, model):
     """The planner's emulated model prices what the emulated oracle prices (compute, pooled exchange
-    without replicas, row-wise id all-to-all, data-parallel all-reduce), so the two agree exactly."""
+    without replicas, input-id all-to-all, data-parallel all-reduce), so the two agree exactly."""
     from shardcore.commmodel import CommModel
     from shardcore.oracles import EmulatedOracle
     from shardcore.plan import Plan
