@@ -7,13 +7,29 @@ lets every table take any sharding type our oracle measures -- table-wise, colum
 table-column-wise, row-wise, data-parallel, and table-row-wise when the topology has several hosts
 (``ParameterConstraints(sharding_types=[...], compute_kernels=["fused", "dense"], pooling_factors=[pf])``:
 ``fused`` for the model-parallel types, ``dense`` for data-parallel, TorchRec's only kernel for it) --
-describes N devices whose HBM is our per-device memory cap (``compute_device="cuda"``: the device the
-planner models; planning itself runs offline on a CPU), and runs ``EmbeddingShardingPlanner``. Its
+describes N devices whose HBM is our per-device memory cap, and runs ``EmbeddingShardingPlanner``. Its
 plan is converted exactly (:func:`_plan_from_torchrec`): every table's sharding type, shard sizes and
 ranks become our :class:`~shardcore.plan.Sharding` (TorchRec's table-column-wise is our column-wise
 with its blocks' ranks, its table-row-wise our row-wise over its ranks), and the TorchRec type of
 every table is kept in the sharder's ``last_info`` (``eval.py --out``: ``torchrec_types``).
 **``--alg torchrec-tw``** is the same planner restricted to table-wise sharding.
+
+**Configured for the judged hardware** (:func:`hardware_for`, from the ``oracle``, ``comm_bandwidth``
+and ``comm_latency`` that ``eval.py`` passes every planner): on ``emulated:h200`` TorchRec plans for
+CUDA devices with the H200's 4.8 TB/s of HBM and every collective at the comm model's bandwidth
+(200 GB/s by default, ``--comm-bandwidth``), the link the judge prices all exchanges at; measured on
+this machine's CPU it plans for ``compute_device="cpu"`` (tables in host memory at an assumed DDR
+bandwidth); measured on CUDA, for the card's HBM bandwidth. The batch is the judged one, split over
+the ranks. **Its objective counts what the judge counts** (:func:`_objective_estimator`, a
+``ShardEstimator`` around TorchRec's own): TorchRec estimates each option's input distribution but
+leaves it out of ``Perf.total``, the figure it balances, so the ids the judge charges a shard
+(:func:`shardcore.commmodel.id_width`) are added to the shard's forward comms; its pooled exchange
+is priced in fp32, what the exchange sends (TorchRec's comm-precision registry, else it assumes the
+weights' fp16); a data-parallel table's all-reduce is the judge's ring, ``2 (n - 1) / n`` of the
+gradient per device (TorchRec's bandwidth for the collective, :func:`_links_class`). Everything else
+is TorchRec's own model (its compute estimates are bytes over memory bandwidth). Each record carries
+what the planner ran with (``last_info["torchrec_config"]``) and TorchRec's per-device estimate of
+the plan it chose (``torchrec_estimate_ms``).
 
 How TorchRec's memory accounting differs from ours (our cap counts only the weights,
 row x dim x bytes per device):
@@ -51,7 +67,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from .baselines import Sharder
@@ -108,24 +124,288 @@ def _data_type(precision: str):
         raise ShardError(f"unknown weights precision {precision!r}: choose fp16 or fp32") from None
 
 
-def _topology(ndevices: int, cap_bytes: int, compute_device: str, local_world_size: int | None = None):
+# --------------------------------------------------------------------------------------------
+# The hardware TorchRec plans for: the judged one
+# --------------------------------------------------------------------------------------------
+
+# NVIDIA H200 (SXM and NVL) datasheet: 141 GB of HBM3e at 4.8 TB/s. The emulated oracle's card.
+H200_HBM_BANDWIDTH_GBPS = 4800.0
+# HBM bandwidth of the GPUs a measured run may get, by a substring of torch.cuda.get_device_name()
+# (NVIDIA datasheets; the first match wins, so the H100 variants come before the plain H100 SXM).
+KNOWN_HBM_BANDWIDTH_GBPS = (("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100 NVL", 3900.0), ("H100", 3350.0))
+# A measured CPU's memory bandwidth per device, an ASSUMPTION: TorchRec's own default
+# (constants.DDR_MEM_BW, 51 GiB/s); the project has no measurement of this machine's DDR bandwidth.
+ASSUMED_CPU_DDR_BANDWIDTH_GBPS = 51 * 2**30 / 1e9
+# TorchRec's defaults (constants.py), for a sharder that was not told the judged hardware
+TORCHREC_DEFAULT_HBM_GBPS = 897 * 2**30 / 1e9
+TORCHREC_DEFAULT_INTRA_HOST_GBPS = 600 * 2**30 / 1e9
+TORCHREC_DEFAULT_INTER_HOST_GBPS = 12.5 * 2**30 / 1e9
+
+
+def gbps_to_bytes_per_ms(gbps: float) -> float:
+    """TorchRec's bandwidth unit is bytes per millisecond (its constants: ``GiB/s * 1024**3 / 1000``);
+    ours is GB/s (1e9 bytes per second): 1 GB/s = 1e6 bytes/ms."""
+    return float(gbps) * 1e6
+
+
+@dataclass(frozen=True)
+class TorchRecHardware:
+    """What TorchRec's planner is told about the devices (GB/s; :meth:`topology` converts to TorchRec's
+    bytes/ms). ``source`` says where each figure comes from."""
+
+    compute_device: str                 # "cuda" or "cpu": which memory the tables live in, which bandwidth
+    hbm_bw_gbps: float                  # the GPU's memory bandwidth (TorchRec's fused kernel: 1x, dense: 0.5x)
+    ddr_bw_gbps: float                  # host memory bandwidth (the kernel's on compute_device "cpu")
+    intra_host_bw_gbps: float           # every collective between devices of one host
+    inter_host_bw_gbps: float           # between hosts (several hosts only)
+    comm_latency_us: float | None       # the judge's per-collective latency (not in TorchRec's objective)
+    landscape: str                      # the oracle it stands for ("emulated:h200", "measured", or "none")
+    source: str                         # in words: where the figures come from
+
+    def to_json(self) -> dict:
+        return {"compute_device": self.compute_device, "hbm_bw_gbps": round(self.hbm_bw_gbps, 3),
+                "ddr_bw_gbps": round(self.ddr_bw_gbps, 3), "intra_host_bw_gbps": round(self.intra_host_bw_gbps, 3),
+                "inter_host_bw_gbps": round(self.inter_host_bw_gbps, 3), "comm_latency_us": self.comm_latency_us,
+                "landscape": self.landscape, "source": self.source}
+
+
+def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None, comm_latency: float | None = None,
+                 device_type: str | None = None, device_name: str | None = None) -> TorchRecHardware:
+    """The devices of the oracle that judges the plans, as TorchRec's topology needs them.
+
+    * ``emulated:h200``: compute device cuda, HBM :data:`H200_HBM_BANDWIDTH_GBPS`, every collective at
+      the comm model's bandwidth (``comm_bandwidth`` GB/s, None: :class:`~shardcore.commmodel.CommModel`'s
+      default), which is what the emulated oracle prices every exchange at (it has no hosts: one link);
+    * ``measured`` on CUDA (``device_type``, default: cuda when torch sees a GPU, the evaluator's rule):
+      cuda, the HBM bandwidth of the card (``device_name``, default: GPU 0's name) from
+      :data:`KNOWN_HBM_BANDWIDTH_GBPS`, TorchRec's default for an unknown card; the comm model's bandwidth;
+    * ``measured`` on a CPU: compute device cpu (tables in host memory, TorchRec prices lookups at the
+      DDR bandwidth), :data:`ASSUMED_CPU_DDR_BANDWIDTH_GBPS`; the comm model's bandwidth;
+    * None (nobody said which hardware judges, e.g. ``plan.py``): TorchRec's own defaults on cuda.
+    """
+    from .commmodel import DEFAULT_COMM_BANDWIDTH_GBPS
+
+    link = float(comm_bandwidth) if comm_bandwidth else DEFAULT_COMM_BANDWIDTH_GBPS
+    if comm_latency is None:
+        from .commmodel import DEFAULT_COMM_LATENCY_US
+
+        comm_latency = DEFAULT_COMM_LATENCY_US
+    how_link = (f"comm model {link:g} GB/s ({'--comm-bandwidth' if comm_bandwidth else 'its default'}), "
+                "one link for every pair of devices as the judge prices it")
+    if oracle is None:
+        if comm_bandwidth:
+            return TorchRecHardware("cuda", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, link,
+                                    float(comm_latency), "none", f"TorchRec's default HBM bandwidth; {how_link}")
+        return TorchRecHardware("cuda", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS,
+                                TORCHREC_DEFAULT_INTRA_HOST_GBPS, TORCHREC_DEFAULT_INTER_HOST_GBPS, None, "none",
+                                "TorchRec's defaults (no judged hardware given)")
+    from .oracles import EMULATED_PREFIX, MEASURED, parse_oracle
+
+    spec = parse_oracle(oracle)
+    if spec.startswith(EMULATED_PREFIX):
+        card = spec[len(EMULATED_PREFIX):]
+        if card != "h200":
+            raise ShardError(f"torchrec: no HBM bandwidth known for the emulated card {card!r}")
+        return TorchRecHardware("cuda", H200_HBM_BANDWIDTH_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, link,
+                                float(comm_latency), spec,
+                                f"emulated H200: HBM {H200_HBM_BANDWIDTH_GBPS:g} GB/s (NVIDIA H200 datasheet); "
+                                + how_link)
+    assert spec == MEASURED
+    if device_type is None:
+        import torch
+
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type == "cpu":
+        return TorchRecHardware("cpu", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, link,
+                                float(comm_latency), spec,
+                                f"measured on a CPU: tables in host memory, DDR {ASSUMED_CPU_DDR_BANDWIDTH_GBPS:.1f} "
+                                f"GB/s assumed (TorchRec's default, not measured); {how_link}")
+    if device_type != "cuda":
+        raise ShardError(f"torchrec: unknown device type {device_type!r} (cpu or cuda)")
+    if device_name is None:
+        import torch
+
+        device_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    hbm = next((bw for key, bw in KNOWN_HBM_BANDWIDTH_GBPS if key.lower() in device_name.lower()), None)
+    what = (f"{device_name}: HBM {hbm:g} GB/s (NVIDIA datasheet)" if hbm is not None
+            else f"{device_name or 'unknown GPU'}: HBM bandwidth unknown, TorchRec's default")
+    return TorchRecHardware("cuda", hbm if hbm is not None else TORCHREC_DEFAULT_HBM_GBPS,
+                            ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, link, float(comm_latency), spec,
+                            f"measured on CUDA, {what}; {how_link}")
+
+
+def torchrec_allreduce_factor(world_size: int, local_world_size: int) -> float:
+    """The bytes-per-table-byte TorchRec's data-parallel estimate divides by the all-reduce bandwidth
+    (``DataParallelEvaluator._default_bwd_comms`` of TorchRec 1.8: ``(2 h - 1) / h`` with
+    ``h = min(hosts, 2)``, doubled beyond two hosts): 1 on one host."""
+    nodes = min(world_size / local_world_size, 2)
+    factor = (2 * nodes - 1) / nodes
+    return factor * (2 if world_size > 2 * local_world_size else 1)
+
+
+def _links_class():
+    """TorchRec's extension point for collective bandwidths (``GeneralizedCommsBandwidth``): every
+    all-to-all, reduce-scatter and all-gather at the link's bandwidth (intra-host within a host,
+    inter-host across), and the all-reduce priced as the judge prices it: a ring moving
+    ``2 (n - 1) / n`` times the gradient's bytes per device over the link. TorchRec divides the table's
+    bytes times :func:`torchrec_allreduce_factor` by the all-reduce bandwidth it is given, so that
+    bandwidth is the link's x factor x n / (2 (n - 1)) (NCCL's algorithm bandwidth of a ring
+    all-reduce); one device all-reduces nothing."""
+    from torchrec.distributed.planner.types import CollectiveType, GeneralizedCommsBandwidth
+
+    class JudgedLinks(GeneralizedCommsBandwidth):
+        def __init__(self, intra_host_bw: float, inter_host_bw: float):
+            self._intra, self._inter = float(intra_host_bw), float(inter_host_bw)
+
+        @property
+        def intra_host_bw(self) -> float:
+            return self._intra
+
+        @property
+        def inter_host_bw(self) -> float:
+            return self._inter
+
+        def get_bw(self, local_world_size: int, world_size: int, collective_type) -> float:
+            link = self._intra if world_size <= local_world_size else self._inter
+            if collective_type != CollectiveType.ALL_REDUCE:
+                return link
+            if world_size < 2:
+                return math.inf
+            return link * torchrec_allreduce_factor(world_size, local_world_size) * world_size / (2 * (world_size - 1))
+
+        def __hash__(self) -> int:
+            return hash(("JudgedLinks", self._intra, self._inter))
+
+        def __eq__(self, other) -> bool:
+            return isinstance(other, JudgedLinks) and (self._intra, self._inter) == (other._intra, other._inter)
+
+        def __str__(self) -> str:
+            return f"JudgedLinks: intra_host_bw={self._intra}, inter_host_bw={self._inter} (bytes/ms)"
+
+    return JudgedLinks
+
+
+def _topology(ndevices: int, cap_bytes: int, hardware: TorchRecHardware, local_world_size: int | None = None):
     """N devices with ``cap_bytes`` each: HBM on "cuda"; on "cpu" (tables in host memory) the DDR;
-    ``local_world_size`` devices per host (default: all on one host)."""
+    ``local_world_size`` devices per host (default: all on one host); bandwidths from ``hardware``."""
     lws = int(local_world_size) if local_world_size else ndevices
     if lws < 1 or ndevices % lws:
         raise ShardError(f"torchrec: {ndevices} devices do not split into hosts of {lws}")
     from torchrec.distributed.planner import types as ptypes
 
     caps = {"hbm_cap_bytes": cap_bytes}
-    if compute_device == "cpu":
+    if hardware.compute_device == "cpu":
         caps["ddr_cap_bytes"] = cap_bytes
+    intra = gbps_to_bytes_per_ms(hardware.intra_host_bw_gbps)
+    inter = gbps_to_bytes_per_ms(hardware.inter_host_bw_gbps)
+    links = _links_class()(intra, inter)
+    mem = {"hbm_mem_bw": gbps_to_bytes_per_ms(hardware.hbm_bw_gbps),
+           "ddr_mem_bw": gbps_to_bytes_per_ms(hardware.ddr_bw_gbps)}
     factory = getattr(ptypes, "TopologyFactory", None)
     if factory is not None:  # TorchRec >= 1.8: the supported way, and no warning
         return factory.create_topology(
             ptypes.TrainerConfig(world_size=ndevices, local_world_size=lws, **caps),
-            kernel_config=ptypes.KernelConfig(compute_device=compute_device))
-    return ptypes.Topology(world_size=ndevices, local_world_size=lws, compute_device=compute_device,
-                           hbm_cap=cap_bytes, ddr_cap=caps.get("ddr_cap_bytes"))
+            hardware_config=ptypes.HardwareConfig(intra_host_bw=intra, inter_host_bw=inter, **mem),
+            kernel_config=ptypes.KernelConfig(compute_device=hardware.compute_device,
+                                              use_hardware_based_bandwidth=True,
+                                              generalized_comms_bandwidths=links))
+    return ptypes.Topology(world_size=ndevices, local_world_size=lws, compute_device=hardware.compute_device,
+                           hbm_cap=cap_bytes, ddr_cap=caps.get("ddr_cap_bytes"), intra_host_bw=intra,
+                           inter_host_bw=inter, generalized_comms_bandwidths=links, **mem)
+
+
+# --------------------------------------------------------------------------------------------
+# The objective: what a training step pays (the judge's convention)
+# --------------------------------------------------------------------------------------------
+
+OBJECTIVE_TERMS = (
+    "fwd_compute, bwd_compute: TorchRec's estimates (bytes moved / the device's memory bandwidth)",
+    "fwd_comms, bwd_comms: TorchRec's pooled all-to-all / reduce-scatter / all-gather at the link's bandwidth, "
+    "fp32 outputs and gradients (TorchRec's comm precision set to FP32, what the exchange sends)",
+    "fwd_comms += input ids as the judge charges them (shardcore.commmodel.id_width of the shard's piece: "
+    "int64, its expected ids per sample plus one length), received from the other ranks' batch slices "
+    "(B - B/n samples) at the link's bandwidth",
+    "bwd_comms: a data-parallel table's gradient all-reduce as a ring, 2(n-1)/n x rows x dim in the weights' "
+    "precision per device (plus TorchRec's dense optimizer kernels)",
+    "not in it: the per-collective latency (every device pays it in every collective)",
+)
+
+
+def shard_piece(sharding_type: str, table: TableConfig, shard_rows: int, shard_cols: int, row_offset: int,
+                ndevices: int) -> TableConfig:
+    """The piece of ``table`` a TorchRec shard stands for, as the judge sees it (:meth:`Sharding.pieces
+    <shardcore.plan.Sharding.pieces>`): a table-wise table or a column block is the table (with the
+    block's dim), a row-wise shard a row-wise piece (the table's pooling factor x its row share), a
+    data-parallel replica a replica of one batch slice."""
+    from .plan import DATA_PARALLEL, ROW_WISE, ShardPiece
+
+    if sharding_type == "data_parallel":
+        return ShardPiece(table.index, table.row, table.dim, table.pooling_factor / ndevices, table.bins,
+                          kind=DATA_PARALLEL, full_row=table.row, batch_part=(0, ndevices))
+    if sharding_type in ("row_wise", "table_row_wise"):
+        share = shard_rows / table.row if table.row else 0.0
+        return ShardPiece(table.index, int(shard_rows), table.dim, table.pooling_factor * share, table.bins,
+                          kind=ROW_WISE, row_start=int(row_offset), full_row=table.row)
+    return TableConfig(table.index, table.row, int(shard_cols), table.pooling_factor, table.bins)
+
+
+def id_exchange_ms(piece: TableConfig, batch_size: int, ndevices: int, link_bytes_per_ms: float) -> float:
+    """Milliseconds a piece's device spends receiving its input ids, as the judge charges them
+    (:mod:`shardcore.commmodel`): :func:`~shardcore.commmodel.id_width` (the piece's int64 elements per
+    sample; 0 where the judge charges no ids) x 8 bytes x the other ranks' samples ``B - B/n``, over the
+    link. One device receives none."""
+    from .commmodel import ID_ELEMENT_SIZE, id_width
+
+    if ndevices < 2:
+        return 0.0
+    return ID_ELEMENT_SIZE * id_width(piece) * (batch_size - batch_size / ndevices) / link_bytes_per_ms
+
+
+def _fp32_comm_codecs() -> dict:
+    """TorchRec's comm-precision registry saying what the pooled exchange really sends: fp32 outputs
+    and gradients (FBGEMM's default output dtype, and what the judge's exchange moves). Without a
+    registry TorchRec's estimator prices the exchange in the weights' dtype (2 bytes for fp16), half
+    of it; for planning only (the plan itself carries no codecs)."""
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs
+    from torchrec.distributed.types import CommOp
+
+    codecs = get_qcomm_codecs(QCommsConfig(forward_precision=CommType.FP32, backward_precision=CommType.FP32))
+    return {CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name: codecs, CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER.name: codecs}
+
+
+def _objective_estimator(topology, constraints, batch_size: int, tables: Sequence[TableConfig]):
+    """A TorchRec ``ShardEstimator`` (its extension point for shard costs): TorchRec's own
+    ``EmbeddingPerfEstimator``, then every shard's input-id exchange (:func:`id_exchange_ms`) added to
+    its ``Perf.fwd_comms`` (TorchRec computes an ``input_dist_comms`` but leaves it out of
+    ``Perf.total``, the figure its partitioner balances and its perf model rates; it is replaced by the
+    same id figure so that TorchRec's stats show it). ``batch_size``: the global batch; ``tables``: the
+    task's, in the order of TorchRec's table names ``t0, t1, ...``."""
+    from dataclasses import replace
+
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+    from torchrec.distributed.planner.types import CollectiveType, ShardEstimator
+
+    class JudgedObjective(ShardEstimator):
+        def __init__(self, topology, constraints=None):
+            self._topology = topology
+            self._inner = EmbeddingPerfEstimator(topology=topology, constraints=constraints)
+
+        def estimate(self, sharding_options, sharder_data_map=None) -> None:
+            self._inner.estimate(sharding_options, sharder_data_map)
+            n = self._topology.world_size
+            link = self._topology.comms_bandwidths.get_bw(local_world_size=self._topology.local_world_size,
+                                                          world_size=n, collective_type=CollectiveType.ALL_TO_ALL)
+            for so in sharding_options:
+                table = tables[int(so.name[1:])]
+                for shard in so.shards:
+                    if shard.perf is None:
+                        continue
+                    piece = shard_piece(so.sharding_type, table, int(shard.size[0]), int(shard.size[1]),
+                                        int(shard.offset[0]), n)
+                    ms = id_exchange_ms(piece, batch_size, n, link)
+                    shard.perf = replace(shard.perf, fwd_comms=shard.perf.fwd_comms + ms, input_dist_comms=ms)
+
+    return JudgedObjective(topology, constraints)
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,18 +423,22 @@ class TorchRecSharder(Sharder):
     ``batch_size``: the benchmark's batch; ``memory_model``: ``"torchrec"`` (weights + I/O buffers,
     TorchRec's training estimate) or ``"weights"`` (weights only, our cap's accounting);
     ``reserve``: fraction of each device TorchRec keeps free (0 = the cap is all for tables);
-    ``compute_device``: the device the planner models ("cuda", the default; "cpu" puts the tables
-    in host memory, whose per-rank capacity is then our cap).
+    ``hardware``: the devices TorchRec is told about (:func:`hardware_for`; default: TorchRec's own
+    defaults); ``compute_device``: overrides the hardware's ("cuda"; "cpu" puts the tables in host
+    memory, whose per-rank capacity is then our cap). ``last_info["torchrec_config"]`` records what
+    the planner ran with.
     """
 
     batch_size: int = DEFAULT_BATCH_SIZE
     memory_model: str = "torchrec"
     reserve: float = 0.0
-    compute_device: str = "cuda"
+    compute_device: str | None = None     # None: the hardware's
+    hardware: TorchRecHardware = field(default_factory=hardware_for)
     local_world_size: int | None = None   # devices per host (torchrun's LOCAL_WORLD_SIZE); None: one host
     sharding_types: tuple[str, ...] | None = None   # None: ALL_TYPES (+ MULTI_HOST_TYPES on several hosts)
     last_plan: Any = field(default=None, init=False, repr=False)  # TorchRec's ShardingPlan of the last task
-    last_info: dict = field(default_factory=dict, init=False, repr=False)  # {"torchrec_types": [...]}
+    last_info: dict = field(default_factory=dict, init=False, repr=False)  # {"torchrec_types": [...], ...}
+    last_options: Any = field(default=None, init=False, repr=False)  # TorchRec's chosen ShardingOptions (Perf)
 
     def __post_init__(self):
         if int(self.batch_size) < 1:
@@ -164,8 +448,14 @@ class TorchRecSharder(Sharder):
                              f"got {self.memory_model!r}")
         if not 0.0 <= float(self.reserve) < 1.0:
             raise ShardError(f"torchrec: reserve must be in [0, 1), got {self.reserve}")
-        if self.compute_device not in ("cuda", "cpu"):
-            raise ShardError(f"torchrec: compute_device must be cuda or cpu, got {self.compute_device!r}")
+        if self.compute_device is not None:
+            if self.compute_device not in ("cuda", "cpu"):
+                raise ShardError(f"torchrec: compute_device must be cuda or cpu, got {self.compute_device!r}")
+            if self.compute_device != self.hardware.compute_device:
+                self.hardware = replace(self.hardware, compute_device=self.compute_device,
+                                        source=self.hardware.source + f"; compute device {self.compute_device} "
+                                        "as asked")
+        self.compute_device = self.hardware.compute_device
         if self.sharding_types is not None:
             bad = [t for t in self.sharding_types if t not in ALL_TYPES + MULTI_HOST_TYPES]
             if bad or not self.sharding_types:
@@ -184,6 +474,13 @@ class TorchRecSharder(Sharder):
             return types
         return list(ALL_TYPES) + (list(MULTI_HOST_TYPES) if hosts > 1 else [])
 
+    def config(self, ndevices: int, batch_per_rank: int, local_world_size: int, types: Sequence[str]) -> dict:
+        """The planner's configuration as a record carries it (``torchrec_config``)."""
+        return {**self.hardware.to_json(), "batch_per_rank": int(batch_per_rank), "world_size": int(ndevices),
+                "local_world_size": int(local_world_size), "sharding_types": list(types),
+                "memory_model": self.memory_model, "reserve": float(self.reserve),
+                "objective": list(OBJECTIVE_TERMS)}
+
     def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
               precision: str = "fp16") -> Plan:
         import torch
@@ -193,8 +490,7 @@ class TorchRecSharder(Sharder):
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
         from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-        from torchrec.distributed.planner.shard_estimators import (EmbeddingPerfEstimator,
-                                                                   EmbeddingStorageEstimator)
+        from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
         from torchrec.distributed.planner.stats import NoopEmbeddingStats
         from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
         from torchrec.distributed.planner.types import PlannerError
@@ -215,15 +511,15 @@ class TorchRecSharder(Sharder):
                                                   pooling_factors=[float(t.pooling_factor)])
                        for name, t in zip(names, tables)}
         lws = self.local_world_size if self.local_world_size and ndevices % self.local_world_size == 0 else None
-        topology = _topology(ndevices, int(math.floor(max_memory_gb * GB)), self.compute_device, lws)
+        topology = _topology(ndevices, int(math.floor(max_memory_gb * GB)), self.hardware, lws)
         local_batch = max(1, int(round(int(self.batch_size) / ndevices)))
-        enumerator = None
-        if self.memory_model == "weights":
-            enumerator = EmbeddingEnumerator(
-                topology=topology, batch_size=local_batch, constraints=constraints,
-                estimator=[EmbeddingPerfEstimator(topology=topology, constraints=constraints),
-                           EmbeddingStorageEstimator(topology=topology, constraints=constraints,
-                                                     is_inference=True)])
+        # TorchRec's perf estimate with the id exchange in its objective; its storage estimate as it is
+        # (training: weights + I/O buffers), or the weights alone (its inference model)
+        enumerator = EmbeddingEnumerator(
+            topology=topology, batch_size=local_batch, constraints=constraints,
+            estimator=[_objective_estimator(topology, constraints, local_batch * ndevices, tables),
+                       EmbeddingStorageEstimator(topology=topology, constraints=constraints,
+                                                 is_inference=self.memory_model == "weights")])
         planner = EmbeddingShardingPlanner(
             topology=topology, batch_size=local_batch, enumerator=enumerator, constraints=constraints,
             storage_reservation=FixedPercentageStorageReservation(float(self.reserve)),
@@ -232,7 +528,8 @@ class TorchRecSharder(Sharder):
             # TorchRec logs a warning per data-parallel table ("Sharding spec not found"): not news here
             logging.disable(logging.WARNING)
             try:
-                sharding_plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+                sharding_plan = planner.plan(ebc, [EmbeddingBagCollectionSharder(
+                    qcomm_codecs_registry=_fp32_comm_codecs())])
             finally:
                 logging.disable(logging.NOTSET)
         except PlannerError as exc:
@@ -240,14 +537,34 @@ class TorchRecSharder(Sharder):
                 f"infeasible: TorchRec's planner found no plan for {len(tables)} tables on {ndevices} devices "
                 f"with {max_memory_gb:g} GB each: {_condense_planner_error(str(exc), tables)}") from None
         self.last_plan = sharding_plan
+        self.last_options = getattr(planner, "_best_plan", None)
         plan, kinds = _plan_from_torchrec(sharding_plan, names, ndevices, tables)
-        self.last_info = {"torchrec_types": kinds}
+        self.last_info = {"torchrec_types": kinds,
+                          "torchrec_config": self.config(ndevices, local_batch, lws or ndevices, types),
+                          "torchrec_estimate_ms": _device_estimates(self.last_options, ndevices)}
         if not plan.is_feasible(tables, max_memory_gb, precision):
             worst = max(plan.device_memory_gb(tables, precision))
             raise InfeasibleError(
                 f"infeasible: TorchRec's plan puts {worst:.3f} GB of {precision} weights on a device, "
                 f"over the {max_memory_gb:g} GB cap")
         return plan
+
+
+def _device_estimates(options, ndevices: int) -> list[list[float]] | None:
+    """Per device TorchRec's own estimate of the chosen plan, ``[fwd_compute, fwd_comms, bwd_comms,
+    bwd_compute]`` ms (our cost parts' order; ``fwd_comms`` includes the id exchange); its objective is
+    the largest device sum. None when the planner did not expose its chosen options."""
+    if not options:
+        return None
+    out = [[0.0, 0.0, 0.0, 0.0] for _ in range(ndevices)]
+    for so in options:
+        for shard in so.shards:
+            if shard.perf is None or shard.rank is None:
+                continue
+            p = shard.perf
+            for k, v in enumerate((p.fwd_compute, p.fwd_comms, p.bwd_comms, p.bwd_compute + p.prefetch_compute)):
+                out[shard.rank][k] += float(v)
+    return [[round(v, 6) for v in dev] for dev in out]
 
 
 def _shard_list(ps) -> list[tuple[int, int, int, int, int]]:
@@ -330,15 +647,21 @@ def _condense_planner_error(text: str, tables: Sequence[TableConfig]) -> str:
 
 
 def load_sharder(path=None, batch_size: int | None = None, memory_model: str = "torchrec",
-                 reserve: float = 0.0, compute_device: str = "cuda", local_world_size: int | None = None,
-                 sharding_types: Sequence[str] | None = None, **_ignored) -> TorchRecSharder:
-    """``--alg torchrec`` (every sharding type). ``path`` is unused (TorchRec's planner has nothing
-    to load); other keyword arguments the caller passes to every method (e.g. ``seed``) are ignored.
-    Raises :class:`ShardError` with the install recipe when TorchRec is missing."""
+                 reserve: float = 0.0, compute_device: str | None = None, local_world_size: int | None = None,
+                 sharding_types: Sequence[str] | None = None, oracle: str | None = None,
+                 comm_bandwidth: float | None = None, comm_latency: float | None = None,
+                 device_type: str | None = None, **_ignored) -> TorchRecSharder:
+    """``--alg torchrec`` (every sharding type), planning for the hardware of ``oracle`` with the comm
+    model's ``comm_bandwidth`` / ``comm_latency`` (GB/s, us; None: its defaults), see
+    :func:`hardware_for`; ``batch_size``: the judged batch (split over the ranks). ``path`` is unused
+    (TorchRec's planner has nothing to load); other keyword arguments the caller passes to every
+    method (e.g. ``seed``, ``data_dir``) are ignored. Raises :class:`ShardError` with the install
+    recipe when TorchRec is missing."""
     _torchrec()
+    hardware = hardware_for(oracle, comm_bandwidth, comm_latency, device_type=device_type)
     return TorchRecSharder("torchrec", batch_size=int(batch_size or DEFAULT_BATCH_SIZE),
                            memory_model=memory_model, reserve=reserve, compute_device=compute_device,
-                           local_world_size=local_world_size,
+                           hardware=hardware, local_world_size=local_world_size,
                            sharding_types=tuple(sharding_types) if sharding_types else None)
 
 

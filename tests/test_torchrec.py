@@ -287,3 +287,151 @@ def test_full_planner_plans_are_torchrecs_exactly():
                 ours = [([0, sum(s.dims[:j])], [t.row, w], d) for j, (d, w) in enumerate(zip(s.devices, s.dims))]
             assert sorted(ours) == [x for x in shards if x[1][0] > 0]
     assert len(seen) >= 2   # the full planner does use more than table-wise here
+
+
+# ---- the judged hardware and the judge's cost convention ------------------------------------
+
+def test_hardware_for_maps_each_oracle():
+    from shardcore.commmodel import CommModel
+
+    emu = trp.hardware_for("emulated:h200")
+    assert emu.compute_device == "cuda" and emu.hbm_bw_gbps == trp.H200_HBM_BANDWIDTH_GBPS == 4800.0
+    assert emu.intra_host_bw_gbps == emu.inter_host_bw_gbps == CommModel().bandwidth_gbps
+    assert emu.comm_latency_us == CommModel().latency_us and "H200 datasheet" in emu.source
+    given = trp.hardware_for("emulated-h200", comm_bandwidth=80.0, comm_latency=5.0)
+    assert (given.intra_host_bw_gbps, given.comm_latency_us) == (80.0, 5.0) and "--comm-bandwidth" in given.source
+    cpu = trp.hardware_for("measured", device_type="cpu")
+    assert cpu.compute_device == "cpu" and cpu.ddr_bw_gbps == trp.ASSUMED_CPU_DDR_BANDWIDTH_GBPS
+    assert "assumed" in cpu.source
+    if not torch.cuda.is_available():   # measured on this machine: the evaluator's rule, a CPU
+        assert trp.hardware_for("measured").compute_device == "cpu"
+    for name, bw in [("NVIDIA H200", 4800.0), ("NVIDIA H100 80GB HBM3", 3350.0), ("NVIDIA H100 PCIe", 2000.0)]:
+        gpu = trp.hardware_for("measured", comm_bandwidth=150.0, device_type="cuda", device_name=name)
+        assert (gpu.compute_device, gpu.hbm_bw_gbps, gpu.intra_host_bw_gbps) == ("cuda", bw, 150.0), name
+    other = trp.hardware_for("measured", device_type="cuda", device_name="NVIDIA A10")
+    assert other.hbm_bw_gbps == trp.TORCHREC_DEFAULT_HBM_GBPS and "unknown" in other.source
+    plain = trp.hardware_for(None)   # nobody said: TorchRec's defaults, and the record says so
+    assert plain.intra_host_bw_gbps == trp.TORCHREC_DEFAULT_INTRA_HOST_GBPS and "defaults" in plain.source
+    with pytest.raises(ShardError, match="unknown oracle"):
+        trp.hardware_for("emulated:tpu")
+
+
+def test_topology_is_the_hardware_in_torchrecs_units():
+    from torchrec.distributed.planner.types import CollectiveType
+
+    hw = trp.hardware_for("emulated:h200", comm_bandwidth=100.0)
+    topo = trp._topology(8, 1 << 30, hw)
+    assert topo.compute_device == "cuda" and topo.devices[0].storage.hbm == 1 << 30
+    assert topo.hbm_mem_bw == pytest.approx(4.8e9)          # bytes per ms: 4.8 TB/s
+    assert topo.intra_host_bw == pytest.approx(1e8)         # 100 GB/s
+    links = topo.comms_bandwidths
+    assert links.get_bw(8, 8, CollectiveType.ALL_TO_ALL) == pytest.approx(1e8)
+    # TorchRec divides a replica's gradient bytes by this: the ring's 2(n-1)/n per device at 100 GB/s
+    assert 1.0 / links.get_bw(8, 8, CollectiveType.ALL_REDUCE) == pytest.approx(2 * 7 / 8 / 1e8)
+    cpu = trp._topology(4, 1 << 30, trp.hardware_for("measured", device_type="cpu"))
+    assert cpu.compute_device == "cpu" and cpu.devices[0].storage.ddr == 1 << 30
+
+
+def _options(tables, ndevices, hardware, batch, objective=True):
+    """TorchRec's estimated sharding options of ``tables`` (with or without our objective)."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+
+    names = [f"t{i}" for i in range(len(tables))]
+    topo = trp._topology(ndevices, 1 << 34, hardware)
+    cons = {n: ParameterConstraints(sharding_types=list(trp.ALL_TYPES), compute_kernels=["fused", "dense"],
+                                    pooling_factors=[float(t.pooling_factor)]) for n, t in zip(names, tables)}
+    est = (trp._objective_estimator(topo, cons, batch, tables) if objective
+           else EmbeddingPerfEstimator(topology=topo, constraints=cons))
+    enum = EmbeddingEnumerator(topology=topo, batch_size=batch // ndevices, constraints=cons, estimator=[est])
+    opts = enum.enumerate(_ebc(tables, names), [EmbeddingBagCollectionSharder(
+        qcomm_codecs_registry=trp._fp32_comm_codecs())])
+    return {(o.name, o.sharding_type): o for o in opts}
+
+
+def test_objective_adds_the_judges_ids_and_ring_allreduce(tmp_path):
+    from shardcore.commmodel import CommModel, allreduce_bytes, id_width
+    from shardcore.oracles import EmulatedOracle
+    from helpers import make_dataset
+
+    tables = make_dataset(tmp_path, num_tables=4, batch_size=64, seed=3, dims=(16, 32))
+    t = next(x for x in tables if x.pooling_factor > 1 and x.row >= 4)
+    n, batch, link = 4, 64, 100.0
+    hw = trp.hardware_for("emulated:h200", comm_bandwidth=link)
+    ours, plain = _options([t], n, hw, batch), _options([t], n, hw, batch, objective=False)
+    per_ms = link * 1e6
+    # row-wise: each shard's forward comms = TorchRec's own + its piece's ids, as the judge's id_width prices them
+    plan_pieces = Plan.from_shardings([t], [row_wise(list(range(n)))], n).shard_tables([t])
+    for shard, mine, theirs, (piece,) in zip(ours[("t0", "row_wise")].shards, ours[("t0", "row_wise")].shards,
+                                             plain[("t0", "row_wise")].shards, plan_pieces):
+        ids = 8 * id_width(piece) * (batch - batch / n) / per_ms
+        assert ids > 0 and mine.perf.input_dist_comms == pytest.approx(ids)
+        assert mine.perf.fwd_comms == pytest.approx(theirs.perf.fwd_comms + ids)
+        assert (mine.perf.fwd_compute, mine.perf.bwd_compute, mine.perf.bwd_comms) == (
+            theirs.perf.fwd_compute, theirs.perf.bwd_compute, theirs.perf.bwd_comms)
+    assert len(plan_pieces) == n
+    # ... which is what the judge charges that plan: with no latency, every holder's forward exchange is
+    # its pooled outputs plus that id figure (the received ids; the blocks' rows differ by one at most, so
+    # the ids a holder sends differ from those it receives by a few parts in 1e5)
+    judge = EmulatedOracle(tmp_path, n, batch_size=batch, comm_model=CommModel(bandwidth_gbps=link, latency_us=0.0))
+    res = judge.evaluate(plan_pieces)
+    pooled = 4 * t.dim * (batch - batch / n) / per_ms
+    for d, shard in enumerate(ours[("t0", "row_wise")].shards):
+        assert res.device_costs_ms[d][1] == pytest.approx(pooled + shard.perf.input_dist_comms, rel=1e-4)
+    # table-wise: the judge's fw exchange on the table's device beyond its pooled outputs is the id term
+    tw_plan = Plan.from_shardings([t], [table_wise(0)], n).shard_tables([t])
+    (tw_shard,) = ours[("t0", "table_wise")].shards
+    assert judge.evaluate(tw_plan).device_costs_ms[0][1] == pytest.approx(pooled + tw_shard.perf.input_dist_comms)
+    # data-parallel: no ids; the all-reduce is the judge's ring (beyond TorchRec's dense optimizer kernels)
+    dp, dp_plain = ours[("t0", "data_parallel")], plain[("t0", "data_parallel")]
+    # (_ebc's tables are fp32)
+    ring = allreduce_bytes(Plan.from_shardings([t], [data_parallel(n)], n).shard_tables([t])[0][0], n, "fp32") / per_ms
+    from torchrec.distributed.planner.constants import DP_ELEMENTWISE_KERNELS_PERF_FACTOR
+
+    optimizer = t.row * t.dim * 4 * DP_ELEMENTWISE_KERNELS_PERF_FACTOR / (0.5 * 4.8e9)   # dense kernel: half the HBM bw
+    for shard, base in zip(dp.shards, dp_plain.shards):
+        assert shard.perf.input_dist_comms == 0 and shard.perf.fwd_comms == base.perf.fwd_comms == 0
+        assert shard.perf.bwd_comms == pytest.approx(ring + optimizer)
+    # TorchRec's pooled exchange in fp32, what the judge moves: a table-wise shard's forward comms
+    assert tw_shard.perf.fwd_comms - tw_shard.perf.input_dist_comms == pytest.approx(4 * t.dim * batch / per_ms)
+
+
+def test_records_carry_the_planner_configuration(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import make_dataset
+
+    make_dataset(tmp_path / "ds", num_tables=12, batch_size=64, seed=2)
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("0,1,2,3,4,5\n6,7,8,9,10,11\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.run([sys.executable, os.path.join(root, "eval.py"), "--alg", "torchrec,torchrec-tw",
+                           "--oracle", "emulated:h200", "--comm-bandwidth", "123", "--comm-latency", "7",
+                           "--task-path", str(tasks), "--data-dir", str(tmp_path / "ds"), "--ndevices", "4",
+                           "--max-memory", "5", "--quiet", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 4
+    for rec in recs:
+        cfg = rec["torchrec_config"]
+        assert "123.0 GB/s" in rec["parts"]["comm"] and "7.0 us" in rec["parts"]["comm"]   # the judge's link...
+        assert cfg["intra_host_bw_gbps"] == 123.0 and cfg["comm_latency_us"] == 7.0      # ...is TorchRec's
+        assert cfg["compute_device"] == "cuda" and cfg["hbm_bw_gbps"] == trp.H200_HBM_BANDWIDTH_GBPS
+        assert cfg["landscape"] == "emulated:h200" and cfg["world_size"] == cfg["local_world_size"] == 4
+        assert cfg["batch_per_rank"] == rec["batch_size"] // 4 == 16
+        assert cfg["sharding_types"] == (["table_wise"] if rec["alg"] == "torchrec-tw" else list(trp.ALL_TYPES))
+        assert any("input ids" in term for term in cfg["objective"])
+        est = rec["torchrec_estimate_ms"]
+        assert len(est) == 4 and all(len(dev) == 4 for dev in est) and max(map(sum, est)) > 0
+    # measured on this machine's CPU: TorchRec plans for host memory, not a GPU
+    sharder = algorithms.resolve("torchrec", oracle="measured", batch_size=64, comm_bandwidth=50.0,
+                                 **({"device_type": "cpu"} if torch.cuda.is_available() else {}))
+    sharder.shard(TASK, 2, 1.0)
+    cfg = sharder.last_info["torchrec_config"]
+    assert cfg["compute_device"] == "cpu" and cfg["intra_host_bw_gbps"] == 50.0 and cfg["batch_per_rank"] == 32
+    assert cfg["ddr_bw_gbps"] == pytest.approx(trp.ASSUMED_CPU_DDR_BANDWIDTH_GBPS, abs=1e-3)
