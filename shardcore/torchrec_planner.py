@@ -481,6 +481,17 @@ class TorchRecSharder(Sharder):
                 "memory_model": self.memory_model, "reserve": float(self.reserve),
                 "objective": list(OBJECTIVE_TERMS)}
 
+    def estimators(self, topology, constraints, tables: Sequence[TableConfig], names: Sequence[str],
+                   batch_size: int) -> list:
+        """The planner's estimators (the one hook a variant overrides): TorchRec's perf estimate with the id
+        exchange in its objective; its storage estimate as it is (training: weights + I/O buffers), or
+        the weights alone (its inference model)."""
+        from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+
+        return [_objective_estimator(topology, constraints, batch_size, tables),
+                EmbeddingStorageEstimator(topology=topology, constraints=constraints,
+                                          is_inference=self.memory_model == "weights")]
+
     def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
               precision: str = "fp16") -> Plan:
         import torch
@@ -490,7 +501,6 @@ class TorchRecSharder(Sharder):
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
         from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-        from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
         from torchrec.distributed.planner.stats import NoopEmbeddingStats
         from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
         from torchrec.distributed.planner.types import PlannerError
@@ -513,13 +523,9 @@ class TorchRecSharder(Sharder):
         lws = self.local_world_size if self.local_world_size and ndevices % self.local_world_size == 0 else None
         topology = _topology(ndevices, int(math.floor(max_memory_gb * GB)), self.hardware, lws)
         local_batch = max(1, int(round(int(self.batch_size) / ndevices)))
-        # TorchRec's perf estimate with the id exchange in its objective; its storage estimate as it is
-        # (training: weights + I/O buffers), or the weights alone (its inference model)
-        enumerator = EmbeddingEnumerator(
-            topology=topology, batch_size=local_batch, constraints=constraints,
-            estimator=[_objective_estimator(topology, constraints, local_batch * ndevices, tables),
-                       EmbeddingStorageEstimator(topology=topology, constraints=constraints,
-                                                 is_inference=self.memory_model == "weights")])
+        enumerator = EmbeddingEnumerator(topology=topology, batch_size=local_batch, constraints=constraints,
+                                         estimator=self.estimators(topology, constraints, tables, names,
+                                                                   local_batch * ndevices))
         planner = EmbeddingShardingPlanner(
             topology=topology, batch_size=local_batch, enumerator=enumerator, constraints=constraints,
             storage_reservation=FixedPercentageStorageReservation(float(self.reserve)),

@@ -16,15 +16,12 @@ module needs no TorchRec (``eval.py`` imports every declared planner for its fla
 
 from __future__ import annotations
 
-import logging
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from shardcore.commmodel import CommModel
-from shardcore.errors import InfeasibleError, ShardError
-from shardcore.plan import Plan
-from shardcore.tables import GB, TableConfig
+from shardcore.errors import ShardError
+from shardcore.tables import TableConfig
 from shardcore import torchrec_planner as trp
 
 
@@ -36,7 +33,8 @@ class EmulatedTorchRecSharder(trp.TorchRecSharder):
     comm: CommModel | None = None
     length_cv: list[float] | None = None     # per dataset table (data.pt), None: the emulator's known tables
 
-    def estimators(self, topology, constraints, tables: Sequence[TableConfig], names: Sequence[str]):
+    def estimators(self, topology, constraints, tables: Sequence[TableConfig], names: Sequence[str],
+                   batch_size: int) -> list:
         from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 
         from .estimator import EmulatedPerfEstimator
@@ -49,67 +47,10 @@ class EmulatedTorchRecSharder(trp.TorchRecSharder):
                 EmbeddingStorageEstimator(topology=topology, constraints=constraints,
                                           is_inference=self.memory_model == "weights")]
 
-    def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-              precision: str = "fp16") -> Plan:
-        import torch
-
-        trp._torchrec()
-        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
-        from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-        from torchrec.distributed.planner.stats import NoopEmbeddingStats
-        from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-        from torchrec.distributed.planner.types import PlannerError
-
-        if ndevices < 1:
-            raise ShardError(f"{self.name}: need at least one device, got {ndevices}")
-        if not tables:
-            return Plan((), ndevices)
-        data_type = trp._data_type(precision)
-        names = [f"t{pos}" for pos in range(len(tables))]
-        configs = [EmbeddingBagConfig(name=name, embedding_dim=t.dim, num_embeddings=t.row,
-                                      feature_names=[f"f{pos}"], data_type=data_type)
-                   for pos, (name, t) in enumerate(zip(names, tables))]
-        ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-        types = self.types_for(ndevices)
-        kernels = ["fused"] + (["dense"] if "data_parallel" in types else [])
-        constraints = {name: ParameterConstraints(sharding_types=list(types), compute_kernels=list(kernels),
-                                                  pooling_factors=[float(t.pooling_factor)])
-                       for name, t in zip(names, tables)}
-        lws = self.local_world_size if self.local_world_size and ndevices % self.local_world_size == 0 else None
-        topology = trp._topology(ndevices, int(math.floor(max_memory_gb * GB)), self.compute_device, lws)
-        local_batch = max(1, int(round(int(self.batch_size) / ndevices)))
-        enumerator = EmbeddingEnumerator(topology=topology, batch_size=local_batch, constraints=constraints,
-                                         estimator=self.estimators(topology, constraints, tables, names))
-        planner = EmbeddingShardingPlanner(
-            topology=topology, batch_size=local_batch, enumerator=enumerator, constraints=constraints,
-            storage_reservation=FixedPercentageStorageReservation(float(self.reserve)),
-            stats=NoopEmbeddingStats(), debug=False)
-        try:
-            logging.disable(logging.WARNING)   # a "Sharding spec not found" warning per data-parallel table
-            try:
-                sharding_plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
-            finally:
-                logging.disable(logging.NOTSET)
-        except PlannerError as exc:
-            raise InfeasibleError(
-                f"infeasible: TorchRec's planner (emulated {self.card} estimator) found no plan for {len(tables)} "
-                f"tables on {ndevices} devices with {max_memory_gb:g} GB each: "
-                f"{trp._condense_planner_error(str(exc), tables)}") from None
-        self.last_plan = sharding_plan
-        plan, kinds = trp._plan_from_torchrec(sharding_plan, names, ndevices, tables)
-        self.last_info = {"torchrec_types": kinds}
-        if not plan.is_feasible(tables, max_memory_gb, precision):
-            worst = max(plan.device_memory_gb(tables, precision))
-            raise InfeasibleError(f"infeasible: TorchRec's plan puts {worst:.3f} GB of {precision} weights on a "
-                                  f"device, over the {max_memory_gb:g} GB cap")
-        return plan
-
 
 def load_sharder(path=None, batch_size: int | None = None, oracle: str | None = None, data_dir=None,
                  comm_bandwidth=None, comm_latency=None, memory_model: str = "torchrec", reserve: float = 0.0,
-                 compute_device: str = "cuda", local_world_size: int | None = None,
+                 compute_device: str | None = None, local_world_size: int | None = None,
                  sharding_types: Sequence[str] | None = None, **_ignored) -> EmulatedTorchRecSharder:
     """``--alg torchrec-emu``. ``oracle``: ``emulated:<card>`` picks the card (default h200; the estimator
     has no model of the measured CPU landscape, so another oracle still gets the H200's); ``data_dir``:
@@ -120,12 +61,14 @@ def load_sharder(path=None, batch_size: int | None = None, oracle: str | None = 
     trp._torchrec()
     from shardkit_planner.costmodel import length_cvs
 
-    card = oracle.split(":", 1)[1] if oracle and oracle.lower().startswith("emulated:") else "h200"
+    card_given = bool(oracle and oracle.lower().startswith("emulated:"))
+    card = oracle.split(":", 1)[1] if card_given else "h200"
     batch = int(batch_size or trp.DEFAULT_BATCH_SIZE)
     comm = CommModel(**({"bandwidth_gbps": float(comm_bandwidth)} if comm_bandwidth else {}),
                      **({"latency_us": float(comm_latency)} if comm_latency is not None else {}))
+    hardware = trp.hardware_for(oracle if card_given else f"emulated:{card}", comm_bandwidth, comm_latency)
     return EmulatedTorchRecSharder("torchrec-emu", batch_size=batch, memory_model=memory_model, reserve=reserve,
-                                   compute_device=compute_device, local_world_size=local_world_size,
+                                   compute_device=compute_device, hardware=hardware, local_world_size=local_world_size,
                                    sharding_types=tuple(sharding_types) if sharding_types else None,
                                    card=card, comm=comm,
                                    length_cv=length_cvs(data_dir, batch) if data_dir else None)

@@ -191,10 +191,11 @@ def test_estimator_prices_shards_with_the_emulator_and_the_exchange_model():
             (fw, bw), = gpu.predict_many([[t]], B, length_cv=[[gpu.default_cv]])
             perf = o.shards[0].perf
             assert math.isclose(perf.fwd_compute, fw) and math.isclose(perf.bwd_compute, bw)
-            # its comm is what it adds to the oracle's exchange on its rank, less the collective's latency
+            # its comm is what it adds to the oracle's exchange on its rank (its ids and pooled outputs
+            # forward, its pooled gradients backward), less the collectives' latencies
             widths = [spec[i][1], 0, 0, 0]
-            efw, ebw = comm.exchange_ms(widths, B)
-            assert math.isclose(perf.fwd_comms, efw[0] - comm.latency_us * 1e-3)
+            efw, ebw = comm.exchange_ms(widths, B, [pfs[i] + 1.0, 0, 0, 0])
+            assert math.isclose(perf.fwd_comms, efw[0] - 2 * comm.latency_us * 1e-3)
             assert math.isclose(perf.bwd_comms, ebw[0] - comm.latency_us * 1e-3)
         if o.sharding_type == "row_wise":   # the id all-to-all forward, the pooled outputs both ways
             p = o.shards[0].perf
