@@ -186,8 +186,20 @@ class Runner:
 
     @staticmethod
     def execute(cmd: list[str], log: Path) -> int:
+        """The command's exit status; interrupted (Ctrl-C, SIGTERM), it is asked to stop (SIGTERM, so
+        a trainer stops its own workers), killed after 60 s, and the interruption goes on."""
         with open(log, "w") as fh:
-            return subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT).returncode
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+            try:
+                return proc.wait()
+            except BaseException:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                raise
 
 
 def oracle_flags(args) -> list[str]:
@@ -344,7 +356,8 @@ def check_args(args) -> list[str]:
     return [m for m in METHODS if m in stages]
 
 
-def write_manifest(staging: Path, args, tasks: dict, entries: dict, old: dict, argv: list[str], started: str) -> dict:
+def write_manifest(staging: Path, args, tasks: dict, entries: dict, old: dict, argv: list[str], started: str,
+                   code: dict) -> dict:
     """Copy the new checkpoints into ``staging`` and write its MANIFEST.json (entries of methods not
     run are kept from ``old``, the existing manifest)."""
     import torch
@@ -384,7 +397,7 @@ def write_manifest(staging: Path, args, tasks: dict, entries: dict, old: dict, a
                  + f" at batch {args.batch_size} on the {TASKS_TRAIN} training tasks of DLRM-{TASKS_T} "
                    f"({args.ndevices} devices, cap {args.max_memory:g} GB)"),
         "command": shlex.join(["python", rel(Path(__file__)), *argv]),
-        "started": started, "finished": now(), "code": code_version(),
+        "started": started, "finished": now(), "code": code,
         "python": sys.version.split()[0], "torch": torch.__version__, "machine": mach,
         "checkpoints": dict(sorted(ckpts.items())),
     }
@@ -405,10 +418,26 @@ def swap_in(staging: Path, out: Path) -> None:
 
 
 def main(argv=None) -> int:
+    import signal
+    import threading
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt   # unwinds like Ctrl-C: the running stage is stopped, the staging folder removed
+
+    if threading.current_thread() is not threading.main_thread():
+        return build(argv)
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return build(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def build(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     methods = check_args(args)
-    started = now()
+    started, code = now(), code_version()     # the code as it was when the run started
     out, work = Path(args.out_dir), Path(args.work_dir)
     old = {}
     if (out / MANIFEST).is_file():
@@ -442,7 +471,7 @@ def main(argv=None) -> int:
                 shutil.rmtree(staging / m, ignore_errors=True)
         else:
             staging.mkdir(parents=True)
-        manifest = write_manifest(staging, args, tasks, entries, old, argv, started)
+        manifest = write_manifest(staging, args, tasks, entries, old, argv, started, code)
         swap_in(staging, out)
     finally:
         if staging.exists():
