@@ -13,7 +13,9 @@ Stages, each a subprocess of this interpreter with its output in <work-dir>/logs
     same table split), train_compute_cost_model.py, train_comm_cost_model.py;
 (3) DreamShard: train_dreamshard.py on the training tasks (--ds-iterations iterations);
 (4) AutoShard: train_autoshard.py on the training tasks (--as-steps steps or --as-time-limit minutes,
-    whichever comes first; the steps reached are in the manifest).
+    whichever comes first; the steps reached are in the manifest). The anchor keeps what planning
+    needs; the learner's resume state (optimizers, cost-model buffer: 95% of the file) stays in the
+    full checkpoint in <work-dir>/autoshard/model.pt.
 
 Outputs (<out-dir>, default models/anchors/h200): dreamshard/<N-1>.pt, autoshard/model.pt,
 neuroshard/{compute,fw_comm,bw_comm}.pt, train_tasks.txt and MANIFEST.json (per checkpoint: the
@@ -47,6 +49,7 @@ from shardcore.errors import ShardError  # noqa: E402
 METHODS = ("neuroshard", "dreamshard", "autoshard")    # the order they run in
 MANIFEST = "MANIFEST.json"
 TASKS_T, TASKS_TRAIN, TASKS_TEST = 50, 50, 10            # DLRM-50: 50 tables, 50 training and 10 test tasks
+RESUME_STATE = ("optimizer", "cost_optimizer", "cost_buffer")   # AutoShard's learner state, only for --resume
 
 
 def build_parser():
@@ -300,10 +303,24 @@ def stage_autoshard(args, run: Runner, work: Path, train: Path) -> dict:
     check_checkpoint(xp / "model.pt", "autoshard")
     import torch
 
-    steps = torch.load(xp / "model.pt", map_location="cpu", weights_only=True).get("steps")
+    from shardcore.io import torch_save
+
+    full = xp / "model.pt"
+    ckpt = torch.load(full, map_location="cpu", weights_only=True)
+    steps = ckpt.get("steps")
+    extra = dict(ckpt.get("extra") or {})
+    dropped = [k for k in RESUME_STATE if k in extra]
+    ckpt["extra"] = {k: v for k, v in extra.items() if k not in RESUME_STATE}
+    slim = xp / "model.anchor.pt"
+    torch_save(ckpt, slim)
     episodes = _count_rows(xp / "episodes.csv")
     return {"autoshard/model.pt": {
-        "source": xp / "model.pt", "stages": [info], "steps_reached": steps, "episodes": episodes,
+        "source": slim, "stages": [info], "steps_reached": steps, "episodes": episodes,
+        "learner_state_dropped": {
+            "keys": [f"extra.{k}" for k in dropped], "full_checkpoint": rel(full), "full_bytes": full.stat().st_size,
+            "full_sha256": sha256(full),
+            "why": "the learner's resume state (optimizers, the cost model's shard buffer) is not needed to plan "
+                   "and is most of the file; --resume needs the full checkpoint, kept in the work folder"},
         "budget": f"--total-steps {args.as_steps} or --time-limit {args.as_time_limit:g} min, whichever first",
         "note": "the actor-learner is asynchronous: the steps reached within the time limit and the exact "
                 "weights depend on the machine's speed, so a rerun is comparable, not bit-identical"}}
@@ -388,6 +405,7 @@ def write_manifest(staging: Path, args, tasks: dict, entries: dict, old: dict, a
                "date": stages[-1]["finished"], "machine": mach,
                "load_average": [s["load_average_before"] for s in stages],
                "logs": [s["log"] for s in stages], "log_tail": stages[-1]["log_tail"]}
+        rec["code"] = code
         rec.update(shared)
         rec.update({k: v for k, v in e.items() if k not in ("source", "stages")})
         ckpts[key] = rec
