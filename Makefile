@@ -10,7 +10,7 @@ TASKS  := data/dlrm_tasks_50
 DEMO_ALGS := random,naive,dim_greedy,size_greedy,lookup_greedy,size_lookup_greedy
 DEMO_MEASURED := random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy
 
-.PHONY: demo test install clean experiments
+.PHONY: demo test install clean experiments anchors
 
 install: $(STAMP)
 
@@ -53,6 +53,12 @@ experiments: $(STAMP)
 	test -f $(DATA)/table_configs.json -a -f $(DATA)/data.pt || $(PY) tools/gen_dlrm_data.py --synthetic --out-dir $(DATA)
 	$(PY) tools/run_experiments.py --scale small --data-dir $(DATA) --out-dir results
 	$(PY) tools/bench_planning.py --data-dir $(DATA) --out-dir results --models-dir models/experiments/small
+
+# The learned anchors: DreamShard, AutoShard and NeuroShard trained with fixed seeds against the emulated
+# H200 (held-out fit, batch 65536) on the 50 training tasks of DLRM-50 (4), into models/anchors/h200/ with
+# MANIFEST.json (tools/train_anchors.py --help; about 25 minutes on a 2-core CPU).
+anchors: $(STAMP)
+	$(PY) tools/train_anchors.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
