@@ -23,6 +23,9 @@ LABELS = {"random": "Random", "naive": "Naive", "size_greedy": "Size-based", "di
 # declared planners that are comparisons for eval.py, not columns of the results table: TorchRec's
 # planner priced by the emulated H200 (the table has TorchRec's own planner as its TorchRec column)
 NOT_IN_TABLE = ("torchrec-emu",)
+# a measured oracle repeats itself only within a few percent: every plan measured in this many
+# interleaved rounds, the medians kept (shardcore.compare.evaluate's repeats)
+MEASURED_REPEATS = 3
 
 
 def planners() -> tuple[str, ...]:
@@ -160,6 +163,8 @@ class ExperimentConfig:
     no_cache: bool = False
     timeout: float = 120.0
     oracle: str = "measured"                 # or "emulated:h200" (shardcore.oracles)
+    emulator_fit: str = "heldout"            # which fit of an emulated card judges (shardcore.oracles.EMULATOR_FITS)
+    repeats: int | None = None               # rounds per plan; None: 3 on a measured oracle (noisy), 1 emulated
     comm_bandwidth: float | None = None      # modelled all-to-all (None: the model's default)
     comm_latency: float | None = None
     skip_train: bool = False
@@ -212,4 +217,11 @@ class ExperimentConfig:
         from shardcore.oracles import parse_oracle
 
         c.oracle = parse_oracle(self.oracle)
+        from shardcore.oracles import EMULATOR_FITS, MEASURED
+
+        if c.emulator_fit not in EMULATOR_FITS:
+            raise ShardError(f"--emulator-fit must be one of {', '.join(EMULATOR_FITS)}, got {c.emulator_fit!r}")
+        c.repeats = (MEASURED_REPEATS if c.oracle == MEASURED else 1) if self.repeats is None else int(self.repeats)
+        if c.repeats < 1:
+            raise ShardError(f"--repeats must be at least 1, got {c.repeats}")
         return c

@@ -69,6 +69,16 @@ class GuardedSharder(Sharder):
         """FAILED after a call that failed, else None (then the result says what happened)."""
         return report.Outcome.FAILED if self.failure is not None else None
 
+    @property
+    def last_info(self) -> dict:
+        """The inner planner's statistics of its last plan (TorchRec's types and configuration...)."""
+        info = getattr(self.inner, "last_info", None)
+        return dict(info) if isinstance(info, dict) and self.failure is None else {}
+
+    @property
+    def measures_candidates(self) -> bool:
+        return bool(getattr(self.inner, "measures_candidates", False))
+
 
 def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: int | None,
                    learned: dict[str, dict[int, LearnedModel]], notes: list[str] | None = None,
@@ -84,7 +94,7 @@ def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: in
         if alg in BASELINES:
             sharders[alg] = algorithms.resolve(alg, seed=seed)
         elif alg in PLUGINS or alg in planners():
-            kwargs = dict(planner_kwargs or {}) if alg in planners() else {}
+            kwargs = dict(planner_kwargs or {})   # the judged hardware: TorchRec's planner is configured for it too
             try:
                 sharders[alg] = GuardedSharder(alg, inner=algorithms.resolve(alg, seed=seed, batch_size=batch_size,
                                                                              **kwargs))
@@ -177,6 +187,8 @@ def set_oracle(cfg: ExperimentConfig, ndevices: int):
                         if v is not None})
     kwargs = {k: v for k, v in (("bench_iters", cfg.bench_iters), ("warmup_iters", cfg.warmup_iters))
               if v is not None}
+    if cfg.oracle != "measured":
+        kwargs["emulator_fit"] = cfg.emulator_fit
     return open_oracle(cfg.data_dir, ndevices, oracle=cfg.oracle, device_ids=list(range(ndevices)),
                        optimizer=cfg.optimizer, precision=cfg.precision, batch_size=cfg.batch_size,
                        comm_model=comm, cache=cfg.cache_path if cfg.cache_path else True,
@@ -205,7 +217,7 @@ def measure_set(cfg: ExperimentConfig, ts: TaskSetDef, tasks, dataset_tables, sh
         with tqdm(total=len(tasks) * len(sharders), desc=ts.name, unit="plan",
                   disable=(not progress) if progress is not None else None) as bar:
             results = evaluate(tasks, dataset_tables, sharders, Topology(ts.ndevices, cfg.max_memory, cfg.precision),
-                               oracle=ev, on_result=on_result, progress=bar)
+                               oracle=ev, on_result=on_result, progress=bar, repeats=cfg.repeats)
         return SetOutcome(ts, results, report.summarize(results, ts.name, seed=cfg.seed), used, ev.startup_s,
                           time.perf_counter() - t1, ev.device_type, ev.batch_size)
 
@@ -255,6 +267,7 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
         set_notes: list[str] = []
         planner_kwargs = {"oracle": cfg.oracle, "data_dir": cfg.data_dir, "comm_bandwidth": cfg.comm_bandwidth,
                           "comm_latency": cfg.comm_latency, "cache_path": cfg.cache_path,
+                          "emulator_fit": cfg.emulator_fit,
                           # tables a model fitted from the cache must not have seen
                           "exclude_task_files": [str(task_dirs[t] / "test.txt") for t in cfg.task_sets]}
         sharders, used = build_sharders(algs, ts.ndevices, cfg.seed, batch_size, learned, set_notes,

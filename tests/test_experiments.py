@@ -258,6 +258,30 @@ def test_config_errors():
     assert config.all_algs()[-4:] == ("autoshard", "dreamshard", "neuroshard", "shardkit")   # ours last
     assert config.label("shardkit") == "shardkit" and config.label("torchrec-tw") == "TorchRec (TW)"
     assert config.label("neuroshard") == "NeuroShard" and config.label("size_greedy") == "Size-based"
+    # a noisy measured oracle repeats every plan, an emulated one answers once; the judge is held out
+    assert config.ExperimentConfig().resolved().repeats == config.MEASURED_REPEATS == 3
+    emu = config.ExperimentConfig(oracle="emulated:h200").resolved()
+    assert emu.repeats == 1 and emu.emulator_fit == "heldout"
+    assert config.ExperimentConfig(oracle="emulated:h200", repeats=2).resolved().repeats == 2
+    with pytest.raises(ShardError, match="emulator-fit"):
+        config.ExperimentConfig(emulator_fit="bogus").resolved()
+    with pytest.raises(ShardError, match="repeats"):
+        config.ExperimentConfig(repeats=0).resolved()
+
+
+def test_torchrec_column_is_configured_for_the_judged_hardware():
+    """TorchRec's planner gets the judged hardware like the declared planners, and its record keeps the
+    configuration it ran with (through the guard)."""
+    pytest.importorskip("torchrec")
+    from experiments.pipeline import build_sharders
+    from shardcore.tables import TableConfig
+
+    kwargs = {"oracle": "emulated:h200", "comm_bandwidth": 123.0, "comm_latency": 7.0, "data_dir": None}
+    sharders, _ = build_sharders(["torchrec"], 2, 0, 65536, {}, planner_kwargs=kwargs)
+    tables = [TableConfig(i, 1000 * (i + 1), 16, 2.0 + i) for i in range(4)]
+    sharders["torchrec"].shard(tables, 2, 1.0)
+    cfg = sharders["torchrec"].last_info["torchrec_config"]
+    assert cfg["compute_device"] == "cuda" and cfg["intra_host_bw_gbps"] == 123.0 and cfg["batch_per_rank"] == 32768
 
 
 @pytest.mark.parametrize("script,args", [

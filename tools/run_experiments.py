@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument(f"--{m}-args", default="", metavar="'FLAGS'",
                        help=f"extra flags for train_{m}.py, appended after the scale's; write them with '=', e.g. "
                             f"--{m}-args='--seed 3'")
+    p.add_argument("--repeats", type=positive_int, default=None, metavar="N",
+                   help="measure every plan in N interleaved rounds and keep the medians (default 3 on the "
+                        "measured oracle, whose rounds differ by a few percent; 1 on an emulated one)")
     p.add_argument("--quiet", action="store_true", help="do not echo the training scripts' output (it is logged)")
     add_oracle_args(p)
     return p
@@ -107,6 +110,7 @@ def main(argv=None):
         warmup_iters=args.warmup_iters, optimizer=args.optimizer, cache_path=args.cache_path,
         no_cache=args.no_cache, timeout=args.timeout, skip_train=args.skip_train, retrain=args.retrain,
         oracle=args.oracle, comm_bandwidth=args.comm_bandwidth, comm_latency=args.comm_latency,
+        emulator_fit=args.emulator_fit, repeats=args.repeats,
         model_paths={m: getattr(args, f"{m}_model") for m in learned_methods()},
         train_args={m: getattr(args, f"{m}_args") for m in learned_methods()},
         train_timeout_s=args.train_timeout,
