@@ -38,10 +38,28 @@ DATA_FILE = "data.pt"
 FORMAT = "shardcore-lookups-v1"
 
 
+COST_DATA_FILES = ("compute_costs.csv", "comm_costs.csv")   # what the cost-data collectors write
+
+
+def _cost_data_files(folder: Path) -> str:
+    """The cost-data files (``collect_compute_cost_data.py`` / ``collect_comm_cost_data.py`` output) in
+    ``folder`` or one level below it, as text ('' when there are none)."""
+    found = []
+    for name in COST_DATA_FILES:
+        found += [str(p.relative_to(folder)) for p in sorted(folder.glob(name)) + sorted(folder.glob(f"*/{name}"))]
+    return ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+
+
 def load_table_configs(path: str | os.PathLike) -> list[TableConfig]:
     """Read a ``table_configs.json``; tables come back ordered by ``index`` (which must be 0..T-1)."""
     path = Path(path)
     if not path.is_file():
+        cost_data = _cost_data_files(path.parent)
+        if cost_data:
+            raise ShardError(f"table configs not found: {path.parent} holds cost data ({cost_data}), not a dataset: "
+                             "here --data-dir/--data_dir names the dataset (table_configs.json, e.g. "
+                             f"{DEFAULT_DATA_DIR}); cost models trained on that data are given with --compute-model, "
+                             "--fw-comm-model and --bw-comm-model")
         raise ShardError(f"table configs not found: {path} (run tools/gen_dlrm_data.py first)")
     try:
         obj = json.loads(io.read_text(path, "table_configs.json (JSON)"))
