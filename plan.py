@@ -371,6 +371,28 @@ def plan_kwargs(args, alg, batch, data_dir, landscape):
     return kwargs
 
 
+def keep_torchrec_expressible(sharder, ndevices: int) -> None:
+    """shardkit's search kept to what TorchRec applies on one host (``--torchrec``): a row-wise table over
+    every rank in rank order, never over a subset (shardkit_torchrec's cost model; without TorchRec
+    installed, no row-wise tables at all)."""
+    try:
+        from shardkit_torchrec.planner import TorchRecCostModel
+    except Exception:   # noqa: BLE001 - TorchRec missing or broken: the plain file can still be written
+        sharder.types = tuple(t for t in sharder.types if t != "row_wise")
+        return
+    factory = sharder.model_factory
+    sharder.model_factory = lambda: TorchRecCostModel.wrap(factory(), ndevices)
+
+
+def torchrec_problem(tables, names, plan) -> str | None:
+    """Why TorchRec cannot apply ``plan`` on one host (None when it can)."""
+    for n, s in zip(names, plan.table_shardings(tables)):
+        if s.type == "row_wise" and list(s.devices) != list(range(plan.ndevices)):
+            return (f"table {n!r} is row-wise over ranks {list(s.devices)}: TorchRec's row_wise spans every rank "
+                    "in rank order (and table_row_wise a whole host)")
+    return None
+
+
 def main(argv=None):
     import tempfile
 
@@ -423,6 +445,8 @@ def main(argv=None):
             oracle, data_dir = open_pricing_oracle(args, tables, batch, ndevices, devices, workdir)
         sharders = {a: algorithms.resolve(a, seed=args.seed, **plan_kwargs(args, a, batch, data_dir, landscape))
                     for a in algs}
+        if args.torchrec and "shardkit" in sharders:
+            keep_torchrec_expressible(sharders["shardkit"], ndevices)
         topology = Topology(ndevices, args.max_memory, args.weights_precision)
         task = [Task(tuple(t.index for t in positions))]
         if oracle is None:
@@ -456,6 +480,9 @@ def main(argv=None):
     if not chosen.feasible:
         raise ShardError(f"--pick {chosen.alg}: {chosen.error}")
     plan = chosen.plan()
+    if args.torchrec and torchrec_problem(tables, names, plan):
+        raise ShardError(f"--torchrec: {chosen.alg}'s plan cannot be applied by TorchRec: "
+                         f"{torchrec_problem(tables, names, plan)}; --pick another planner")
     table, imb, worst = summary(tables, names, plan, devices, args.max_memory, args.weights_precision)
     if oracle is None:
         for r in results:
