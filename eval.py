@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
     p.add_argument("--export-torchrec", default=None, metavar="DIR",
                    help="also write every plan as DIR/<alg>/task_<k>.json (plain) and .torchrec.json "
-                        "(TorchRec ParameterSharding, every sharding type) plus DIR/index.json")
+                        "(TorchRec ParameterSharding, every sharding type) plus DIR/index.json; tables are named as "
+                        "table_configs.json names them ('name'), else table_<index>")
     ns = p.add_argument_group("NeuroShard (--alg neuroshard)")
     ns.add_argument("--compute-model", "--compute_model", dest="compute_model", default=None, metavar="PT",
                     help="pre-trained compute cost model (default models/neuroshard/compute.pt)")
@@ -86,6 +87,16 @@ def measured_batch_size(args) -> int | None:
     if os.path.isfile(os.path.join(args.data_dir, "data.pt")):
         return load_dataset(args.data_dir).batch_size   # memory-mapped, checked against the configs: cheap
     return configs_batch_size(args.data_dir)
+
+
+def _repeat_counts(tables) -> list[int]:
+    """Per table, how many times its index came before it in the task (NeuroShard's tasks repeat ids)."""
+    seen: dict[int, int] = {}
+    out = []
+    for t in tables:
+        out.append(seen.get(t.index, 0))
+        seen[t.index] = out[-1] + 1
+    return out
 
 
 def check_outputs(args) -> None:
@@ -192,7 +203,17 @@ def main(argv=None):
     if args.export_torchrec:
         from shardcore.plan_export import PlanRecord, export_plans
 
-        records = [PlanRecord(r.task, r.alg, tasks[r.task].tables(dataset.tables), r.plan()) for r in results]
+        from shardcore.dataset import table_names
+        from shardcore.plan_export import default_names
+
+        named = table_names(args.data_dir)   # the tables' own names where the configs give them
+
+        def names_of(tables):
+            return [named[t.index] if t.index in named and k == 0 else d
+                    for t, d, k in zip(tables, default_names(tables), _repeat_counts(tables))]
+
+        records = [PlanRecord(r.task, r.alg, tasks[r.task].tables(dataset.tables), r.plan(),
+                              names_of(tasks[r.task].tables(dataset.tables))) for r in results]
         paths = export_plans(args.export_torchrec, records, args.max_memory, args.weights_precision)
         print(f"exported {len(paths) - 1} plan files to {args.export_torchrec}/ (index.json lists them)")
     if args.out:

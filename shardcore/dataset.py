@@ -76,6 +76,24 @@ def load_table_configs(path: str | os.PathLike) -> list[TableConfig]:
     return tables
 
 
+def table_names(data_dir: str | os.PathLike) -> dict[int, str]:
+    """``{index: name}`` of the tables whose entry in ``table_configs.json`` carries a ``name`` (as
+    ``plan.py``'s JSON tables do); tables without one are left out ({} when the file names none)."""
+    path = Path(data_dir) / CONFIGS_FILE
+    try:
+        obj = json.loads(io.read_text(path, "table_configs.json (JSON)"))
+    except (ShardError, json.JSONDecodeError):
+        return {}
+    entries = obj.get("tables") if isinstance(obj, dict) else None
+    out = {}
+    for k, e in enumerate(entries or []):
+        if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"]:
+            index = e.get("index", k)
+            if isinstance(index, int):
+                out[index] = e["name"]
+    return out
+
+
 def save_table_configs(path: str | os.PathLike, tables: Sequence[TableConfig], batch_size: int | None = None) -> None:
     """Write ``table_configs.json``; ``batch_size`` (the batch the pooling factors and reuse bins were
     taken at) is recorded beside the tables, so an emulated oracle can use the configs without

@@ -244,3 +244,24 @@ def test_batch_from_the_json_and_no_silent_guess(tmp_path, capsys):
         run_plan("--tables", bare, "--alg", "random", "--pick", "naive")
     with pytest.raises(ShardError, match="table_configs.json with its data.pt"):
         run_plan("--tables", bare, "--alg", "random", "--oracle", "measured", "--batch-size", 64)
+
+
+def test_eval_export_torchrec_uses_the_tables_names(tmp_path, capsys):
+    """eval.py --export-torchrec names tables as table_configs.json does (plan.py's JSON carries names)."""
+    import eval as eval_script
+    from helpers import make_dataset
+    from shardcore.tasks import Task, save_tasks
+
+    make_dataset(tmp_path / "ds", num_tables=6, batch_size=8)
+    cfg_path = tmp_path / "ds" / "table_configs.json"
+    cfg = json.loads(cfg_path.read_text())
+    for t in cfg["tables"]:
+        if t["index"] != 5:
+            t["name"] = f"feature_{t['index']}"
+    cfg_path.write_text(json.dumps(cfg))
+    save_tasks(tmp_path / "t.txt", [Task((0, 5, 2))])
+    eval_script.main(["--alg", "lookup_greedy", "--data-dir", str(tmp_path / "ds"), "--task-path",
+                      str(tmp_path / "t.txt"), "--ndevices", "2", "--plan-only", "--quiet",
+                      "--export-torchrec", str(tmp_path / "exp")])
+    trec = json.loads((tmp_path / "exp" / "lookup_greedy" / "task_0000.torchrec.json").read_text())
+    assert [t["name"] for t in trec["tables"]] == ["feature_0", "table_5", "feature_2"]
