@@ -130,6 +130,8 @@ def main(argv=None):
               # the landscape and the flags a planner with its own cost model reads (others ignore them)
               "oracle": args.oracle, "data_dir": args.data_dir, "comm_bandwidth": args.comm_bandwidth,
               "comm_latency": args.comm_latency, "cache_path": args.cache_path, "emulator_fit": args.emulator_fit,
+              # tables a planner that calibrates on the machine (shardkit) never measures: the evaluated tasks'
+              "exclude_task_files": [args.task_path],
               **algorithms.plugin_kwargs(args)}
     if getattr(args, "shardkit_refine", None) and args.plan_only:
         raise ShardError("--shardkit-refine measures candidates: it cannot be used with --plan-only")

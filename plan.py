@@ -381,7 +381,7 @@ def keep_torchrec_expressible(sharder, ndevices: int) -> None:
         sharder.types = tuple(t for t in sharder.types if t != "row_wise")
         return
     factory = sharder.model_factory
-    sharder.model_factory = lambda: TorchRecCostModel.wrap(factory(), ndevices)
+    sharder.model_factory = lambda *oracle: TorchRecCostModel.wrap(factory(*oracle), ndevices)
 
 
 def torchrec_problem(tables, names, plan) -> str | None:
