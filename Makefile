@@ -1,4 +1,5 @@
-# make demo: synthetic data -> tasks -> baselines, short DreamShard and AutoShard runs, measured side by side.  make test: the test suite.
+# make demo: synthetic data -> tasks -> baselines, short DreamShard and AutoShard runs, then the baselines, TorchRec's planner,
+# both learned methods and shardkit measured side by side on the same tasks, the hardware named.  make test: the test suite.
 # Both create .venv and install what they need (torch 2.13.0 CPU, fbgemm-gpu-cpu 1.8.0, torchrec 1.8.0
 # without its dependencies, so that the CUDA fbgemm-gpu never replaces the CPU build).
 PYTHON ?= python3
@@ -29,7 +30,9 @@ test: $(STAMP)
 	SHARDKIT_REQUIRE_TORCHREC=1 $(PY) -m pytest -q tests
 
 # The demo: synthetic data (856 tables, batch 4096), 50-table tasks, every baseline planned, short
-# DreamShard and AutoShard trainings, then the baselines and both measured side by side on 4 logical devices.
+# DreamShard and AutoShard trainings, then the baselines, TorchRec's planner, both learned methods and shardkit
+# measured side by side on 4 logical devices (shardkit fits its cost model of this machine on the measurements
+# the trainings left in the cache, measuring more of the training tables if it needs to, at most 60 s).
 demo: $(STAMP)
 	$(PY) tools/gen_dlrm_data.py --synthetic --out-dir $(DATA)
 	$(PY) tools/gen_tasks.py --data-dir $(DATA) --T 50 --num-train 50 --num-test 10 --out-dir $(TASKS)
@@ -41,9 +44,9 @@ demo: $(STAMP)
 	rm -rf models/demo_autoshard
 	$(PY) train_autoshard.py --task-path $(TASKS)/train.txt --data-dir $(DATA) --gpu-devices 0,1,2,3 \
 		--max-memory 5 --savedir models --xpid demo_autoshard --total-steps 20000 --time-limit 3 --bench-iters 3
-	$(PY) eval.py --alg $(DEMO_MEASURED),models/demo_dreamshard/2.pt,models/demo_autoshard/model.pt --task-path $(TASKS)/test.txt \
-		--data-dir $(DATA) --gpu-devices 0,1,2,3 --max-memory 5 --max-tasks 5 --quiet \
-		--task-set "DLRM-50 (4)" --out data/demo_results.jsonl
+	$(PY) eval.py --alg $(DEMO_MEASURED),torchrec,models/demo_dreamshard/2.pt,models/demo_autoshard/model.pt,shardkit \
+		--task-path $(TASKS)/test.txt --data-dir $(DATA) --gpu-devices 0,1,2,3 --max-memory 5 --max-tasks 5 --quiet \
+		--shardkit-calibrate 60 --task-set "DLRM-50 (4)" --out data/demo_results.jsonl
 
 # The experiments: the paper-style results table and plots at the small scale (DLRM-20/50 on 4 devices,
 # DLRM-40/80 on 8, 5 test tasks each, every algorithm incl. short training of the learned methods) and

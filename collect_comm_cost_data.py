@@ -50,8 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also import the all-to-alls of every plan in the measurement cache (same setting "
                         "and device count; measured without delays)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--weights-precision", choices=["fp16", "fp32"], default="fp32",
+                   help="weights precision of the recorded setting (default fp32, as the other cost-data scripts, "
+                        "train_neuroshard.py and eval_simulator.py count; the exchange itself carries fp32 pooled "
+                        "outputs either way)")
     add_oracle_args(p)
-    p.set_defaults(weights_precision="fp16")
     return p
 
 

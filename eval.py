@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
     p.add_argument("--export-torchrec", default=None, metavar="DIR",
                    help="also write every plan as DIR/<alg>/task_<k>.json (plain) and .torchrec.json "
-                        "(TorchRec ParameterSharding, every sharding type) plus DIR/index.json")
+                        "(TorchRec ParameterSharding, every sharding type) plus DIR/index.json; tables are named as "
+                        "table_configs.json names them ('name'), else table_<index>")
     ns = p.add_argument_group("NeuroShard (--alg neuroshard)")
     ns.add_argument("--compute-model", "--compute_model", dest="compute_model", default=None, metavar="PT",
                     help="pre-trained compute cost model (default models/neuroshard/compute.pt)")
@@ -88,6 +89,16 @@ def measured_batch_size(args) -> int | None:
     return configs_batch_size(args.data_dir)
 
 
+def _repeat_counts(tables) -> list[int]:
+    """Per table, how many times its index came before it in the task (NeuroShard's tasks repeat ids)."""
+    seen: dict[int, int] = {}
+    out = []
+    for t in tables:
+        out.append(seen.get(t.index, 0))
+        seen[t.index] = out[-1] + 1
+    return out
+
+
 def check_outputs(args) -> None:
     """Refuse unwritable --out / --export-torchrec paths before any planning or measuring."""
     if args.out:
@@ -119,6 +130,8 @@ def main(argv=None):
               # the landscape and the flags a planner with its own cost model reads (others ignore them)
               "oracle": args.oracle, "data_dir": args.data_dir, "comm_bandwidth": args.comm_bandwidth,
               "comm_latency": args.comm_latency, "cache_path": args.cache_path, "emulator_fit": args.emulator_fit,
+              # tables a planner that calibrates on the machine (shardkit) never measures: the evaluated tasks'
+              "exclude_task_files": [args.task_path],
               **algorithms.plugin_kwargs(args)}
     if getattr(args, "shardkit_refine", None) and args.plan_only:
         raise ShardError("--shardkit-refine measures candidates: it cannot be used with --plan-only")
@@ -192,7 +205,17 @@ def main(argv=None):
     if args.export_torchrec:
         from shardcore.plan_export import PlanRecord, export_plans
 
-        records = [PlanRecord(r.task, r.alg, tasks[r.task].tables(dataset.tables), r.plan()) for r in results]
+        from shardcore.dataset import table_names
+        from shardcore.plan_export import default_names
+
+        named = table_names(args.data_dir)   # the tables' own names where the configs give them
+
+        def names_of(tables):
+            return [named[t.index] if t.index in named and k == 0 else d
+                    for t, d, k in zip(tables, default_names(tables), _repeat_counts(tables))]
+
+        records = [PlanRecord(r.task, r.alg, tasks[r.task].tables(dataset.tables), r.plan(),
+                              names_of(tasks[r.task].tables(dataset.tables))) for r in results]
         paths = export_plans(args.export_torchrec, records, args.max_memory, args.weights_precision)
         print(f"exported {len(paths) - 1} plan files to {args.export_torchrec}/ (index.json lists them)")
     if args.out:

@@ -1,28 +1,39 @@
 #!/usr/bin/env python3
-"""Shard your own embedding tables and write the plan.
+"""Plan your own embedding tables with one or more planners, compare them on a cost oracle, write the plan.
 
+  python plan.py --tables my_tables.csv --ndevices 8 --max-memory 40 --batch-size 65536 \\
+      --alg size_lookup_greedy,torchrec,shardkit --oracle emulated:h200 --out plan.json --torchrec
   python plan.py --tables my_tables.csv --ndevices 4 --max-memory 16 --alg lookup_greedy --out plan.json
-  python plan.py --tables data/dlrm_datasets/table_configs.json --gpu-devices 0,1 --alg torchrec --out plan.json --torchrec
 
 --tables is a CSV with columns name, rows, dim, pooling_factor (optional: bin_0 .. bin_16, the access-reuse
-histogram that learned models read) or a table_configs.json ({"tables": [{"row", "dim", "pooling_factor", ...}]};
-names default to table_<index>). --alg is a baseline (random, naive, dim_greedy, size_greedy, lookup_greedy,
-size_lookup_greedy), torchrec (TorchRec's planner; needs TorchRec installed), or a trained model's checkpoint.
-The summary's lookup load (dim x pooling factor per device) is a hardware-free proxy of each device's work;
-eval.py measures plans on hardware. --out writes the plan as JSON; --torchrec also writes
-<out>.torchrec.json, which shardcore.plan_export.load_torchrec_plan turns into TorchRec's ShardingPlan.
+histogram: of a table's distinct rows in one batch, the share looked up once, twice, 3-4 times, ...; a line
+"# batch_size: B" states the batch the statistics were taken at) or a table_configs.json ({"tables": [{"row",
+"dim", "pooling_factor", ...}], "batch_size": B}; names default to table_<index>). --alg takes one or more
+(comma-separated) of: a baseline (random, naive, dim_greedy, size_greedy, lookup_greedy, size_lookup_greedy),
+torchrec (TorchRec's planner; needs TorchRec), torchrec-tw, torchrec-emu, shardkit, a learned method's name or
+a trained checkpoint.
+
+With --oracle every plan is priced on that oracle (emulated:h200: an NVIDIA H200 emulated from real
+measurements, which needs only the tables and the batch; measured: this machine, for a dataset's
+table_configs.json with its data.pt beside it) and the plans are printed side by side, cheapest first; --out
+writes the cheapest (or --pick ALG). Without --oracle each plan is summarised by its lookup load (dim x pooling
+factor per device), a hardware-free proxy. --out writes the plan as JSON; --torchrec also writes
+<out>.torchrec.json, which shardcore.plan_export.load_torchrec_plan turns into TorchRec's ShardingPlan
+(docs/planning-your-tables.md).
 """
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
 
 
 from shardcore import algorithms
-from shardcore.cli import (add_device_args, add_memory_args, device_ids, num_devices, positive_int,
-                           run_main)
+from shardcore.cli import (add_device_args, add_memory_args, device_ids, name_list, nonnegative_float,
+                           num_devices, positive_float, positive_int, run_main)
+from shardcore.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
 from shardcore.errors import ShardError
 from shardcore.compare import lookup_load
 from shardcore.io import check_output_file, read_text, write_json
@@ -75,7 +86,7 @@ def read_tables_csv(path: Path):
     text = read_text(path, "CSV or JSON tables file")
     if not text.strip():
         raise ShardError(f"{path}: empty file (expected a header: {', '.join(REQUIRED_COLUMNS)})")
-    reader = csv.DictReader(text.splitlines())
+    reader = csv.DictReader([line for line in text.splitlines() if not line.lstrip().startswith("#")])
     header = [h.strip() for h in (reader.fieldnames or [])]
     reader.fieldnames = header
     aliases = {"row": "rows"}
@@ -161,6 +172,35 @@ def read_tables(path):
     return read_tables_csv(path)
 
 
+def read_batch_size(path) -> int | None:
+    """The batch the tables' statistics were taken at, as the tables file states it: a JSON's top-level
+    ``batch_size``, or a CSV line ``# batch_size: B``; None when the file does not say."""
+    path = Path(path)
+    text = read_text(path, "CSV or JSON tables file")
+    if path.suffix.lower() == ".json":
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            return None   # read_tables reports it
+        value = obj.get("batch_size") if isinstance(obj, dict) else None
+        if value is None:
+            return None
+        where = f"{path}: batch_size"
+    else:
+        value = None
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            body = line.strip().lstrip("#").strip() if line.lstrip().startswith("#") else ""
+            key, sep, rest = body.replace("=", ":").partition(":")
+            if sep and key.strip().lower() in ("batch_size", "batch size", "batch"):
+                value, where = rest.strip(), f"{path}:{lineno}: batch_size"
+        if value is None:
+            return None
+    batch = _number(value, int, "batch_size", where)
+    if batch < 1:
+        raise ShardError(f"{where} must be a positive integer, got {value!r}")
+    return batch
+
+
 def check_fits(tables, names, max_memory_gb, precision):
     for t, n in zip(tables, names):
         need = t.memory_gb(precision)
@@ -192,26 +232,55 @@ def summary(tables, names, plan, devices, max_memory_gb, precision):
     return table, imb, max(mem)
 
 
+# planners whose plan depends on the batch (TorchRec's planners and shardkit price lookups per batch)
+BATCH_PLANNERS = ("torchrec", "torchrec-tw", "torchrec-emu", "shardkit")
+# planners that may split a table larger than the per-device cap by rows
+ROW_SPLITTERS = ("torchrec", "torchrec-emu", "shardkit")
+DEFAULT_PLAN_BATCH = 4096   # without an oracle, as before: the batch a batch-dependent planner assumes
+
+
 def build_parser():
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tables", required=True, metavar="FILE",
-                   help="CSV (name,rows,dim,pooling_factor[,bin_0..bin_16]) or table_configs.json")
+                   help="CSV (name,rows,dim,pooling_factor[,bin_0..bin_16]; a line '# batch_size: B' states the "
+                        "batch) or table_configs.json (a 'batch_size' key states the batch)")
     add_device_args(p)
     add_memory_args(p)
-    p.add_argument("--alg", default="lookup_greedy",
-                   help="random, naive, dim_greedy, size_greedy, lookup_greedy, size_lookup_greedy, torchrec "
-                        "(TorchRec's planner, every sharding type: table-, column-, row-wise, data-parallel), "
-                        "torchrec-tw (table-wise only), shardkit (shardkit's own planner: every sharding type, cost model "
-                        "and local search), or a trained model's checkpoint (default lookup_greedy)")
+    p.add_argument("--alg", default="lookup_greedy", type=name_list, metavar="ALGS",
+                   help="one or more planners, comma-separated: random, naive, dim_greedy, size_greedy, lookup_greedy, "
+                        "size_lookup_greedy, torchrec (TorchRec's planner, every sharding type: table-, column-, "
+                        "row-wise, data-parallel), torchrec-tw (table-wise only), torchrec-emu (TorchRec's planner "
+                        "priced by the emulated H200), shardkit (shardkit's own planner: every sharding type, cost "
+                        "model and local search), a learned method's name or a trained checkpoint (default "
+                        "lookup_greedy)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
-                   help="batch size TorchRec's planner or shardkit's cost model assumes (--alg torchrec / torchrec-tw / "
-                        "shardkit only; default 4096)")
+                   help="the global batch the plans are made and priced for (default: the tables file's batch_size; "
+                        f"without --oracle, {DEFAULT_PLAN_BATCH} for the planners that need one, said in a note). "
+                        "With an --oracle it must be known: from the file or this flag")
+    o = p.add_argument_group("pricing the plans (side by side)")
+    o.add_argument("--oracle", default=None, metavar="NAME",
+                   help="price every plan on this oracle and print them side by side: emulated:h200 (an NVIDIA H200 "
+                        "emulated from real measurements; needs only the tables and the batch) or measured (this "
+                        "machine's hardware: --tables must be a dataset's table_configs.json with its data.pt). "
+                        "Default: none (a hardware-free lookup-load summary per plan)")
+    o.add_argument("--pick", default=None, metavar="ALG",
+                   help="the plan --out writes (default: the cheapest on --oracle; without --oracle the only --alg)")
+    o.add_argument("--emulator-fit", default="heldout", choices=["heldout", "full"],
+                   help="which fit of the emulated GPU prices a plan (default heldout: never fitted on the plan's "
+                        "own tables, if they were among the measured ones; full: the shipped fit)")
+    o.add_argument("--comm-bandwidth", type=positive_float, default=DEFAULT_COMM_BANDWIDTH_GBPS, metavar="GB/S",
+                   help="modelled all-to-all bandwidth per device and direction on an emulated oracle (default "
+                        f"{DEFAULT_COMM_BANDWIDTH_GBPS:g}: NVLink 4 within one 8-GPU node, assumed)")
+    o.add_argument("--comm-latency", type=nonnegative_float, default=DEFAULT_COMM_LATENCY_US, metavar="US",
+                   help=f"modelled start-up of one all-to-all in microseconds (default {DEFAULT_COMM_LATENCY_US:g})")
+    o.add_argument("--cache-path", default=None, metavar="FILE",
+                   help="measurement cache of --oracle measured (default data/cost_cache.sqlite)")
     sk = p.add_argument_group("shardkit (--alg shardkit)")
-    sk.add_argument("--shardkit-oracle", default="emulated:h200", choices=["emulated:h200", "measured"],
-                    help="the landscape shardkit plans for: emulated:h200 (default; the emulator's model, needs "
-                         "nothing else) or measured (this machine's fitted model, models/shardkit/cpu_cost_model.json "
-                         "or --shardkit-model)")
+    sk.add_argument("--shardkit-oracle", default=None, choices=["emulated:h200", "measured"],
+                    help="the landscape shardkit plans for (default: --oracle's, else emulated:h200): emulated:h200 "
+                         "(the emulator's model, needs nothing else) or measured (this machine's fitted model, "
+                         "models/shardkit/cpu_cost_model.json or --shardkit-model)")
     algorithms.add_plugin_args(p, measuring=False, groups={"shardkit": sk})   # --shardkit-time, ...
     p.add_argument("--out", default=None, metavar="PLAN.json", help="write the plan as JSON (atomically)")
     p.add_argument("--torchrec", action="store_true",
@@ -222,10 +291,124 @@ def build_parser():
     return p
 
 
+def no_reuse_warning(tables, names) -> str | None:
+    """One line naming the tables without reuse statistics and what is assumed for them."""
+    missing = [n for t, n in zip(tables, names) if not any(t.bins) and t.pooling_factor > 0]
+    if not missing:
+        return None
+    shown = ", ".join(missing[:6]) + (f", ... ({len(missing)} in all)" if len(missing) > 6 else "")
+    return (f"warning: {len(missing)} of {len(tables)} tables have no reuse statistics (bin_0..bin_16): {shown}; "
+            "they are priced as if every lookup in a batch hit a different row (at most the table's rows), "
+            "which overstates their cost if some rows are hot")
+
+
+def _dataset_dir_of(path: Path, tables) -> Path | None:
+    """The dataset directory when ``--tables`` is a dataset's own table_configs.json (tables 0..T-1)."""
+    if path.name != "table_configs.json":
+        return None
+    if [t.index for t in tables] != list(range(len(tables))):
+        return None
+    return path.parent
+
+
+def open_pricing_oracle(args, tables, batch, ndevices, devices, workdir):
+    """The oracle of ``--oracle`` for these tables and the data directory the planners are given."""
+    from shardcore.commmodel import CommModel
+    from shardcore.dataset import save_table_configs
+    from shardcore.oracles import MEASURED, open_oracle, parse_oracle
+
+    spec = parse_oracle(args.oracle)
+    dataset_dir = _dataset_dir_of(Path(args.tables), tables)
+    comm = CommModel(bandwidth_gbps=args.comm_bandwidth, latency_us=args.comm_latency)
+    if spec == MEASURED:
+        if dataset_dir is None or not (dataset_dir / "data.pt").is_file():
+            raise ShardError("--oracle measured measures lookups, which a tables file does not hold: give a dataset's "
+                             "table_configs.json with its data.pt beside it (tools/gen_dlrm_data.py), or price on "
+                             "--oracle emulated:h200")
+        oracle = open_oracle(dataset_dir, ndevices, oracle=MEASURED, device_ids=devices, batch_size=batch,
+                             precision=args.weights_precision, comm_model=comm, cache=args.cache_path or True)
+        return oracle, str(dataset_dir)
+    if dataset_dir is None:   # the emulated oracle reads table configs: write them, with the batch
+        dataset_dir = Path(workdir)
+        save_table_configs(dataset_dir / "table_configs.json", tables, batch)
+    return open_oracle(dataset_dir, ndevices, oracle=spec, batch_size=batch, precision=args.weights_precision,
+                       comm_model=comm, emulator_fit=args.emulator_fit), str(dataset_dir)
+
+
+def side_by_side(results, best_alg) -> str:
+    """One row per planner, cheapest first: the plan cost (slowest device), its four parts, memory,
+    sharding types, planning time."""
+    from shardcore.costs import COST_PARTS
+    from shardcore.shardings import TYPE_ABBREV
+
+    ok = sorted((r for r in results if r.cost_ms is not None), key=lambda r: r.cost_ms)
+    best = ok[0].cost_ms if ok else None
+    rows = []
+    for r in ok + [r for r in results if r.cost_ms is None]:
+        if r.cost_ms is None:
+            rows.append([r.alg, "-", "-", "-", "-", "-", r.error or "infeasible", f"{r.planning_seconds:.2f}"])
+            continue
+        slow = max(range(len(r.device_costs_ms)), key=lambda d: sum(r.device_costs_ms[d]))
+        parts = " / ".join(f"{c:.3f}" for c in r.device_costs_ms[slow])
+        counts: dict = {}
+        for s in r.shardings or []:
+            counts[s["type"]] = counts.get(s["type"], 0) + 1
+        types = ", ".join(f"{TYPE_ABBREV.get(k, k)} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+        mark = " *" if r.alg == best_alg else ""
+        rows.append([r.alg + mark, f"{r.cost_ms:.3f}", f"{100 * (r.cost_ms / best - 1):+.1f}%" if best else "-",
+                     parts, f"{max(r.memory_gb):.3f}", f"{max(r.memory_gb) / r.max_memory_gb * 100:.0f}%", types,
+                     f"{r.planning_seconds:.2f}"])
+    return format_table(["planner", "cost ms", "vs best", f"slowest device: {' / '.join(COST_PARTS)} ms",
+                         "max memory GB", "of cap", "sharding types", "planning s"], rows)
+
+
+def plan_kwargs(args, alg, batch, data_dir, landscape):
+    """What ``algorithms.resolve`` gets for one planner (as eval.py passes them)."""
+    kwargs = {"batch_size": batch, "data_dir": data_dir, "comm_bandwidth": args.comm_bandwidth,
+              "comm_latency": args.comm_latency, "cache_path": args.cache_path, "emulator_fit": args.emulator_fit}
+    if alg == "shardkit":
+        kwargs.update(oracle=landscape, **algorithms.plugin_kwargs(args))
+    return kwargs
+
+
+def keep_torchrec_expressible(sharder, ndevices: int) -> None:
+    """shardkit's search kept to what TorchRec applies on one host (``--torchrec``): a row-wise table over
+    every rank in rank order, never over a subset (shardkit_torchrec's cost model; without TorchRec
+    installed, no row-wise tables at all)."""
+    try:
+        from shardkit_torchrec.planner import TorchRecCostModel
+    except Exception:   # noqa: BLE001 - TorchRec missing or broken: the plain file can still be written
+        sharder.types = tuple(t for t in sharder.types if t != "row_wise")
+        return
+    factory = sharder.model_factory
+    sharder.model_factory = lambda *oracle: TorchRecCostModel.wrap(factory(*oracle), ndevices)
+
+
+def torchrec_problem(tables, names, plan) -> str | None:
+    """Why TorchRec cannot apply ``plan`` on one host (None when it can)."""
+    for n, s in zip(names, plan.table_shardings(tables)):
+        if s.type == "row_wise" and list(s.devices) != list(range(plan.ndevices)):
+            return (f"table {n!r} is row-wise over ranks {list(s.devices)}: TorchRec's row_wise spans every rank "
+                    "in rank order (and table_row_wise a whole host)")
+    return None
+
+
 def main(argv=None):
+    import tempfile
+
+    from shardcore.compare import evaluate
+    from shardcore.tasks import Task
+    from shardcore.types import Topology
+
     args = build_parser().parse_args(argv)
+    algs = list(args.alg)
     if args.torchrec and not args.out:
         raise ShardError("--torchrec writes beside the plan: give --out PLAN.json too")
+    if args.pick is not None and args.pick not in algs:
+        raise ShardError(f"--pick {args.pick}: not among --alg ({', '.join(algs)})")
+    if args.out and len(algs) > 1 and args.oracle is None and args.pick is None:
+        raise ShardError("several --alg and --out: say which plan to write with --pick ALG, or price them with "
+                         "--oracle emulated:h200 to write the cheapest")
     if args.out:
         check_output_file(args.out, "--out")
         if args.torchrec:
@@ -233,29 +416,87 @@ def main(argv=None):
     devices = device_ids(args)
     ndevices = num_devices(args)
     tables, names = read_tables(args.tables)
-    if args.alg != "torchrec":   # TorchRec's full planner may split a table larger than the cap by rows
-        check_fits(tables, names, args.max_memory, args.weights_precision)
-    kwargs = {}
-    if args.alg in ("torchrec", "torchrec-tw", "shardkit") and args.batch_size is not None:
-        kwargs["batch_size"] = args.batch_size
-    elif args.batch_size is not None:
-        raise ShardError("--batch-size is for --alg torchrec / torchrec-tw / shardkit only")
-    if args.alg == "shardkit":
-        kwargs.update(oracle=args.shardkit_oracle, **algorithms.plugin_kwargs(args))
-    sharder = algorithms.resolve(args.alg, seed=args.seed, **kwargs)
-    plan = sharder.shard(tables, ndevices, args.max_memory, args.weights_precision)
-    if not plan.is_feasible(tables, args.max_memory, args.weights_precision):
-        raise ShardError(f"infeasible: {args.alg} put more than {args.max_memory:g} GB on a device")
+    file_batch = read_batch_size(args.tables)
+    batch = args.batch_size or file_batch
+    needs_batch = [a for a in algs if a in BATCH_PLANNERS]
+    if args.oracle is not None and batch is None:
+        from shardcore.oracles import MEASURED, parse_oracle
 
-    table, imb, worst = summary(tables, names, plan, devices, args.max_memory, args.weights_precision)
+        if parse_oracle(args.oracle) != MEASURED:
+            raise ShardError(f"--oracle {args.oracle} prices lookups per batch and the batch is not known: give "
+                             "--batch-size B (the global batch your model trains with) or a batch_size in the tables "
+                             "file" + (f" ({', '.join(needs_batch)} plan for it too)" if needs_batch else ""))
+    if not any(a in ROW_SPLITTERS for a in algs):   # TorchRec's and shardkit's planners may split a table by rows
+        check_fits(tables, names, args.max_memory, args.weights_precision)
+    warning = no_reuse_warning(tables, names) if (args.oracle or needs_batch) else None
+    if warning:
+        print(warning)
+    landscape = args.shardkit_oracle or (args.oracle.lower() if args.oracle else "emulated:h200")
+    # planners and oracles see the tables at their positions 0..n-1 (a plan is by position)
+    positions = [dataclasses.replace(t, index=k) for k, t in enumerate(tables)]
+    with tempfile.TemporaryDirectory(prefix="plan-") as workdir:
+        if args.oracle is None:
+            if needs_batch and batch is None:
+                batch = DEFAULT_PLAN_BATCH
+                print(f"note: {', '.join(needs_batch)} plan for batch {batch}, assumed (give --batch-size B or a "
+                      "batch_size in the tables file for yours)")
+            oracle, data_dir = None, None
+        else:
+            oracle, data_dir = open_pricing_oracle(args, tables, batch, ndevices, devices, workdir)
+        sharders = {a: algorithms.resolve(a, seed=args.seed, **plan_kwargs(args, a, batch, data_dir, landscape))
+                    for a in algs}
+        if args.torchrec and "shardkit" in sharders:
+            keep_torchrec_expressible(sharders["shardkit"], ndevices)
+        topology = Topology(ndevices, args.max_memory, args.weights_precision)
+        task = [Task(tuple(t.index for t in positions))]
+        if oracle is None:
+            results = evaluate(task, positions, sharders, topology)
+            hardware = None
+        else:
+            with oracle as ev:
+                ev.start()
+                for sharder in sharders.values():   # shardkit on the measured oracle calibrates on it
+                    if hasattr(sharder, "attach_oracle"):
+                        sharder.attach_oracle(ev)
+                results = evaluate(task, positions, sharders, topology, oracle=ev)
+                hardware, batch = ev.hardware, ev.batch_size
+    if oracle is None and len(algs) == 1 and not results[0].feasible:
+        raise ShardError(results[0].error or f"infeasible: {algs[0]} found no plan")
+
     print(f"{len(tables)} tables from {args.tables} on {ndevices} devices, cap {args.max_memory:g} GB "
-          f"({args.weights_precision}), alg {args.alg}")
-    print(table)
+          f"({args.weights_precision}), alg {', '.join(algs)}")
+    feasible = [r for r in results if r.feasible]
+    if not feasible:
+        raise ShardError("no planner found a feasible plan: " + "; ".join(f"{r.alg}: {r.error}" for r in results))
+    if oracle is not None:
+        ranked = sorted((r for r in feasible if r.cost_ms is not None), key=lambda r: r.cost_ms)
+        chosen = next(r for r in results if r.alg == args.pick) if args.pick else ranked[0]
+        print(f"priced on: {hardware}, batch {batch} ({args.weights_precision} weights); cost = the slowest "
+              "device's forward + backward, compute and exchange")
+        print(side_by_side(results, chosen.alg))
+        print(f"* the plan written: {chosen.alg}" + ("" if args.pick else " (the cheapest)"))
+    else:
+        chosen = next(r for r in results if r.alg == (args.pick or algs[0]))
+    if not chosen.feasible:
+        raise ShardError(f"--pick {chosen.alg}: {chosen.error}")
+    plan = chosen.plan()
+    if args.torchrec and torchrec_problem(tables, names, plan):
+        raise ShardError(f"--torchrec: {chosen.alg}'s plan cannot be applied by TorchRec: "
+                         f"{torchrec_problem(tables, names, plan)}; --pick another planner")
+    table, imb, worst = summary(tables, names, plan, devices, args.max_memory, args.weights_precision)
+    if oracle is None:
+        for r in results:
+            if r is not chosen:
+                print(f"{r.alg}: " + ("feasible" if r.feasible else r.error or "infeasible"))
+        print(table)
     print(f"feasible: max device memory {worst:.3f} GB of {args.max_memory:g} GB; "
           f"lookup-load imbalance (max / mean) {imb:.3f}")
     if args.out:
+        meta = {"alg": chosen.alg}
+        if oracle is not None:
+            meta.update(cost_ms=round(chosen.cost_ms, 6), priced_on=hardware, batch_size=batch)
         write_json(args.out, plan_json(tables, plan, args.max_memory, args.weights_precision, names,
-                                       device_ids=devices, alg=args.alg))
+                                       device_ids=devices, **meta))
         print(f"wrote {args.out}")
         if args.torchrec:
             path = torchrec_path_for(args.out)

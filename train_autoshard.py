@@ -22,7 +22,7 @@ from autoshard.trainer import AutoShardTrainer
 from shardcore.baselines import make_baseline
 from shardcore.cli import serve_if_torchrun_rank
 from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag,
-                           device_ids, open_evaluator, positive_float, run_main)
+                           device_ids, num_devices, open_evaluator, positive_float, run_main)
 from shardcore.dataset import load_dataset
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.tasks import load_tasks
@@ -93,9 +93,10 @@ def main(argv=None):
         return served
     check_output_dir(os.path.join(args.savedir, args.xpid), "--savedir/--xpid")
     devices = device_ids(args)
+    ndevices = num_devices(args)   # --ndevices beside fewer --gpu-devices: plans of N devices measured on those
     dataset = load_dataset(args.data_dir, with_lookups=False)
     tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
-    check_tasks(tasks, dataset, len(devices), args.max_memory, args.weights_precision)
+    check_tasks(tasks, dataset, ndevices, args.max_memory, args.weights_precision)
     out_dir = os.path.join(args.savedir, args.xpid)
     ckpt = os.path.join(out_dir, "model.pt")
     model = None
@@ -113,10 +114,11 @@ def main(argv=None):
     cfg = model.cfg if model is not None else config_from_args(
         AutoShardConfig, args, num_actors=args.num_actors or default_num_actors())
     num_actors = args.num_actors or cfg.num_actors
-    print(f"AutoShard: {len(tasks)} training tasks, {len(devices)} devices, cap {args.max_memory:g} GB, "
+    print(f"AutoShard: {len(tasks)} training tasks, {ndevices} devices"
+          f"{'' if ndevices == len(devices) else f' (measured on {len(devices)})'}, cap {args.max_memory:g} GB, "
           f"{num_actors} actors, {args.total_steps} steps -> {out_dir}/")
-    with open_evaluator(args, args.data_dir, devices) as ev:
-        trainer = AutoShardTrainer(cfg, dataset.tables, tasks, len(devices), args.max_memory, ev, out_dir,
+    with open_evaluator(args, args.data_dir, devices, ndevices) as ev:
+        trainer = AutoShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev, out_dir,
                                    precision=args.weights_precision, model=model,
                                    checkpoint_interval_s=args.checkpoint_interval, log=tqdm.write)
         with tqdm(total=args.total_steps, initial=trainer.model.steps, unit="step", desc="training") as bar:

@@ -49,6 +49,27 @@ class ArgumentParser(argparse.ArgumentParser):
         text = " ".join(str(message).split())
         self.exit(2, f"error: {self.prog}: {text} (see --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        default = getattr(ns, "_default_task_path", None)
+        if default is not None and getattr(ns, "task_path", None) == default:
+            ns.task_path = tasks_beside_dataset(default, getattr(ns, "data_dir", None))
+        return ns, rest
+
+
+def tasks_beside_dataset(default: str, data_dir: str | None) -> str:
+    """The task file a script uses when ``--task-path`` is not given: its default, or, when that does
+    not exist, the file of the same name (``train.txt`` / ``test.txt``) that ``tools/gen_dlrm_data.py``
+    (its task flags, the original layout) writes beside the dataset in ``--data-dir``; a note says so."""
+    if os.path.exists(default) or not data_dir:
+        return default
+    beside = os.path.join(data_dir, os.path.basename(default))
+    if os.path.isfile(beside):
+        print(f"note: --task-path not given and {default} does not exist: using {beside}, the tasks written "
+              "beside the dataset", file=sys.stderr)
+        return beside
+    return default
+
 
 def make_parser(description: str | None = None, **kwargs) -> ArgumentParser:
     """The scripts' parser: :class:`ArgumentParser` with the raw description layout by default."""
@@ -138,7 +159,10 @@ def add_task_args(parser: argparse.ArgumentParser, default_tasks: str, what: str
     from .dataset import DEFAULT_DATA_DIR
 
     parser.add_argument("--task-path", "--task_path", dest="task_path", default=default_tasks,
-                        help=f"{what}, one task per line (default %(default)s)")
+                        help=f"{what}, one task per line (default %(default)s, or when that does not exist "
+                             f"{os.path.basename(default_tasks)} beside the dataset in --data-dir, where "
+                             "tools/gen_dlrm_data.py's task flags write it)")
+    parser.set_defaults(_default_task_path=default_tasks)
     parser.add_argument("--data-dir", "--data_dir", "--dataset_dir", dest="data_dir", default=DEFAULT_DATA_DIR,
                         help="processed dataset directory (default %(default)s)")
 

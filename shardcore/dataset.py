@@ -38,10 +38,28 @@ DATA_FILE = "data.pt"
 FORMAT = "shardcore-lookups-v1"
 
 
+COST_DATA_FILES = ("compute_costs.csv", "comm_costs.csv")   # what the cost-data collectors write
+
+
+def _cost_data_files(folder: Path) -> str:
+    """The cost-data files (``collect_compute_cost_data.py`` / ``collect_comm_cost_data.py`` output) in
+    ``folder`` or one level below it, as text ('' when there are none)."""
+    found = []
+    for name in COST_DATA_FILES:
+        found += [str(p.relative_to(folder)) for p in sorted(folder.glob(name)) + sorted(folder.glob(f"*/{name}"))]
+    return ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+
+
 def load_table_configs(path: str | os.PathLike) -> list[TableConfig]:
     """Read a ``table_configs.json``; tables come back ordered by ``index`` (which must be 0..T-1)."""
     path = Path(path)
     if not path.is_file():
+        cost_data = _cost_data_files(path.parent)
+        if cost_data:
+            raise ShardError(f"table configs not found: {path.parent} holds cost data ({cost_data}), not a dataset: "
+                             "here --data-dir/--data_dir names the dataset (table_configs.json, e.g. "
+                             f"{DEFAULT_DATA_DIR}); cost models trained on that data are given with --compute-model, "
+                             "--fw-comm-model and --bw-comm-model")
         raise ShardError(f"table configs not found: {path} (run tools/gen_dlrm_data.py first)")
     try:
         obj = json.loads(io.read_text(path, "table_configs.json (JSON)"))
@@ -56,6 +74,24 @@ def load_table_configs(path: str | os.PathLike) -> list[TableConfig]:
     if [t.index for t in tables] != list(range(len(tables))):
         raise ShardError(f"{path}: table indices must be 0..{len(tables) - 1}, each once")
     return tables
+
+
+def table_names(data_dir: str | os.PathLike) -> dict[int, str]:
+    """``{index: name}`` of the tables whose entry in ``table_configs.json`` carries a ``name`` (as
+    ``plan.py``'s JSON tables do); tables without one are left out ({} when the file names none)."""
+    path = Path(data_dir) / CONFIGS_FILE
+    try:
+        obj = json.loads(io.read_text(path, "table_configs.json (JSON)"))
+    except (ShardError, json.JSONDecodeError):
+        return {}
+    entries = obj.get("tables") if isinstance(obj, dict) else None
+    out = {}
+    for k, e in enumerate(entries or []):
+        if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"]:
+            index = e.get("index", k)
+            if isinstance(index, int):
+                out[index] = e["name"]
+    return out
 
 
 def save_table_configs(path: str | os.PathLike, tables: Sequence[TableConfig], batch_size: int | None = None) -> None:

@@ -264,6 +264,11 @@ def sharding_plan_from_json(obj: Mapping, device_type: str = "cuda", module_path
     local = int(local_world_size or world)
     if module is not None:
         shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in module.embedding_bag_configs()}
+        unplanned = sorted(set(shapes) - {t["name"] for t in obj["tables"]})
+        if unplanned:
+            raise ShardError(f"the module's table {unplanned[0]!r} is not in the plan"
+                             + (f" ({len(unplanned)} such tables)" if len(unplanned) > 1 else "")
+                             + f" (the plan's tables: {sorted(t['name'] for t in obj['tables'])})")
         for t in obj["tables"]:
             if t["name"] not in shapes:
                 raise ShardError(f"the plan's table {t['name']!r} is not in the module (tables: {sorted(shapes)})")

@@ -227,7 +227,7 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
             bw.append(e.bw_ms)
     if len(shards) < min_shards:
         raise ShardError(f"only {len(shards)} usable shard measurements at batch {batch_size} in the cache "
-                         f"(need {min_shards}); collect some with collect_compute_cost_data.py")
+                         f"(need {min_shards}); collect some with collect_compute_cost_data.py --weights-precision {precision}")
     cvs = length_cvs(data_dir, batch_size) if data_dir is not None else None
     default_cv = float(np.median(cvs)) if cvs else DEFAULT_CV
     cv = [[(cvs[t.index] if cvs else default_cv) for t in s] for s in shards]

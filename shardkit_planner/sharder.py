@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
-from shardcore.cli import name_list, nonnegative_int, positive_float
+from shardcore.cli import name_list, nonnegative_float, nonnegative_int, positive_float
 from shardcore.config import Config, param
 from shardcore.commmodel import CommModel
 from shardcore.errors import InfeasibleError, ShardError
@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CPU_MODEL = ROOT / "models" / "shardkit" / "cpu_cost_model.json"
 DEFAULT_STARTS = ("model_greedy", "size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy")
 DEFAULT_TIME_BUDGET_S = 1.0
+DEFAULT_CALIBRATE_S = 300.0   # measuring for a cost model of this machine, once (then the cache answers)
 HELDOUT_SUBSET = "drop:0/5"    # shardkit's held-out emulator: one fifth of the judge's shards left out
 
 
@@ -98,6 +99,12 @@ class ShardkitConfig(Config):
                         "choice. Recorded per task: shardkit_measurements, shardkit_measured_ms, "
                         "shardkit_model_choice_ms", type=nonnegative_int, metavar="K", cli_default=None,
                         group="measuring")
+    calibrate: float = param(DEFAULT_CALIBRATE_S, "on the measured oracle without a fitted cost model "
+                             "(models/shardkit/cpu_cost_model.json, --shardkit-model) and too few measurements in the "
+                             "cache to fit one: seconds shardkit may spend measuring plans and shards of the tables "
+                             "outside the evaluated tasks to fit it (through the cache, so once per machine and "
+                             "dataset; default {default}; 0: never measure, stop with the command that does)",
+                             type=nonnegative_float, metavar="S", cli_default=None, group="measuring")
 
 
 CONFIG = ShardkitConfig()      # the defaults; the --alg plugin's flags (shardcore.algorithms.add_plugin_args)
@@ -132,7 +139,7 @@ class ShardkitSharder(Sharder):
         if self.model is None:
             if self.model_factory is None:
                 raise ShardError("shardkit: no cost model")
-            self.model = self.model_factory()
+            self.model = self.model_factory(self.oracle)
         return self.model
 
     def task_model(self, tables: Sequence[TableConfig]) -> CostModel:
@@ -249,9 +256,10 @@ def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> Cost
     path = cache_path or ROOT / "data" / "cost_cache.sqlite"
     if data_dir is None or not Path(path).is_file():
         raise ShardError(f"--alg shardkit on the measured oracle needs a cost model fitted on this machine: "
-                         f"{DEFAULT_CPU_MODEL} is missing and there is no measurement cache to fit one from "
-                         "(fit one with tools/fit_shardkit_model.py, or give --shardkit-model, or plan for "
-                         "--oracle emulated:h200)")
+                         f"{DEFAULT_CPU_MODEL} is missing and there is no measurement cache to fit one from; "
+                         "`python eval.py --alg shardkit --data-dir D --task-path TASKS` (without --plan-only) "
+                         "measures what it needs (--shardkit-calibrate S), or give --shardkit-model, or plan for "
+                         "--oracle emulated:h200")
     ds = load_dataset(data_dir)
     exclude: set[int] = set()
     for f in exclude_task_files or ():
@@ -259,13 +267,19 @@ def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> Cost
             for task in load_tasks(f, num_tables=ds.num_tables):
                 exclude.update(task.table_ids)
     with CostCache(path) as cache:
-        return fit_cost_model(cache, ds, int(batch_size or ds.batch_size), hardware=hardware_fingerprint(),
-                              data_dir=data_dir, exclude_tables=exclude, comm_fallback=CommModel())
+        try:
+            return fit_cost_model(cache, ds, int(batch_size or ds.batch_size), hardware=hardware_fingerprint(),
+                                  data_dir=data_dir, exclude_tables=exclude, comm_fallback=CommModel())
+        except ShardError as exc:
+            raise ShardError(f"--alg shardkit on the measured oracle: {exc}; `python eval.py --alg shardkit "
+                             f"--data-dir {data_dir} --task-path TASKS` (without --plan-only) measures what it "
+                             "needs itself (--shardkit-calibrate S)") from None
 
 
 def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwidth, comm_latency,
-                   cache_path=None, exclude_task_files=None):
-    def make() -> CostModel:
+                   cache_path=None, exclude_task_files=None, calibrate_s: float = DEFAULT_CALIBRATE_S):
+    def make(oracle=None) -> CostModel:
+        """``oracle``: the measured oracle attached (eval.py attaches it), which calibration measures on."""
         if model_path:
             return CostModel.load(model_path)
         if landscape.startswith("emulated"):
@@ -274,6 +288,10 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
             return emulated_model(data_dir or os.devnull, batch_size or 4096, comm, card=landscape.split(":", 1)[1])
         if DEFAULT_CPU_MODEL.is_file():
             return CostModel.load(DEFAULT_CPU_MODEL)
+        if oracle is not None and calibrate_s > 0 and data_dir is not None and getattr(oracle, "context", None):
+            from .calibrate import calibrated_model
+
+            return calibrated_model(oracle, data_dir, exclude_task_files, calibrate_s)
         return fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files)
     return make
 
@@ -282,7 +300,7 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
                  comm_bandwidth=None, comm_latency=None, shardkit_time=None, shardkit_refine=0,
                  shardkit_starts=None, shardkit_types=None, cache_path=None, exclude_task_files=None,
                  emulator_fit: str | None = None, shardkit_robust: bool | None = None, seed: int = 0,
-                 **kwargs) -> ShardkitSharder:
+                 shardkit_calibrate: float | None = None, **kwargs) -> ShardkitSharder:
     """``--alg shardkit``. ``oracle``: the landscape planned for (``measured``: the fitted model of this
     machine, ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one, else fitted
     on the spot from ``cache_path``'s measurements without the tables of ``exclude_task_files``;
@@ -314,8 +332,9 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
         types = ALL_TYPES if landscape.startswith("emulated") else ("table_wise", "column_wise")
     start_kwargs = {k: v for k, v in kwargs.items() if v is not None}
     start_kwargs.update(seed=seed, batch_size=batch_size)
+    calibrate_s = CONFIG.calibrate if shardkit_calibrate is None else float(shardkit_calibrate)
     factory = _model_factory(landscape, data_dir, batch_size, shardkit_model, comm_bandwidth, comm_latency,
-                             cache_path, exclude_task_files)
+                             cache_path, exclude_task_files, calibrate_s)
     fit = emulator_fit or "heldout"
     if fit not in ("heldout", "full"):
         raise ShardError(f"shardkit: emulator fit must be heldout or full, got {emulator_fit!r}")

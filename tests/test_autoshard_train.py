@@ -156,3 +156,21 @@ def test_ctrl_c_twice_saves_and_leaves_no_processes(tiny):
     assert ckpt["steps"] > 0
     time.sleep(1.0)
     assert [k for k in kids if alive(k)] == []
+
+
+def test_run_autoshard_with_more_plan_devices_than_listed_devices(tiny):
+    """AutoShard's own command line: plans of --ndevices 8 measured on the 4 listed (logical) devices,
+    each plan device's compute on those in turn and the exchange modelled, as eval.py does."""
+    d = tiny
+    cmd = list(map(str, [sys.executable, os.path.join(ROOT, "run_autoshard.py"), "--gpu-devices", "0,1,2,3",
+                         "--ndevices", 8, "--task-path", d / "train.txt", "--data-dir", d / "ds",
+                         "--max-memory", 5, "--cache-path", d / "c8.sqlite", "--bench-iters", 2,
+                         "--warmup-iters", 1, "--savedir", d / "models8", "--total-steps", 40,
+                         "--unroll-length", 10, "--batch-size", 2, "--num-actors", 1, "--replay-ratio", 2]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "8 devices (measured on 4)" in proc.stdout
+    ckpt = torch.load(d / "models8" / "default" / "model.pt", weights_only=True)
+    assert ckpt["method"] == "autoshard" and ckpt["steps"] == 40
+    episodes = list(csv.DictReader(open(d / "models8" / "default" / "episodes.csv")))
+    assert episodes and all(float(e["cost_ms"]) > 0 for e in episodes)

@@ -366,3 +366,29 @@ def test_every_flag_of_the_tools_has_help(monkeypatch):
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
     assert len(actions) > 15
     assert [a.option_strings for a in actions if not a.help] == []
+
+
+def test_tasks_beside_the_dataset_and_cost_data_as_data_dir(tmp_path, capsys, monkeypatch):
+    """The original layout keeps train.txt/test.txt beside the dataset: without --task-path (and no
+    default task file) the scripts find them there, with a note; a cost-data folder given as --data_dir
+    (its meaning in the original evaluation script) is refused in one line that says what to give."""
+    from helpers import make_dataset
+    from shardcore.tasks import Task, save_tasks
+
+    monkeypatch.chdir(tmp_path)          # the default data/dlrm_tasks_50/*.txt do not exist here
+    make_dataset(tmp_path / "ds", num_tables=8, batch_size=8)
+    save_tasks(tmp_path / "ds" / "test.txt", [Task((0, 1, 2))])
+    save_tasks(tmp_path / "ds" / "train.txt", [Task((3, 4))])
+    a = parse(eval_script, ["--data-dir", str(tmp_path / "ds")])
+    assert a.task_path == str(tmp_path / "ds" / "test.txt")
+    assert "beside the dataset" in capsys.readouterr().err
+    a = parse(train_autoshard, ["--data-dir", str(tmp_path / "ds")])
+    assert a.task_path == str(tmp_path / "ds" / "train.txt")
+    capsys.readouterr()
+    a = parse(eval_script, ["--data-dir", str(tmp_path / "ds"), "--task-path", "mine.txt"])
+    assert a.task_path == "mine.txt"   # a given path is never replaced
+
+    (tmp_path / "cost" / "compute").mkdir(parents=True)
+    (tmp_path / "cost" / "compute" / "compute_costs.csv").write_text("sample\n")
+    line = refused(capsys, eval_script.main, ["--data_dir", str(tmp_path / "cost"), "--plan-only"], "cost data")
+    assert "--compute-model" in line and "table_configs.json" in line

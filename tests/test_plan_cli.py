@@ -191,3 +191,77 @@ def test_export_plans_writes_both_forms_per_task(tmp_path):
     with pytest.raises(ShardError, match="share the export directory"):
         pe.export_plans(tmp_path / "clash", [(0, "a/b", tables_b, Plan((0, 0), 1)),
                                               (0, "a_b", tables_b, Plan((0, 0), 1))], 1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# plan.py as the front door: several planners priced side by side on an oracle
+# ------------------------------------------------------------------------------------------------
+
+def test_side_by_side_on_the_emulated_h200_writes_the_cheapest(tmp_path, capsys):
+    path = write(tmp_path, "t.csv", "# batch_size: 65536\n" + CSV_8)
+    out = tmp_path / "plan.json"
+    assert run_plan("--tables", path, "--ndevices", 4, "--max-memory", 1, "--alg", "size_lookup_greedy,random,shardkit",
+                    "--oracle", "emulated:h200", "--shardkit-time", 0.2, "--out", out) == 0
+    text = capsys.readouterr().out
+    assert "emulated NVIDIA H200" in text and "batch 65536" in text
+    warn = [line for line in text.splitlines() if line.startswith("warning:")]
+    assert len(warn) == 1 and "8 of 8" not in warn[0] and "no reuse statistics" in warn[0]   # device_type: pf 0
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "ms" not in line.split("|")[2]]
+    costs = {r.split("|")[1].strip().rstrip(" *"): float(r.split("|")[2]) for r in rows}
+    assert set(costs) == {"size_lookup_greedy", "random", "shardkit"} and all(c > 0 for c in costs.values())
+    plain = json.loads(out.read_text())
+    cheapest = min(costs, key=costs.get)
+    assert plain["alg"] == cheapest and plain["cost_ms"] == pytest.approx(costs[cheapest], abs=1e-3)
+    assert plain["batch_size"] == 65536 and "H200" in plain["priced_on"]
+    assert [t["name"] for t in plain["tables"]][:2] == ["user_id", "item_id"]
+
+    # --pick writes the named one; --batch-size overrides the file's
+    assert run_plan("--tables", path, "--ndevices", 4, "--max-memory", 1, "--alg", "size_lookup_greedy,random",
+                    "--oracle", "emulated:h200", "--batch-size", 4096, "--pick", "random", "--out", out) == 0
+    assert "batch 4096" in capsys.readouterr().out
+    assert json.loads(out.read_text())["alg"] == "random"
+
+
+def test_batch_from_the_json_and_no_silent_guess(tmp_path, capsys):
+    tables = [{"name": f"t{k}", "row": 1000 * (k + 1), "dim": 16, "pooling_factor": 2.0} for k in range(6)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"tables": tables, "batch_size": 8192}))
+    assert run_plan("--tables", path, "--ndevices", 2, "--max-memory", 1, "--alg", "lookup_greedy,shardkit",
+                    "--oracle", "emulated:h200", "--shardkit-time", 0.1) == 0
+    assert "batch 8192" in capsys.readouterr().out
+    assert plan_script.read_batch_size(path) == 8192
+
+    bare = write(tmp_path, "bare.csv", CSV_8)
+    with pytest.raises(ShardError, match="batch is not known.*--batch-size.*shardkit"):
+        run_plan("--tables", bare, "--ndevices", 2, "--max-memory", 1, "--alg", "shardkit", "--oracle", "emulated:h200")
+    # without an oracle the planners that need a batch say which they assume
+    assert run_plan("--tables", bare, "--ndevices", 2, "--max-memory", 1, "--alg", "shardkit",
+                    "--shardkit-time", 0.1) == 0
+    assert "batch 4096, assumed" in capsys.readouterr().out
+    with pytest.raises(ShardError, match="--pick"):
+        run_plan("--tables", bare, "--alg", "random,naive", "--out", tmp_path / "p.json")
+    with pytest.raises(ShardError, match="not among --alg"):
+        run_plan("--tables", bare, "--alg", "random", "--pick", "naive")
+    with pytest.raises(ShardError, match="table_configs.json with its data.pt"):
+        run_plan("--tables", bare, "--alg", "random", "--oracle", "measured", "--batch-size", 64)
+
+
+def test_eval_export_torchrec_uses_the_tables_names(tmp_path, capsys):
+    """eval.py --export-torchrec names tables as table_configs.json does (plan.py's JSON carries names)."""
+    import eval as eval_script
+    from helpers import make_dataset
+    from shardcore.tasks import Task, save_tasks
+
+    make_dataset(tmp_path / "ds", num_tables=6, batch_size=8)
+    cfg_path = tmp_path / "ds" / "table_configs.json"
+    cfg = json.loads(cfg_path.read_text())
+    for t in cfg["tables"]:
+        if t["index"] != 5:
+            t["name"] = f"feature_{t['index']}"
+    cfg_path.write_text(json.dumps(cfg))
+    save_tasks(tmp_path / "t.txt", [Task((0, 5, 2))])
+    eval_script.main(["--alg", "lookup_greedy", "--data-dir", str(tmp_path / "ds"), "--task-path",
+                      str(tmp_path / "t.txt"), "--ndevices", "2", "--plan-only", "--quiet",
+                      "--export-torchrec", str(tmp_path / "exp")])
+    trec = json.loads((tmp_path / "exp" / "lookup_greedy" / "task_0000.torchrec.json").read_text())
+    assert [t["name"] for t in trec["tables"]] == ["feature_0", "table_5", "feature_2"]

@@ -1,0 +1,108 @@
+"""shardkit calibrating itself on a measured oracle: when no fitted cost model exists for this machine and
+the measurement cache holds too little to fit one, measure what the fit needs, through the oracle (and so
+through its cache, where the next run finds it), within a time budget, never on the tables to avoid.
+
+What is measured: table-wise plans of the oracle's device count, at several sizes (1, 2, 3, ... tables
+per device), drawn from the tables outside the tasks to avoid (each plan gives the compute of every device's
+shard and, where the oracle measures the exchange, one exchange per device at that size), then single
+shards until the fit has ``min_shards`` of them. The model is then fitted as
+:func:`shardkit_planner.costmodel.fit_cost_model` fits it from any cache; where the oracle models the
+exchange (more plan devices than measuring devices) the fit takes the oracle's own exchange model.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from shardcore.commmodel import CommModel
+from shardcore.errors import ShardError
+
+from .costmodel import CostModel, fit_cost_model
+
+MIN_SHARDS = 24        # shards the fit gets at least (fit_cost_model's floor is 20)
+PLAN_SIZES = 6         # plans at 1..6 tables per device, for the exchange at several sizes
+
+
+def excluded_tables(task_files: Sequence[str] | None, num_tables: int) -> set[int]:
+    """The tables of ``task_files`` (files that do not exist are skipped)."""
+    from shardcore.tasks import load_tasks
+
+    out: set[int] = set()
+    for f in task_files or ():
+        if f and Path(f).is_file():
+            for task in load_tasks(f, num_tables=num_tables):
+                out.update(task.table_ids)
+    return out
+
+
+def _fit(oracle, dataset, data_dir, exclude) -> CostModel:
+    ctx = oracle.context
+    fallback = None if getattr(oracle, "comm_measured", False) else (getattr(oracle, "comm_model", None) or CommModel())
+    return fit_cost_model(oracle.cache, dataset, int(ctx.batch_size), hardware=ctx.hardware, precision=ctx.precision,
+                          optimizer=ctx.optimizer, data_dir=data_dir, exclude_tables=exclude,
+                          comm_fallback=fallback, min_shards=MIN_SHARDS)
+
+
+def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None, budget_s: float,
+                     seed: int = 0, progress: bool = True) -> CostModel:
+    """The measured landscape's model of ``oracle``'s machine: fitted on its cache when that holds enough,
+    else after measuring plans and shards of the tables outside ``exclude_task_files`` for at most
+    ``budget_s`` seconds (a one-line :class:`ShardError` when that is not enough)."""
+    from tqdm import tqdm
+
+    from shardcore.dataset import load_dataset
+
+    if getattr(oracle, "cache", None) is None:
+        raise ShardError("shardkit calibrates through the measurement cache, and this oracle has none (--no-cache?): "
+                         "fit a model with tools/fit_shardkit_model.py and give it with --shardkit-model")
+    dataset = load_dataset(data_dir)   # memory-mapped; the cache keys its measurements by this digest
+    exclude = excluded_tables(exclude_task_files, dataset.num_tables)
+    try:
+        return _fit(oracle, dataset, data_dir, exclude)
+    except ShardError:
+        pass   # too little in the cache: measure
+    pool = [i for i in range(dataset.num_tables) if i not in exclude]
+    n = int(oracle.ndevices)
+    if len(pool) < n:
+        raise ShardError(f"shardkit cannot calibrate: only {len(pool)} tables of {data_dir} lie outside the tasks it "
+                         f"plans ({', '.join(map(str, exclude_task_files or []))}), fewer than the {n} devices; "
+                         "generate tasks over part of the tables (tools/gen_tasks.py) or give --shardkit-model")
+    rng = np.random.default_rng(seed)
+    tables = dataset.tables
+    t0 = time.perf_counter()
+    sizes = [k for k in range(1, PLAN_SIZES + 1) if k * n <= len(pool)] or [1]
+    measured = 0
+    seen: set = set()
+    with tqdm(total=len(sizes) + MIN_SHARDS, desc="shardkit calibrating on this machine", unit="measurement",
+              disable=None if progress else True, leave=False) as bar:
+        for k in sizes:                       # plans at several sizes: the exchange, and n shards each
+            ids = rng.choice(pool, size=k * n, replace=False)
+            seen.update(frozenset(int(i) for i in ids[d * k:(d + 1) * k]) for d in range(n))
+            oracle.evaluate([[tables[int(i)] for i in ids[d * k:(d + 1) * k]] for d in range(n)])
+            measured += 1
+            bar.update(1)
+            if time.perf_counter() - t0 > budget_s:
+                break
+        tries = 0
+        while len(seen) < MIN_SHARDS and tries < 50 * MIN_SHARDS and time.perf_counter() - t0 <= budget_s:
+            tries += 1   # single shards up to the floor, each one not measured before
+            ids = rng.choice(pool, size=int(rng.integers(1, min(4, len(pool)) + 1)), replace=False)
+            key = frozenset(int(i) for i in ids)
+            if key in seen:
+                continue
+            seen.add(key)
+            oracle.measure_shards([[tables[int(i)] for i in ids]])
+            measured += 1
+            bar.update(1)
+    try:
+        model = _fit(oracle, dataset, data_dir, exclude)
+    except ShardError as exc:
+        raise ShardError(f"shardkit's calibration ran {time.perf_counter() - t0:.0f} s ({measured} measurements, "
+                         f"budget {budget_s:g} s) and still cannot fit ({exc}); raise --shardkit-calibrate") from None
+    print(f"shardkit calibrated on this machine in {time.perf_counter() - t0:.1f} s: {measured} measurements of "
+          f"tables outside the evaluated tasks (stored in the cache); {model.source}", flush=True)
+    return model
