@@ -14,9 +14,7 @@ use ``device_type="cuda"`` and ``torch.device("cuda", local_rank)`` (the rest is
 
 from __future__ import annotations
 
-import argparse
 import os
-import socket
 import sys
 import traceback
 from pathlib import Path
@@ -26,6 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from shardcore.launch import spawn_ranks  # noqa: E402 - after the repository root is on the path
 
 
 def user_collection(tables_file: str, device: torch.device):
@@ -96,18 +96,11 @@ def worker(rank: int, world: int, port: int, tables_file: str, plan_file: str, l
         queue.put((rank, {"error": traceback.format_exc()}))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(tables_file: str, plan_file: str, world: int = 4, local_batch: int = 8, timeout_s: float = 300.0):
     """Check the plan against the tables here (one line if they disagree), then spawn the gloo ranks;
     ``{rank: result}``."""
     import json
 
-    import torch.multiprocessing as mp
 
     from shardcore.errors import ShardError
     from shardcore.plan_export import load_torchrec_plan
@@ -117,21 +110,7 @@ def run(tables_file: str, plan_file: str, world: int = 4, local_batch: int = 8, 
     planned = json.loads(Path(plan_file).read_text())["world_size"]
     if planned != world:
         raise ShardError(f"{plan_file} is a plan for {planned} ranks, not {world} (--world {planned})")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, tables_file, plan_file, local_batch, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(queue.get(timeout=timeout_s) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    return results
+    return spawn_ranks(worker, world, tables_file, plan_file, local_batch, timeout_s=timeout_s)
 
 
 def main(argv=None) -> int:

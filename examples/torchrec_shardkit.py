@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import socket
 import sys
 import traceback
 from pathlib import Path
@@ -26,6 +25,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from shardcore.launch import spawn_ranks  # noqa: E402 - after the repository root is on the path
 
 # (rows, dim, pooling factor): one large hot table (pooling factor 150), twelve small and medium ones
 TABLES = [(200_000, 64, 150.0), (5_000, 16, 2.0), (20_000, 32, 4.0), (1_000, 8, 1.0), (50_000, 64, 6.0),
@@ -143,30 +144,9 @@ def worker(rank: int, world: int, port: int, local_batch: int, queue) -> None:
         queue.put((rank, {"error": traceback.format_exc()}))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(world: int = 4, local_batch: int = 64, timeout_s: float = 240.0) -> dict[int, dict]:
     """Spawn ``world`` gloo ranks running :func:`worker`; ``{rank: its result}``."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, local_batch, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(queue.get(timeout=timeout_s) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    return results
+    return spawn_ranks(worker, world, local_batch, timeout_s=timeout_s)
 
 
 def main(argv=None) -> int:

@@ -271,3 +271,31 @@ def serve(timeout_s: float = 300.0) -> int:
     jc.send(["hello", env.rank, socket.gethostname(), env.local_rank])
     return serve_remote(env, jc)
 
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (for a local rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(target, world: int, *args, timeout_s: float = 300.0) -> dict:
+    """Run ``target(rank, world, port, *args, queue)`` in ``world`` spawned processes on this machine
+    (a gloo rendezvous on ``port``); each puts one ``(rank, result)`` on ``queue``. Returns
+    ``{rank: result}``; processes still alive a minute after their results came are killed."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return dict(queue.get(timeout=timeout_s) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()

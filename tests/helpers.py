@@ -56,3 +56,22 @@ class FnOracle:
         self.calls += 1
         return PlanResult([[float(v) for v in dev] for dev in self.fn(shards)], parts=dict(self.parts),
                           hardware=self.hardware)
+
+
+def require_torchrec() -> None:
+    """At a test module's top: skip the module where TorchRec cannot be imported, except under
+    ``make test`` (``SHARDKIT_REQUIRE_TORCHREC=1``, which installs it), where that fails the run."""
+    import os
+
+    import pytest
+
+    try:
+        import torchrec  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a broken install (e.g. a mismatched fbgemm) is not an ImportError
+        reason = f"TorchRec cannot be imported ({type(exc).__name__}: {exc})"
+        if os.environ.get("SHARDKIT_REQUIRE_TORCHREC") == "1":
+            from shardcore.torchrec_planner import INSTALL_HINT
+
+            pytest.fail(f"{reason}, and SHARDKIT_REQUIRE_TORCHREC=1 (make test) requires it. {INSTALL_HINT}",
+                        pytrace=False)
+        pytest.skip(f"{reason}; make test, which installs it, would fail here", allow_module_level=True)

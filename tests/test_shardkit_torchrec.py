@@ -8,16 +8,9 @@ import os
 import numpy as np
 import pytest
 
-try:
-    import torchrec  # noqa: F401
-except Exception as exc:  # noqa: BLE001 - a broken install (e.g. a mismatched fbgemm) is not an ImportError
-    reason = f"TorchRec cannot be imported ({type(exc).__name__}: {exc})"
-    if os.environ.get("SHARDKIT_REQUIRE_TORCHREC") == "1":
-        from shardcore.torchrec_planner import INSTALL_HINT
+from helpers import require_torchrec  # noqa: E402
 
-        pytest.fail(f"{reason}, and SHARDKIT_REQUIRE_TORCHREC=1 (make test) requires it. {INSTALL_HINT}",
-                    pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
+require_torchrec()
 
 import torch  # noqa: E402
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor  # noqa: E402

@@ -6,21 +6,14 @@ to install it (shardcore.torchrec_planner.INSTALL_HINT)."""
 
 import json
 import os
-import socket
 import traceback
 
 import pytest
 
-try:
-    import torchrec  # noqa: F401
-except Exception as exc:  # noqa: BLE001 - a broken install (e.g. a mismatched fbgemm) is not an ImportError
-    reason = f"TorchRec cannot be imported ({type(exc).__name__}: {exc})"
-    if os.environ.get("SHARDKIT_REQUIRE_TORCHREC") == "1":
-        from shardcore.torchrec_planner import INSTALL_HINT
+from helpers import require_torchrec  # noqa: E402
+from shardcore.launch import free_port  # noqa: E402
 
-        pytest.fail(f"{reason}, and SHARDKIT_REQUIRE_TORCHREC=1 (make test) requires it. {INSTALL_HINT}",
-                    pytrace=False)
-    pytest.skip(f"{reason}; make test, which installs it, would fail here", allow_module_level=True)
+require_torchrec()
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -161,19 +154,13 @@ def _dmp_worker(rank, world, port, plan_path, names, queue):
         queue.put((rank, "error", traceback.format_exc(), None))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_exported_plan_applied_by_distributed_model_parallel_on_cpu(tmp_path):
     names = [f"tbl_{t.index}" for t in DMP_TABLES]
     plan = Plan((1, 0, 1, 1, 0, 0), 2)  # ours, deliberately not TorchRec's choice
     _, trec = pe.export_plan(tmp_path, "dmp", DMP_TABLES, plan, 1.0, names=names)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_dmp_worker, args=(r, 2, port, str(trec), names, queue)) for r in range(2)]
     for p in procs:
         p.start()
