@@ -319,6 +319,7 @@ class AutoShardTrainer:
         self.episodes = int(extra.get("episodes", 0))
         self.elapsed_before = float(extra.get("elapsed_s", 0.0))
         if resumed and extra:
+            self._check_resume(extra)
             self.opt.load_state_dict(extra["optimizer"])
             self.cost_opt.load_state_dict(extra["cost_optimizer"])
             self.buffer.load_state(extra["cost_buffer"])
@@ -326,6 +327,36 @@ class AutoShardTrainer:
         self.interrupted = False
         self.replay: list[dict] = []
         self.timed_out = False
+
+    def _provenance(self) -> dict:
+        """What this training's measurements depend on: a resumed run must match it."""
+        out = {"ndevices": self.ndevices, "max_memory_gb": self.cap, "precision": self.precision,
+               "hardware": str(getattr(self.oracle, "hardware", ""))}
+        try:
+            ctx = getattr(self.oracle, "context", None)
+        except Exception:  # noqa: BLE001 - an oracle without a cache setting
+            ctx = None
+        if ctx is not None:
+            out.update(hardware=ctx.hardware, dataset=ctx.dataset, batch_size=int(ctx.batch_size),
+                       optimizer=ctx.optimizer)
+        return out
+
+    def _check_resume(self, extra: dict) -> None:
+        """``--resume`` continues only the training it saved: another oracle, device count, cap,
+        dataset or batch would mix measurements of different hardware in one cost model."""
+        stored = dict(extra.get("provenance") or {})
+        for key in ("ndevices", "max_memory_gb"):   # checkpoints written before provenance
+            if key in extra:
+                stored.setdefault(key, extra[key])
+        now = self._provenance()
+        names = {"ndevices": "device count", "max_memory_gb": "memory cap (GB)", "precision": "weights precision",
+                 "hardware": "oracle (hardware)", "dataset": "dataset", "batch_size": "batch size",
+                 "optimizer": "optimizer"}
+        for key, label in names.items():
+            if key in stored and key in now and stored[key] != now[key]:
+                raise ShardError(f"--resume: the checkpoint was trained with {label} {stored[key]!r}, this run has "
+                                 f"{now[key]!r}: measurements of different settings would be mixed; train anew "
+                                 "with another --xpid")
 
     # -- cost model --------------------------------------------------------------------------
     def _on_measured(self, shards: list[list[TableConfig]], device_costs) -> None:
@@ -389,7 +420,7 @@ class AutoShardTrainer:
                             "cost_buffer": self.buffer.to_state(), "updates": self.updates,
                             "episodes": self.episodes, "elapsed_s": float(elapsed_s),
                             "tasks": [t.to_line() for t in self.tasks], "ndevices": self.ndevices,
-                            "max_memory_gb": self.cap}
+                            "max_memory_gb": self.cap, "provenance": self._provenance()}
         path = self.out_dir / "model.pt"
         self.model.save(path)
         return path
