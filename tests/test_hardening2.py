@@ -386,3 +386,15 @@ def test_unusable_cache_found_before_workers(base, tmp_path, monkeypatch):
     with pytest.raises(ShardError, match="is a directory"):
         oracles.open_oracle(base / "ds", 2, cache=d)
     assert started == []
+
+
+def test_shardkit_falls_back_to_torchrec_where_greedy_cannot_place():
+    """A table larger than one device's cap: no greedy start places it, TorchRec's row-wise split does;
+    shardkit must not call the task infeasible."""
+    from shardcore import algorithms
+    from shardcore.tables import TableConfig
+
+    tables = [TableConfig(0, 4_000_000, 128, 2.0), TableConfig(1, 1000, 16, 1.0), TableConfig(2, 5000, 32, 3.0)]
+    sharder = algorithms.resolve("shardkit", oracle="emulated:h200", time=0.2)
+    plan = sharder.shard(tables, 4, 0.6, "fp16")
+    assert plan.is_feasible(tables, 0.6, "fp16")
