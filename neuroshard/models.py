@@ -501,11 +501,12 @@ def _train_loop(net: nn.Module, cfg: ModelConfig, train: tuple[torch.Tensor, ...
             progress.update(1)
             progress.set_postfix(loss=f"{total / max(count, 1):.4f}", val_mape=f"{score:.2f}%",
                                  best=f"{best[0]:.2f}%@{best[1]}")
-    if best[1] < 0 or not (best[0] < untrained or not math.isfinite(untrained)):
+    if best[1] < 0:
+        # no epoch gave a finite validation score with finite weights: the training diverged
         last = history[-1][1] if history else float("nan")
-        raise ShardError(f"training did not beat the untrained model on its own validation data (best validation "
-                         f"MAPE {best[0] if best[1] >= 0 else last:.2f}% vs {untrained:.2f}% untrained); nothing "
-                         "saved: check the cost data, or lower --lr / raise --epochs")
+        raise ShardError(f"training diverged: no epoch has finite weights and a finite validation MAPE (last "
+                         f"{last:.2f}%, {untrained:.2f}% untrained); nothing saved: check the cost data, or lower "
+                         "--lr")
     net.load_state_dict(best[2])
     net.eval()
     return best[1], best[0], history

@@ -417,7 +417,7 @@ def read_shard_lines(path: str | os.PathLike, tables: Sequence[TableConfig], all
                 v = obj.get(key)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
                                       or not math.isfinite(v)):
-                    raise ShardError(f"{where}: {key} must be a finite number >= 0, got {v!r}")
+                    raise ShardError(f"{where}: {key} must be a non-negative number (and finite), got {v!r}")
             obj = dict(obj)
             obj["configs"] = configs
             out.append(obj)
