@@ -17,7 +17,7 @@ import os
 
 
 from neuroshard import config
-from shardcore.cli import float_list
+from shardcore.cli import float_list, seed_int
 from shardcore.cli import serve_if_torchrun_rank
 from shardcore.cli import add_device_args, device_ids, num_devices
 from neuroshard.collect import collect_comm
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=DEFAULT_DATA_DIR, help="processed dataset directory the workers load (default %(default)s)")
     p.add_argument("--out_dir", "--out-dir", dest="out_dir", default=None,
                    help="output directory (default data/cost_data/comm_<number of devices>)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     p.add_argument("--from-cache", action="store_true",
                    help="also import the all-to-alls of every plan in the measurement cache (same setting "
                         "and device count; measured without delays)")

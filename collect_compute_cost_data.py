@@ -16,7 +16,7 @@ import argparse
 
 
 from neuroshard import config
-from shardcore.cli import serve_if_torchrun_rank
+from shardcore.cli import serve_if_torchrun_rank, fraction, seed_int
 from shardcore.cli import add_device_args, device_ids
 from neuroshard.collect import collect_compute
 from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, positive_int, run_main
@@ -43,11 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", choices=["train", "test", "all"], default="train",
                    help="tables to draw from: the training pool of tools/gen_tasks.py's split (default), "
                         "its test pool, or all tables")
-    p.add_argument("--train-fraction", type=float, default=config.TRAIN_FRACTION,
+    p.add_argument("--train-fraction", type=fraction, default=config.TRAIN_FRACTION,
                    help="train pool share, as given to tools/gen_tasks.py (default %(default)s)")
-    p.add_argument("--pool-seed", type=int, default=config.POOL_SEED,
+    p.add_argument("--pool-seed", type=seed_int, default=config.POOL_SEED,
                    help="seed of the train/test split, as tools/gen_tasks.py's --seed (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random shards (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random shards (default 0)")
     p.add_argument("--from-cache", action="store_true",
                    help="also import every shard of the measurement cache (same setting, pool tables only)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

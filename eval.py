@@ -19,7 +19,8 @@ import os
 from tqdm import tqdm
 
 from shardcore import algorithms, report
-from shardcore.cli import serve_if_torchrun_rank
+from shardcore import cli
+from shardcore.cli import serve_if_torchrun_rank, seed_int
 from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids,
                            num_devices, open_evaluator, run_main)
 from shardcore.dataset import load_dataset
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_args(p)
     add_memory_args(p)
     p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N", help="evaluate only the first N tasks")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--plan-only", action="store_true",
                    help="plan without hardware: print allocations, per-device memory and feasibility")
     p.add_argument("--out", default=None, metavar="FILE.jsonl",
@@ -103,6 +104,7 @@ def check_outputs(args) -> None:
     """Refuse unwritable --out / --export-torchrec paths before any planning or measuring."""
     if args.out:
         check_output_file(args.out, "--out")
+    cli.check_outputs(args, {"--out": args.out})
     if args.export_torchrec:
         check_output_dir(args.export_torchrec, "--export-torchrec")
 

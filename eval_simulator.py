@@ -23,7 +23,7 @@ from tqdm import tqdm
 from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, search_kwargs
 from neuroshard.simulator import Simulator
 from shardcore import algorithms, report
-from shardcore.cli import serve_if_torchrun_rank
+from shardcore.cli import serve_if_torchrun_rank, seed_int
 from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
 from shardcore.dataset import load_dataset
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_paths(p)
     add_search_args(p)
     p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N", help="only the first N tasks")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--measure", action="store_true",
                    help="also measure every plan on hardware and report the simulator's error")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="one JSON object per task and algorithm")

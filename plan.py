@@ -40,7 +40,8 @@ from shardcore.io import check_output_file, read_text, write_json
 from shardcore.report import format_table
 from shardcore.tables import BIN_NAMES, NUM_BINS, TableConfig, dim_problem
 from shardcore.plan_export import plan_json, torchrec_path_for, torchrec_plan_json
-from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore import cli
+from shardcore.cli import ArgumentParser as OneLineParser, seed_int
 
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
 
@@ -253,7 +254,7 @@ def build_parser():
                         "priced by the emulated H200), shardkit (shardkit's own planner: every sharding type, cost "
                         "model and local search), a learned method's name or a trained checkpoint (default "
                         "lookup_greedy)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                    help="the global batch the plans are made and priced for (default: the tables file's batch_size; "
                         f"without --oracle, {DEFAULT_PLAN_BATCH} for the planners that need one, said in a note). "
@@ -413,6 +414,7 @@ def main(argv=None):
         check_output_file(args.out, "--out")
         if args.torchrec:
             check_output_file(torchrec_path_for(args.out), "--torchrec")
+        cli.check_outputs(args, {"--out": args.out, "--torchrec": torchrec_path_for(args.out) if args.torchrec else None})
     devices = device_ids(args)
     ndevices = num_devices(args)
     tables, names = read_tables(args.tables)

@@ -16,7 +16,7 @@ import argparse
 from tqdm import tqdm
 
 from neuroshard import config
-from neuroshard.cli import cost_model_config, cost_model_parser, first_samples
+from neuroshard.cli import check_cost_model_outputs, cost_model_config, cost_model_parser, first_samples
 from neuroshard.collect import load_comm_data
 from neuroshard.models import fit_comm_model, save_model
 from shardcore.cli import run_main
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def train(args) -> None:
+    check_cost_model_outputs(args, ("fw_out_path", "bw_out_path"))
     cfg = cost_model_config(args, config.comm_model_config())
     dims, delays, fw, bw, setting = load_comm_data(args.data_dir)
     dims, delays, fw, bw = first_samples(args.num_samples, dims, delays, fw, bw)

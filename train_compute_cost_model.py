@@ -16,7 +16,7 @@ import argparse
 from tqdm import tqdm
 
 from neuroshard import config
-from neuroshard.cli import cost_model_config, cost_model_parser, first_samples
+from neuroshard.cli import check_cost_model_outputs, cost_model_config, cost_model_parser, first_samples
 from neuroshard.collect import load_compute_data
 from neuroshard.models import fit_compute_model, save_model
 from shardcore.cli import run_main
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def train(args) -> None:
+    check_cost_model_outputs(args, ("out_path",))
     cfg = cost_model_config(args, config.compute_model_config())
     shards, costs, setting = load_compute_data(args.data_dir)
     shards, costs = first_samples(args.num_samples, shards, costs)

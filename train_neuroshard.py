@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from neuroshard import config
 from neuroshard.cli import add_training_args, training_config
-from shardcore.cli import serve_if_torchrun_rank
+from shardcore.cli import serve_if_torchrun_rank, seed_int
 from shardcore.cli import add_device_args, device_ids, float_list, num_devices
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data
 from neuroshard.config import SearchConfig
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--skip-collection", action="store_true", help="train on the data already collected")
     c.add_argument("--from-cache", action="store_true",
                    help="also import the measurement cache's shards and plans as samples")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_training_args(p, config.compute_model_config(), what="compute model")
     add_training_args(p, config.comm_model_config(), prefix="comm-", what="communication models")

@@ -9,7 +9,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from shardcore.cli import finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int
+from shardcore.cli import finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
+from shardcore.cli import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 
 
@@ -44,7 +45,7 @@ class AutoShardConfig(Config):
                                   "(default {default})", type=nonnegative_int)
     replay_size: int = 200       # unrolls kept for replay (the most recent)
     learning_rate: float = param(1e-3, "Adam learning rate of policy and value (default {default})",
-                                 type=positive_float)
+                                 type=learning_rate_type)
     entropy_cost: float = param(0.001, "entropy bonus weight (default {default})", type=finite_float)
     baseline_cost: float = param(0.5, "weight of the value loss (default {default})", type=nonnegative_float)
     discounting: float = param(1.0, "discount factor; the only reward is at the end of an episode "
@@ -58,16 +59,16 @@ class AutoShardConfig(Config):
                                        "dim x pooling factor", flags=("--disable-cost-model",),
                                  action="store_false")
     cost_lr: float = param(1e-3, "cost model learning rate (default {default})", flags=("--cost-learning-rate",),
-                           type=positive_float)
+                           type=learning_rate_type)
     cost_batch_size: int = 64
     cost_steps_per_update: int = param(4, "cost model gradient steps per learner update (default {default})",
                                        flags=("--num-cost-updates",), dest="cost_updates", type=positive_int)
     cost_min_buffer: int = param(0, "measured shards the cost model's buffer must hold before it trains "
-                                    "(default {default})", flags=("--num-min-buf-size",), type=int)
+                                    "(default {default})", flags=("--num-min-buf-size",), type=nonnegative_int)
     # rewards
     overflow_penalty: float = 1.0   # reward of an over-cap plan: -penalty x overflow / cap
     reward_clipping: str = param("none", "abs_one clips each step's reward to [-1, 1] (default {default})",
                                  choices=["none", "abs_one"])
     shaping: float = param(2.0, "weight of potential-based reward shaping from the cost model's predicted loads; "
                                 "0 gives the paper's final reward only (default {default})", type=nonnegative_float)
-    seed: int = param(0, "random seed (default {default})", type=int, group="general")
+    seed: int = param(0, "random seed (default {default})", type=seed_int, group="general")

@@ -50,7 +50,7 @@ class AutoShardModel:
                            max_memory_gb, precision)
 
     def save(self, path: str | os.PathLike) -> None:
-        io.torch_save({"method": METHOD, "version": VERSION, "config": self.cfg.to_dict(),
+        io.save_checkpoint({"method": METHOD, "version": VERSION, "config": self.cfg.to_dict(),
                        "scaler": self.scaler.to_state(), "cost_scale": float(self.cost_scale),
                        "net": self.net.state_dict(), "cost_model": self.cost_model.state_dict(),
                        "steps": int(self.steps), "extra": self.extra}, path)

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
+from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.evaluator import set_parent_death_signal
 from shardcore.tables import FeatureScaler, TableConfig
@@ -318,6 +319,7 @@ class AutoShardTrainer:
         self.episodes = int(extra.get("episodes", 0))
         self.elapsed_before = float(extra.get("elapsed_s", 0.0))
         if resumed and extra:
+            self._check_resume(extra)
             self.opt.load_state_dict(extra["optimizer"])
             self.cost_opt.load_state_dict(extra["cost_optimizer"])
             self.buffer.load_state(extra["cost_buffer"])
@@ -325,6 +327,36 @@ class AutoShardTrainer:
         self.interrupted = False
         self.replay: list[dict] = []
         self.timed_out = False
+
+    def _provenance(self) -> dict:
+        """What this training's measurements depend on: a resumed run must match it."""
+        out = {"ndevices": self.ndevices, "max_memory_gb": self.cap, "precision": self.precision,
+               "hardware": str(getattr(self.oracle, "hardware", ""))}
+        try:
+            ctx = getattr(self.oracle, "context", None)
+        except Exception:  # noqa: BLE001 - an oracle without a cache setting
+            ctx = None
+        if ctx is not None:
+            out.update(hardware=ctx.hardware, dataset=ctx.dataset, batch_size=int(ctx.batch_size),
+                       optimizer=ctx.optimizer)
+        return out
+
+    def _check_resume(self, extra: dict) -> None:
+        """``--resume`` continues only the training it saved: another oracle, device count, cap,
+        dataset or batch would mix measurements of different hardware in one cost model."""
+        stored = dict(extra.get("provenance") or {})
+        for key in ("ndevices", "max_memory_gb"):   # checkpoints written before provenance
+            if key in extra:
+                stored.setdefault(key, extra[key])
+        now = self._provenance()
+        names = {"ndevices": "device count", "max_memory_gb": "memory cap (GB)", "precision": "weights precision",
+                 "hardware": "oracle (hardware)", "dataset": "dataset", "batch_size": "batch size",
+                 "optimizer": "optimizer"}
+        for key, label in names.items():
+            if key in stored and key in now and stored[key] != now[key]:
+                raise ShardError(f"--resume: the checkpoint was trained with {label} {stored[key]!r}, this run has "
+                                 f"{now[key]!r}: measurements of different settings would be mixed; train anew "
+                                 "with another --xpid")
 
     # -- cost model --------------------------------------------------------------------------
     def _on_measured(self, shards: list[list[TableConfig]], device_costs) -> None:
@@ -388,7 +420,7 @@ class AutoShardTrainer:
                             "cost_buffer": self.buffer.to_state(), "updates": self.updates,
                             "episodes": self.episodes, "elapsed_s": float(elapsed_s),
                             "tasks": [t.to_line() for t in self.tasks], "ndevices": self.ndevices,
-                            "max_memory_gb": self.cap}
+                            "max_memory_gb": self.cap, "provenance": self._provenance()}
         path = self.out_dir / "model.pt"
         self.model.save(path)
         return path
@@ -439,6 +471,8 @@ class AutoShardTrainer:
         self._next_liveness_check = 0.0
         main_thread = threading.current_thread() is threading.main_thread()
         previous_handler = signal.getsignal(signal.SIGINT) if main_thread else None
+        previous_term = signal.getsignal(signal.SIGTERM) if main_thread else None
+        self._diverged = False
         try:
             if main_thread:  # the actors start with Ctrl-C ignored (they inherit it through exec)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -453,6 +487,7 @@ class AutoShardTrainer:
                     # Ctrl-C only raises a flag, checked between steps: an exception in the middle of
                     # reading an unroll from the queue would leave its pipe unreadable
                     signal.signal(signal.SIGINT, self._request_stop)
+                    signal.signal(signal.SIGTERM, self._request_stop)   # SIGTERM saves as Ctrl-C does
             server.start()
             while self.model.steps < total_steps:
                 if self._stop_requested:
@@ -472,6 +507,7 @@ class AutoShardTrainer:
                     self.learn(self.rng.sample(self.replay, min(cfg.batch_size, len(self.replay))))
                 m = self.update_cost_model()
                 mape = m if m is not None else mape
+                self._check_finite_weights(stats)
                 shared_net.load_state_dict(self.model.net.state_dict())
                 shared_cost.load_state_dict(self.model.cost_model.state_dict())
                 steps = cfg.batch_size * cfg.unroll_length
@@ -533,6 +569,7 @@ class AutoShardTrainer:
                     f.close()
                 if main_thread:
                     signal.signal(signal.SIGINT, previous_handler)
+                    signal.signal(signal.SIGTERM, previous_term)
         elapsed = self.elapsed_before + time.perf_counter() - t_start
         path = self._saved_path
         return {"checkpoint": str(path), "steps": self.model.steps, "updates": self.updates,
@@ -548,9 +585,21 @@ class AutoShardTrainer:
                 pass
         self._stop_requested = True
 
+    def _check_finite_weights(self, stats: dict) -> None:
+        """A learner update that made a loss or a weight NaN or infinite stops training in one line;
+        nothing of it is saved (``model.pt`` keeps the last finite checkpoint)."""
+        bad = io.nonfinite_entry({"losses": {k: float(v) for k, v in stats.items()},
+                                  "policy": self.model.net.state_dict(), "cost_model": self.model.cost_model.state_dict()})
+        if bad is not None:
+            self._diverged = True
+            raise ShardError(f"training diverged at update {self.updates + 1} (non-finite values in {bad}); "
+                             "lower --learning-rate or --cost-learning-rate")
+
     def _save_after_failure(self, start_steps: int, t_start: float) -> str:
         """Save what this run learned before a failure is reported; the words for the error line."""
         self._stopping = True
+        if getattr(self, "_diverged", False):
+            return f"nothing saved from the diverged network ({self.out_dir / 'model.pt'} keeps the last finite checkpoint)"
         if self.model.steps <= start_steps:
             return "nothing trained in this run, no checkpoint written"
         try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardcore.cli import finite_float, positive_float, positive_int
+from shardcore.cli import finite_float, positive_float, positive_int, seed_int
+from shardcore.cli import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 
 
@@ -26,14 +27,14 @@ class DreamShardConfig(Config):
     cost_batch_size: int = param(32, "samples per gradient step of the cost network, as DreamShard's --batch-size "
                                      "(default {default}; the benchmark's batch is --bench-batch-size)",
                                  flags=("--batch-size",), type=positive_int)
-    cost_lr: float = param(1e-3, "cost network learning rate (default {default})", type=positive_float)
+    cost_lr: float = param(1e-3, "cost network learning rate (default {default})", type=learning_rate_type)
     # policy (REINFORCE in the estimated MDP)
     rl_num_batches: int = param(40, "policy updates per iteration (default {default})", type=positive_int)
     rl_batch_size: int = param(16, "episodes per policy update, run in lockstep on one task (default {default})",
                                type=positive_int)
-    rl_lr: float = param(5e-4, "policy learning rate (default {default})", type=positive_float)
+    rl_lr: float = param(5e-4, "policy learning rate (default {default})", type=learning_rate_type)
     lr_decay: float = 0.9        # policy learning rate multiplied by this after every iteration
     entropy_weight: float = param(1e-3, "entropy bonus of the policy loss (default {default})", type=finite_float)
     grad_clip: float = 1.0
     infeasible_penalty: float = 2.0   # an episode that runs out of memory gets this x its predicted cost
-    seed: int = param(0, "random seed (default {default})", type=int)
+    seed: int = param(0, "random seed (default {default})", type=seed_int)

@@ -51,7 +51,7 @@ class DreamShardModel:
                "scaler": self.scaler.to_state(), "cost_scale": float(self.cost_scale),
                "cost_net": self.cost_net.state_dict(), "policy": self.policy.state_dict(),
                "iteration": int(self.iteration), "extra": self.extra}
-        io.torch_save(obj, path)
+        io.save_checkpoint(obj, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "DreamShardModel":

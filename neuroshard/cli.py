@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from shardcore.cli import make_parser, positive_int
+from shardcore.cli import make_parser, positive_int, fraction, seed_int
 from shardcore.config import add_config_args, config_from_args, given_args
 from shardcore.errors import ShardError
 
@@ -48,11 +48,34 @@ def cost_model_parser(description: str, data_dir: str, data_help: str, outputs: 
                    help=f"{data_help} directory or CSV, comma-separated for several (default %(default)s)")
     for name, default, help_text in outputs:
         p.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name, default=default, help=help_text)
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and the initial weights (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the split and the initial weights (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_training_args(p, defaults, what=what)
     add_original_training_args(p)
     return p
+
+
+def check_cost_model_outputs(args: argparse.Namespace, names: Sequence[str]) -> None:
+    """Before training: every model output (``names``: dests of :func:`cost_model_parser`'s output
+    flags) is writable, names neither the cost data (a directory's CSV and meta file, or a CSV given
+    directly) nor the other output, and replaces no file but a torch one."""
+    from pathlib import Path
+
+    from shardcore import io
+
+    inputs = {}
+    for k, part in enumerate(p for p in str(args.data_dir).split(",") if p.strip()):
+        path = Path(part.strip())
+        files = ([path / config.COMPUTE_CSV, path / config.COMM_CSV, path / config.META_JSON, path / "data.txt"]
+                 if path.is_dir() else [path])
+        for f in files:
+            inputs[f"--data_dir {f}"] = f
+    outputs = {f"--{n}": getattr(args, n) for n in names}
+    for flag, path in outputs.items():
+        io.check_output_file(path, flag)
+    io.check_outputs_spare_inputs(outputs, inputs)
+    for flag, path in outputs.items():
+        io.check_replaces_kind(path, "a zip/torch file", flag)
 
 
 def cost_model_config(args: argparse.Namespace, defaults: ModelConfig) -> ModelConfig:
@@ -82,10 +105,10 @@ def add_original_training_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("NeuroShard's original flags")
     g.add_argument("--batch_size", dest="train_batch_size", type=positive_int, default=argparse.SUPPRESS,
                    metavar="B", help="NeuroShard's spelling of --train-batch-size")
-    g.add_argument("--train_ratio", type=float, default=None, metavar="R",
+    g.add_argument("--train_ratio", type=fraction, default=None, metavar="R",
                    help="share of samples for training (NeuroShard's default 0.8); the test share is "
                         "1 - train_ratio - valid_ratio")
-    g.add_argument("--valid_ratio", type=float, default=None, metavar="R",
+    g.add_argument("--valid_ratio", type=fraction, default=None, metavar="R",
                    help="share of samples for validation (NeuroShard's default 0.1); = --val-fraction")
     g.add_argument("--num_samples", "--num-samples", dest="num_samples", type=positive_int, default=None,
                    metavar="N", help="use only the first N samples of the data (default: all)")

@@ -35,6 +35,7 @@ run loses at most one chunk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -138,6 +139,12 @@ def row_tables(row) -> list[TableConfig]:
     bins = json.loads(row["bins"]) if isinstance(row.get("bins"), str) and row["bins"] else [[0.0] * NUM_BINS] * len(ids)
     if not (len(ids) == len(dims) == len(rows) == len(pfs) == len(bins)):
         raise ShardError(f"compute sample {row.get('sample')}: table columns of different lengths")
+    if not all(v > 0 for v in rows + dims) or not all(math.isfinite(v) and v >= 0 for v in pfs):
+        raise ShardError(f"rows and dims must be positive, pooling factors finite and >= 0 (got rows {rows}, "
+                         f"dims {dims}, pooling factors {pfs})")
+    if not all(isinstance(bs, list) and all(isinstance(b, (int, float)) and math.isfinite(b) and b >= 0 for b in bs)
+               for bs in bins):
+        raise ShardError("bins must be lists of finite numbers >= 0")
     return [TableConfig(i, r, d, p, tuple(float(b) for b in bs)) for i, d, r, p, bs in zip(ids, dims, rows, pfs, bins)]
 
 
@@ -153,6 +160,37 @@ def comm_row(sample: int, num_tables: int, dim_sums: Sequence[int], delays: Sequ
         row[f"bw_ms_{d}"] = float(bw)
     row["source"] = source
     return row
+
+
+@contextlib.contextmanager
+def _csv_row(path: Path, index: int):
+    """Reading row ``index`` of a cost CSV: a missing, non-numeric or out-of-range value (a row cut
+    short, a ``nan`` cost) becomes one line naming the file and its line."""
+    try:
+        yield
+    except ShardError as exc:
+        text = str(exc)
+        raise ShardError(text if text.startswith(str(path)) else f"{path}:{index + 2}: {text}") from None
+    except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as exc:
+        raise ShardError(f"{path}:{index + 2}: unreadable cost row ({type(exc).__name__}: {io.first_line(exc, 120)})"
+                         ) from None
+
+
+def _cost(v, what: str) -> float:
+    """A cost (or size) from a CSV cell: a finite number >= 0."""
+    if isinstance(v, str) or isinstance(v, bool):
+        raise ShardError(f"{what} must be a number, got {v!r}")
+    x = float(v)
+    if not (math.isfinite(x) and x >= 0):
+        raise ShardError(f"{what} must be a finite number >= 0, got {v!r}")
+    return x
+
+
+def _whole(v, what: str, low: int = 0) -> int:
+    x = _cost(v, what)
+    if x != int(x) or x < low:
+        raise ShardError(f"{what} must be a whole number >= {low}, got {v!r}")
+    return int(x)
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -223,9 +261,10 @@ def load_compute_data(paths) -> tuple[list[list[TableConfig]], np.ndarray, dict]
         missing = [c for c in ("table_ids", "dims", "rows", "pooling_factors", "fw_ms", "bw_ms") if c not in df]
         if missing:
             raise ShardError(f"{f}: not a compute cost table (missing {', '.join(missing)})")
-        for _, row in df.iterrows():
-            shards.append(row_tables(row))
-            costs.append((float(row["fw_ms"]), float(row["bw_ms"])))
+        for i, (_, row) in enumerate(df.iterrows()):
+            with _csv_row(f, i):
+                shards.append(row_tables(row))
+                costs.append((_cost(row["fw_ms"], "fw_ms"), _cost(row["bw_ms"], "bw_ms")))
         metas.append(read_meta(f))
     return shards, np.asarray(costs, dtype=np.float64).reshape(-1, 2), common_setting(metas)
 
@@ -245,15 +284,16 @@ def load_comm_data(paths) -> tuple[list[np.ndarray], list[np.ndarray], list[np.n
         df = _read_csv(f)
         if "ndevices" not in df:
             raise ShardError(f"{f}: not a communication cost table (no ndevices column)")
-        for _, row in df.iterrows():
-            n = int(row["ndevices"])
-            try:
-                dims.append(np.array([row[f"dim_sum_{d}"] for d in range(n)], dtype=np.float64))
-                delays.append(np.array([row[f"delay_ms_{d}"] for d in range(n)], dtype=np.float64))
-                fw.append(np.array([row[f"fw_ms_{d}"] for d in range(n)], dtype=np.float64))
-                bw.append(np.array([row[f"bw_ms_{d}"] for d in range(n)], dtype=np.float64))
-            except KeyError as exc:
-                raise ShardError(f"{f}: sample {row.get('sample')} lacks column {exc}") from None
+        for i, (_, row) in enumerate(df.iterrows()):
+            with _csv_row(f, i):
+                n = _whole(row["ndevices"], "ndevices", 1)
+                try:
+                    got = [np.array([_cost(row[f"{k}_{d}"], f"{k}_{d}") for d in range(n)], dtype=np.float64)
+                           for k in ("dim_sum", "delay_ms", "fw_ms", "bw_ms")]
+                except KeyError as exc:
+                    raise ShardError(f"{f}: sample {row.get('sample')} lacks column {exc}") from None
+                for arr, v in zip((dims, delays, fw, bw), got):
+                    arr.append(v)
         metas.append(read_meta(f))
     return dims, delays, fw, bw, common_setting(metas)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardcore.cli import positive_float, positive_int
+from shardcore.cli import fraction, nonnegative_int, positive_float, positive_int
+from shardcore.cli import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 
 # -- locations ----------------------------------------------------------------------------------
@@ -57,11 +58,11 @@ class ModelConfig(Config):
     epochs: int = param(300, "training epochs (default {default})", type=positive_int)
     batch_size: int = param(64, "samples per gradient step (default {default})", flags=("--train-batch-size",),
                             dest="train_batch_size", type=positive_int)
-    lr: float = param(2e-3, "learning rate (default {default})", type=positive_float)
+    lr: float = param(2e-3, "learning rate (default {default})", type=learning_rate_type)
     weight_decay: float = 1e-5
     lr_decay: float = 0.99     # learning rate multiplied by this after every epoch
-    val_fraction: float = param(0.1, "share of samples for model selection (default {default})", type=float)
-    test_fraction: float = param(0.1, "share of samples held out for the test MAPE (default {default})", type=float)
+    val_fraction: float = param(0.1, "share of samples for model selection (default {default})", type=fraction)
+    test_fraction: float = param(0.1, "share of samples held out for the test MAPE (default {default})", type=fraction)
     seed: int = 0
 
 
@@ -85,7 +86,7 @@ class SearchConfig(Config):
     n: int = param(10, "split candidates per step: the n largest and n most costly tables (default {default})",
                    type=positive_int, cli_default=None)
     max_length: int = param(10, "most column-wise steps, 0 = table-wise only (default {default})",
-                            flags=("--max-length", "--max_length"), type=int, cli_default=None)
+                            flags=("--max-length", "--max_length"), type=nonnegative_int, cli_default=None)
     search_steps: int = param(11, "dim-sum caps tried by the table-wise search (default {default})",
                               flags=("--search-steps", "--search_steps"), type=positive_int, cli_default=None)
     # ^ caps tried evenly from cap_start to cap_end

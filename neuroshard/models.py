@@ -316,6 +316,9 @@ class CommCostModel:
             raise ShardError(f"unknown communication model kind {self.kind!r}")
         self.mean = np.asarray(self.mean, dtype=np.float64)
         self.std = np.asarray(self.std, dtype=np.float64)
+        if not (np.isfinite(self.mean).all() and np.isfinite(self.std).all() and (self.std > 0).all()):
+            raise ShardError(f"{self.kind} model: feature means must be finite and standard deviations finite "
+                             "and positive")
         self.refresh()
 
     @property
@@ -398,7 +401,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
 
 
 def save_model(model: "ComputeCostModel | CommCostModel", path: str | os.PathLike) -> None:
-    io.torch_save(model.state(), path)
+    io.save_checkpoint(model.state(), path)
 
 
 def load_model(path: str | os.PathLike, kind: str) -> "ComputeCostModel | CommCostModel":
@@ -417,7 +420,7 @@ def load_model(path: str | os.PathLike, kind: str) -> "ComputeCostModel | CommCo
 def save_bundle(path: str | os.PathLike, compute: ComputeCostModel, fw: CommCostModel, bw: CommCostModel,
                 search: dict | None = None) -> None:
     """All three models in one checkpoint (``eval.py --alg models/neuroshard/neuroshard.pt``)."""
-    io.torch_save({"method": METHOD, "kind": "bundle", "version": VERSION, "compute": compute.state(),
+    io.save_checkpoint({"method": METHOD, "kind": "bundle", "version": VERSION, "compute": compute.state(),
                    "fw_comm": fw.state(), "bw_comm": bw.state(), "search": _plain(search or {})}, path)
 
 
@@ -449,6 +452,14 @@ def split_indices(n: int, val_fraction: float, test_fraction: float, seed: int
     return perm[n_test + n_val:], perm[n_test:n_test + n_val], perm[:n_test]
 
 
+def _check_targets(values: np.ndarray, what: str) -> None:
+    """Training data are finite numbers >= 0 (the readers refuse others with their line; this guards
+    every caller)."""
+    if values.size and not (np.isfinite(values).all() and (values >= 0).all()):
+        bad = values[~(np.isfinite(values) & (values >= 0))].ravel()[0]
+        raise ShardError(f"{what} must be finite numbers >= 0 to train on, got {bad!r}")
+
+
 def _train_loop(net: nn.Module, cfg: ModelConfig, train: tuple[torch.Tensor, ...],
                 predict: Callable[[tuple[torch.Tensor, ...]], torch.Tensor],
                 target: Callable[[tuple[torch.Tensor, ...]], torch.Tensor],
@@ -459,6 +470,8 @@ def _train_loop(net: nn.Module, cfg: ModelConfig, train: tuple[torch.Tensor, ...
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.lr_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     n = train[0].shape[0]
+    net.eval()
+    untrained = val_score()   # the bar a trained model must beat to be kept
     best = (math.inf, -1, copy.deepcopy(net.state_dict()))
     history = []
     for epoch in range(epochs):
@@ -482,12 +495,18 @@ def _train_loop(net: nn.Module, cfg: ModelConfig, train: tuple[torch.Tensor, ...
         net.eval()
         score = val_score()
         history.append((total / max(count, 1), score))
-        if score < best[0]:
+        if math.isfinite(score) and score < best[0] and io.nonfinite_entry(net.state_dict()) is None:
             best = (score, epoch, copy.deepcopy(net.state_dict()))
         if progress is not None:
             progress.update(1)
             progress.set_postfix(loss=f"{total / max(count, 1):.4f}", val_mape=f"{score:.2f}%",
                                  best=f"{best[0]:.2f}%@{best[1]}")
+    if best[1] < 0:
+        # no epoch gave a finite validation score with finite weights: the training diverged
+        last = history[-1][1] if history else float("nan")
+        raise ShardError(f"training diverged: no epoch has finite weights and a finite validation MAPE (last "
+                         f"{last:.2f}%, {untrained:.2f}% untrained); nothing saved: check the cost data, or lower "
+                         "--lr")
     net.load_state_dict(best[2])
     net.eval()
     return best[1], best[0], history
@@ -511,6 +530,7 @@ def fit_compute_model(shards: Sequence[Sequence[TableConfig]], costs: np.ndarray
     cfg = cfg or compute_model_config()
     t0 = time.perf_counter()
     costs = np.asarray(costs, dtype=np.float64).reshape(len(shards), 2)
+    _check_targets(costs, "compute costs")
     keep = [k for k, s in enumerate(shards) if len(s) > 0]
     shards = [list(shards[k]) for k in keep]
     costs = np.maximum(costs[keep], EPS_MS)
@@ -578,6 +598,9 @@ def fit_comm_model(kind: str, dim_sums: Sequence[Sequence[float]], targets_ms: S
     with_delays = kind == "fw_comm"
     dims = [np.asarray(d, dtype=np.float64) for d in dim_sums]
     delays = None if delays_ms is None else [np.asarray(d, dtype=np.float64) for d in delays_ms]
+    for what, arrays in (("dim sums", dim_sums), ("delays", delays_ms or []), ("communication costs", targets_ms)):
+        for a in arrays:
+            _check_targets(np.asarray(a, dtype=np.float64), what)
     targets = [np.maximum(np.asarray(t, dtype=np.float64), EPS_MS) for t in targets_ms]
     if not (len(dims) == len(targets) and (delays is None or len(delays) == len(dims))):
         raise ShardError("dim sums, delays and targets must have one entry per sample")

@@ -277,10 +277,37 @@ class CostCache:
         self._local = threading.local()
 
     # -- connection -------------------------------------------------------------------------
+    def _path_problem(self) -> str | None:
+        """Why the cache file cannot be opened for writing (a directory in its place, a read-only file
+        or directory), in words; None when nothing is wrong that way."""
+        p = self.path
+        if p.is_dir():
+            return "is a directory, not a cache file"
+        base = p.parent
+        while not base.exists() and base != base.parent:
+            base = base.parent
+        if not base.is_dir():
+            return f"{base} is a file, not a directory"
+        if p.exists():
+            if not os.access(p, os.R_OK | os.W_OK):
+                return "the file is read-only (or unreadable)"
+            if not os.access(p.parent, os.W_OK | os.X_OK):
+                return f"its directory {p.parent} is read-only (SQLite writes its journal beside it)"
+        elif not os.access(base, os.W_OK | os.X_OK):
+            return f"directory {base} is read-only"
+        return None
+
+    def check_usable(self) -> None:
+        """Open (or create) the cache now: an unusable ``--cache-path`` is found before any worker starts."""
+        self._conn()
+
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():
             return conn
+        problem = self._path_problem()
+        if problem:
+            raise ShardError(f"cost cache {self.path}: {problem}; choose another --cache-path (or --no-cache)")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None)
@@ -297,6 +324,10 @@ class CostCache:
         except sqlite3.OperationalError as exc:
             if _is_locked(exc):
                 raise ShardError(self._locked_message(exc)) from None
+            problem = self._path_problem()
+            if problem or "readonly" in str(exc).lower() or "unable to open" in str(exc).lower():
+                raise ShardError(f"cost cache {self.path}: {problem or exc}; make it writable or choose another "
+                                 "--cache-path (or --no-cache)") from None
             raise ShardError(f"cost cache {self.path}: {exc} (delete the file to start a new cache)") from None
         except sqlite3.DatabaseError as exc:
             raise ShardError(f"cost cache {self.path}: {exc} (delete the file to start a new cache)") from None

@@ -153,6 +153,99 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
 
 
+MAX_SEED = 2 ** 32 - 1
+
+
+def seed_int(text: str) -> int:
+    """argparse type for a random seed: an integer in ``0 .. 2**32 - 1`` (what numpy and torch accept)."""
+    v = _int_at_least(text, 0, "a seed >= 0")
+    if v > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed <= {MAX_SEED}, got {text!r}")
+    return v
+
+
+def bounded_float(low: float, high: float, what: str, low_open: bool = False) -> Callable[[str], float]:
+    """argparse type for a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``);
+    ``what`` names it in the message."""
+    def convert(text: str) -> float:
+        v = finite_float(text)
+        if (v <= low if low_open else v < low) or v > high:
+            left = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"expected {what} in {left}{low:g}, {high:g}], got {text!r}")
+        return v
+    convert.__name__ = what.replace(" ", "_")
+    return convert
+
+
+#: a learning rate: positive, at most 1 (larger ones make every network here diverge to NaN at once)
+learning_rate = bounded_float(0.0, 1.0, "a learning rate", low_open=True)
+#: a modelled bandwidth in GB/s: a tiny (even subnormal) one makes every exchange cost infinite
+bandwidth_gbps = bounded_float(1e-3, 1e6, "a bandwidth in GB/s")
+#: a modelled latency in microseconds
+latency_us = bounded_float(0.0, 1e6, "a latency in microseconds")
+#: a share of something, 0..1
+fraction = bounded_float(0.0, 1.0, "a fraction")
+#: a time budget in seconds: positive, at most a day
+seconds = bounded_float(0.0, 86400.0, "a number of seconds", low_open=True)
+
+
+def bounded_int(low: int, high: int, what: str) -> Callable[[str], int]:
+    """argparse type for an integer in ``[low, high]``."""
+    def convert(text: str) -> int:
+        v = _int_at_least(text, low, f"{what} >= {low}")
+        if v > high:
+            raise argparse.ArgumentTypeError(f"expected {what} <= {high}, got {text!r}")
+        return v
+    convert.__name__ = what.replace(" ", "_")
+    return convert
+
+
+_INPUT_FLAGS = (("task_path", "--task-path"), ("tables", "--tables"), ("compute_model", "--compute-model"),
+                ("fw_comm_model", "--fw-comm-model"), ("bw_comm_model", "--bw-comm-model"),
+                ("checkpoint", "--checkpoint"), ("shards", "--shards"), ("table_configs", "--table-configs"),
+                ("data", "--data"), ("shardkit_model", "--shardkit-model"))
+
+
+def command_inputs(args: argparse.Namespace) -> dict:
+    """The files a script's flags name as inputs (flag -> path), for
+    :func:`~shardcore.io.check_outputs_spare_inputs`: the task file, the dataset's table configs and
+    ``data.pt``, the measurement cache (where a measured oracle may write it), model files and every
+    ``--alg`` entry that is a file."""
+    from .cache import DEFAULT_CACHE_PATH
+
+    inputs: dict = {}
+    for dest, flag in _INPUT_FLAGS:
+        v = getattr(args, dest, None)
+        if isinstance(v, (str, os.PathLike)) and str(v):
+            for k, part in enumerate(str(v).split(",") if dest in ("data",) else [v]):
+                inputs[flag if k == 0 else f"{flag}[{k}]"] = part
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir:
+        inputs["--data-dir (table_configs.json)"] = os.path.join(data_dir, "table_configs.json")
+        inputs["--data-dir (data.pt)"] = os.path.join(data_dir, "data.pt")
+    if hasattr(args, "cache_path") and str(getattr(args, "oracle", "measured")).startswith("measured"):
+        inputs["--cache-path"] = args.cache_path or DEFAULT_CACHE_PATH
+    alg = getattr(args, "alg", None)
+    if isinstance(alg, str):
+        for name in alg.split(","):
+            if name.strip() and os.path.isfile(name.strip()):
+                inputs[f"--alg {name.strip()}"] = name.strip()
+    return inputs
+
+
+def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = None) -> None:
+    """Before any work: no output (flag -> path) names an input of the command (:func:`command_inputs`)
+    or another output, and none replaces an existing file of another kind (``kinds``: flag -> what
+    :func:`~shardcore.io.file_kind` must say, default ``"text"``; ``None`` skips the check)."""
+    from . import io
+
+    io.check_outputs_spare_inputs(outputs, command_inputs(args))
+    for flag, path in outputs.items():
+        kind = (kinds or {}).get(flag, "text")
+        if path and kind is not None:
+            io.check_replaces_kind(path, kind, flag)
+
+
 def add_task_args(parser: argparse.ArgumentParser, default_tasks: str, what: str = "task file") -> None:
     """``--task-path`` (a task file) and ``--data-dir`` (the processed dataset), with the original
     repositories' spellings."""
@@ -264,7 +357,7 @@ def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-
                         "(default: the dataset's whole batch)")
     g.add_argument("--bench-iters", type=positive_int, default=None, metavar="N",
                    help="timed iterations per measurement; the median is kept (default: the evaluator's)")
-    g.add_argument("--warmup-iters", type=int, default=None, metavar="N",
+    g.add_argument("--warmup-iters", type=nonnegative_int, default=None, metavar="N",
                    help="untimed iterations before timing (default: the evaluator's)")
     g.add_argument("--optimizer", default="exact_sgd",
                    help="sparse optimizer applied in the backward: exact_sgd (default), exact_adagrad, "
@@ -272,7 +365,7 @@ def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-
     g.add_argument("--cache-path", default=None, metavar="FILE",
                    help="measurement cache (SQLite; default data/cost_cache.sqlite)")
     g.add_argument("--no-cache", action="store_true", help="measure everything again, ignoring the cache")
-    g.add_argument("--timeout", type=positive_float, default=120.0, metavar="S",
+    g.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
                    help="seconds a worker may take for one plan before it is declared hung (default 120)")
     g.add_argument("--launcher", choices=["spawn", "torchrun"], default="spawn",
                    help="how the measuring workers start: spawn (default: one process per device on this "
@@ -287,11 +380,11 @@ def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-
                    help="which fit of the emulated GPU judges a plan: 'heldout' (default: refitted without every "
                         "measured shard that holds one of the plan's tables, so the judge never saw the tables it "
                         "judges) or 'full' (the shipped fit on every measurement); emulated oracles only")
-    g.add_argument("--comm-bandwidth", type=positive_float, default=DEFAULT_COMM_BANDWIDTH_GBPS, metavar="GB/S",
+    g.add_argument("--comm-bandwidth", type=bandwidth_gbps, default=DEFAULT_COMM_BANDWIDTH_GBPS, metavar="GB/S",
                    help="modelled all-to-all bandwidth per device and direction, used where the exchange "
                         "is not measured (emulated oracle, or more plan devices than GPUs) (default "
                         f"{DEFAULT_COMM_BANDWIDTH_GBPS:g}: NVLink 4 within one 8-GPU H100/H200 node, assumed)")
-    g.add_argument("--comm-latency", type=nonnegative_float, default=DEFAULT_COMM_LATENCY_US, metavar="US",
+    g.add_argument("--comm-latency", type=latency_us, default=DEFAULT_COMM_LATENCY_US, metavar="US",
                    help=f"modelled start-up of one all-to-all in microseconds (default {DEFAULT_COMM_LATENCY_US:g})")
 
 

@@ -95,6 +95,10 @@ def _field_type(f: dataclasses.Field) -> Callable[[str], Any]:
     t = f.type if not isinstance(f.type, str) else {"int": int, "float": float, "str": str}.get(f.type)
     if t not in (int, float, str):
         raise TypeError(f"config field {f.name}: give param(type=...) for a flag of type {f.type}")
+    if t is float:   # never let nan or inf through a flag that did not say otherwise
+        from .cli import finite_float
+
+        return finite_float
     return t
 
 

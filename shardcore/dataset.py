@@ -158,9 +158,59 @@ def load_dataset(data_dir: str | os.PathLike = DEFAULT_DATA_DIR, with_lookups: b
     for i, off in enumerate(offsets):
         if off.numel() != batch + 1:
             raise ShardError(f"{data_path}: table {i} has {off.numel() - 1} samples, expected {batch}")
-    check_rows(tables, index_range(obj, indices), data_path)
+    verify_lookups(tables, indices, offsets, data_path)
     ds.batch_size, ds.indices, ds.offsets = batch, list(indices), list(offsets)
     return ds
+
+
+_VERIFIED: set = set()
+
+
+def _verified_marker(data_path: Path, tables: Sequence[TableConfig]) -> Path | None:
+    """The file that says this very ``data.pt`` (path, size, time, inode) with these table rows was
+    verified: per-user, outside the dataset; None when there is no place for it."""
+    import hashlib
+    import json
+
+    try:
+        st = data_path.stat()
+        key = json.dumps([str(data_path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino,
+                          [int(t.row) for t in tables]])
+    except OSError:
+        return None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "shardkit" / "verified-lookups"
+    return base / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def verify_lookups(tables: Sequence[TableConfig], indices: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor],
+                   data_path: Path) -> None:
+    """Trust nothing ``data.pt`` says about itself: every table's offsets start at 0, never decrease and
+    end at its number of indices, and its indices (integers) lie in ``0 .. row - 1``: the index range
+    is computed from the data (a per-table min and max over the memory-mapped tensor), never taken
+    from the stored ``min_index``/``max_index``. Done once per file and table rows: remembered in this
+    process and in a per-user marker, so the measuring workers do not read the data again."""
+    marker = _verified_marker(data_path, tables)
+    if marker is not None and (marker in _VERIFIED or marker.is_file()):
+        return
+    for i, (idx, off) in enumerate(zip(indices, offsets)):
+        if idx.is_floating_point() or idx.is_complex() or off.is_floating_point() or off.is_complex() \
+                or idx.dtype == torch.bool or off.dtype == torch.bool:
+            raise ShardError(f"{data_path}: table {i}: indices and offsets must be integer tensors "
+                             "(regenerate it with tools/gen_dlrm_data.py)")
+        o = off.reshape(-1).to(torch.int64)
+        if o.numel() == 0 or int(o[0]) != 0 or bool((o[1:] < o[:-1]).any()) or int(o[-1]) != idx.numel():
+            raise ShardError(f"{data_path}: table {i}: offsets must start at 0, never decrease and end at its "
+                             f"{idx.numel()} indices (regenerate it with tools/gen_dlrm_data.py)")
+    lo = [int(t.min()) if t.numel() else -1 for t in indices]
+    hi = [int(t.max()) if t.numel() else -1 for t in indices]
+    check_rows(tables, (lo, hi), data_path)
+    if marker is not None:
+        _VERIFIED.add(marker)
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass   # no place to remember it: the next process checks again
 
 
 def index_range(obj: dict, indices: Sequence[torch.Tensor]) -> tuple[list[int], list[int]]:

@@ -410,10 +410,14 @@ def read_shard_lines(path: str | os.PathLike, tables: Sequence[TableConfig], all
                     bound = "" if allow_wider else f" no larger than the table's dim {own}"
                     raise ShardError(f"{where}: table {idx}: dim {dim} must be a positive multiple of 4{bound}")
                 configs.append(tables[idx] if dim == own else tables[idx].with_dim(dim))
+            if obj.get("predicted") or "oracle" in obj:
+                raise ShardError(f"{where}: holds predictions (by {obj.get('oracle') or 'a cost model'}, written by "
+                                 "tools/predict_shard_costs.py), not measurements; give the measured shard file")
             for key in ("fw_ms", "bw_ms"):
                 v = obj.get(key)
-                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
-                    raise ShardError(f"{where}: {key} must be a non-negative number, got {v!r}")
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
+                                      or not math.isfinite(v)):
+                    raise ShardError(f"{where}: {key} must be a non-negative number (and finite), got {v!r}")
             obj = dict(obj)
             obj["configs"] = configs
             out.append(obj)

@@ -64,6 +64,13 @@ def torch_save(obj: Any, path: str | os.PathLike) -> None:
         torch.save(obj, tmp)
 
 
+def save_checkpoint(obj: Any, path: str | os.PathLike) -> None:
+    """A model checkpoint through :func:`torch_save`, refused (one line, nothing written) when a weight
+    or a statistic in it is NaN or infinite: a diverged network never replaces a good file."""
+    check_finite(obj, f"{path}: not saved", "training diverged; lower the learning rate")
+    torch_save(obj, path)
+
+
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
     """A text file's contents as UTF-8 (a leading byte-order mark is dropped). An unreadable file or
     one that is not UTF-8 text raises :class:`~shardcore.errors.ShardError` with one line."""
@@ -119,6 +126,67 @@ def check_output_file(path: str | os.PathLike, flag: str = "output") -> None:
     _check_creatable(path, flag)
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)   # hard links too
+    except OSError:
+        return False
+
+
+def check_outputs_spare_inputs(outputs: dict, inputs: dict) -> None:
+    """No output of a command may name one of its inputs (or another output): ``outputs`` and
+    ``inputs`` map a flag (``"--out"``) to a path or None (not given). Paths are compared resolved
+    (symbolic links, ``..``) and by inode (hard links); a directory input covers the files under it
+    only where a file is named explicitly. One line names both flags."""
+    from .errors import ShardError
+
+    outs = [(flag, Path(p)) for flag, p in outputs.items() if p not in (None, "")]
+    ins = [(flag, Path(p)) for flag, p in inputs.items() if p not in (None, "")]
+    for i, (flag, path) in enumerate(outs):
+        for other, ipath in ins + outs[i + 1:]:
+            if _same_file(path, ipath):
+                role = "input" if (other, ipath) in ins else "output"
+                raise ShardError(f"{flag} {path} is also the {role} {other} {ipath}: the output would replace "
+                                 f"it; choose another {flag}")
+
+
+_MAGIC = ((b"SQLite format 3\x00", "an SQLite database"), (b"PK\x03\x04", "a zip/torch file"),
+          (b"\x80", "a pickle/torch file"), (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF document"))
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What an existing file is, by its first bytes: one of ``_MAGIC``'s names, ``"text"`` or
+    ``"binary"``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return "unreadable"
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    if b"\x00" in head:
+        return "binary"
+    return "text"
+
+
+def check_replaces_kind(path: str | os.PathLike, kind: str, flag: str = "output") -> None:
+    """An output of ``kind`` (``file_kind``'s words, e.g. ``"text"``) may replace an existing file only
+    of the same kind: ``--out cache.sqlite`` for a JSONL report is refused in one line."""
+    from .errors import ShardError
+
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    found = file_kind(path)
+    if found != kind and found != "unreadable":
+        what = "a text file" if kind == "text" else kind
+        raise ShardError(f"{flag} {path} exists and is {found}, not {what}: refusing to replace it; "
+                         f"choose another {flag}")
+
+
 def check_output_dir(path: str | os.PathLike, flag: str = "output directory") -> None:
     """Fail early (one line) when ``path`` cannot be (or be created as) a writable directory."""
     from .errors import ShardError
@@ -148,8 +216,10 @@ def checkpoint_contents(path: str | os.PathLike) -> Iterator[None]:
 
     try:
         yield
-    except ShardError:
-        raise
+    except ShardError as exc:
+        if str(path) in str(exc):
+            raise
+        raise ShardError(f"{path}: broken checkpoint ({exc})") from None
     except KeyError as exc:
         raise ShardError(f"{path}: broken checkpoint (no {exc.args[0]!r} entry)") from None
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError, OverflowError) as exc:
@@ -217,4 +287,40 @@ def load_checkpoint(path: str | os.PathLike, method: str | None = None, version:
                          f"{train_hint(method)}")
     if version is not None and obj.get("version") != version:
         raise ShardError(f"{path}: checkpoint version {obj.get('version')} is not {version}")
+    check_finite(obj, f"{path}: broken checkpoint", f"{train_hint(obj.get('method') or method)}")
     return obj
+
+
+def nonfinite_entry(obj: Any, where: str = "") -> str | None:
+    """The first place in a checkpoint-like tree (dicts, lists, tensors, numbers) that holds a NaN or
+    an infinity, as a path like ``model.lstm.weight``; None when every number is finite."""
+    import math
+
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() or obj.is_complex():
+            return None if bool(torch.isfinite(obj).all()) else (where or "tensor")
+        return None
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (where or "value")
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for k, v in items:
+        bad = nonfinite_entry(v, f"{where}.{k}" if where else str(k))
+        if bad is not None:
+            return bad
+    return None
+
+
+def check_finite(obj: Any, label: str, hint: str = "") -> None:
+    """Refuse (one line, ``label: non-finite values in <entry>``) weights, scalers or statistics that
+    hold a NaN or an infinity: every checkpoint loader and saver calls it, so a diverged network is
+    neither written nor used."""
+    from .errors import ShardError
+
+    bad = nonfinite_entry(obj)
+    if bad is not None:
+        raise ShardError(f"{label} (non-finite values in {bad})" + (f"; {hint}" if hint else ""))

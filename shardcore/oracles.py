@@ -128,9 +128,11 @@ def open_oracle(data_dir: str | os.PathLike, ndevices: int | None = None, *, ora
     from .cache import CachedOracle, open_cache
     from .evaluator import PlanEvaluator
 
+    store = open_cache(cache)
+    if store is not None:
+        store.check_usable()   # an unusable --cache-path is found before any worker starts
     evaluator = PlanEvaluator(data_dir, ndevices, device_ids=device_ids, batch_size=batch_size, optimizer=optimizer,
                               precision=precision, comm_model=comm_model, **measure_kwargs)
-    store = open_cache(cache)
     return evaluator if store is None else CachedOracle(evaluator, store, no_cache=no_cache)
 
 

@@ -157,9 +157,16 @@ class FeatureScaler:
     log_features: tuple[str, ...] = LOG_FEATURES
 
     def __post_init__(self):
+        from .errors import ShardError
+
         self.mean = [float(v) for v in self.mean]
         self.std = [float(v) for v in self.std]
         self.log_features = tuple(self.log_features)
+        if len(self.mean) != len(self.std):
+            raise ShardError(f"feature scaler: {len(self.mean)} means but {len(self.std)} standard deviations")
+        if not all(math.isfinite(v) for v in self.mean) or not all(math.isfinite(v) and v > 0 for v in self.std):
+            raise ShardError("feature scaler: means must be finite and standard deviations finite and positive "
+                             f"(got mean {self.mean}, std {self.std})")
 
     @staticmethod
     def _log(raw: np.ndarray, log_features: Sequence[str]) -> np.ndarray:

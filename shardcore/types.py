@@ -115,6 +115,9 @@ class PlanResult:
     parts: dict = field(default_factory=dict)  # {"compute": how obtained, "comm": how obtained}
     hardware: str = ""                       # what the figures stand for, in words
 
+    def __post_init__(self) -> None:
+        check_costs(self.device_costs_ms, self.hardware or "the cost oracle")
+
     @property
     def device_totals_ms(self) -> list[float]:
         return [float(sum(c)) for c in self.device_costs_ms]
@@ -127,6 +130,27 @@ class PlanResult:
     @property
     def ndevices(self) -> int:
         return len(self.device_costs_ms)
+
+
+def check_costs(device_costs_ms, source: str) -> None:
+    """Every cost an oracle answers is a finite number >= 0, four per device: anything else (a NaN
+    from a broken cost model, an infinite exchange) is refused here, in one line naming ``source``,
+    so the statistics never see it."""
+    import math
+
+    from .errors import ShardError
+
+    for d, dev in enumerate(device_costs_ms):
+        if len(dev) != 4:
+            raise ShardError(f"{source}: answered {len(dev)} costs for device {d}, expected 4")
+        for x in dev:
+            try:
+                ok = math.isfinite(float(x)) and float(x) >= 0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ShardError(f"{source}: answered the cost {x!r} ms for device {d}; costs must be finite "
+                                 "numbers >= 0 (a broken cost model, or a bandwidth too small for the data?)")
 
 
 @runtime_checkable

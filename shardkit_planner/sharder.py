@@ -33,6 +33,7 @@ from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
 from shardcore.cli import name_list, nonnegative_float, nonnegative_int, positive_float
 from shardcore.config import Config, param
 from shardcore.commmodel import CommModel
+from shardcore import io
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan, table_wise
 from shardcore.tables import TableConfig
@@ -173,8 +174,13 @@ class ShardkitSharder(Sharder):
     def start_plans(self, tables, ndevices, max_memory_gb, precision, model: CostModel | None = None
                     ) -> list[tuple[str, Plan]]:
         model = model or self.cost_model()
-        out = []
-        for name in self.starts:
+        out, why = [], {}
+        # a last resort where no start of the list places the task: TorchRec's planner splits a table
+        # too large for one device by rows, which the greedy starts cannot
+        fallback = () if "torchrec" in self.starts else ("torchrec",)
+        for name in tuple(self.starts) + fallback:
+            if name in fallback and out:
+                break
             try:
                 if name == "model_greedy":
                     plan = model_greedy(model, tables, ndevices, max_memory_gb, precision)
@@ -182,16 +188,21 @@ class ShardkitSharder(Sharder):
                     plan = greedy_plan(tables, ndevices, max_memory_gb, GREEDY_KEYS[name], precision)
                 else:
                     plan = self._start_sharder(name).shard(tables, ndevices, max_memory_gb, precision)
-            except InfeasibleError:
+            except (InfeasibleError, ImportError) as exc:
+                why[name] = io.first_line(exc, 120)
                 continue
             if plan.is_feasible(tables, max_memory_gb, precision):
                 out.append((name, plan))
+            else:
+                why[name] = "its plan exceeds the memory cap"
         if not out:
-            raise InfeasibleError(f"infeasible: none of shardkit's starts ({', '.join(self.starts)}) could place the task")
+            reasons = "; ".join(f"{n}: {w}" for n, w in why.items())
+            raise InfeasibleError(f"infeasible: none of shardkit's starts ({', '.join(self.starts)}"
+                                  f"{', and torchrec as a last resort' if fallback else ''}) could place the task "
+                                  f"({reasons})")
         return out
 
     def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
-        t0 = time.perf_counter()
         tables = list(tables)
         model = self.task_model(tables)
         deadline = time.perf_counter() + self.time_budget_s    # the budget is the search's: a fit is not

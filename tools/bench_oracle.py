@@ -46,7 +46,7 @@ def parse_args(argv):
     p.add_argument("--repeats", type=cli.positive_int, default=5, help="evaluations for the noise figure (default 5)")
     p.add_argument("--bench-iters", type=cli.positive_int, default=DEFAULT_BENCH_ITERS,
                    help=f"timed iterations per measurement, median kept (default {DEFAULT_BENCH_ITERS})")
-    p.add_argument("--warmup-iters", type=int, default=DEFAULT_WARMUP_ITERS,
+    p.add_argument("--warmup-iters", type=cli.nonnegative_int, default=DEFAULT_WARMUP_ITERS,
                    help=f"untimed iterations before timing (default {DEFAULT_WARMUP_ITERS})")
     p.add_argument("--comm-iters", type=cli.positive_int, default=None, help="default: --bench-iters")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="exact_sgd",
@@ -59,7 +59,7 @@ def parse_args(argv):
                    help="different plans timed after plan A for the speed figure (default 5)")
     p.add_argument("--additivity-repeats", type=cli.positive_int, default=3,
                    help="measurements per shard and table for (c), their median is used (default 3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random tables and plans (default 0)")
+    p.add_argument("--seed", type=cli.seed_int, default=0, help="seed of the random tables and plans (default 0)")
     p.add_argument("--cache-path", default=None,
                    help="cache file for the cache-hit figure (default: a temporary file, removed after)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")

@@ -21,7 +21,7 @@ import os
 import sys
 
 
-from shardcore.cli import int_list, name_list, positive_float, positive_int, run_main
+from shardcore.cli import int_list, name_list, positive_float, positive_int, run_main, seed_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from experiments.config import learned_methods
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=positive_float, default=30.0, metavar="S",
                    help="skip an algorithm's larger sizes once one size takes longer than S seconds; a call "
                         "still running after max(4 S, S + 60) s is stopped (default 30)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the table draws and the random baseline (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the table draws and the random baseline (default 0)")
     p.add_argument("--models-dir", default="models/experiments/small",
                    help="where to look for learned checkpoints (<dir>/<method>_<N>dev/, as written by "
                         "tools/run_experiments.py; default models/experiments/small)")

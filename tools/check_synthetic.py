@@ -26,7 +26,7 @@ import torch
 
 
 from shardcore import dlrm
-from shardcore.cli import int_list, positive_int, run_main
+from shardcore.cli import int_list, positive_int, run_main, seed_int
 from shardcore.tables import NUM_BINS
 from shardcore.cli import ArgumentParser as OneLineParser
 
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="tables of the generated data (the published file's count)")
     p.add_argument("--batch-size", type=positive_int, default=dlrm.PUBLISHED_BATCH_SIZE,
                    help="samples per table of the generated data (the published file's batch)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the measured data")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the measured data")
     p.add_argument("--expected", action="store_true", help="closed-form expected histograms only (for --seeds)")
     p.add_argument("--fit", action="store_true", help="re-fit the exponent / head parameters (for --seeds)")
     p.add_argument("--seeds", type=int_list, default=[0], help="populations for --expected / --fit")

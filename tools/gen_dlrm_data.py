@@ -26,7 +26,7 @@ from typing import Sequence
 
 
 from shardcore import dlrm
-from shardcore.cli import int_list, original_range, positive_int, run_main
+from shardcore.cli import int_list, original_range, positive_int, run_main, fraction, nonnegative_int, seed_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from shardcore.cli import ArgumentParser as OneLineParser
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dims", "--dim-range", dest="dims", type=int_list, default=None, metavar="D1,D2,...",
                    help="draw each table's dim from this list instead of --dim (uniformly, reproducibly "
                         "with --seed), e.g. 4,8,16,32,64,128; --dim-range is AutoShard's spelling")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=seed_int, default=0,
                    help="random seed of the synthetic data and of the --dims draw (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                    help="samples per table to keep: with --data the first N of the file (default: all of "
@@ -79,14 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "dataset; any of these flags does so here too; tools/gen_tasks.py is the usual way)")
     a.add_argument("--T-range", dest="T_range", type=original_range, default=None, metavar="MIN,MAX",
                    help="tables per task, MIN..MAX-1 (MAX exclusive, as AutoShard; default 80,81: 80 tables)")
-    a.add_argument("--num-train", type=int, default=None, metavar="N", help="training tasks (default 1)")
-    a.add_argument("--num-test", type=int, default=None, metavar="N", help="test tasks (default 1)")
+    a.add_argument("--num-train", type=nonnegative_int, default=None, metavar="N", help="training tasks (default 1)")
+    a.add_argument("--num-test", type=nonnegative_int, default=None, metavar="N", help="test tasks (default 1)")
     a.add_argument("--test-as-train", action="store_true",
                    help="the test task is the training task (needs --num-train 1 --num-test 1)")
     a.add_argument("--transfer", action="store_true",
                    help="train on the first half of the tables, test on --transfer-ratio of the second half "
                         "(the rest from the first half); without it both draw from all tables")
-    a.add_argument("--transfer-ratio", type=float, default=None, metavar="R",
+    a.add_argument("--transfer-ratio", type=fraction, default=None, metavar="R",
                    help="with --transfer: share of test tables from the unseen half (default 1.0)")
     p.epilog = ("The summary at the end gives the aggregate reuse histograms: the fraction of all lookups, "
                 "and of all distinct (table, row) pairs, whose row is looked up (0,1], (1,2], (2,4], ... "

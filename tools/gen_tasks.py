@@ -16,7 +16,7 @@ import argparse
 import os
 
 
-from shardcore.cli import int_list, original_range, positive_float, positive_int, run_main
+from shardcore.cli import int_list, original_range, positive_float, positive_int, run_main, fraction, seed_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import save_tasks
@@ -39,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "original DreamShard/NeuroShard scripts: 80,81 gives 80); a single N gives N")
     p.add_argument("--num-train", type=nonnegative_int, default=50, help="number of training tasks (default 50)")
     p.add_argument("--num-test", type=nonnegative_int, default=50, help="number of test tasks (default 50)")
-    p.add_argument("--train-fraction", type=float, default=0.5,
+    p.add_argument("--train-fraction", type=fraction, default=0.5,
                    help="share of the dataset's tables in the training pool; the rest form the "
                         "disjoint test pool (default 0.5)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     ns = p.add_argument_group("NeuroShard style (writes 'ids dims' lines)")
     dims = ns.add_mutually_exclusive_group()
     dims.add_argument("--dims", type=int_list, default=None, help="dims to draw from per table, e.g. 128,64,32,16,8,4")
@@ -97,12 +97,19 @@ def main(argv=None):
                     train_fraction=args.train_fraction, seed=args.seed, dims=dims,
                     max_mem_gb=args.max_mem, ndevices=args.ndevices, precision=precision,
                     total_mem_gb=args.total_mem)
+    if args.num_train == 0 and args.num_test == 0:
+        raise ShardError("--num-train and --num-test are both 0: nothing to write")
     train, test = generate_tasks(tables, spec)
-    save_tasks(os.path.join(out_dir, "train.txt"), train)
-    save_tasks(os.path.join(out_dir, "test.txt"), test)
+    kept = []
+    for name, tasks, count in (("train.txt", train, args.num_train), ("test.txt", test, args.num_test)):
+        if count == 0:   # 0 tasks asked: an existing file is left as it is, never emptied
+            kept.append(name)
+            continue
+        save_tasks(os.path.join(out_dir, name), tasks)
     style = "NeuroShard (ids dims)" if dims else "DreamShard (ids)"
+    note = f" ({', '.join(kept)} not written: 0 tasks asked)" if kept else ""
     print(f"wrote {len(train)} train and {len(test)} test tasks, {t_min}..{t_max} tables each, "
-          f"{style} style, to {out_dir}/")
+          f"{style} style, to {out_dir}/{note}")
 
 
 def neuroshard_file(args) -> None:

@@ -68,6 +68,7 @@ def main(argv=None):
                 if key in out:
                     out["measured_" + key] = out.pop(key)
             out["fw_ms"], out["bw_ms"], out["oracle"] = round(float(fw), 6), round(float(bw), 6), args.oracle
+            out["predicted"] = True   # what produced it: never read back as a measurement
             fh.write(json.dumps(out) + "\n")
     print(f"{len(lines)} shards predicted by {args.oracle} at batch {args.batch_size}; wrote {args.out}")
     m = np.array([r for r in measured if r[0] > 0 and r[1] > 0], dtype=float).reshape(-1, 4)

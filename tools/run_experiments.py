@@ -25,7 +25,7 @@ import os
 import sys
 
 
-from shardcore.cli import add_memory_args, add_oracle_args, name_list, positive_float, positive_int, run_main
+from shardcore.cli import add_memory_args, add_oracle_args, name_list, positive_float, positive_int, run_main, nonnegative_int, seed_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from experiments.config import SCALES, ExperimentConfig, all_algs, learned_methods, parse_task_sets
@@ -60,13 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-sets", type=task_sets_arg, default=None, metavar="T:D,...",
                    help="sets whose train split trains the learned methods, at most one per device count "
                         "(default: the scale's, e.g. 50:4)")
-    p.add_argument("--num-train", type=int, default=None, metavar="N",
+    p.add_argument("--num-train", type=nonnegative_int, default=None, metavar="N",
                    help="training tasks per set (default: the scale's; 50 full, 20 small)")
     p.add_argument("--num-test", type=positive_int, default=None, metavar="N",
                    help="test tasks per set, all measured (default: the scale's; 50 full, 5 small)")
     add_memory_args(p)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline and of training (default 0)")
-    p.add_argument("--task-seed", type=int, default=0,
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random baseline and of training (default 0)")
+    p.add_argument("--task-seed", type=seed_int, default=0,
                    help="seed of task generation and of the train/test table split (default 0; NeuroShard's "
                         "cost data use the split of seed 0)")
     p.add_argument("--breakdown-set", type=task_sets_arg, default=None, metavar="T:D",

@@ -22,6 +22,7 @@ import statistics
 import numpy as np
 
 
+from shardcore import io
 from shardcore.cli import ArgumentParser as OneLineParser, positive_int, run_main
 from shardcore.emulator import MEASUREMENTS_DIR
 from shardcore.errors import ShardError
@@ -67,11 +68,14 @@ def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int) -> dic
 
 def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DEFAULT_DATA_DIR,
               draws: int = 1000) -> str:
+    from shardcore.compare import check_record
+
     try:
         with open(path, "rb") as fh:
-            recs = [json.loads(x) for x in fh.read().decode("utf-8").splitlines() if x.strip()]
+            lines = fh.read().decode("utf-8").splitlines()
+        recs = [check_record(json.loads(x), f"{path}:{k}") for k, x in enumerate(lines, 1) if x.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ShardError(f"{path}: not a readable eval.py --out file ({exc})") from None
+        raise ShardError(f"{path}: not a readable eval.py --out file ({io.first_line(exc, 200)})") from None
     by: dict[str, dict[int, dict]] = {}
     for r in recs:
         by.setdefault(r["alg"], {})[int(r["task"])] = r
