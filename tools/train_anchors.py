@@ -255,7 +255,7 @@ def stage_neuroshard(args, run: Runner, work: Path) -> dict:
     comm_data = run("neuroshard_comm_data", [
         "collect_comm_cost_data.py", "--data_size", str(args.ns_comm_samples), "--dataset_dir", args.data_dir,
         "--gpu-devices", ",".join(str(d) for d in range(n)), "--T_range", "10,60", "--sleep_range", "0,300",
-        "--max_dim", "128", "--out_dir", rel(ns / f"comm_{n}")] + common)
+        "--max_dim", "128", "--weights-precision", "fp16", "--out_dir", rel(ns / f"comm_{n}")] + common)
     compute_model = run("neuroshard_compute_model", [
         "train_compute_cost_model.py", "--data_dir", rel(ns / "compute"), "--epochs", str(args.ns_epochs),
         "--seed", str(args.seed), "--quiet", "--out_path", rel(ns / "compute.pt")])
