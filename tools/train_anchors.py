@@ -274,14 +274,19 @@ def stage_neuroshard(args, run: Runner, work: Path) -> dict:
     return out
 
 
+def training_flags(args, train: Path) -> list[str]:
+    """The flags DreamShard's and AutoShard's trainers share: the tasks, data, devices, cap, precision."""
+    return ["--task-path", rel(train), "--data-dir", args.data_dir,
+            "--gpu-devices", ",".join(str(d) for d in range(args.ndevices)), "--max-memory", f"{args.max_memory:g}",
+            "--weights-precision", "fp16"]
+
+
 def stage_dreamshard(args, run: Runner, work: Path, train: Path) -> dict:
     ds = work / "dreamshard"
     if ds.exists():
         shutil.rmtree(ds)
-    info = run("dreamshard", [
-        "train_dreamshard.py", "--task-path", rel(train), "--data-dir", args.data_dir,
-        "--gpu-devices", ",".join(str(d) for d in range(args.ndevices)), "--max-memory", f"{args.max_memory:g}",
-        "--weights-precision", "fp16", "--num-iterations", str(args.ds_iterations),
+    info = run("dreamshard", ["train_dreamshard.py"] + training_flags(args, train) + [
+        "--num-iterations", str(args.ds_iterations),
         "--bench-steps", str(args.ds_bench_steps), "--seed", str(args.seed), "--out-dir", rel(ds)]
         + oracle_flags(args))
     name = f"{args.ds_iterations - 1}.pt"
@@ -294,10 +299,8 @@ def stage_autoshard(args, run: Runner, work: Path, train: Path) -> dict:
     xp = work / "autoshard"
     if xp.exists():
         shutil.rmtree(xp)
-    info = run("autoshard", [
-        "train_autoshard.py", "--task-path", rel(train), "--data-dir", args.data_dir,
-        "--gpu-devices", ",".join(str(d) for d in range(args.ndevices)), "--max-memory", f"{args.max_memory:g}",
-        "--weights-precision", "fp16", "--total-steps", str(args.as_steps), "--time-limit", f"{args.as_time_limit:g}",
+    info = run("autoshard", ["train_autoshard.py"] + training_flags(args, train) + [
+        "--total-steps", str(args.as_steps), "--time-limit", f"{args.as_time_limit:g}",
         "--num-actors", str(args.as_actors), "--seed", str(args.seed), "--savedir", rel(work), "--xpid", "autoshard"]
         + oracle_flags(args))
     check_checkpoint(xp / "model.pt", "autoshard")
