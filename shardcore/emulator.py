@@ -679,21 +679,27 @@ def _parse_subset(subset: str) -> tuple[int, int] | None:
     raise ShardError(f"held-out subset must be 'all' or 'drop:k/K' (0 <= k < K, K >= 2), got {subset!r}")
 
 
+def _fit_rows(land: MeasuredLandscape, exclude: frozenset, subset: str) -> np.ndarray:
+    """The shards a held-out fit uses: those holding none of ``exclude``, less the dropped fold."""
+    rows = ~land.holding(exclude)
+    drop = _parse_subset(subset)
+    if drop is not None:
+        rows &= np.array([_fold_of(s, drop[1]) != drop[0] for s in land.tables], dtype=bool)
+    return rows
+
+
 @functools.lru_cache(maxsize=256)
 def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -> GpuComputeModel:
     """The emulated ``card`` refitted, exactly as the shipped parameters are fitted, on every measured
     shard that holds none of the tables ``exclude`` (``subset``: ``"all"`` of those shards, or
     ``"drop:k/K"``: without the k-th of K fixed folds of them, a model that is not that judge).
     Cached per process (a fit takes a fraction of a second)."""
-    drop = _parse_subset(subset)
     lands = measured_landscapes(card)
     base = read_params(model_path(card))
     sets = {}
     used = []
     for land in lands:
-        rows = ~land.holding(exclude)
-        if drop is not None:
-            rows &= np.array([_fold_of(s, drop[1]) != drop[0] for s in land.tables], dtype=bool)
+        rows = _fit_rows(land, exclude, subset)
         if rows.sum() < 2 * land.X.shape[1]:
             if land is lands[0]:
                 raise ShardError(f"held-out emulator: only {int(rows.sum())} measured shards at batch {land.batch} "
@@ -741,11 +747,7 @@ def model_error(exclude: frozenset, card: str = "h200", subset: str = "all", fol
     from a refit without its fold (``folds`` fixed folds), divided by their median. What a planner may
     know of its model's error without looking at the tables it plans."""
     land = measured_landscapes(card)[0]
-    rows = ~land.holding(exclude)
-    drop = _parse_subset(subset)
-    if drop is not None:
-        rows &= np.array([_fold_of(s, drop[1]) != drop[0] for s in land.tables], dtype=bool)
-    idx = np.flatnonzero(rows)
+    idx = np.flatnonzero(_fit_rows(land, exclude, subset))
     fold = np.array([_fold_of(land.tables[i] | {-1}, folds) for i in idx])   # a split unlike the subset's
     ratio = np.zeros(len(idx))
     for k in range(folds):
