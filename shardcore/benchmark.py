@@ -303,11 +303,25 @@ def _accepts_preallocated_buffers(cls) -> bool:
 
 
 def _lazy_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A zero tensor whose pages are committed on first touch (numpy's calloc)."""
-    import numpy as np
+    """A zero tensor on an anonymous mapping whose pages are committed on first touch, in small pages
+    only (``MADV_NOHUGEPAGE``, where the platform has it).
 
-    np_dtype = {torch.float16: np.float16, torch.float32: np.float32, torch.uint8: np.uint8}[dtype]
-    return torch.from_numpy(np.zeros(int(numel), dtype=np_dtype))
+    Why small pages: a lookup's cost is dominated by its TLB and cache misses, and whether the kernel
+    backs a region with transparent huge pages depends on how fragmented memory happens to be when
+    the pages are first touched. numpy asks for huge pages on every large array, so the same shard
+    measured twice ran 15-25% apart depending on the luck of that moment (measured on the 2-core
+    EPYC dev VM, THP 'madvise'); with small pages everywhere the cost is a property of the shard."""
+    import mmap
+
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    nbytes = max(1, int(numel) * itemsize)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_NOHUGEPAGE)
+        except OSError:  # pragma: no cover  (a kernel without THP)
+            pass
+    return torch.frombuffer(buf, dtype=dtype, count=int(numel)) if numel else torch.zeros(0, dtype=dtype)
 
 
 class BufferPool:
@@ -493,6 +507,41 @@ class ShardRunner:
         self.op = None
         self.kernels = []
         self.indices = self.offsets = self.grad = None
+
+
+# The reference shard measured beside every CPU measurement (see shardcore.evaluator): one synthetic
+# table of REFERENCE_ROWS x REFERENCE_DIM, REFERENCE_POOLING uniformly random lookups per sample.
+REFERENCE_ROWS = 1 << 20
+REFERENCE_DIM = 64
+REFERENCE_POOLING = 16
+REFERENCE_SEED = 20261126
+
+
+class ReferenceRunner(ShardRunner):
+    """A fixed synthetic shard, independent of any dataset: one table of ``REFERENCE_ROWS`` rows of
+    ``REFERENCE_DIM`` columns (weights larger than the caches, like a real table's), ``batch_size``
+    bags of ``REFERENCE_POOLING`` uniformly random rows each (a fixed seed). Its cost moves with the
+    machine's speed of the moment and with nothing else, which is what the measured oracle divides
+    out (:mod:`shardcore.evaluator`, 'Drift')."""
+
+    def __init__(self, batch_size: int, *, optimizer: str = "exact_sgd", precision: str = "fp16",
+                 device: str | torch.device = "cpu"):
+        self.dataset = None
+        self.optimizer = normalize_optimizer(optimizer)
+        self.precision = normalize_precision(precision)
+        self.device = torch.device(device)
+        self.batch_size = int(batch_size)
+        self.tables = [TableConfig(0, REFERENCE_ROWS, REFERENCE_DIM, float(REFERENCE_POOLING))]
+        self.output_dim = REFERENCE_DIM
+        gen = torch.Generator().manual_seed(REFERENCE_SEED)
+        n = self.batch_size * REFERENCE_POOLING
+        indices = torch.randint(0, REFERENCE_ROWS, (n,), generator=gen, dtype=torch.int64)
+        offsets = torch.arange(0, n + 1, REFERENCE_POOLING, dtype=torch.int64)
+        grad = torch.randn(self.batch_size, REFERENCE_DIM, generator=gen)
+        op = build_operator(self.tables, self.optimizer, self.precision, self.device)
+        self.num_lookups = n
+        self.kernels = [(op, indices.to(self.device), offsets.to(self.device), grad.to(self.device))]
+        self.op, self.indices, self.offsets, self.grad = self.kernels[0]
 
 
 def benchmark_shard(dataset, tables: Sequence[TableConfig], *, batch_size: int | None = None,

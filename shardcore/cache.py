@@ -68,6 +68,9 @@ SCHEMA_VERSION = 1
 # slice (shardcore.commmodel, shardcore.plan.device_kernels). Plans keyed "plan" (before it) priced
 # only the row-wise tables' ids.
 PLAN_CONVENTION = "exchange-2"
+# How the measured CPU oracle takes a cost (shardcore.evaluator, 'Repeatability on the CPU'): part of
+# the CPU hardware fingerprint, so costs taken another way are never mixed with these.
+CPU_PROTOCOL = "small-pages,q25,reference-scaled"
 _PLAN_KIND = f"plan:{PLAN_CONVENTION}"
 
 # The shard key: sorted (dataset table index, rows, dim) triples.
@@ -128,6 +131,8 @@ def hardware_fingerprint(device_name: str | None = None, num_threads: int = 1) -
     name = device_name if device_name else "cpu: " + cpu_name()
     obj = {"device": name, "torch": torch.__version__, "fbgemm": _fbgemm_version(),
            "threads": int(num_threads)}
+    if not device_name:   # CPU costs depend on how they are taken (shardcore.evaluator, 'Repeatability')
+        obj["protocol"] = CPU_PROTOCOL
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
@@ -414,6 +419,23 @@ class CostCache:
             (_digest("shard", ctx, skey), *ctx._as_list(), json.dumps(skey), len(skey), float(fw_ms),
              float(bw_ms), bench_iters, warmup_iters, time.time()))
 
+    # -- the reference speed ----------------------------------------------------------------
+    def reference_ms(self, key: str) -> float | None:
+        """The stored nominal cost of the measured oracle's reference shard for ``key`` (see
+        :mod:`shardcore.evaluator`, 'Repeatability on the CPU'), or None."""
+        row = self._execute("SELECT value FROM meta WHERE name = ?", ("reference:" + key,)).fetchone()
+        try:
+            value = float(row[0]) if row else None
+        except ValueError:
+            value = None
+        return value if value is not None and math.isfinite(value) and value > 0 else None
+
+    def store_reference_ms(self, key: str, value: float) -> float:
+        """Store ``value`` as the nominal reference cost for ``key`` unless one is stored already;
+        returns the stored one (the first value ever measured on this machine wins)."""
+        self._execute("INSERT OR IGNORE INTO meta (name, value) VALUES (?, ?)", ("reference:" + key, repr(float(value))))
+        return self.reference_ms(key) or float(value)
+
     # -- plans ------------------------------------------------------------------------------
     def get_plan(self, ctx: CacheContext, shards: Sequence[Iterable[TableConfig | Sequence[int]]]
                  ) -> list[list[float]] | None:
@@ -548,6 +570,8 @@ class CachedOracle:
         object.__setattr__(self, "cache", store)
         object.__setattr__(self, "no_cache", bool(no_cache))
         object.__setattr__(self, "stats", {"plan_hits": 0, "plan_misses": 0, "shard_hits": 0, "shard_misses": 0})
+        if hasattr(oracle, "reference_store"):   # a measured CPU oracle keeps its nominal speed here
+            oracle.reference_store = store
 
     # -- the wrapped oracle ----------------------------------------------------------------
     def __getattr__(self, name):

@@ -1,0 +1,105 @@
+"""The measured CPU oracle's repeatability protocol: small pages, the lower quartile, the reference
+shard and its nominal speed kept in the measurement cache (shardcore.evaluator, 'Repeatability on the
+CPU'); and tools/cpu_repeatability.py's figures."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardcore import benchmark
+from shardcore.benchmark import ReferenceRunner, _lazy_zeros
+from shardcore.cache import CPU_PROTOCOL, CachedOracle, CostCache, hardware_fingerprint
+from shardcore.evaluator import PlanEvaluator, low_quantile
+from tests.test_evaluator import make_data
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_low_quantile_is_the_lower_quartile_between_order_statistics():
+    assert low_quantile([4.0, 1.0, 3.0, 2.0, 5.0]) == pytest.approx(2.0)
+    assert low_quantile([1.0, 2.0]) == pytest.approx(1.25)
+    assert low_quantile([7.0]) == 7.0
+    assert low_quantile([1.0, 2.0, 3.0], 0.0) == 1.0 and low_quantile([1.0, 2.0, 3.0], 1.0) == 3.0
+    # one slow, disturbed sample of seven moves the median's neighbour, not the lower quartile
+    calm = [10.0, 10.1, 10.2, 10.3, 10.4, 10.5, 10.6]
+    assert low_quantile(calm[:-1] + [30.0]) == low_quantile(calm)
+
+
+def test_weights_are_lazily_committed_zeros_in_small_pages():
+    t = _lazy_zeros(1 << 20, torch.float16)
+    assert t.shape == (1 << 20,) and t.dtype == torch.float16 and float(t.abs().sum()) == 0.0
+    t[123] = 2.0   # writable
+    assert float(t.sum()) == 2.0
+    assert hasattr(mmap, "MADV_NOHUGEPAGE")   # Linux: the advice is really given
+    assert _lazy_zeros(0, torch.float32).numel() == 0
+
+
+def test_reference_runner_is_fixed_and_costs_time():
+    torch.set_num_threads(1)
+    a = ReferenceRunner(256)
+    b = ReferenceRunner(256)
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.offsets, b.offsets)
+    assert a.num_lookups == 256 * benchmark.REFERENCE_POOLING
+    assert a.tables[0].row == benchmark.REFERENCE_ROWS and a.tables[0].dim == benchmark.REFERENCE_DIM
+    fw, bw = a.sample(1, 3)
+    assert len(fw) == len(bw) == 3 and min(fw) > 0 and min(bw) > 0
+
+
+def test_cpu_fingerprint_names_the_protocol():
+    assert json.loads(hardware_fingerprint())["protocol"] == CPU_PROTOCOL
+    assert "protocol" not in json.loads(hardware_fingerprint("NVIDIA H200"))
+
+
+def test_the_first_nominal_reference_wins(tmp_path):
+    store = CostCache(tmp_path / "c.sqlite")
+    assert store.reference_ms("k") is None
+    assert store.store_reference_ms("k", 20.5) == pytest.approx(20.5)
+    assert store.store_reference_ms("k", 99.0) == pytest.approx(20.5)
+    assert store.reference_ms("k") == pytest.approx(20.5) and store.reference_ms("other") is None
+
+
+def test_costs_are_scaled_to_the_stored_nominal_speed(tmp_path):
+    tables = make_data(tmp_path / "ds")
+    store = CostCache(tmp_path / "c.sqlite")
+    shards = [[tables[0], tables[3]], [tables[1]]]
+    with CachedOracle(PlanEvaluator(tmp_path / "ds", 2, bench_iters=3, warmup_iters=1), store) as ev:
+        res = ev.evaluate(shards, no_cache=True)
+        nominal = ev.reference_nominal_ms
+        assert nominal and nominal > 0 and store.reference_ms(ev.reference_key) == pytest.approx(nominal)
+        assert "lower quartile" in res.parts["compute"] and "reference shard" in res.parts["compute"]
+        assert ev.speed_drift_pct is None or ev.speed_drift_pct >= 0
+        assert all(c >= 0 for d in res.device_costs_ms for c in d) and res.cost_ms > 0
+    # a later session takes the stored nominal instead of calibrating its own
+    with CachedOracle(PlanEvaluator(tmp_path / "ds", 2, bench_iters=3, warmup_iters=1), store) as ev2:
+        ev2.evaluate(shards, no_cache=True)
+        assert ev2.reference_nominal_ms == pytest.approx(nominal)
+
+
+@pytest.mark.timeout(300)
+def test_repeatability_tool_prints_its_three_figures(tmp_path):
+    make_data(tmp_path / "ds")
+    out = tmp_path / "rep.jsonl"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "cpu_repeatability.py"), "--data-dir", str(tmp_path / "ds"),
+         "--num-tasks", "2", "--num-tables", "4", "--rounds", "2", "--ndevices", "2", "--bench-iters", "2",
+         "--warmup-iters", "1", "--cache-path", str(tmp_path / "c.sqlite"), "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for label in ("mean deviation from the median", "p90 max/min", "round-pair Spearman per task"):
+        assert label in proc.stdout
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sum(1 for r in lines if "round" in r) == 2 * 4 * 2
+    assert lines[-1]["summary"]["rounds"] == 2 and lines[-1]["summary"]["mean_dev_pct"] >= 0
+
+
+def test_repeatability_tool_refuses_an_emulated_oracle():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "cpu_repeatability.py"), "--oracle", "emulated:h200"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode != 0 and "measured oracle" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,147 @@
+#!/usr/bin/env python
+"""Does the measured oracle repeat itself? The same plans measured in interleaved rounds.
+
+For ``--num-tasks`` random tasks of ``--num-tables`` tables, the plans of ``--algs`` (default: random,
+dim-, lookup- and size-lookup-greedy) on ``--ndevices`` devices are measured afresh (no cache) in
+``--rounds`` rounds; every round measures every plan once, in a shuffled order, so a slow spell of the
+machine falls on different plans in different rounds. Printed, with the hardware:
+
+- **mean deviation**: over every plan and round, |cost - the plan's median over rounds| / median;
+- **p90 max/min**: the 90th percentile over plans of (largest / smallest of its rounds);
+- **Spearman**: for every task and every pair of rounds, the rank correlation of the task's plans'
+  costs in the two rounds, averaged (ties of the medians' order aside, 1 means every round orders a
+  task's plans alike);
+
+and, against the goals of the trustworthy-oracles issue (mean deviation <= 1.5%, p90 max/min <= 1.05,
+Spearman >= 0.8), a verdict per figure. ``--out`` writes every measurement as JSON lines.
+
+Example (about 2 min on a 2-core CPU)::
+
+    python tools/cpu_repeatability.py --data-dir data/dlrm_datasets --num-tasks 3 --num-tables 30
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from shardcore import cli  # noqa: E402
+from shardcore.baselines import make_baseline  # noqa: E402
+from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+from shardcore.io import atomic_open  # noqa: E402
+from shardcore.tasks import Task  # noqa: E402
+
+GOALS = {"mean_dev_pct": 1.5, "p90_maxmin": 1.05, "spearman": 0.8}
+
+
+def spearman(a, b) -> float:
+    ra = np.argsort(np.argsort(a)).astype(float)
+    rb = np.argsort(np.argsort(b)).astype(float)
+    if ra.std() == 0 or rb.std() == 0:
+        return 1.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def summarize(costs: dict[tuple[int, str], list[float]], tasks: int, algs) -> dict:
+    """The three repeatability figures of ``costs[(task, alg)]`` = the plan's cost in every round."""
+    devs, ratios, rhos = [], [], []
+    for vals in costs.values():
+        med = statistics.median(vals)
+        devs.extend(abs(v - med) / med for v in vals)
+        ratios.append(max(vals) / min(vals))
+    rounds = len(next(iter(costs.values())))
+    for t in range(tasks):
+        for r1, r2 in itertools.combinations(range(rounds), 2):
+            rhos.append(spearman([costs[(t, a)][r1] for a in algs], [costs[(t, a)][r2] for a in algs]))
+    return {"mean_dev_pct": 100 * float(np.mean(devs)), "p90_maxmin": float(np.percentile(ratios, 90)),
+            "spearman": float(np.mean(rhos)) if rhos else float("nan"), "plans": len(costs), "rounds": rounds}
+
+
+def parse_args(argv):
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"dataset directory (default {DEFAULT_DATA_DIR})")
+    cli.add_device_args(p)
+    p.add_argument("--num-tasks", type=cli.positive_int, default=3, help="random tasks (default 3)")
+    p.add_argument("--num-tables", type=cli.positive_int, default=30, help="tables per task (default 30)")
+    p.add_argument("--rounds", type=cli.positive_int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--algs", type=cli.name_list, default=["random", "dim_greedy", "lookup_greedy",
+                                                          "size_lookup_greedy"],
+                   help="baselines whose plans are measured (default random,dim_greedy,lookup_greedy,"
+                        "size_lookup_greedy)")
+    p.add_argument("--seed", type=cli.seed_int, default=0, help="seed of the tasks and of the round orders (default 0)")
+    p.add_argument("--out", default=None, help="write every measurement here as JSON lines")
+    cli.add_memory_args(p)
+    cli.add_oracle_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.oracle != "measured":
+        raise ShardError("cpu_repeatability.py measures the measured oracle: drop --oracle")
+    if args.rounds < 2:
+        raise ShardError("--rounds must be at least 2")
+    devices = cli.device_ids(args)
+    ndevices = cli.num_devices(args)
+    ds = load_dataset(args.data_dir, with_lookups=False)
+    if args.num_tables > len(ds.tables):
+        raise ShardError(f"--num-tables {args.num_tables}: the dataset has {len(ds.tables)} tables")
+    rng = np.random.default_rng(args.seed)
+    tasks = [Task(tuple(int(i) for i in sorted(rng.choice(len(ds.tables), args.num_tables, replace=False))))
+             for _ in range(args.num_tasks)]
+    plans = {}
+    for t, task in enumerate(tasks):
+        tables = task.tables(ds.tables)
+        for a in args.algs:
+            plans[(t, a)] = make_baseline(a, seed=args.seed).shard(tables, ndevices, float("inf")).shard_tables(tables)
+    args.no_cache = True
+    costs: dict[tuple[int, str], list[float]] = {k: [] for k in plans}
+    records = []
+    t0 = time.perf_counter()
+    with cli.open_evaluator(args, args.data_dir, devices, ndevices) as ev:
+        hardware = ev.hardware
+        print(f"{len(plans)} plans x {args.rounds} rounds on {hardware}", flush=True)
+        for r in range(args.rounds):
+            order = list(plans)
+            rng.shuffle(order)
+            for k in order:
+                res = ev.evaluate(plans[k], no_cache=True)
+                costs[k].append(res.cost_ms)
+                records.append({"round": r, "task": k[0], "alg": k[1], "cost_ms": res.cost_ms,
+                                "device_costs_ms": res.device_costs_ms, "hardware": hardware})
+            print(f"  round {r + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)", flush=True)
+        noise = getattr(ev, "noise_pct", None)
+    s = summarize(costs, len(tasks), args.algs)
+    print(f"\nplan costs (ms, {hardware}):")
+    for k, vals in costs.items():
+        print(f"  task {k[0]} {k[1]:<20} " + " ".join(f"{v:8.2f}" for v in vals)
+              + f"   max/min {max(vals) / min(vals):.3f}")
+    print(f"\nrepeatability over {s['plans']} plans x {s['rounds']} rounds ({hardware}):")
+    for key, label, fmt, better in (("mean_dev_pct", "mean deviation from the median", "{:.2f}%", "le"),
+                                    ("p90_maxmin", "p90 max/min", "{:.3f}", "le"),
+                                    ("spearman", "round-pair Spearman per task", "{:.2f}", "ge")):
+        ok = s[key] <= GOALS[key] if better == "le" else s[key] >= GOALS[key]
+        goal = ("<= " if better == "le" else ">= ") + fmt.format(GOALS[key])
+        print(f"  {label:<32} {fmt.format(s[key]):>8}   goal {goal:<8} {'met' if ok else 'NOT met'}")
+    if noise is not None:
+        print(f"  the oracle's own noise estimate: {noise:.2f}%")
+    if args.out:
+        with atomic_open(args.out) as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+            f.write(json.dumps({"summary": s, "hardware": hardware, "argv": sys.argv[1:]}) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    cli.run_main(main)
