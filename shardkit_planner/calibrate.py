@@ -5,7 +5,9 @@ through its cache, where the next run finds it), within a time budget, never on 
 What is measured: table-wise plans of the oracle's device count, at several sizes (1, 2, 3, ... tables
 per device), drawn from the tables outside the tasks to avoid (each plan gives the compute of every device's
 shard and, where the oracle measures the exchange, one exchange per device at that size), then single
-shards until the fit has ``min_shards`` of them. The model is then fitted as
+shards shaped like the plans' ones (1 to twice the tasks' tables per device, about a third of the tables
+as column pieces of half or a quarter of their dim) until the cache holds ``TARGET_SHARDS`` usable ones
+or the budget is spent. A cache that already holds ``ENOUGH_SHARDS`` is fitted without measuring. The model is then fitted as
 :func:`shardkit_planner.costmodel.fit_cost_model` fits it from any cache; where the oracle models the
 exchange (more plan devices than measuring devices) the fit takes the oracle's own exchange model.
 """
@@ -24,19 +26,37 @@ from shardcore.errors import ShardError
 from .costmodel import CostModel, fit_cost_model
 
 MIN_SHARDS = 24        # shards the fit gets at least (fit_cost_model's floor is 20)
+TARGET_SHARDS = 160    # shards calibration measures up to, within its budget (the model has ~30 features)
+ENOUGH_SHARDS = TARGET_SHARDS // 2   # a cache holding this many usable shards is fitted without measuring
 PLAN_SIZES = 6         # plans at 1..6 tables per device, for the exchange at several sizes
+SPLIT_SHARE = 0.3      # share of a calibration shard's tables given as a column piece (dim / 2 or / 4)
 
 
 def excluded_tables(task_files: Sequence[str] | None, num_tables: int) -> set[int]:
     """The tables of ``task_files`` (files that do not exist are skipped)."""
+    return _task_stats(task_files, num_tables)[0]
+
+
+def _task_stats(task_files: Sequence[str] | None, num_tables: int) -> tuple[set[int], float | None]:
+    """The tables of ``task_files`` and their tasks' mean size (None without tasks)."""
     from shardcore.tasks import load_tasks
 
     out: set[int] = set()
+    sizes: list[int] = []
     for f in task_files or ():
         if f and Path(f).is_file():
             for task in load_tasks(f, num_tables=num_tables):
                 out.update(task.table_ids)
-    return out
+                sizes.append(len(task))
+    return out, (float(np.mean(sizes)) if sizes else None)
+
+
+def _usable(oracle, dataset, exclude) -> int:
+    from .costmodel import usable_shards
+
+    ctx = oracle.context
+    return len(usable_shards(oracle.cache, dataset, int(ctx.batch_size), hardware=ctx.hardware,
+                             precision=ctx.precision, optimizer=ctx.optimizer, exclude_tables=exclude)[0])
 
 
 def _fit(oracle, dataset, data_dir, exclude) -> CostModel:
@@ -60,11 +80,10 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
         raise ShardError("shardkit calibrates through the measurement cache, and this oracle has none (--no-cache?): "
                          "fit a model with tools/fit_shardkit_model.py and give it with --shardkit-model")
     dataset = load_dataset(data_dir)   # memory-mapped; the cache keys its measurements by this digest
-    exclude = excluded_tables(exclude_task_files, dataset.num_tables)
-    try:
+    exclude, task_size = _task_stats(exclude_task_files, dataset.num_tables)
+    have = _usable(oracle, dataset, exclude)
+    if have >= ENOUGH_SHARDS:   # calibrated before (or measured by other runs): fit on what is there
         return _fit(oracle, dataset, data_dir, exclude)
-    except ShardError:
-        pass   # too little in the cache: measure
     pool = [i for i in range(dataset.num_tables) if i not in exclude]
     n = int(oracle.ndevices)
     if len(pool) < n:
@@ -73,11 +92,22 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
                          "generate tasks over part of the tables (tools/gen_tasks.py) or give --shardkit-model")
     rng = np.random.default_rng(seed)
     tables = dataset.tables
+    # shards shaped like the plans' ones: up to twice the tasks' tables per device, some column pieces
+    kmax = max(4, min(len(pool), int(round(2 * task_size / n)) if task_size else 4))
     t0 = time.perf_counter()
     sizes = [k for k in range(1, PLAN_SIZES + 1) if k * n <= len(pool)] or [1]
     measured = 0
     seen: set = set()
-    with tqdm(total=len(sizes) + MIN_SHARDS, desc="shardkit calibrating on this machine", unit="measurement",
+    want = TARGET_SHARDS - have
+
+    def piece(i: int):
+        t = tables[int(i)]
+        for s in (4, 2):
+            if rng.random() < SPLIT_SHARE / 2 and t.dim % s == 0 and t.dim // s >= 4:
+                return t.with_dim(t.dim // s)
+        return t
+
+    with tqdm(total=len(sizes) + want, desc="shardkit calibrating on this machine", unit="measurement",
               disable=None if progress else True, leave=False) as bar:
         for k in sizes:                       # plans at several sizes: the exchange, and n shards each
             ids = rng.choice(pool, size=k * n, replace=False)
@@ -88,14 +118,15 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
             if time.perf_counter() - t0 > budget_s:
                 break
         tries = 0
-        while len(seen) < MIN_SHARDS and tries < 50 * MIN_SHARDS and time.perf_counter() - t0 <= budget_s:
-            tries += 1   # single shards up to the floor, each one not measured before
-            ids = rng.choice(pool, size=int(rng.integers(1, min(4, len(pool)) + 1)), replace=False)
-            key = frozenset(int(i) for i in ids)
+        while len(seen) < want and tries < 50 * want and time.perf_counter() - t0 <= budget_s:
+            tries += 1   # single shards up to the target, each one not measured before
+            ids = rng.choice(pool, size=int(rng.integers(1, kmax + 1)), replace=False)
+            shard = [piece(i) for i in ids]
+            key = frozenset((t.index, t.dim) for t in shard)
             if key in seen:
                 continue
             seen.add(key)
-            oracle.measure_shards([[tables[int(i)] for i in ids]])
+            oracle.measure_shards([shard])
             measured += 1
             bar.update(1)
     try:

@@ -192,23 +192,17 @@ def emulated_model(data_dir: str | os.PathLike, batch_size: int, comm: CommModel
                      length_cv=length_cvs(data_dir, batch_size), source=f"emulator ({card})")
 
 
-def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
-                   optimizer: str = "exact_sgd", data_dir: str | os.PathLike | None = None,
-                   exclude_tables: set[int] | None = None, comm_fallback: CommModel | None = None,
-                   min_shards: int = 20) -> CostModel:
-    """Fit the measured landscape's model on the cache's measurements of ``dataset`` at ``batch_size``.
-
-    Only shards whose tables are whole-row (table- or column-wise pieces) and none of whose tables is
-    in ``exclude_tables`` (e.g. the test tables) are used. The exchange is fitted on the cache's plan
-    measurements (per device: max(bytes sent, received) of the pooled outputs and its measured
-    backward exchange, the pooled all-to-all alone); with fewer
-    than two sizes, ``comm_fallback`` (or an error) is used."""
+def usable_shards(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
+                  optimizer: str = "exact_sgd", exclude_tables: set[int] | None = None
+                  ) -> tuple[list[list], list[float], list[float]]:
+    """The cache's shard measurements a fit may use: of ``dataset`` at ``batch_size`` on ``hardware``,
+    whole-row tables only (table- or column-wise pieces), none in ``exclude_tables``; as
+    ``(shards, fw_ms, bw_ms)``."""
     from shardcore.cache import dataset_digest
 
-    digest = dataset_digest(dataset)
     exclude = exclude_tables or set()
-    entries = cache.shard_entries(hardware=hardware, dataset=digest, batch_size=batch_size, precision=precision,
-                                  optimizer=optimizer)
+    entries = cache.shard_entries(hardware=hardware, dataset=dataset_digest(dataset), batch_size=batch_size,
+                                  precision=precision, optimizer=optimizer)
     shards, fw, bw = [], [], []
     for e in entries:
         ts = []
@@ -225,6 +219,22 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
             shards.append(ts)
             fw.append(e.fw_ms)
             bw.append(e.bw_ms)
+    return shards, fw, bw
+
+
+def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
+                   optimizer: str = "exact_sgd", data_dir: str | os.PathLike | None = None,
+                   exclude_tables: set[int] | None = None, comm_fallback: CommModel | None = None,
+                   min_shards: int = 20) -> CostModel:
+    """Fit the measured landscape's model on the cache's measurements of ``dataset`` at ``batch_size``.
+
+    Only shards whose tables are whole-row (table- or column-wise pieces) and none of whose tables is
+    in ``exclude_tables`` (e.g. the test tables) are used. The exchange is fitted on the cache's plan
+    measurements (per device: max(bytes sent, received) of the pooled outputs and its measured
+    backward exchange, the pooled all-to-all alone); with fewer
+    than two sizes, ``comm_fallback`` (or an error) is used."""
+    shards, fw, bw = usable_shards(cache, dataset, batch_size, hardware=hardware, precision=precision,
+                                   optimizer=optimizer, exclude_tables=exclude_tables)
     if len(shards) < min_shards:
         raise ShardError(f"only {len(shards)} usable shard measurements at batch {batch_size} in the cache "
                          f"(need {min_shards}); collect some with collect_compute_cost_data.py --weights-precision {precision}")
@@ -237,7 +247,9 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
                         fitted_on=f"{len(shards)} shard measurements ({hardware})", known_tables=None,
                         default_cv=default_cv)
     samples = []
-    for p in cache.plan_entries(hardware=hardware, dataset=digest, batch_size=batch_size, precision=precision,
+    from shardcore.cache import dataset_digest
+
+    for p in cache.plan_entries(hardware=hardware, dataset=dataset_digest(dataset), batch_size=batch_size, precision=precision,
                                 optimizer=optimizer):
         # the backward exchange of a stored plan (table- and column-wise only) is the pooled all-to-all
         # alone; the forward adds the id all-to-all, priced from the same fitted constants
