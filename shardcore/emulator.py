@@ -24,14 +24,27 @@ the fused kernel picks its thread layout for the widest table):
   this changes the per-lookup forward cost by up to 3x for the same L, D and reuse. A
   ``TableConfig`` does not carry it: it comes from the ``length_cv`` argument, else from the
   model's table of known tables (the default synthetic dataset, seed 0, 856 tables, matched by
-  index, hash size and pooling factor), else the fitted population's lookup-weighted median;
+  index, hash size and pooling factor), else unknown (see below);
 - ``L x`` tensor-product hat functions of (CV, log10 bytes of distinct rows) — a small
   non-parametric per-lookup cost surface;
 - ``B x dim`` (pooled outputs written, gradients read), the table count (per-table setup), a
   constant (launches), and lookups of shards whose widest table is >= 64 / >= 128 wide;
 - ``L x`` hat functions of log10(hash size) (a per-lookup cost by table size class);
 - ``L x log2(rows of the whole shard)`` (the backward sorts the shard's indices, keys of that
-  many bits) and the shard's total lookups ``T x log2 T`` (the sort's super-linear part).
+  many bits) and the shard's total lookups ``T x log2 T`` (the sort's super-linear part);
+- optional terms, present when the spec names them (the shipped spec does; a parameter file fitted
+  without them keeps its features): ``L x`` hat functions of log10 bytes of the *whole shard's*
+  distinct rows (its tables share the GPU's L2), distinct-row sectors ``D x sectors x`` hat functions
+  of log2 of the table's own dim (narrow 4, 16, wide 128), and the shard's table count squared and
+  ``n x log2(n + 1)`` (per-table setup growing with the table count; these three cut the held-out
+  MAPE of random shards of dims 4-128 from 7.5% to 5.8%, of 6+ table random shards to 4.0%).
+
+**Unknown bag-length CV.** A table whose CV is not known (not given, not a known table's, or given as
+None / NaN) enters the features with CV^2 and the CV hats averaged over the spec's ``cv_prior`` (nine
+lookup-weighted quantiles of the known tables' CVs): the model is linear in those per-table terms, so
+this is the model's mean prediction over the prior's CVs, not the prediction at one median CV
+(held-out fw+bw MAPE with every CV unknown 5.56%, 6.45% at the median CV). :meth:`GpuComputeModel.table_cv`
+still returns the point value ``default_cv`` for callers that need one number.
 
 **Fit.** Non-negative least squares on the relative error (rows divided by the measured cost), so
 every coefficient adds cost and predictions are positive and non-decreasing in each feature;
@@ -80,6 +93,17 @@ DEFAULT_SPEC = {
     "cv_knots": [0.25, 0.6, 1.0, 1.4],
     "footprint_knots": [5.0, 6.0, 7.0, 8.0],
     "size_knots": [2.0, 4.0, 5.0, 6.0, 7.0],
+    # the optional terms below (a parameter file without them keeps the features it was fitted with):
+    # L x hats of log10 bytes of the whole shard's distinct rows (the tables share the GPU's L2)
+    "shard_footprint_knots": [6.0, 7.0, 8.0, 9.0],
+    # distinct-row sectors x hats of log2 of the table's own dim (narrow 4, 16, wide 128)
+    "dim_knots": [2.0, 4.0, 7.0],
+    # the shard's table count squared and x log2 (per-table setup that grows with the table count)
+    "table_count_terms": True,
+    # an unknown bag-length CV (NaN) enters the features as their mean over these CVs: the nine
+    # lookup-weighted ninth-quantiles (midpoints) of the default synthetic dataset's known tables
+    # (tests/test_emulator.py recomputes them)
+    "cv_prior": [0.296, 0.3696, 0.4314, 0.5238, 0.6428, 0.7686, 0.9296, 1.0981, 1.2626],
 }
 
 
@@ -89,7 +113,12 @@ def feature_names(spec: Mapping) -> list[str]:
             "distinct_x_maxdim", "lookups_maxdim_ge64", "lookups_maxdim_ge128"]
     surf = [f"lookups_cv{a:g}_fp{b:g}" for a in spec["cv_knots"] for b in spec["footprint_knots"]]
     size = [f"lookups_rows1e{a:g}" for a in spec["size_knots"]]
-    return base + surf + size + ["lookups_x_log2_shard_rows", "shard_lookups_x_log2"]
+    out = base + surf + size + ["lookups_x_log2_shard_rows", "shard_lookups_x_log2"]
+    out += [f"lookups_shard_fp1e{a:g}" for a in spec.get("shard_footprint_knots", ())]
+    out += [f"distinct_sectors_dim2^{a:g}" for a in spec.get("dim_knots", ())]
+    if spec.get("table_count_terms"):
+        out += ["tables_sq", "tables_x_log2"]
+    return out
 
 
 def _hat(x: np.ndarray, knots: Sequence[float]) -> np.ndarray:
@@ -140,26 +169,52 @@ def shard_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_si
     maxdim = np.zeros(nshards)
     np.maximum.at(maxdim, shard_of, ta.dim)
     m = maxdim[shard_of]
-    cv2 = ta.cv ** 2
+    # the bag-length CV enters as CV^2 and as hats of CV; an unknown one (NaN) as their mean over the
+    # spec's cv_prior (the features are linear in these per-table terms, so a prediction is then the
+    # mean prediction over the prior's CVs), else as the population median when there is no prior
+    unknown = np.isnan(ta.cv)
+    prior = spec.get("cv_prior")
+    cv = np.where(unknown, float(np.median(prior)) if prior else 0.0, ta.cv)
+    cv2 = cv ** 2
+    hc = _hat(cv, spec["cv_knots"])
+    if unknown.any() and prior:
+        pr = np.asarray(prior, dtype=float)
+        cv2 = np.where(unknown, float(np.mean(pr ** 2)), cv2)
+        hc[unknown] = _hat(pr, spec["cv_knots"]).mean(0)
     nonempty = (L > 0).astype(float)
     cols = [np.ones(n), L, L * sec, dram, D * sec, B * ta.dim * nonempty / 1e3, long_lookups, long_rows,
             L * cv2, dram * cv2, D * m / 128.0, L * (m >= 64), L * (m >= 128)]
     footprint = np.log10(np.maximum(D * rb, 1.0))
-    hc = _hat(ta.cv, spec["cv_knots"])
     hf = _hat(footprint, spec["footprint_knots"])
     surf = (hc[:, :, None] * hf[:, None, :]).reshape(n, -1) * L[:, None]
     size = _hat(np.log10(np.maximum(ta.row, 1.0)), spec["size_knots"]) * L[:, None]
     shard_rows = np.zeros(nshards)
     np.add.at(shard_rows, shard_of, ta.row)
     sort = L * np.log2(np.maximum(shard_rows[shard_of], 2.0)) / 20.0
-    T = np.concatenate([np.stack(cols, 1), surf, size, sort[:, None]], 1)
+    parts = [np.stack(cols, 1), surf, size, sort[:, None]]
+    if spec.get("shard_footprint_knots"):
+        shard_fp = np.zeros(nshards)
+        np.add.at(shard_fp, shard_of, D * rb)
+        parts.append(_hat(np.log10(np.maximum(shard_fp[shard_of], 1.0)), spec["shard_footprint_knots"]) * L[:, None])
+    if spec.get("dim_knots"):
+        parts.append(_hat(np.log2(np.maximum(ta.dim, 1.0)), spec["dim_knots"]) * (D * sec)[:, None])
+    T = np.concatenate(parts, 1)
+    nt = T.shape[1]
     order = np.argsort(shard_of, kind="stable")
     sorted_of = shard_of[order]
     present, starts = np.unique(sorted_of, return_index=True)
-    X[present, 1:-1] = np.add.reduceat(T[order], starts, axis=0)
+    S = np.zeros((nshards, T.shape[1]))
+    S[present] = np.add.reduceat(T[order], starts, axis=0)
+    nold = len(cols) + surf.shape[1] + size.shape[1] + 1    # the per-table columns before the sort's T log T
     X[:, 0] = 1.0
+    X[:, 1:1 + nold] = S[:, :nold]
     total = X[:, 2]  # the shard's lookups
-    X[:, -1] = total * np.log2(np.maximum(total, 2.0)) / 30.0
+    X[:, 1 + nold] = total * np.log2(np.maximum(total, 2.0)) / 30.0
+    X[:, 2 + nold:2 + nt] = S[:, nold:]
+    if spec.get("table_count_terms"):
+        tables = X[:, 1]
+        X[:, -2] = tables ** 2 / 100.0
+        X[:, -1] = tables * np.log2(tables + 1.0)
     return X
 
 
@@ -223,9 +278,17 @@ class GpuComputeModel:
         return known_cv(self._known, t, self.default_cv)
 
     def _arrays(self, shards: Sequence[Sequence[TableConfig]], length_cv=None) -> tuple[TableArrays, np.ndarray]:
+        """The tables' inputs; a CV that is unknown (not given and not a known table's, or given as
+        None / NaN) is NaN: averaged over the spec's ``cv_prior``, or the default CV when the
+        parameter set has no prior."""
         if length_cv is None:
-            length_cv = [[self.table_cv(t) for t in s] for s in shards]
-        return table_arrays(shards, length_cv)
+            length_cv = [[known_cv(self._known, t, math.nan) for t in s] for s in shards]
+        else:
+            length_cv = [[math.nan if c is None else c for c in cs] for cs in length_cv]
+        ta, shard_of = table_arrays(shards, length_cv)
+        if not self.spec.get("cv_prior"):
+            ta.cv = np.where(np.isnan(ta.cv), self.default_cv, ta.cv)
+        return ta, shard_of
 
     def _costs(self, ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_size: int
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -243,7 +306,9 @@ class GpuComputeModel:
     # -- predictions ---------------------------------------------------------------------------
     def predict_many(self, shards: Sequence[Sequence[TableConfig]], batch_size: int,
                      length_cv: Sequence[Sequence[float]] | None = None) -> np.ndarray:
-        """``[len(shards), 2]`` array of (fw_ms, bw_ms); an empty shard gives (0, 0)."""
+        """``[len(shards), 2]`` array of (fw_ms, bw_ms); an empty shard gives (0, 0). ``length_cv``: per
+        table its bag-length CV (None or NaN: unknown); by default a known table's (:meth:`table_cv`),
+        an unknown one's effect averaged over the parameter set's CV prior (the spec's ``cv_prior``)."""
         if int(batch_size) < 1:
             raise ShardError(f"batch size must be positive, got {batch_size}")
         shards = [list(s) for s in shards]
@@ -276,11 +341,11 @@ def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfi
     predictions of each device's kernels (:func:`shardcore.plan.device_kernels`: its model-parallel
     pieces fused at ``batch_size``, its data-parallel replicas fused at its batch slice), one
     :meth:`~GpuComputeModel.predict_many` per distinct batch. ``cv_of(t)``: a table's bag-length CV
-    (default: the model's :meth:`~GpuComputeModel.table_cv`). A replica keeps its table's reuse
+    (default: the model's known tables' CV, else unknown: see :meth:`~GpuComputeModel.predict_many`). A replica keeps its table's reuse
     statistics, taken at the full batch (the slice's are not known from the configs)."""
     from .plan import device_kernels
 
-    cv_of = cv_of or model.table_cv
+    cv_of = cv_of or (lambda t: known_cv(model._known, t, math.nan))
     out = np.zeros((len(shards), 2))
     groups: dict[int, list[tuple[int, list[TableConfig]]]] = {}
     for d, shard in enumerate(shards):

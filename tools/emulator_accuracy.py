@@ -28,6 +28,7 @@ shardcore/emulator.py).
   python tools/emulator_accuracy.py [--out accuracy.json]
 """
 
+import math
 import os
 
 
@@ -63,10 +64,15 @@ class Landscape:
         self.batch = batch
         self.meas = load_measurements(batch, directory)
         self.X = measurement_features(self.meas, batch, spec, known_index(known), default_cv)
-        self.X_unknown = measurement_features(self.meas, batch, spec, {}, default_cv)
+        # unknown CV: every table's CV NaN, its effect averaged over the spec's cv_prior (the model's
+        # treatment of a table it does not know; the default CV where the spec has no prior)
+        self.X_unknown = measurement_features(self.meas, batch, spec, {},
+                                              math.nan if spec.get("cv_prior") else default_cv)
         self.fw = np.array([s["fw_ms"] for s in self.meas["shards"]])
         self.bw = np.array([s["bw_ms"] for s in self.meas["shards"]])
         self.kind = np.array([s["kind"] for s in self.meas["shards"]])
+        self.maxdim = np.array([max(t.dim for t in s["configs"]) for s in self.meas["shards"]])
+        self.ntables = np.array([len(s["configs"]) for s in self.meas["shards"]])
         self.runs = [set(m[0] for m in s["measured"]) for s in self.meas["shards"]]
         self.tasks = sorted({(p["set"], p["task"]) for p in self.meas["plans"]})
         self.sources = [r for r in self.meas["runs"] if any(p["source"] == r for p in self.meas["plans"])]
@@ -114,6 +120,21 @@ class Landscape:
         return rhos, mape(pred, meas), len(pred)
 
 
+# classes of shards (each reported where it has shards): by the widest table's dim (the fused kernel's
+# thread layout follows it), measured as a plan's device or as a random shard, and random shards by size
+# (1-5 tables: 0.15-0.7 ms, near the launch floor, measured with 7-10 iterations)
+def shard_classes(land) -> list[tuple[str, np.ndarray]]:
+    r = land.kind == "random"
+    return [("widest dim <= 16", land.maxdim <= 16), ("widest dim 17-64", (land.maxdim > 16) & (land.maxdim < 128)),
+            ("widest dim >= 128", land.maxdim >= 128), ("plan shards", ~r), ("random shards", r),
+            ("random, 1-5 tables", r & (land.ntables <= 5)), ("random, >= 6 tables", r & (land.ntables >= 6)),
+            ("random, widest dim <= 16", r & (land.maxdim <= 16)), ("random, widest dim >= 32", r & (land.maxdim >= 32))]
+
+
+def class_slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_").replace("__", "_")
+
+
 def shard_row(name, pred, fw, bw):
     return [name, len(fw), f"{mape(pred[:, 0], fw):.2f}", f"{mape(pred[:, 1], bw):.2f}",
             f"{mape(pred[:, 0] + pred[:, 1], fw + bw):.2f}"]
@@ -150,10 +171,14 @@ def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> d
             pred = land.kfold(X)
             res["shard_rows"].append(shard_row(f"{label} 10-fold, all shards{xname}", pred, land.fw, land.bw))
             fig[f"{label}_kfold{tag}"] = _mapes(pred, land.fw, land.bw)
-            if xname == "" and (land.kind == "random").any():
+            for cname, sel in shard_classes(land):
+                if not sel.any() or sel.all():
+                    continue
+                res["shard_rows"].append(shard_row(f"{label} 10-fold, {cname}{xname}", pred[sel], land.fw[sel], land.bw[sel]))
+                fig[f"{label}_kfold{tag}_{class_slug(cname)}"] = _mapes(pred[sel], land.fw[sel], land.bw[sel])
+            if xname == "" and (land.kind == "random").any():    # the names of earlier reports
                 for kind in ("plan", "random"):
                     sel = land.kind == kind
-                    res["shard_rows"].append(shard_row(f"{label} 10-fold, {kind} shards", pred[sel], land.fw[sel], land.bw[sel]))
                     fig[f"{label}_kfold_{kind}"] = _mapes(pred[sel], land.fw[sel], land.bw[sel])
             # (b) leave one task out
             lto = land.leave_task_out(X)
