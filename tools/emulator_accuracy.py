@@ -9,7 +9,9 @@ distinct shard, their measurements averaged; plans come from three sources: the 
 plan's measured compute cost being its own run's max device fw+bw.
 
 - shard MAPE of fw, bw and fw+bw, 10-fold cross-validation over distinct shards (fixed permutation,
-  seed 0), all shards and plan / random shards separately;
+  seed 0), all shards and per class (shard_classes: the widest table's dim <= 16 / 17-64 / >= 128,
+  plan / random shards, random shards of 1-5 / >= 6 tables, random shards <= 16 / >= 32 wide), with
+  known and with unknown CV;
 - leave one task out: each of the 20 test tasks fitted without any shard of that task's plans (of
   every run; the task's tables may still occur in other tasks' and random shards): the held-out
   shards' MAPE, and per plan source the within-task Spearman rank correlation between the predicted
@@ -17,8 +19,8 @@ plan's measured compute cost being its own run's max device fw+bw.
   tasks with rho >= 0.9) and the plan-cost MAPE;
 - continuity: fitted on the original files only (shared plan + random shards), tested on the new
   runs' shards not in those files and on the new runs' plans;
-- "unknown CV": the same predictions when the bag-length CV of every table is unknown (the
-  fallback any dataset other than the default synthetic one gets);
+- "unknown CV": the same predictions when the bag-length CV of every table is unknown (what any
+  dataset other than the default synthetic one gets: its effect averaged over the spec's cv_prior);
 - batch 4096: its own parameter set held out the same way, and the batch-65536 set extrapolated.
 
 Held-out rows evaluate one batch's own parameter set alone; the "shipped fit, in-sample" rows use
