@@ -107,6 +107,11 @@ DEFAULT_SPEC = {
 }
 
 
+# DEFAULT_SPEC's optional terms: their features come after the core ones, and a spec without them
+# gives exactly the core features (a held-out fit with few shards keeps the core only)
+OPTIONAL_TERMS = ("shard_footprint_knots", "dim_knots", "table_count_terms")
+
+
 def feature_names(spec: Mapping) -> list[str]:
     base = ["const", "tables", "lookups", "lookup_sectors", "dram_sectors", "distinct_sectors",
             "batch_x_dim", "long_lookups", "long_rows", "lookups_x_cv2", "dram_x_cv2",
@@ -678,9 +683,11 @@ class MeasuredLandscape:
         tables = frozenset(tables)
         return np.array([not s.isdisjoint(tables) for s in self.tables], dtype=bool)
 
-    def fit(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(fw weights, bw weights) fitted on the shards ``rows`` (a mask or indices)."""
-        return fit_weights(self.X[rows], self.fw[rows]), fit_weights(self.X[rows], self.bw[rows])
+    def fit(self, rows: np.ndarray, ncols: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(fw weights, bw weights) fitted on the shards ``rows`` (a mask or indices), on the first
+        ``ncols`` features (default all; the core features come first, see :data:`OPTIONAL_TERMS`)."""
+        X = self.X[rows] if ncols is None else self.X[rows][:, :ncols]
+        return fit_weights(X, self.fw[rows]), fit_weights(X, self.bw[rows])
 
 
 @functools.lru_cache(maxsize=4)
@@ -761,22 +768,36 @@ def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -
     Cached per process (a fit takes a fraction of a second)."""
     lands = measured_landscapes(card)
     base = read_params(model_path(card))
+    # Two shards per weight at least. Where the largest batch's set has too few for the full feature
+    # set, the held-out fit keeps the core features only (the optional terms of DEFAULT_SPEC dropped),
+    # as a parameter file without them would (a DLRM-100 task's tables leave 80 of 1,946 shards).
+    spec = dict(base.get("spec") or DEFAULT_SPEC)
+    ncols = len(feature_names(spec))
+    first = int(_fit_rows(lands[0], exclude, subset).sum())
+    if first < 2 * ncols:
+        core = {k: v for k, v in spec.items() if k not in OPTIONAL_TERMS}
+        if first >= 2 * len(feature_names(core)):
+            spec, ncols = core, len(feature_names(core))
     sets = {}
     used = []
     for land in lands:
         rows = _fit_rows(land, exclude, subset)
-        if rows.sum() < 2 * land.X.shape[1]:
+        if rows.sum() < 2 * ncols:
             if land is lands[0]:
                 raise ShardError(f"held-out emulator: only {int(rows.sum())} measured shards at batch {land.batch} "
-                                 f"hold none of the {len(exclude)} excluded tables (need {2 * land.X.shape[1]})")
+                                 f"hold none of the {len(exclude)} excluded tables (need {2 * ncols})")
             # a smaller batch's set (the launch-bound floor) that cannot be refitted without the excluded
             # tables is left out: above its batch the largest set alone predicts (it binds for ~2% of shards)
             used.append(f"batch {land.batch}: left out ({int(rows.sum())} shards hold none of them)")
             continue
-        wf, wb = land.fit(rows)
+        wf, wb = land.fit(rows, ncols)
         sets[str(land.batch)] = {"shards": int(rows.sum()), "fw": [float(v) for v in wf], "bw": [float(v) for v in wb]}
         used.append(f"batch {land.batch}: {int(rows.sum())} of {len(rows)} shards")
+    if ncols < land.X.shape[1]:
+        used.append(f"core features only ({ncols})")
     params = dict(base)
+    params["spec"] = spec
+    params["features"] = feature_names(spec)
     params["sets"] = sets
     params["fitted_on"] = (f"{base.get('fitted_on', '?')} -- refitted without the shards holding {len(exclude)} "
                            f"held-out tables ({subset}: {'; '.join(used)})")

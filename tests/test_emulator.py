@@ -337,3 +337,27 @@ def test_accuracy_tool_reports_shard_classes():
     pu = land.kfold(land.X_unknown)
     assert not np.allclose(land.X_unknown, land.X)
     assert acc.mape(pred.sum(1), land.fw + land.bw) < acc.mape(pu.sum(1), land.fw + land.bw) <= 5.56 + MARGIN
+
+
+def test_heldout_fit_with_few_shards_keeps_the_core_features():
+    """A held-out fit whose largest set has fewer than two shards per weight of the full feature set
+    keeps the core features (a DLRM-100 task's tables less shardkit's dropped fifth leave 80 shards)."""
+    from shardcore import emulator as E
+    from shardcore.tasks import load_tasks
+
+    land = E.measured_landscapes("h200")[0]
+    core = {k: v for k, v in E.DEFAULT_SPEC.items() if k not in E.OPTIONAL_TERMS}
+    ncore, nfull = len(E.feature_names(core)), len(E.feature_names(E.DEFAULT_SPEC))
+    assert ncore < nfull == land.X.shape[1]
+    tasks = load_tasks(os.path.join(ROOT, "data/gpu_measurements/tasks/dlrm_tasks_100_test.txt"))
+    seen = set()
+    for t in tasks:
+        ex = frozenset(t.table_ids)
+        n = int(E._fit_rows(land, ex, "drop:0/5").sum())
+        m = E.heldout_model(ex, subset="drop:0/5")
+        k = len(m.params["features"])
+        assert k == (nfull if n >= 2 * nfull else ncore)
+        seen.add(k)
+        tables = [E.measured_landscapes("h200")[0].meas["tables"][0]]
+        assert float(E.predict_devices(m, [tables], 65536, lambda t: 0.5).sum()) > 0
+    assert seen == {ncore, nfull}   # both cases occur on the shipped tasks
