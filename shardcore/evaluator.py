@@ -693,9 +693,9 @@ class PlanEvaluator:
         elif self.comm_model is None:
             hosts = self.topology[0]
             comm = (f"measured ({'NCCL' if self.device_type == 'cuda' else 'gloo'} all-to-all"
-                    + (", lower quartile, scaled as compute" if self.device_type == "cpu" else "")
                     + (f" across {hosts} hosts" if hosts > 1 else "")
-                    + ": input ids and pooled outputs; data-parallel all-reduce)")
+                    + ": input ids and pooled outputs; data-parallel all-reduce"
+                    + ("; lower quartile, scaled as compute" if self.device_type == "cpu" else "") + ")")
         else:
             comm = self.comm_model.describe()
         return {"compute": compute, "comm": comm}
