@@ -169,11 +169,10 @@ def main(argv=None):
         print(report.plan_only_summary(results))
         print(type_counts_text(results))
     else:
-        with open_evaluator(args, args.data_dir, devices, ndevices) as ev:
+        oracle = open_evaluator(args, args.data_dir, devices, ndevices)
+        algorithms.attach_oracle(sharders.values(), oracle)   # checked before any worker starts
+        with oracle as ev:
             ev.start()
-            for sharder in sharders.values():   # planners that measure candidates (shardkit --shardkit-refine)
-                if hasattr(sharder, "attach_oracle"):
-                    sharder.attach_oracle(ev)
             print(f"oracle ready in {ev.startup_s:.1f} s: {ev.hardware} "
                   f"(batch {ev.batch_size}, {ev.optimizer}, {ev.precision}); compute {ev.parts['compute']}, "
                   f"communication {ev.parts['comm']}")

@@ -455,11 +455,9 @@ def main(argv=None):
             results = evaluate(task, positions, sharders, topology)
             hardware = None
         else:
+            algorithms.attach_oracle(sharders.values(), oracle)   # checked before any worker starts
             with oracle as ev:
                 ev.start()
-                for sharder in sharders.values():   # shardkit on the measured oracle calibrates on it
-                    if hasattr(sharder, "attach_oracle"):
-                        sharder.attach_oracle(ev)
                 results = evaluate(task, positions, sharders, topology, oracle=ev)
                 hardware, batch = ev.hardware, ev.batch_size
     if oracle is None and len(algs) == 1 and not results[0].feasible:

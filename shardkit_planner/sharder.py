@@ -127,8 +127,26 @@ class ShardkitSharder(Sharder):
     _start_sharders: dict = field(default_factory=dict, repr=False)
 
     def attach_oracle(self, oracle) -> None:
-        """The oracle whose measurements refine the choice (when ``refine_k > 0``)."""
+        """The oracle whose measurements refine the choice (when ``refine_k > 0``) and calibrate a model
+        of a machine that has none. Attached before the oracle's workers start
+        (:func:`shardcore.algorithms.attach_oracle`): the cost model is built here where it needs no
+        measuring, else what calibration needs is checked, so missing cost data stops the command
+        before anything is measured."""
         self.oracle = oracle
+        check = getattr(self.model_factory, "check", None)
+        if self.model is None and check is not None:
+            self.model = check(oracle)
+
+    def resolve_starts(self) -> None:
+        """Every start that is another planner or a checkpoint, resolved now (by :func:`load_sharder`):
+        a missing checkpoint stops the command before any worker starts. A start whose package is not
+        installed (TorchRec) is skipped per task, as before."""
+        for name in self.starts:
+            if name != "model_greedy" and name not in GREEDY_KEYS:
+                try:
+                    self._start_sharder(name)
+                except ImportError:
+                    pass
 
     @property
     def measures_candidates(self) -> bool:
@@ -289,6 +307,11 @@ def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> Cost
 
 def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwidth, comm_latency,
                    cache_path=None, exclude_task_files=None, calibrate_s: float = DEFAULT_CALIBRATE_S):
+    def calibrates(oracle) -> bool:
+        """Whether ``make(oracle)`` measures (calibration) rather than loads or fits a model."""
+        return (not model_path and not landscape.startswith("emulated") and not DEFAULT_CPU_MODEL.is_file()
+                and oracle is not None and calibrate_s > 0 and data_dir is not None)
+
     def make(oracle=None) -> CostModel:
         """``oracle``: the measured oracle attached (eval.py attaches it), which calibration measures on."""
         if model_path:
@@ -299,11 +322,20 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
             return emulated_model(data_dir or os.devnull, batch_size or 4096, comm, card=landscape.split(":", 1)[1])
         if DEFAULT_CPU_MODEL.is_file():
             return CostModel.load(DEFAULT_CPU_MODEL)
-        if oracle is not None and calibrate_s > 0 and data_dir is not None and getattr(oracle, "context", None):
+        if calibrates(oracle) and getattr(oracle, "context", None):
             from .calibrate import calibrated_model
 
             return calibrated_model(oracle, data_dir, exclude_task_files, calibrate_s)
         return fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files)
+
+    def check(oracle=None) -> CostModel | None:
+        """Before ``oracle``'s workers start: the model itself where it needs no measuring (or the
+        one-line error saying what is missing); None where it calibrates through the oracle's cache."""
+        if calibrates(oracle) and getattr(oracle, "cache", None) is not None:
+            return None
+        return make(oracle)
+
+    make.check = check
     return make
 
 
@@ -349,6 +381,8 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
     fit = emulator_fit or "heldout"
     if fit not in ("heldout", "full"):
         raise ShardError(f"shardkit: emulator fit must be heldout or full, got {emulator_fit!r}")
-    return ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
-                           refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit,
-                           robust=CONFIG.robust if shardkit_robust is None else bool(shardkit_robust))
+    sharder = ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
+                              refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit,
+                              robust=CONFIG.robust if shardkit_robust is None else bool(shardkit_robust))
+    sharder.resolve_starts()
+    return sharder
