@@ -18,6 +18,7 @@ is infeasible: :class:`InfeasibleError` is raised, never an overfilled device.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -53,15 +54,23 @@ def greedy_plan(tables: Sequence[TableConfig], ndevices: int, max_memory_gb: flo
     acc_key = [0.0] * ndevices
     acc_mem = [0.0] * ndevices
     alloc = [-1] * len(tables)
+    # one (key, memory, device) entry per device: the first with room is the device chosen, in
+    # O(log devices) per table while devices have room (100k tables stay fast)
+    heap = [(0.0, 0.0, d) for d in range(ndevices)]
     for i in order:
         need = tables[i].memory_gb(precision)
-        legal = [d for d in range(ndevices) if _has_room(acc_mem[d], need, max_memory_gb)]
-        if not legal:
+        full = []
+        while heap and not _has_room(heap[0][1], need, max_memory_gb):
+            full.append(heapq.heappop(heap))
+        if not heap:
             raise _no_room(tables[i], i, acc_mem, max_memory_gb, precision)
-        d = min(legal, key=lambda d: (acc_key[d], acc_mem[d], d))
+        d = heapq.heappop(heap)[2]
         alloc[i] = d
         acc_key[d] += keys[i]
         acc_mem[d] += need
+        heapq.heappush(heap, (acc_key[d], acc_mem[d], d))
+        for entry in full:
+            heapq.heappush(heap, entry)
     return Plan(tuple(alloc), ndevices)
 
 

@@ -245,6 +245,9 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
     return out
 
 
+CHUNK_PIECES = 20000   # candidates scored together hold about this many pieces per touched device, at most
+
+
 def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, max_rounds: int = 100000,
                  dp_max_gb: float = 0.05, types: Sequence[str] = ALL_TYPES, chunk: int = 64,
                  stats: SearchStats | None = None) -> State:
@@ -252,6 +255,9 @@ def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, m
     stats = stats or SearchStats()
     stats.accepted = stats.accepted or {}
     model = st.model
+    # a chunk's cost grows with the pieces per device: fewer candidates per chunk on large tasks, so
+    # the deadline is looked at every few hundredths of a second at 100k tables too
+    chunk = max(1, min(chunk, CHUNK_PIECES // max(1, len(st.tables) // st.n)))
     for _ in range(max_rounds):
         if time.perf_counter() > deadline:
             stats.stopped = "time budget"

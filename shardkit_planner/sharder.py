@@ -20,7 +20,7 @@ model, optionally let the oracle pick among the best candidates.
 from __future__ import annotations
 
 import dataclasses
-
+import heapq
 import os
 import time
 from dataclasses import dataclass, field
@@ -56,18 +56,24 @@ def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int,
     (summed standalone costs) among those with room; table-wise."""
     alone = model.shard_compute([[t] for t in tables])
     order = sorted(range(len(tables)), key=lambda i: (-alone[i], -tables[i].size, i))
-    load = np.zeros(ndevices)
-    mem = np.zeros(ndevices)
+    load = [0.0] * ndevices
+    mem = [0.0] * ndevices
     alloc = [0] * len(tables)
+    heap = [(0.0, d) for d in range(ndevices)]   # (load, device): the first with room is chosen
     for i in order:
         need = tables[i].memory_gb(precision)
-        room = np.nonzero(mem + need <= max_memory_gb + 1e-12)[0]
-        if len(room) == 0:
+        full = []
+        while heap and mem[heap[0][1]] + need > max_memory_gb + 1e-12:
+            full.append(heapq.heappop(heap))
+        if not heap:
             raise InfeasibleError(f"infeasible: table {tables[i].index} (task position {i}) fits on no device")
-        d = int(room[np.argmin(load[room])])
+        d = heapq.heappop(heap)[1]
         alloc[i] = d
-        load[d] += alone[i]
+        load[d] += float(alone[i])
         mem[d] += need
+        heapq.heappush(heap, (load[d], d))
+        for entry in full:
+            heapq.heappush(heap, entry)
     return Plan.from_shardings(tables, [table_wise(d) for d in alloc], ndevices)
 
 
@@ -78,7 +84,9 @@ class ShardkitConfig(Config):
     ``refine`` only where plans are measured)."""
 
     time: float = param(DEFAULT_TIME_BUDGET_S, "shardkit's planning time budget per task in seconds (default "
-                        "{default}; measured refinement's rounds each search this long again)", type=positive_float,
+                        "{default}): its starts, their evaluation, the search and the choice, once the task's model "
+                        "is fitted; the first start that places the task is always made (at 100k tables about 4 s); "
+                        "measured refinement's rounds each search this long again", type=positive_float,
                         metavar="S", cli_default=None)
     model: str | None = param(None, "shardkit's cost model file (default: models/shardkit/cpu_cost_model.json for the "
                               "measured oracle, the emulator's own for emulated:h200)", type=str, metavar="JSON")
@@ -189,16 +197,20 @@ class ShardkitSharder(Sharder):
             self._start_sharders[name] = algorithms.resolve(name, **self.start_kwargs)
         return self._start_sharders[name]
 
-    def start_plans(self, tables, ndevices, max_memory_gb, precision, model: CostModel | None = None
-                    ) -> list[tuple[str, Plan]]:
+    def start_plans(self, tables, ndevices, max_memory_gb, precision, model: CostModel | None = None,
+                    deadline: float | None = None) -> list[tuple[str, Plan]]:
+        """The starts that place the task, in ``starts`` order; after ``deadline`` (``time.perf_counter``)
+        only until the first one is found."""
         model = model or self.cost_model()
         out, why = [], {}
         # a last resort where no start of the list places the task: TorchRec's planner splits a table
         # too large for one device by rows, which the greedy starts cannot
         fallback = () if "torchrec" in self.starts else ("torchrec",)
+        last = 0.0   # the previous start took this long; after the first, another is made only if it fits
         for name in tuple(self.starts) + fallback:
-            if name in fallback and out:
+            if (name in fallback or (deadline is not None and time.perf_counter() + last > deadline)) and out:
                 break
+            t0 = time.perf_counter()
             try:
                 if name == "model_greedy":
                     plan = model_greedy(model, tables, ndevices, max_memory_gb, precision)
@@ -213,6 +225,7 @@ class ShardkitSharder(Sharder):
                 out.append((name, plan))
             else:
                 why[name] = "its plan exceeds the memory cap"
+            last = time.perf_counter() - t0
         if not out:
             reasons = "; ".join(f"{n}: {w}" for n, w in why.items())
             raise InfeasibleError(f"infeasible: none of shardkit's starts ({', '.join(self.starts)}"
@@ -223,17 +236,27 @@ class ShardkitSharder(Sharder):
     def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
         tables = list(tables)
         model = self.task_model(tables)
-        deadline = time.perf_counter() + self.time_budget_s    # the budget is the search's: a fit is not
-        starts = self.start_plans(tables, ndevices, max_memory_gb, precision, model)
+        # the budget covers everything after the task's model is fitted: the starts, their evaluation,
+        # the search and the choice; only the first start that places the task is always made (no
+        # answer without one), so at 100k tables a tiny budget costs that one start's O(tables) time
+        deadline = time.perf_counter() + self.time_budget_s
+        starts = self.start_plans(tables, ndevices, max_memory_gb, precision, model, deadline=deadline)
         states = []
+        one = 0.0   # the first start's evaluation took this long; another is begun only if it fits
         for name, plan in starts:
+            if states and time.perf_counter() + one > deadline:
+                break
+            t1 = time.perf_counter()
             st = State(model, tables, plan.table_shardings(tables), ndevices, max_memory_gb, precision)
-            states.append((st.score, name, st))
+            states.append((st.score, name, st, plan))
+            if len(states) == 1:   # the choice after the search costs about one evaluation: kept free
+                one = time.perf_counter() - t1
+                deadline -= one
         states.sort(key=lambda x: x[0])
-        pool: list[tuple[tuple, str, Plan]] = [(score, name, st.plan()) for score, name, st in states]
+        pool: list[tuple[tuple, str, Plan]] = [(score, name, plan) for score, name, _, plan in states]
         stats = SearchStats(accepted={})
         searched = []
-        for score, name, st in states:
+        for score, name, st, _ in states:
             if searched and time.perf_counter() > deadline:
                 break
             local_search(st, deadline, types=self.types, stats=stats)
@@ -241,7 +264,7 @@ class ShardkitSharder(Sharder):
             pool.append((st.score, f"{name}+search", st.plan()))
         pool.sort(key=lambda x: x[0])
         distinct, seen = [], set()
-        for score, name, plan in pool:
+        for score, name, plan in (pool if self.refine_k > 0 else pool[:1]):   # refinement measures distinct ones
             key = tuple((s.type, s.devices, s.dims) for s in plan.table_shardings(tables))
             if key not in seen:
                 seen.add(key)

@@ -86,3 +86,53 @@ def test_missing_start_checkpoint_stops_before_real_workers(base, tmp_path):
     assert "checkpoint not found" in proc.stderr and "oracle ready" not in proc.stdout
     assert "measuring" not in proc.stdout
     assert time.perf_counter() - t0 < 60     # imports included; no worker was spawned
+
+
+# -- class 2: shardkit's time budget at 100k tables (what it covers; the O(tables) parts stay exact) -------
+def _tables(n, seed=0):
+    import random
+
+    from shardcore.tables import TableConfig
+
+    rng = random.Random(seed)
+    return [TableConfig(i, rng.choice([10, 1000, 10 ** 5, 10 ** 6]), rng.choice([4, 8, 16, 64]),
+                        rng.choice([1.0, 2.5, 10.0])) for i in range(n)]
+
+
+@pytest.mark.parametrize("cap", [0.05, 0.2, 10.0])   # tight caps: devices fill, the heap skips them
+def test_greedy_in_log_devices_chooses_as_before(cap):
+    from shardcore.baselines import GREEDY_KEYS, _has_room, greedy_plan
+    from shardcore.errors import InfeasibleError
+
+    tables, n = _tables(300), 7
+    for key in GREEDY_KEYS.values():
+        keys = [float(key(t)) for t in tables]
+        order = sorted(range(len(tables)), key=lambda i: (keys[i], tables[i].size, tables[i].index, i), reverse=True)
+        acc_key, acc_mem, want = [0.0] * n, [0.0] * n, [-1] * len(tables)
+        try:
+            for i in order:    # the definition: the smallest (key, memory, device) among devices with room
+                need = tables[i].memory_gb("fp16")
+                legal = [d for d in range(n) if _has_room(acc_mem[d], need, cap)]
+                if not legal:
+                    raise InfeasibleError("no room")
+                d = min(legal, key=lambda d: (acc_key[d], acc_mem[d], d))
+                want[i] = d
+                acc_key[d] += keys[i]
+                acc_mem[d] += need
+        except InfeasibleError:
+            with pytest.raises(InfeasibleError):
+                greedy_plan(tables, n, cap, key)
+            continue
+        assert list(greedy_plan(tables, n, cap, key).allocation) == want
+
+
+def test_past_the_deadline_one_start_is_made():
+    from shardcore import algorithms
+
+    tables = _tables(40)
+    sk = algorithms.resolve("shardkit", oracle="emulated:h200", shardkit_time=0.01)
+    model = sk.task_model(tables)
+    assert [n for n, _ in sk.start_plans(tables, 4, 10.0, "fp16", model, deadline=0.0)] == ["model_greedy"]
+    assert len(sk.start_plans(tables, 4, 10.0, "fp16", model)) == 5
+    sk.shard(tables, 4, 10.0)
+    assert sk.last_info["shardkit_stopped"] == "time budget" and sk.last_info["shardkit_searched"]
