@@ -35,9 +35,12 @@ def train(args) -> None:
     dims, delays, fw, bw, setting = load_comm_data(args.data_dir)
     dims, delays, fw, bw = first_samples(args.num_samples, dims, delays, fw, bw)
     print(f"{len(dims)} all-to-all samples from {args.data_dir}")
+    fitted = []   # both fitted before either is written: a refused model leaves both files as they were
     for kind, targets, path in (("fw_comm", fw, args.fw_out_path), ("bw_comm", bw, args.bw_out_path)):
         with tqdm(total=cfg.epochs, desc=kind, unit="epoch", disable=args.quiet, dynamic_ncols=True) as bar:
-            model, res = fit_comm_model(kind, dims, targets, delays, cfg, setting=setting, progress=bar)
+            fitted.append((kind, path, *fit_comm_model(kind, dims, targets, delays, cfg, setting=setting,
+                                                       progress=bar)))
+    for kind, path, model, res in fitted:
         save_model(model, path)
         what = "forward" if kind == "fw_comm" else "backward"
         print(f"{what}: best epoch {res.best_epoch} (validation MAPE {res.val_mape:.2f}%), "

@@ -507,6 +507,10 @@ def _train_loop(net: nn.Module, cfg: ModelConfig, train: tuple[torch.Tensor, ...
         raise ShardError(f"training diverged: no epoch has finite weights and a finite validation MAPE (last "
                          f"{last:.2f}%, {untrained:.2f}% untrained); nothing saved: check the cost data, or lower "
                          "--lr")
+    if math.isfinite(untrained) and not best[0] < untrained:
+        raise ShardError(f"training did not beat the untrained model on its own validation data (best validation "
+                         f"MAPE {best[0]:.2f}% vs {untrained:.2f}% untrained); nothing saved: check the cost data, "
+                         "or raise --epochs / lower --lr")
     net.load_state_dict(best[2])
     net.eval()
     return best[1], best[0], history

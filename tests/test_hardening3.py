@@ -136,3 +136,76 @@ def test_past_the_deadline_one_start_is_made():
     assert len(sk.start_plans(tables, 4, 10.0, "fp16", model)) == 5
     sk.shard(tables, 4, 10.0)
     assert sk.last_info["shardkit_stopped"] == "time budget" and sk.last_info["shardkit_searched"]
+
+
+# -- class 4: --resume refuses a checkpoint of another setting (DreamShard; AutoShard in round two) --------
+DS_TINY = ["--max-memory", 5, "--bench-steps", 2, "--bench-training-steps", 2, "--rl-num-batches", 1,
+           "--rl-batch-size", 2]
+
+
+def test_dreamshard_resume_refuses_other_settings(base, tmp_path, capsys, no_workers):
+    out = tmp_path / "ds_out"
+    common = ["--task-path", base / "tasks.txt", "--out-dir", out, *DS_TINY]
+    first = [*common, "--data-dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "emulated:h200",
+             "--num-iterations", 1]
+    code, _, err = run_script("train_dreamshard.py", first, capsys)
+    assert code == 0, err[-2000:]
+    saved = (out / "0.pt").read_bytes()
+    other = tmp_path / "other"
+    make_dataset(other, num_tables=12, batch_size=8, seed=7)
+    again = [*common, "--resume", "--num-iterations", 2]
+    for change, pattern in [
+            (["--data-dir", base / "ds", "--gpu-devices", "0,1,2", "--oracle", "emulated:h200"], r"device count 2"),
+            (["--data-dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "emulated:h200",
+              "--bench-batch-size", 4], r"batch size 8, this run has 4"),
+            (["--data-dir", other, "--gpu-devices", "0,1", "--oracle", "emulated:h200"], r"dataset"),
+            (["--data-dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "measured",     # no worker starts
+              "--cache-path", tmp_path / "c.sqlite"], r"oracle \(hardware\) 'emulated")]:
+        code, out_text, err = run_script("train_dreamshard.py", [*again, *change], capsys)
+        one_line_error(code, err, r"^error: --resume: the checkpoint was trained with " + pattern)
+        assert (out / "0.pt").read_bytes() == saved and not (out / "1.pt").exists()
+    code, _, err = run_script("train_dreamshard.py", [*again, "--data-dir", base / "ds", "--gpu-devices", "0,1",
+                                                       "--oracle", "emulated:h200"], capsys)
+    assert code == 0, err[-2000:]          # the same setting resumes
+    assert (out / "1.pt").is_file()
+
+
+# -- class 3: a trained cost model is kept only if it beats its untrained self -----------------------------
+def test_cost_model_kept_only_if_it_beats_untrained():
+    from neuroshard.config import compute_model_config
+    from neuroshard.models import _train_loop
+
+    net = torch.nn.Linear(2, 1)
+    scores = iter([10.0] + [20.0] * 5)     # untrained 10% validation MAPE, every epoch worse
+    x = torch.ones(4, 2)
+    with pytest.raises(ShardError, match=r"did not beat the untrained model .*20.00% vs 10.00% untrained.*"
+                                         r"nothing saved"):
+        _train_loop(net, compute_model_config(epochs=3), (x, torch.ones(4, 1)), predict=lambda b: net(b[0]).abs(),
+                    target=lambda b: b[1], weight=lambda b: torch.ones_like(b[1]), val_score=lambda: next(scores),
+                    epochs=3)
+
+
+@pytest.mark.parametrize("rel", ["train_compute_cost_model.py", "train_comm_cost_model.py"])
+def test_untrained_as_good_leaves_the_files(rel, tmp_path, capsys, monkeypatch):
+    """Training that changes nothing (the optimiser's steps are no-ops) never replaces a model file."""
+    from test_hardening2 import compute_csv, good_rows
+
+    monkeypatch.setattr(torch.optim.Adam, "step", lambda self, closure=None: None)
+    old_a, old_b = tmp_path / "a.pt", tmp_path / "b.pt"
+    for p in (old_a, old_b):
+        torch.save({"old": 1}, p)
+    before = old_a.read_bytes(), old_b.read_bytes()
+    if rel == "train_compute_cost_model.py":
+        data = tmp_path / "data"
+        data.mkdir()
+        compute_csv(data / "compute_costs.csv", good_rows(12))
+        argv = ["--data_dir", data, "--out_path", old_a, "--epochs", 2, "--quiet"]
+    else:
+        from test_hardening import script
+        from test_neuroshard_helpers import comm_data
+
+        monkeypatch.setattr(script(rel), "load_comm_data", lambda _: (*comm_data(30), {}))
+        argv = ["--data_dir", tmp_path, "--fw_out_path", old_a, "--bw_out_path", old_b, "--epochs", 2, "--quiet"]
+    code, _, err = run_script(rel, argv, capsys)
+    one_line_error(code, err, r"training did not beat the untrained model on its own validation data")
+    assert (old_a.read_bytes(), old_b.read_bytes()) == before

@@ -15,7 +15,7 @@ from tests.helpers import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--stages", "neuroshard", "--ns-compute-samples", "12", "--ns-comm-samples", "6", "--ns-max-tables", "4",
-        "--ns-epochs", "2", "--ns-comm-epochs", "2"]
+        "--ns-epochs", "30", "--ns-comm-epochs", "30"]
 
 
 @pytest.fixture(scope="module")
