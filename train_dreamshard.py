@@ -71,9 +71,11 @@ def main(argv=None):
     cfg = model.cfg if model is not None else config_from_args(DreamShardConfig, args)
     print(f"DreamShard: {len(tasks)} training tasks, {ndevices} devices, cap {args.max_memory:g} GB, "
           f"{args.num_iterations} iterations -> {args.out_dir}/")
-    with open_evaluator(args, args.data_dir, devices) as ev:
-        trainer = DreamShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev,
-                                    args.out_dir, precision=args.weights_precision, model=model, log=tqdm.write)
+    ev = open_evaluator(args, args.data_dir, devices)
+    # built before the oracle's workers start: a --resume in another setting is refused first
+    trainer = DreamShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev,
+                                args.out_dir, precision=args.weights_precision, model=model, log=tqdm.write)
+    with ev:
         start = trainer.model.iteration + 1
         with tqdm(total=args.num_iterations, initial=start, desc="iterations", unit="it") as bar:
             trainer.run(args.num_iterations, progress=bar)

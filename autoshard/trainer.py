@@ -40,6 +40,7 @@ import torch.multiprocessing as tmp
 from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.evaluator import set_parent_death_signal
+from shardcore.oracles import check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, PlanResult
@@ -330,33 +331,14 @@ class AutoShardTrainer:
 
     def _provenance(self) -> dict:
         """What this training's measurements depend on: a resumed run must match it."""
-        out = {"ndevices": self.ndevices, "max_memory_gb": self.cap, "precision": self.precision,
-               "hardware": str(getattr(self.oracle, "hardware", ""))}
-        try:
-            ctx = getattr(self.oracle, "context", None)
-        except Exception:  # noqa: BLE001 - an oracle without a cache setting
-            ctx = None
-        if ctx is not None:
-            out.update(hardware=ctx.hardware, dataset=ctx.dataset, batch_size=int(ctx.batch_size),
-                       optimizer=ctx.optimizer)
-        return out
+        return training_provenance(self.oracle, self.ndevices, self.cap, self.precision)
 
     def _check_resume(self, extra: dict) -> None:
-        """``--resume`` continues only the training it saved: another oracle, device count, cap,
-        dataset or batch would mix measurements of different hardware in one cost model."""
         stored = dict(extra.get("provenance") or {})
         for key in ("ndevices", "max_memory_gb"):   # checkpoints written before provenance
             if key in extra:
                 stored.setdefault(key, extra[key])
-        now = self._provenance()
-        names = {"ndevices": "device count", "max_memory_gb": "memory cap (GB)", "precision": "weights precision",
-                 "hardware": "oracle (hardware)", "dataset": "dataset", "batch_size": "batch size",
-                 "optimizer": "optimizer"}
-        for key, label in names.items():
-            if key in stored and key in now and stored[key] != now[key]:
-                raise ShardError(f"--resume: the checkpoint was trained with {label} {stored[key]!r}, this run has "
-                                 f"{now[key]!r}: measurements of different settings would be mixed; train anew "
-                                 "with another --xpid")
+        check_resume(stored, self._provenance(), "with another --xpid")
 
     # -- cost model --------------------------------------------------------------------------
     def _on_measured(self, shards: list[list[TableConfig]], device_costs) -> None:

@@ -25,6 +25,7 @@ from torch.distributions import Categorical
 
 from shardcore import io
 from shardcore.errors import ShardError
+from shardcore.oracles import check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
 from shardcore.types import CostOracle
@@ -70,6 +71,8 @@ class DreamShardTrainer:
         self.model = model
         self.features = [model.features(ts) for ts in self.task_tables]
         self.mem = [torch.tensor([t.memory_gb(precision) for t in ts], dtype=torch.float64) for ts in self.task_tables]
+        if model.extra:   # a resumed training continues only in the setting it measured in
+            check_resume(model.extra.get("provenance") or {}, self._provenance(), "in another --out-dir")
         self.buffer = [Measured(**m) for m in model.extra.get("buffer", [])]
         self.rng = random.Random(cfg.seed + model.iteration + 1)
         self.gen = torch.Generator().manual_seed(cfg.seed + model.iteration + 1)
@@ -77,6 +80,10 @@ class DreamShardTrainer:
         self.cost_opt = torch.optim.Adam(model.cost_net.parameters(), lr=cfg.cost_lr)
         lr = cfg.rl_lr * cfg.lr_decay ** (model.iteration + 1)
         self.policy_opt = torch.optim.Adam(model.policy.parameters(), lr=lr)
+
+    def _provenance(self) -> dict:
+        """What this training's measurements depend on: a resumed run must match it."""
+        return training_provenance(self.oracle, self.ndevices, self.cap, self.precision)
 
     # -- 1. measure plans sampled by the policy -------------------------------------------------
     def collect(self) -> list[Measured]:
@@ -187,7 +194,8 @@ class DreamShardTrainer:
             loss, mape = self.fit_cost_net()
             reward = self.train_policy()
             self.model.iteration = it
-            self.model.extra = {"buffer": [vars(e) for e in self.buffer], "tasks": [t.to_line() for t in self.tasks]}
+            self.model.extra = {"buffer": [vars(e) for e in self.buffer], "tasks": [t.to_line() for t in self.tasks],
+                                "provenance": self._provenance()}
             self.model.save(self.out_dir / f"{it}.pt")
             row = {"iteration": it, "measured_cost_ms": round(measured, 4), "cost_loss": round(loss, 6),
                    "cost_mape": round(mape, 4), "rl_reward_ms": round(reward, 4), "buffer": len(self.buffer),

@@ -104,6 +104,37 @@ def _length_cv(data_dir: str, batch_size: int) -> list[float] | None:
     return out
 
 
+RESUME_LABELS = {"ndevices": "device count", "max_memory_gb": "memory cap (GB)", "precision": "weights precision",
+                 "hardware": "oracle (hardware)", "dataset": "dataset", "batch_size": "batch size",
+                 "optimizer": "optimizer"}
+
+
+def training_provenance(oracle, ndevices: int, max_memory_gb: float, precision: str) -> dict:
+    """What a training's measurements depend on (kept in its checkpoint): the devices, cap and
+    precision, the oracle's hardware and, where it has a cache setting, the dataset, batch and
+    optimizer. A resumed training must match it (:func:`check_resume`)."""
+    out = {"ndevices": int(ndevices), "max_memory_gb": float(max_memory_gb), "precision": precision,
+           "hardware": str(getattr(oracle, "hardware", ""))}
+    try:
+        ctx = getattr(oracle, "context", None)
+    except Exception:  # noqa: BLE001 - an oracle without a cache setting
+        ctx = None
+    if ctx is not None:
+        out.update(hardware=ctx.hardware, dataset=ctx.dataset, batch_size=int(ctx.batch_size),
+                   optimizer=ctx.optimizer)
+    return out
+
+
+def check_resume(stored: dict, now: dict, anew: str) -> None:
+    """``--resume`` continues only the training it saved: another oracle, device count, cap, dataset
+    or batch would mix measurements of different settings in one model. ``anew``: how to start a
+    separate training instead (e.g. ``"with another --xpid"``)."""
+    for key, label in RESUME_LABELS.items():
+        if key in stored and key in now and stored[key] != now[key]:
+            raise ShardError(f"--resume: the checkpoint was trained with {label} {stored[key]!r}, this run has "
+                             f"{now[key]!r}: measurements of different settings would be mixed; train anew {anew}")
+
+
 def open_oracle(data_dir: str | os.PathLike, ndevices: int | None = None, *, oracle: str = MEASURED,
                 device_ids: Sequence[int] | None = None, batch_size: int | None = None,
                 optimizer: str = "exact_sgd", precision: str = "fp16", comm_model: CommModel | None = None,
