@@ -209,3 +209,26 @@ def test_untrained_as_good_leaves_the_files(rel, tmp_path, capsys, monkeypatch):
     code, _, err = run_script(rel, argv, capsys)
     one_line_error(code, err, r"training did not beat the untrained model on its own validation data")
     assert (old_a.read_bytes(), old_b.read_bytes()) == before
+
+
+# -- class 5: provenance: a prediction is never read as a measurement -------------------------------------
+def test_predictions_fed_back_are_refused(tmp_path, capsys):
+    """tools/predict_shard_costs.py marks what it wrote ("predicted", "oracle"); the one reader of shard
+    lines (shardcore.emulator.read_shard_lines: the emulator's fit, its accuracy tool, this tool) refuses it."""
+    from shardcore.dataset import load_table_configs
+    from shardcore.emulator import MEASUREMENTS_DIR
+
+    configs = Path(MEASUREMENTS_DIR) / "dlrm_b65536" / "table_configs.json"
+    if not configs.is_file():
+        pytest.skip("no shipped GPU measurements")
+    dim = load_table_configs(configs)[0].dim
+    src = tmp_path / "shards.jsonl"
+    src.write_text(f'{{"tables": [[0, {dim}]], "fw_ms": 1.0, "bw_ms": 2.0}}\n')
+    pred = tmp_path / "pred.jsonl"
+    code, _, err = run_script("tools/predict_shard_costs.py", ["--shards", src, "--out", pred], capsys)
+    assert code == 0, err
+    before = pred.read_bytes()
+    code, _, err = run_script("tools/predict_shard_costs.py", ["--shards", pred, "--out", tmp_path / "again.jsonl"],
+                              capsys)
+    one_line_error(code, err, r"pred\.jsonl:1: holds predictions \(by emulated:h200")
+    assert pred.read_bytes() == before and not (tmp_path / "again.jsonl").exists()
