@@ -203,10 +203,13 @@ def measure_set(cfg: ExperimentConfig, ts: TaskSetDef, tasks, dataset_tables, sh
     with set_oracle(cfg, ts.ndevices) as ev:
         print(f"{ts.name}: {len(tasks)} tasks x {len(sharders)} algorithms; workers up in "
               f"{ev.startup_s:.1f} s on {ev.device_type} (batch {ev.batch_size})")
-        for sharder in sharders.values():   # a planner that measures (shardkit calibrating) uses this session
+        for alg, sharder in sharders.items():   # a planner that measures (shardkit calibrating) uses this session
             inner = getattr(sharder, "inner", sharder)
             if hasattr(inner, "attach_oracle"):
-                inner.attach_oracle(ev)
+                try:
+                    inner.attach_oracle(ev)
+                except ShardError as exc:   # it then fails task by task, like any planner that cannot plan
+                    print(f"{ts.name}: {alg}: {exc}")
         def on_result(result: TaskResult, task):
             if result.measured is not None:
                 result.extra["from_cache"] = bool(result.measured.from_cache)

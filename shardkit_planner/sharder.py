@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
 from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
 from shardcore.cli import name_list, nonnegative_float, nonnegative_int, positive_float
 from shardcore.config import Config, param
