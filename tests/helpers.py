@@ -75,3 +75,12 @@ def require_torchrec() -> None:
             pytest.fail(f"{reason}, and SHARDKIT_REQUIRE_TORCHREC=1 (make test) requires it. {INSTALL_HINT}",
                         pytrace=False)
         pytest.skip(f"{reason}; make test, which installs it, would fail here", allow_module_level=True)
+
+
+def small_base(tmp_path_factory, name: str):
+    """A folder with a 12-table dataset (batch 8) in ``ds/`` and two tasks in ``tasks.txt``: the
+    attack suites' shared ground."""
+    d = tmp_path_factory.mktemp(name)
+    make_dataset(d / "ds", num_tables=12, batch_size=8)
+    (d / "tasks.txt").write_text("0,1,2,3\n4,5,6\n")
+    return d

@@ -8,19 +8,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import sqlite3
 
-import numpy as np
 import pytest
 import torch
 
-from shardcore import cli, io
+from shardcore import io
 from shardcore.cache import CostCache
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.types import PlanResult
 
-from helpers import make_dataset
+from helpers import small_base
 from test_hardening import copy_ds, run_script
 
 SEED_SCRIPTS = ["eval.py", "plan.py", "eval_simulator.py", "train_neuroshard.py", "train_compute_cost_model.py",
@@ -30,10 +28,7 @@ SEED_SCRIPTS = ["eval.py", "plan.py", "eval_simulator.py", "train_neuroshard.py"
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hardening2")
-    make_dataset(d / "ds", num_tables=12, batch_size=8)
-    (d / "tasks.txt").write_text("0,1,2,3\n4,5,6\n")
-    return d
+    return small_base(tmp_path_factory, "hardening2")
 
 
 def one_line_error(code, err, pattern):

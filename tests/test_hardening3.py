@@ -17,7 +17,7 @@ import torch
 
 from shardcore.errors import ShardError
 
-from helpers import make_dataset
+from helpers import make_dataset, small_base
 from test_hardening import run_script
 from test_hardening2 import one_line_error
 
@@ -26,10 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hardening3")
-    make_dataset(d / "ds", num_tables=12, batch_size=8)
-    (d / "tasks.txt").write_text("0,1,2,3\n4,5,6\n")
-    return d
+    return small_base(tmp_path_factory, "hardening3")
 
 
 def measured(base, *extra):
