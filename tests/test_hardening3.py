@@ -182,12 +182,36 @@ def test_cost_model_kept_only_if_it_beats_untrained():
                     epochs=3)
 
 
+def test_a_handful_of_validation_samples_is_not_judged():
+    """On fewer validation samples than MIN_JUDGED_VALIDATION the untrained and the trained scores are
+    within each other's noise: the best epoch is kept, not refused."""
+    from neuroshard.config import compute_model_config
+    from neuroshard.models import MIN_JUDGED_VALIDATION, _train_loop
+
+    net = torch.nn.Linear(2, 1)
+    x = torch.ones(4, 2)
+    scores = iter([10.0] + [10.5] * 3)
+    best_epoch, best_val, _ = _train_loop(
+        net, compute_model_config(epochs=3), (x, torch.ones(4, 1)), predict=lambda b: net(b[0]).abs(),
+        target=lambda b: b[1], weight=lambda b: torch.ones_like(b[1]), val_score=lambda: next(scores), epochs=3,
+        val_count=MIN_JUDGED_VALIDATION - 1)
+    assert best_epoch == 0 and best_val == 10.5
+    scores = iter([10.0] + [10.5] * 3)
+    with pytest.raises(ShardError, match="did not beat the untrained model"):
+        _train_loop(net, compute_model_config(epochs=3), (x, torch.ones(4, 1)), predict=lambda b: net(b[0]).abs(),
+                    target=lambda b: b[1], weight=lambda b: torch.ones_like(b[1]), val_score=lambda: next(scores),
+                    epochs=3, val_count=MIN_JUDGED_VALIDATION)
+
+
 @pytest.mark.parametrize("rel", ["train_compute_cost_model.py", "train_comm_cost_model.py"])
 def test_untrained_as_good_leaves_the_files(rel, tmp_path, capsys, monkeypatch):
     """Training that changes nothing (the optimiser's steps are no-ops) never replaces a model file."""
     from test_hardening2 import compute_csv, good_rows
 
+    import neuroshard.models
+
     monkeypatch.setattr(torch.optim.Adam, "step", lambda self, closure=None: None)
+    monkeypatch.setattr(neuroshard.models, "MIN_JUDGED_VALIDATION", 1)   # the tiny data's few validation rows
     old_a, old_b = tmp_path / "a.pt", tmp_path / "b.pt"
     for p in (old_a, old_b):
         torch.save({"old": 1}, p)

@@ -46,9 +46,9 @@ def test_collect_train_search_measure(tmp_path, capsys):
         dims, delays, fw, bw, _ = load_comm_data(comm_dir)
         assert len(dims) == 12 and all(len(d) == 2 for d in dims) and all((f > 0).all() for f in fw)
 
-        train_compute_cost_model.main(["--data_dir", str(compute_dir), "--epochs", "8", "--out_path",
+        train_compute_cost_model.main(["--data_dir", str(compute_dir), "--epochs", "40", "--out_path",
                                        str(models / "compute.pt"), "--quiet"])
-        train_comm_cost_model.main(["--data_dir", str(comm_dir), "--epochs", "8", "--fw_out_path",
+        train_comm_cost_model.main(["--data_dir", str(comm_dir), "--epochs", "40", "--fw_out_path",
                                     str(models / "fw_comm.pt"), "--bw_out_path", str(models / "bw_comm.pt"), "--quiet"])
         out = capsys.readouterr().out
         assert "held-out test MAPE" in out and out.count("held-out test MAPE") == 3
