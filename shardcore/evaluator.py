@@ -1124,7 +1124,8 @@ class PlanEvaluator:
                 times = _model_extra(model, times, layout, self.precision)
             return times, splits
         delays = [float(x) for x in delays_ms] if delays_ms is not None else None
-        return self._measure_comm_workers(dims, delays, layout)
+        # start delays are wall-clock waits for a late peer, not work at the machine's speed: not scaled
+        return self._measure_comm_workers(dims, delays, layout, 1.0 if delays is not None else None)
 
     def calibrate_comm(self) -> CommModel:
         """The communication model of an oversubscribed evaluator: with two or more workers, fitted
