@@ -299,8 +299,8 @@ def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> Cost
     the cache); tables of ``exclude_task_files`` are left out of the fit."""
     from shardcore.cache import CostCache, hardware_fingerprint
     from shardcore.dataset import load_dataset
-    from shardcore.tasks import load_tasks
 
+    from .calibrate import excluded_tables
     from .costmodel import fit_cost_model
 
     path = cache_path or ROOT / "data" / "cost_cache.sqlite"
@@ -311,11 +311,7 @@ def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> Cost
                          "measures what it needs (--shardkit-calibrate S), or give --shardkit-model, or plan for "
                          "--oracle emulated:h200")
     ds = load_dataset(data_dir)
-    exclude: set[int] = set()
-    for f in exclude_task_files or ():
-        if Path(f).is_file():
-            for task in load_tasks(f, num_tables=ds.num_tables):
-                exclude.update(task.table_ids)
+    exclude = excluded_tables(exclude_task_files, ds.num_tables)
     with CostCache(path) as cache:
         try:
             return fit_cost_model(cache, ds, int(batch_size or ds.batch_size), hardware=hardware_fingerprint(),
