@@ -27,7 +27,7 @@ from .config import ExperimentConfig, TaskSetDef, label, order_algs
 
 CSV_FIELDS = ["task_set", "set_tables", "ndevices", "max_memory_gb", "task", "alg", "label", "status",
               "feasible", "cost_ms", "imbalance", "planning_ms", "from_cache", "checkpoint",
-              "device_totals_ms", "device_costs_ms", "memory_gb", "allocation", "splits", "error"]
+              "device_totals_ms", "device_costs_ms", "memory_gb", "allocation", "splits", "shardings", "error"]
 
 
 @dataclass
@@ -58,6 +58,8 @@ def result_row(ts: TaskSetDef, r: TaskResult, checkpoint: str | None) -> dict:
         "device_totals_ms": js([round(sum(c), 4) for c in r.device_costs_ms] if r.device_costs_ms else None),
         "device_costs_ms": js([[round(x, 4) for x in c] for c in r.device_costs_ms] if r.device_costs_ms else None),
         "memory_gb": js(r.memory_gb), "allocation": js(r.allocation), "splits": js(r.splits),
+        # a general plan (row-wise, data-parallel or uneven column pieces): its per-table shardings
+        "shardings": js(r.shardings),
         "error": r.error or "",
     }
 

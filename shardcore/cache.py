@@ -136,6 +136,14 @@ def hardware_fingerprint(device_name: str | None = None, num_threads: int = 1) -
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
+def is_cpu_hardware(hardware: str) -> bool:
+    """Whether a :func:`hardware_fingerprint` names a CPU (its device starts with ``cpu:``)."""
+    try:
+        return str(json.loads(hardware).get("device", "")).startswith("cpu:")
+    except (ValueError, AttributeError):
+        return False
+
+
 _SAMPLE_ELEMS = 1024
 
 

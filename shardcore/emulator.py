@@ -107,12 +107,35 @@ DEFAULT_SPEC = {
 }
 
 
+# The CPU feature family (``"family": "cpu"``), for a model fitted on a CPU's measurements (shardkit's
+# measured-landscape model, :func:`shardkit_planner.costmodel.fit_cost_model`). FBGEMM's CPU kernels
+# read each looked-up row whole, one row after another, so a lookup costs in proportion to the row's
+# bytes: every per-lookup term is ``L x dim`` (on this project's 2-core CPU a table of 2.9M rows costs
+# 62.9 ms at dim 16 and 32.8 at dim 8). The GPU family's per-lookup terms that ignore the dim (the cost
+# surface, the size classes, the sort) priced a column piece of half the dim at 76% of the whole
+# table there (held-out: column pieces +15% biased, MAPE 21%; with this family +2%, 12%).
+CPU_SPEC = {
+    "family": "cpu",
+    # L x dim x hats of log10 bytes of the whole table (the caches and the TLB: a row of a small
+    # table stays cached, one of a large table is a miss)
+    "footprint_knots": [4.0, 5.0, 6.0, 7.0, 8.0],
+    "cv_prior": DEFAULT_SPEC["cv_prior"],
+}
+
+
+def _is_cpu(spec: Mapping) -> bool:
+    return spec.get("family") == "cpu"
+
+
 # DEFAULT_SPEC's optional terms: their features come after the core ones, and a spec without them
 # gives exactly the core features (a held-out fit with few shards keeps the core only)
 OPTIONAL_TERMS = ("shard_footprint_knots", "dim_knots", "table_count_terms")
 
 
 def feature_names(spec: Mapping) -> list[str]:
+    if _is_cpu(spec):
+        return (["const", "tables", "lookups", "lookups_x_dim", "distinct_x_dim", "lookups_x_dim_x_cv2", "batch_x_dim"]
+                + [f"lookups_x_dim_bytes1e{a:g}" for a in spec["footprint_knots"]] + ["tables_sq"])
     base = ["const", "tables", "lookups", "lookup_sectors", "dram_sectors", "distinct_sectors",
             "batch_x_dim", "long_lookups", "long_rows", "lookups_x_cv2", "dram_x_cv2",
             "distinct_x_maxdim", "lookups_maxdim_ge64", "lookups_maxdim_ge128"]
@@ -159,10 +182,9 @@ def shard_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_si
     if n == 0:
         return X
     L = B * ta.pf
-    reuse = ta.bins @ BIN_REPS
-    with np.errstate(divide="ignore", invalid="ignore"):
-        D = np.where((reuse > 0) & (L > 0), L / np.where(reuse > 0, reuse, 1.0), np.minimum(L, ta.row))
-    D = np.minimum(D, ta.row)
+    D = _distinct_rows(ta, L)
+    if _is_cpu(spec):
+        return _cpu_features(ta, shard_of, nshards, B, L, D, spec)
     sec = np.ceil(ta.dim * BYTES_PER_WEIGHT / SECTOR_BYTES)
     rb = sec * SECTOR_BYTES
     per_bin = D[:, None] * ta.bins                                   # distinct rows per reuse bin
@@ -220,6 +242,35 @@ def shard_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_si
         tables = X[:, 1]
         X[:, -2] = tables ** 2 / 100.0
         X[:, -1] = tables * np.log2(tables + 1.0)
+    return X
+
+
+def _distinct_rows(ta: TableArrays, L: np.ndarray) -> np.ndarray:
+    """Each table's expected distinct rows in the batch, from its mean reuse (``L / reuse``, at most
+    ``row``; without reuse bins ``min(L, row)``)."""
+    reuse = ta.bins @ BIN_REPS
+    with np.errstate(divide="ignore", invalid="ignore"):
+        D = np.where((reuse > 0) & (L > 0), L / np.where(reuse > 0, reuse, 1.0), np.minimum(L, ta.row))
+    return np.minimum(D, ta.row)
+
+
+def _cpu_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, B: float, L: np.ndarray,
+                  D: np.ndarray, spec: Mapping) -> np.ndarray:
+    """:data:`CPU_SPEC`'s features (dims in units of 64 elements): per table, summed over the shard,
+    lookups, lookups x dim, distinct rows x dim, lookups x dim x CV^2, ``B x dim`` (pooled outputs),
+    lookups x dim x hats of log10 of the table's bytes; per shard a constant, the table count and its
+    square. An unknown CV (NaN) enters as the mean CV^2 of the spec's ``cv_prior``."""
+    d = ta.dim / 64.0
+    Ld = L * d
+    prior = spec.get("cv_prior")
+    cv2 = np.where(np.isnan(ta.cv), float(np.mean(np.asarray(prior, float) ** 2)) if prior else 0.0, ta.cv ** 2)
+    bytes_ = np.maximum(ta.row * ta.dim * float(BYTES_PER_WEIGHT), 1.0)
+    T = np.concatenate([np.stack([np.ones(len(L)), L, Ld, D * d, Ld * cv2, B * d * (L > 0)], 1),
+                        _hat(np.log10(bytes_), spec["footprint_knots"]) * Ld[:, None]], 1)
+    X = np.zeros((nshards, T.shape[1] + 2))
+    np.add.at(X[:, 1:1 + T.shape[1]], shard_of, T)
+    X[:, 0] = 1.0
+    X[:, -1] = X[:, 1] ** 2 / 100.0
     return X
 
 

@@ -5,7 +5,9 @@ of its kernels, plus its forward and backward exchanges.
 
 **Compute.** One shard's ``(fw_ms, bw_ms)`` from the features of :mod:`shardcore.emulator` (lookups,
 distinct rows, estimated DRAM traffic, bag-length dispersion, outputs, table count, the shard's
-widest table and its row count...), linear with non-negative weights. A piece is a table with the
+widest table and its row count...), linear with non-negative weights. On a CPU the features are the
+emulator's CPU family (:data:`shardcore.emulator.CPU_SPEC`: every per-lookup term times the row's dim,
+as FBGEMM's CPU kernels read whole rows), so a column piece costs its share of the dim there. A piece is a table with the
 rows, dim and pooling factor it holds (:meth:`shardcore.plan.Sharding.pieces`: a row-wise block the
 lookups in proportion to its rows), so the same features cover every type. A device runs two
 kernels (:func:`shardcore.plan.device_kernels`): its model-parallel pieces fused over the batch and
@@ -43,7 +45,7 @@ import numpy as np
 
 from shardcore.commmodel import (CommModel, allreduce_bytes, fit_comm_model, id_width as piece_id_width,
                                  pooled_width, remote_bytes)
-from shardcore.emulator import (DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, predict_devices,
+from shardcore.emulator import (CPU_SPEC, DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, predict_devices,
                                 shard_features, table_arrays)
 from shardcore.errors import ShardError
 from shardcore.io import atomic_open
@@ -242,8 +244,12 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
     default_cv = float(np.median(cvs)) if cvs else DEFAULT_CV
     cv = [[(cvs[t.index] if cvs else default_cv) for t in s] for s in shards]
     ta, shard_of = table_arrays(shards, cv)
-    X = shard_features(ta, shard_of, len(shards), int(batch_size), DEFAULT_SPEC)
-    params = fit_params({int(batch_size): (X, np.asarray(fw), np.asarray(bw))}, DEFAULT_SPEC, card="cpu",
+    from shardcore.cache import is_cpu_hardware
+
+    spec = CPU_SPEC if is_cpu_hardware(hardware) else DEFAULT_SPEC
+    X = shard_features(ta, shard_of, len(shards), int(batch_size), spec)
+    params = fit_params({int(batch_size): (X, np.asarray(fw), np.asarray(bw))}, spec,
+                        card="cpu" if spec is CPU_SPEC else "measured",
                         fitted_on=f"{len(shards)} shard measurements ({hardware})", known_tables=None,
                         default_cv=default_cv)
     samples = []

@@ -45,6 +45,7 @@ DEFAULT_CPU_MODEL = ROOT / "models" / "shardkit" / "cpu_cost_model.json"
 DEFAULT_STARTS = ("model_greedy", "size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy")
 DEFAULT_TIME_BUDGET_S = 1.0
 DEFAULT_CALIBRATE_S = 300.0   # measuring for a cost model of this machine, once (then the cache answers)
+MEASURED_REFINE = 4         # plan measurements per task where the oracle measures hardware (refine.py)
 HELDOUT_SUBSET = "drop:0/5"    # shardkit's held-out emulator: one fifth of the judge's shards left out
 
 
@@ -99,13 +100,15 @@ class ShardkitConfig(Config):
                          "which plans for the machine rather than the model: the expected slowest device with each "
                          "device's compute off by a draw of the model's own cross-validated error (where the model "
                          "knows it: the emulated landscapes)", flags=("--point-estimate",), action="store_false")
-    refine: int = param(0, "up to K plan measurements per task on the oracle (through its cache): the best "
-                        "candidate by the cost model, corrected by every measurement so far, is measured and the "
-                        "search runs again under the corrected model; the fastest measured plan is kept and "
-                        "measured once more, afresh, for the reported cost. 0 (default) keeps the cost model's "
-                        "choice. Recorded per task: shardkit_measurements, shardkit_measured_ms, "
-                        "shardkit_model_choice_ms", type=nonnegative_int, metavar="K", cli_default=None,
-                        group="measuring")
+    refine: int | None = param(None, "up to K plan measurements per task on the oracle (through its cache): the best "
+                               "candidate by the cost model, corrected by every measurement so far, is measured and "
+                               "the search runs again under the corrected model; the fastest measured plan is kept "
+                               "and measured once more, afresh, for the reported cost. Default "
+                               f"{MEASURED_REFINE} on the measured oracle (a fitted CPU model is off by 10-20%% per "
+                               "device, as much as good plans differ), 0 on an emulated one (whose judge shardkit "
+                               "must not query); 0 keeps the cost model's choice. Recorded per task: "
+                               "shardkit_measurements, shardkit_measured_ms, shardkit_model_choice_ms",
+                               type=nonnegative_int, metavar="K", group="measuring")
     calibrate: float = param(DEFAULT_CALIBRATE_S, "on the measured oracle without a fitted cost model "
                              "(models/shardkit/cpu_cost_model.json, --shardkit-model) and too few measurements in the "
                              "cache to fit one: seconds shardkit may spend measuring plans and shards of the tables "
@@ -357,7 +360,7 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
 
 
 def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, data_dir=None, batch_size=None,
-                 comm_bandwidth=None, comm_latency=None, shardkit_time=None, shardkit_refine=0,
+                 comm_bandwidth=None, comm_latency=None, shardkit_time=None, shardkit_refine=None,
                  shardkit_starts=None, shardkit_types=None, cache_path=None, exclude_task_files=None,
                  emulator_fit: str | None = None, shardkit_robust: bool | None = None, seed: int = 0,
                  shardkit_calibrate: float | None = None, **kwargs) -> ShardkitSharder:
@@ -376,7 +379,7 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
     budget = CONFIG.time if shardkit_time is None else float(shardkit_time)
     if not budget > 0:
         raise ShardError(f"--shardkit-time must be positive seconds, got {shardkit_time}")
-    refine_k = int(shardkit_refine or 0)
+    refine_k = (MEASURED_REFINE if landscape == MEASURED else 0) if shardkit_refine is None else int(shardkit_refine)
     if refine_k < 0:
         raise ShardError(f"--shardkit-refine must be 0 or more, got {shardkit_refine}")
     starts = tuple(shardkit_starts) if shardkit_starts else CONFIG.starts

@@ -361,3 +361,34 @@ def test_heldout_fit_with_few_shards_keeps_the_core_features():
         tables = [E.measured_landscapes("h200")[0].meas["tables"][0]]
         assert float(E.predict_devices(m, [tables], 65536, lambda t: 0.5).sum()) > 0
     assert seen == {ncore, nfull}   # both cases occur on the shipped tasks
+
+
+def test_cpu_feature_family_scales_every_per_lookup_term_with_the_dim():
+    """CPU_SPEC: as many features as names; halving a table's dim halves every dim-scaled feature (the
+    lookups and the table count stay); an unknown CV enters as the prior's mean CV^2."""
+    import math
+
+    from shardcore.emulator import CPU_SPEC, feature_names, shard_features, table_arrays
+    from shardcore.tables import NUM_BINS, TableConfig
+
+    bins = [0.0] * NUM_BINS
+    bins[1] = 1.0
+    t = TableConfig(index=0, row=1_000_000, dim=32, pooling_factor=20.0, bins=tuple(bins))
+    h = t.with_dim(16)
+    names = feature_names(CPU_SPEC)
+    ta, of = table_arrays([[t], [h]], [[0.5], [0.5]])
+    X = shard_features(ta, of, 2, 4096, CPU_SPEC)
+    assert X.shape == (2, len(names))
+    fixed = [names.index(n) for n in ("const", "tables", "lookups", "tables_sq")]
+    scaled = [i for i in range(len(names)) if i not in fixed and X[0, i] != 0]
+    np.testing.assert_allclose(X[1, fixed], X[0, fixed])
+    # the footprint hats move with the table's bytes too, so compare the dim-scaled sum of the lookups
+    assert X[1, names.index("lookups_x_dim")] == pytest.approx(X[0, names.index("lookups_x_dim")] / 2)
+    assert X[1, names.index("batch_x_dim")] == pytest.approx(X[0, names.index("batch_x_dim")] / 2)
+    assert sum(X[1, i] for i in scaled if "bytes1e" in names[i]) == pytest.approx(
+        sum(X[0, i] for i in scaled if "bytes1e" in names[i]) / 2)
+    ta_u, of_u = table_arrays([[t]], [[math.nan]])
+    Xu = shard_features(ta_u, of_u, 1, 4096, CPU_SPEC)
+    cv2 = float(np.mean(np.asarray(CPU_SPEC["cv_prior"]) ** 2))
+    i = names.index("lookups_x_dim_x_cv2")
+    assert Xu[0, i] == pytest.approx(X[0, names.index("lookups_x_dim")] * cv2)

@@ -446,6 +446,61 @@ def test_flags_come_from_the_config_once():
     assert CONFIG.time == load_sharder(oracle="emulated:h200").time_budget_s
 
 
+def test_refinement_is_on_by_default_only_where_the_oracle_is_hardware():
+    """The measured oracle's default is MEASURED_REFINE plan measurements per task (a fitted CPU model
+    is off by as much as good plans differ); an emulated oracle is the judge and is never queried unless
+    asked; an explicit K wins either way."""
+    from shardkit_planner.sharder import MEASURED_REFINE
+
+    assert MEASURED_REFINE > 0
+    assert load_sharder(oracle="measured").refine_k == MEASURED_REFINE
+    assert load_sharder(oracle="emulated:h200").refine_k == 0
+    assert load_sharder(oracle="measured", shardkit_refine=0).refine_k == 0
+    assert load_sharder(oracle="emulated:h200", shardkit_refine=2).refine_k == 2
+    # without an attached oracle (plan.py, --plan-only) nothing is measured
+    assert not load_sharder(oracle="measured").measures_candidates
+
+
+def test_measured_cpu_model_prices_a_column_piece_by_its_share_of_the_dim(data, tmp_path):
+    """On a CPU fingerprint the fit uses the emulator's CPU feature family (every per-lookup term x dim):
+    fitted on costs that follow lookups x dim, it prices half the dim at half the cost, where the GPU
+    family's dim-blind terms would not; a CUDA fingerprint keeps the GPU family."""
+    from shardcore.cache import CacheContext, CostCache, dataset_digest, hardware_fingerprint, is_cpu_hardware
+    from shardcore.commmodel import CommModel
+    from shardcore.dataset import load_dataset
+    from shardcore.emulator import CPU_SPEC, DEFAULT_SPEC
+    from shardkit_planner.costmodel import CostModel, fit_cost_model
+
+    path, tables = data
+    ds = load_dataset(path)
+    cpu = hardware_fingerprint()
+    gpu = hardware_fingerprint("NVIDIA H200")
+    assert is_cpu_hardware(cpu) and not is_cpu_hardware(gpu) and not is_cpu_hardware("not json")
+    live = [t for t in tables if t.pooling_factor > 0 and t.dim % 2 == 0 and t.dim >= 8]
+    rng = np.random.default_rng(1)
+
+    def cost(shard):
+        return 0.05 + sum(1e-6 * B * t.pooling_factor * t.dim for t in shard)
+
+    with CostCache(tmp_path / "c.sqlite") as cache:
+        for hw in (cpu, gpu):
+            ctx = CacheContext(hw, dataset_digest(ds), B, "exact_sgd", "fp16")
+            for _ in range(40):
+                shard = [live[int(i)] for i in rng.choice(len(live), int(rng.integers(1, 4)), replace=False)]
+                shard = [t.with_dim(t.dim // 2) if rng.random() < 0.3 else t for t in shard]
+                cache.put_shard(ctx, shard, cost(shard) / 3, 2 * cost(shard) / 3)
+        m = fit_cost_model(cache, ds, B, hardware=cpu, data_dir=path, comm_fallback=CommModel())
+        g = fit_cost_model(cache, ds, B, hardware=gpu, data_dir=path, comm_fallback=CommModel())
+    assert m.compute.spec == CPU_SPEC and g.compute.spec["cv_knots"] == DEFAULT_SPEC["cv_knots"]
+    heavy = max(live, key=lambda t: t.pooling_factor * t.dim)
+    whole, half = m.shard_compute([[heavy], [heavy.with_dim(heavy.dim // 2)]])
+    assert whole == pytest.approx(cost([heavy]), rel=0.05)
+    assert half == pytest.approx(cost([heavy.with_dim(heavy.dim // 2)]), rel=0.05)
+    m.save(tmp_path / "m.json")            # the family travels with the parameters
+    again = CostModel.load(tmp_path / "m.json")
+    np.testing.assert_allclose(again.shard_compute([[heavy]]), [whole], rtol=1e-12)
+
+
 def test_compare_tool_prints_margin_interval_and_repeatability(tmp_path):
     from tools import shardkit_compare
 
