@@ -18,19 +18,21 @@ import os
 
 from tqdm import tqdm
 
-from shardcore import algorithms, report
-from shardcore import cli
-from shardcore.cli import serve_if_torchrun_rank, seed_int
-from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids,
+from shardcore.cli import algorithms
+
+from shardcore.evaluation import report
+from shardcore.cli import common as cli
+from shardcore.cli.common import serve_if_torchrun_rank, seed_int
+from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids,
                            num_devices, open_evaluator, run_main)
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
-from shardcore.compare import evaluate
+from shardcore.evaluation.compare import evaluate
 from shardcore.types import Topology
 from shardcore.io import atomic_open
-from shardcore.shardings import type_counts_text
+from shardcore.oracles.measured.shardings import type_counts_text
 from shardcore.tasks import load_tasks
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int
+from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int
 from shardcore.io import check_output_dir, check_output_file
 
 
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 def measured_batch_size(args) -> int | None:
     """The batch size plans are measured at: --batch-size, else the dataset's (from data.pt, which is
     memory-mapped, or the ``batch_size`` its table configs record; None when neither says)."""
-    from shardcore.oracles import configs_batch_size
+    from shardcore.dataset import configs_batch_size
 
     if args.batch_size is not None:
         return args.batch_size
@@ -138,7 +140,7 @@ def main(argv=None):
     if getattr(args, "shardkit_refine", None) and args.plan_only:
         raise ShardError("--shardkit-refine measures candidates: it cannot be used with --plan-only")
     if args.launcher == "torchrun":   # TorchRec plans for the hosts torchrun gives (its local_world_size)
-        from shardcore.launch import rank_env
+        from shardcore.oracles.measured.launch import rank_env
 
         models["local_world_size"] = rank_env().local_world_size
     sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=batch_size, **models) for name in names}
@@ -204,10 +206,10 @@ def main(argv=None):
             print(f"shardkit's measured refinement: {sum(refined)} plan measurements over {len(refined)} tasks "
                   f"(up to {getattr(args, 'shardkit_refine', None)} per task)")
     if args.export_torchrec:
-        from shardcore.plan_export import PlanRecord, export_plans
+        from shardcore.interop.plan_export import PlanRecord, export_plans
 
         from shardcore.dataset import table_names
-        from shardcore.plan_export import default_names
+        from shardcore.interop.plan_export import default_names
 
         named = table_names(args.data_dir)   # the tables' own names where the configs give them
 

@@ -22,17 +22,18 @@ from tqdm import tqdm
 
 from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, search_kwargs
 from neuroshard.simulator import Simulator
-from shardcore import algorithms, report
-from shardcore.cli import serve_if_torchrun_rank, seed_int
-from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
+from shardcore.cli import algorithms
+from shardcore.evaluation import report
+from shardcore.cli.common import serve_if_torchrun_rank, seed_int
+from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
-from shardcore.compare import evaluate
+from shardcore.evaluation.compare import evaluate
 from shardcore.types import Topology
 from shardcore.io import atomic_open
 from shardcore.tasks import load_tasks
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int
+from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int
 from shardcore.costs import COST_PARTS
 from shardcore.io import check_output_file
 

@@ -18,7 +18,7 @@ measurements, which needs only the tables and the batch; measured: this machine,
 table_configs.json with its data.pt beside it) and the plans are printed side by side, cheapest first; --out
 writes the cheapest (or --pick ALG). Without --oracle each plan is summarised by its lookup load (dim x pooling
 factor per device), a hardware-free proxy. --out writes the plan as JSON; --torchrec also writes
-<out>.torchrec.json, which shardcore.plan_export.load_torchrec_plan turns into TorchRec's ShardingPlan
+<out>.torchrec.json, which shardcore.interop.plan_export.load_torchrec_plan turns into TorchRec's ShardingPlan
 (docs/planning-your-tables.md).
 """
 
@@ -30,18 +30,18 @@ import math
 from pathlib import Path
 
 
-from shardcore import algorithms
-from shardcore.cli import (add_device_args, add_memory_args, device_ids, name_list, nonnegative_float,
+from shardcore.cli import algorithms
+from shardcore.cli.common import (add_device_args, add_memory_args, device_ids, name_list, nonnegative_float,
                            num_devices, positive_float, positive_int, run_main)
-from shardcore.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
+from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
 from shardcore.errors import ShardError
-from shardcore.compare import lookup_load
+from shardcore.evaluation.compare import lookup_load
 from shardcore.io import check_output_file, read_text, write_json
-from shardcore.report import format_table
+from shardcore.evaluation.report import format_table
 from shardcore.tables import BIN_NAMES, NUM_BINS, TableConfig, dim_problem
-from shardcore.plan_export import plan_json, torchrec_path_for, torchrec_plan_json
-from shardcore import cli
-from shardcore.cli import ArgumentParser as OneLineParser, seed_int
+from shardcore.interop.plan_export import plan_json, torchrec_path_for, torchrec_plan_json
+from shardcore.cli import common as cli
+from shardcore.cli.common import ArgumentParser as OneLineParser, seed_int
 
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
 
@@ -314,9 +314,9 @@ def _dataset_dir_of(path: Path, tables) -> Path | None:
 
 def open_pricing_oracle(args, tables, batch, ndevices, devices, workdir):
     """The oracle of ``--oracle`` for these tables and the data directory the planners are given."""
-    from shardcore.commmodel import CommModel
+    from shardcore.oracles.commmodel import CommModel
     from shardcore.dataset import save_table_configs
-    from shardcore.oracles import MEASURED, open_oracle, parse_oracle
+    from shardcore.oracles.factory import MEASURED, open_oracle, parse_oracle
 
     spec = parse_oracle(args.oracle)
     dataset_dir = _dataset_dir_of(Path(args.tables), tables)
@@ -340,7 +340,7 @@ def side_by_side(results, best_alg) -> str:
     """One row per planner, cheapest first: the plan cost (slowest device), its four parts, memory,
     sharding types, planning time."""
     from shardcore.costs import COST_PARTS
-    from shardcore.shardings import TYPE_ABBREV
+    from shardcore.oracles.measured.shardings import TYPE_ABBREV
 
     ok = sorted((r for r in results if r.cost_ms is not None), key=lambda r: r.cost_ms)
     best = ok[0].cost_ms if ok else None
@@ -397,7 +397,7 @@ def torchrec_problem(tables, names, plan) -> str | None:
 def main(argv=None):
     import tempfile
 
-    from shardcore.compare import evaluate
+    from shardcore.evaluation.compare import evaluate
     from shardcore.tasks import Task
     from shardcore.types import Topology
 
@@ -422,7 +422,7 @@ def main(argv=None):
     batch = args.batch_size or file_batch
     needs_batch = [a for a in algs if a in BATCH_PLANNERS]
     if args.oracle is not None and batch is None:
-        from shardcore.oracles import MEASURED, parse_oracle
+        from shardcore.oracles.factory import MEASURED, parse_oracle
 
         if parse_oracle(args.oracle) != MEASURED:
             raise ShardError(f"--oracle {args.oracle} prices lookups per batch and the batch is not known: give "
@@ -502,7 +502,7 @@ def main(argv=None):
             path = torchrec_path_for(args.out)
             write_json(path, torchrec_plan_json(tables, plan, names, args.weights_precision,
                                                 module_path=args.torchrec_module))
-            print(f"wrote {path} (TorchRec: shardcore.plan_export.load_torchrec_plan)")
+            print(f"wrote {path} (TorchRec: shardcore.interop.plan_export.load_torchrec_plan)")
     return 0
 
 

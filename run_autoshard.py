@@ -18,7 +18,7 @@ import sys
 
 
 import train_autoshard
-from shardcore.cli import run_main
+from shardcore.cli.common import run_main
 from shardcore.errors import ShardError
 
 AUTOSHARD_NDEVICES = 8

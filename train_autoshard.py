@@ -20,13 +20,13 @@ from autoshard.curve import plot_curve
 from autoshard.sharder import AutoShardModel
 from autoshard.trainer import AutoShardTrainer
 from shardcore.baselines import make_baseline
-from shardcore.cli import serve_if_torchrun_rank
-from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag,
+from shardcore.cli.common import serve_if_torchrun_rank
+from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag,
                            device_ids, num_devices, open_evaluator, positive_float, run_main)
 from shardcore.dataset import load_dataset
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.tasks import load_tasks
-from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.config import add_config_args, config_from_args
 from shardcore.io import check_output_dir
 

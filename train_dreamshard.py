@@ -16,13 +16,13 @@ from tqdm import tqdm
 from dreamshard.config import DreamShardConfig
 from dreamshard.sharder import DreamShardModel
 from dreamshard.trainer import DreamShardTrainer
-from shardcore.cli import serve_if_torchrun_rank
-from shardcore.cli import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
+from shardcore.cli.common import serve_if_torchrun_rank
+from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks
-from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.config import add_config_args, config_from_args
 from shardcore.io import check_output_dir
 

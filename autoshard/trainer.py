@@ -39,8 +39,8 @@ import torch.multiprocessing as tmp
 
 from shardcore import io
 from shardcore.errors import ShardError
-from shardcore.evaluator import set_parent_death_signal
-from shardcore.oracles import check_resume, training_provenance
+from shardcore.oracles.measured.worker import set_parent_death_signal
+from shardcore.oracles.factory import check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, PlanResult

@@ -25,7 +25,7 @@ from torch.distributions import Categorical
 
 from shardcore import io
 from shardcore.errors import ShardError
-from shardcore.oracles import check_resume, training_provenance
+from shardcore.oracles.factory import check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
 from shardcore.types import CostOracle

@@ -5,7 +5,7 @@ on gloo CPU ranks, and run one forward and backward (docs/planning-your-tables.m
 
 Every rank builds the collection from the tables file (one table per row, named as there, one feature per
 table) on the meta device, so no rank ever holds an unsharded copy of a large table; the plan is read with
-``shardcore.plan_export.load_torchrec_plan``, which checks that its tables and the collection's agree by name
+``shardcore.interop.plan_export.load_torchrec_plan``, which checks that its tables and the collection's agree by name
 and shape (one line naming the first that does not); DMP then creates each rank's shards on its CPU. Each
 rank looks up a small batch of random ids (bags around each table's pooling factor, capped at 4), sums the
 pooled embeddings into a loss and runs the backward (the fused kernels update their rows in place). On GPUs,
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from shardcore.launch import spawn_ranks  # noqa: E402 - after the repository root is on the path
+from shardcore.oracles.measured.launch import spawn_ranks  # noqa: E402 - after the repository root is on the path
 
 
 def user_collection(tables_file: str, device: torch.device):
@@ -45,7 +45,7 @@ def apply_plan(ebc, plan_file: str):
     # --8<-- [apply]
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from shardcore.plan_export import load_torchrec_plan
+    from shardcore.interop.plan_export import load_torchrec_plan
 
     plan = load_torchrec_plan(plan_file, device_type="cpu", module=ebc)   # names and shapes checked
     model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan,
@@ -103,7 +103,7 @@ def run(tables_file: str, plan_file: str, world: int = 4, local_batch: int = 8, 
 
 
     from shardcore.errors import ShardError
-    from shardcore.plan_export import load_torchrec_plan
+    from shardcore.interop.plan_export import load_torchrec_plan
 
     ebc, _tables, _names = user_collection(tables_file, torch.device("meta"))
     load_torchrec_plan(plan_file, device_type="cpu", module=ebc)          # disagreements stop here, in one line
@@ -114,7 +114,7 @@ def run(tables_file: str, plan_file: str, world: int = 4, local_batch: int = 8, 
 
 
 def main(argv=None) -> int:
-    from shardcore.cli import make_parser, positive_int
+    from shardcore.cli.common import make_parser, positive_int
 
     ap = make_parser(__doc__)
     ap.add_argument("--tables", required=True, metavar="FILE", help="the tables file given to plan.py (CSV or JSON)")
@@ -149,6 +149,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from shardcore.cli import run_main
+    from shardcore.cli.common import run_main
 
     run_main(main)

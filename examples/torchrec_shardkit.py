@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from shardcore.launch import spawn_ranks  # noqa: E402 - after the repository root is on the path
+from shardcore.oracles.measured.launch import spawn_ranks  # noqa: E402 - after the repository root is on the path
 
 # (rows, dim, pooling factor): one large hot table (pooling factor 150), twelve small and medium ones
 TABLES = [(200_000, 64, 150.0), (5_000, 16, 2.0), (20_000, 32, 4.0), (1_000, 8, 1.0), (50_000, 64, 6.0),

@@ -9,7 +9,7 @@
   it in the method registry (:mod:`shardcore.registry`); no module here names a method;
 - :mod:`experiments.pipeline`: tasks → training → one evaluator session per task set → outputs;
 - :mod:`experiments.output`: ``measurements.csv``, ``results.md``, ``summary.json`` and the plots, all
-  rendered from one :class:`shardcore.report.SetSummary` per task set;
+  rendered from one :class:`shardcore.evaluation.report.SetSummary` per task set;
 - :mod:`experiments.planning`: planning time and memory as tables and devices grow.
 
 Everything here may import :mod:`shardcore`; nothing in :mod:`shardcore` imports this package.

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from shardcore import registry
-from shardcore.algorithms import CORE_PLUGINS
+from shardcore.cli.algorithms import CORE_PLUGINS
 from shardcore.baselines import BASELINES
 from shardcore.errors import ShardError
 
@@ -24,7 +24,7 @@ LABELS = {"random": "Random", "naive": "Naive", "size_greedy": "Size-based", "di
 # planner priced by the emulated H200 (the table has TorchRec's own planner as its TorchRec column)
 NOT_IN_TABLE = ("torchrec-emu",)
 # a measured oracle repeats itself only within a few percent: every plan measured in this many
-# interleaved rounds, the medians kept (shardcore.compare.evaluate's repeats)
+# interleaved rounds, the medians kept (shardcore.evaluation.compare.evaluate's repeats)
 MEASURED_REPEATS = 3
 
 
@@ -162,8 +162,8 @@ class ExperimentConfig:
     cache_path: str | None = None
     no_cache: bool = False
     timeout: float = 120.0
-    oracle: str = "measured"                 # or "emulated:h200" (shardcore.oracles)
-    emulator_fit: str = "heldout"            # which fit of an emulated card judges (shardcore.oracles.EMULATOR_FITS)
+    oracle: str = "measured"                 # or "emulated:h200" (shardcore.oracles.factory)
+    emulator_fit: str = "heldout"            # which fit of an emulated card judges (shardcore.oracles.factory.EMULATOR_FITS)
     repeats: int | None = None               # rounds per plan; None: 3 on a measured oracle (noisy), 1 emulated
     comm_bandwidth: float | None = None      # modelled all-to-all (None: the model's default)
     comm_latency: float | None = None
@@ -214,10 +214,11 @@ class ExperimentConfig:
                              "is not one of the task sets")
         if c.train_timeout_s is not None and c.train_timeout_s <= 0:
             raise ShardError("--train-timeout must be positive")
-        from shardcore.oracles import parse_oracle
+        from shardcore.oracles.factory import parse_oracle
 
         c.oracle = parse_oracle(self.oracle)
-        from shardcore.oracles import EMULATOR_FITS, MEASURED
+        from shardcore.oracles.emulated.oracle import EMULATOR_FITS
+        from shardcore.oracles.factory import MEASURED
 
         if c.emulator_fit not in EMULATOR_FITS:
             raise ShardError(f"--emulator-fit must be one of {', '.join(EMULATOR_FITS)}, got {c.emulator_fit!r}")

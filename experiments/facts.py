@@ -27,7 +27,7 @@ def software_versions() -> dict:
 
 
 def machine_info() -> dict:
-    from shardcore.cache import cpu_name
+    from shardcore.oracles.setting import cpu_name
     info = {"platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count()}
     try:
         import torch

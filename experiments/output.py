@@ -1,9 +1,9 @@
 """The runner's outputs, every one rendered from the same statistics.
 
-Each task set's results are summarised once (:func:`shardcore.report.summarize`: mean, std, n, % over
+Each task set's results are summarised once (:func:`shardcore.evaluation.report.summarize`: mean, std, n, % over
 random, the paired difference with the best baseline and its 95% bootstrap interval, bold or not);
 the terminal tables, ``results.md``, ``summary.json``, ``costs.png`` and ``breakdown.png`` render that
-:class:`~shardcore.report.SetSummary`. ``measurements.csv`` holds the raw records.
+:class:`~shardcore.evaluation.report.SetSummary`. ``measurements.csv`` holds the raw records.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from shardcore import report
+from shardcore.evaluation import report
 from shardcore.costs import COST_PARTS
-from shardcore.compare import TaskResult
+from shardcore.evaluation.compare import TaskResult
 from shardcore.io import atomic_open, write_json, write_text
-from shardcore.report import SetSummary
+from shardcore.evaluation.report import SetSummary
 
 from .config import ExperimentConfig, TaskSetDef, label, order_algs
 
@@ -214,7 +214,7 @@ def pick_breakdown(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome]):
 def write_outputs(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], learned: dict, notes: Sequence[str],
                   info: dict, finished: bool) -> tuple[dict, dict[str, list[str]]]:
     """Every file; returns (summary.json's content, results.md's sections)."""
-    from shardcore import plots
+    from shardcore.evaluation import plots
 
     out = Path(cfg.out_dir)
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
 :func:`run_experiments`:
 
-1. generate the standard DreamShard-style task sets with :mod:`shardcore.taskgen` (one train/test
+1. generate the standard DreamShard-style task sets with :mod:`shardcore.data.taskgen` (one train/test
    split of the dataset's tables shared by every set, so test tasks hold only tables that no learned
    method saw in training);
 2. train the learned methods the registry lists (:mod:`experiments.training`) on the train split of
@@ -10,8 +10,8 @@
    script is missing, whose training fails or that ``--skip-train`` leaves without a checkpoint is
    skipped with a note;
 3. per task set, ONE hardware oracle session measures every algorithm side by side, task by task
-   (:func:`shardcore.compare.evaluate`), and the set's statistics are computed once
-   (:func:`shardcore.report.summarize`);
+   (:func:`shardcore.evaluation.compare.evaluate`), and the set's statistics are computed once
+   (:func:`shardcore.evaluation.report.summarize`);
 4. write the outputs (:mod:`experiments.output`) after every task set (so an interrupted run keeps
    what it measured) and at the end.
 """
@@ -24,12 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from shardcore import registry, report
+from shardcore import registry
+
+from shardcore.evaluation import report
 from shardcore.baselines import BASELINES, Sharder
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.compare import TaskResult, evaluate
+from shardcore.evaluation.compare import TaskResult, evaluate
 from shardcore.tables import TableConfig
-from shardcore.taskgen import TaskSpec, generate_tasks
+from shardcore.data.taskgen import TaskSpec, generate_tasks
 from shardcore.tasks import load_tasks, save_tasks
 from shardcore.types import Topology
 
@@ -47,7 +49,7 @@ from .training import LearnedModel, model_for, prepare_learned
 class GuardedSharder(Sharder):
     """A method's failure on one task (an exception other than "infeasible") becomes that task's
     error instead of ending a long run. The plan is refused like an infeasible one (the only way
-    :func:`~shardcore.compare.evaluate` skips a plan), and the failure is kept, typed, for
+    :func:`~shardcore.evaluation.compare.evaluate` skips a plan), and the failure is kept, typed, for
     :meth:`outcome`, which the runner records as ``Outcome.FAILED`` in the task's result."""
 
     inner: Sharder = None
@@ -86,7 +88,7 @@ def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: in
     """Sharders of the available algorithms for one device count, and the checkpoint used per learned
     one. ``planner_kwargs`` go to the declared planners (:func:`~experiments.config.planners`): the
     landscape they plan for, the data, the cache, the test tables a fitted model must not see."""
-    from shardcore import algorithms
+    from shardcore.cli import algorithms
 
     sharders: dict[str, Sharder] = {}
     used: dict[str, str] = {}
@@ -166,7 +168,7 @@ def train_all(cfg: ExperimentConfig, algs: list[str], task_dirs: dict, notes: li
 
 def _evaluator_batch_size(cfg: ExperimentConfig) -> int | None:
     from shardcore.dataset import load_dataset
-    from shardcore.oracles import configs_batch_size
+    from shardcore.dataset import configs_batch_size
 
     if cfg.batch_size is not None:
         return cfg.batch_size
@@ -180,8 +182,8 @@ def _evaluator_batch_size(cfg: ExperimentConfig) -> int | None:
 
 def set_oracle(cfg: ExperimentConfig, ndevices: int):
     """The hardware oracle of one task set (measured through the cache, or an emulated card)."""
-    from shardcore.commmodel import CommModel
-    from shardcore.oracles import open_oracle
+    from shardcore.oracles.commmodel import CommModel
+    from shardcore.oracles.factory import open_oracle
 
     comm = CommModel(**{k: v for k, v in (("bandwidth_gbps", cfg.comm_bandwidth), ("latency_us", cfg.comm_latency))
                         if v is not None})

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from shardcore import registry, report
+from shardcore import registry
+
+from shardcore.evaluation import report
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.io import write_text
 from shardcore.tables import TableConfig, total_memory_gb
@@ -139,7 +141,7 @@ def _bench_child_main() -> None:
 
     torch.set_num_threads(int(os.environ.get("SHARDKIT_NUM_THREADS", "1")))
     spec = json.loads(sys.stdin.read())
-    from shardcore import algorithms
+    from shardcore.cli import algorithms
     from shardcore.dataset import load_dataset
 
     def emit(obj):
@@ -283,7 +285,7 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
     """Planning time and peak memory per algorithm as tables and devices grow; returns a summary."""
     from tqdm import tqdm
 
-    from shardcore import plots
+    from shardcore.evaluation import plots
     from shardcore.dataset import load_dataset
 
     if cfg.repeats < 1 or cfg.time_limit_s <= 0 or cfg.headroom < 1.0:

@@ -1,6 +1,6 @@
 """Cost-data collection for pre-training: random shards (compute) and random all-to-alls (communication).
 
-Both run on the hardware oracle (:class:`~shardcore.evaluator.PlanEvaluator`) and write tidy CSV
+Both run on the hardware oracle (:class:`~shardcore.oracles.measured.driver.PlanEvaluator`) and write tidy CSV
 tables (pandas) into an output directory, next to a ``meta.json`` that records the measurement
 setting (hardware fingerprint, dataset digest, batch size, optimizer, precision).
 
@@ -10,7 +10,7 @@ distinct tables drawn from the dataset's *training pool* (the same seeded train/
 a dim drawn from ``max_dim, max_dim/2, ..., 4`` (data augmentation: the same table at many dims);
 if the shard's weights exceed ``max_mem`` GB, its largest tables are dropped until it fits. Shards
 are measured through the oracle's ``measure_shards``; the measurement cache around it
-(:class:`~shardcore.cache.CachedOracle`) reads and fills the shard entries, so a shard measured
+(:class:`~shardcore.oracles.cache.CachedOracle`) reads and fills the shard entries, so a shard measured
 before (by any script) costs nothing. Columns: ``sample``,
 ``num_tables``, ``table_ids``, ``dims``, ``rows``, ``pooling_factors`` (``;``-separated, one entry
 per table), ``bins`` (JSON, 17 reuse-histogram values per table), ``dim_sum``, ``mem_gb``,
@@ -50,7 +50,7 @@ import pandas as pd
 from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.tables import NUM_BINS, TableConfig
-from shardcore.taskgen import halving_dims, split_pools
+from shardcore.data.taskgen import halving_dims, split_pools
 
 from . import config
 from .original_data import is_original_dir, read_original_comm_data, read_original_compute_data
@@ -367,7 +367,7 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
     """Measure random shards until ``out_dir/compute_costs.csv`` holds ``data_size`` of them."""
     from tqdm import tqdm
 
-    from shardcore.cache import shard_key
+    from shardcore.oracles.cache import shard_key
 
     t0 = time.perf_counter()
     dims = check_compute_args(max_tables, max_mem_gb, max_dim)

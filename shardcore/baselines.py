@@ -25,10 +25,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import InfeasibleError, ShardError
-from .plan import Plan
-from .tables import TableConfig
-from .types import Sharder  # noqa: F401  (defined with the data model; imported from here too)
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.plan import Plan
+from shardcore.tables import TableConfig
+from shardcore.types import Sharder  # noqa: F401  (defined with the data model; imported from here too)
 
 EPS = 1e-12
 

@@ -96,7 +96,7 @@ def _field_type(f: dataclasses.Field) -> Callable[[str], Any]:
     if t not in (int, float, str):
         raise TypeError(f"config field {f.name}: give param(type=...) for a flag of type {f.type}")
     if t is float:   # never let nan or inf through a flag that did not say otherwise
-        from .cli import finite_float
+        from shardcore.cli.common import finite_float
 
         return finite_float
     return t
@@ -144,7 +144,7 @@ class Config:
     def from_dict(cls: type[C], obj: dict) -> C:
         """The config a checkpoint stored. Keys this version does not know (a field since removed)
         are ignored, fields it does not hold take their defaults, so older checkpoints load."""
-        from .errors import ShardError
+        from shardcore.errors import ShardError
 
         if not isinstance(obj, dict):
             raise ShardError(f"{cls.__name__}: expected an object, got {type(obj).__name__}")

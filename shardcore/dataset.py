@@ -27,10 +27,10 @@ from typing import Sequence
 
 import torch
 
-from . import io
-from .errors import ShardError
-from .originals import lookups_from_original, tables_from_original_list
-from .tables import TableConfig
+from shardcore import io
+from shardcore.errors import ShardError
+from shardcore.originals import lookups_from_original, tables_from_original_list
+from shardcore.tables import TableConfig
 
 DEFAULT_DATA_DIR = "data/dlrm_datasets"
 CONFIGS_FILE = "table_configs.json"
@@ -261,3 +261,23 @@ def save_dataset(out_dir: str | os.PathLike, tables: Sequence[TableConfig], indi
     }
     io.torch_save(obj, out_dir / DATA_FILE)
     save_table_configs(out_dir / CONFIGS_FILE, tables, batch_size)
+
+
+def configs_batch_size(data_dir: str | os.PathLike) -> int | None:
+    """The batch a dataset's lookups were taken at, from ``data.pt`` or a ``batch_size`` key in
+    ``table_configs.json``; None when neither says."""
+    path = Path(data_dir)
+    try:
+        with open(path / CONFIGS_FILE, "rb") as fh:
+            obj = json.loads(fh.read().decode("utf-8"))
+        if isinstance(obj, dict) and "batch_size" in obj:
+            value = obj["batch_size"]
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+            raise ShardError(f"{path / CONFIGS_FILE}: batch_size must be a positive integer, got {value!r}")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        pass  # the dataset loader reports unreadable configs
+    try:
+        return load_dataset(path).batch_size
+    except ShardError:
+        return None

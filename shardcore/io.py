@@ -74,7 +74,7 @@ def save_checkpoint(obj: Any, path: str | os.PathLike) -> None:
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
     """A text file's contents as UTF-8 (a leading byte-order mark is dropped). An unreadable file or
     one that is not UTF-8 text raises :class:`~shardcore.errors.ShardError` with one line."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     path = Path(path)
     try:
@@ -100,7 +100,7 @@ def _nearest_existing(path: Path) -> Path:
 
 def _check_creatable(path: Path, flag: str) -> None:
     """``path`` does not exist yet: its nearest existing ancestor must be a writable directory."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     base = _nearest_existing(path.absolute().parent)
     if not base.is_dir():
@@ -112,7 +112,7 @@ def _check_creatable(path: Path, flag: str) -> None:
 def check_output_file(path: str | os.PathLike, flag: str = "output") -> None:
     """Fail early (one line) when a file cannot be written at ``path``: it is a directory, a parent is
     a file, or the directory is not writable. Creates nothing."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     path = Path(path)
     if str(path) == "" or path.name in ("", ".", ".."):
@@ -140,7 +140,7 @@ def check_outputs_spare_inputs(outputs: dict, inputs: dict) -> None:
     ``inputs`` map a flag (``"--out"``) to a path or None (not given). Paths are compared resolved
     (symbolic links, ``..``) and by inode (hard links); a directory input covers the files under it
     only where a file is named explicitly. One line names both flags."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     outs = [(flag, Path(p)) for flag, p in outputs.items() if p not in (None, "")]
     ins = [(flag, Path(p)) for flag, p in inputs.items() if p not in (None, "")]
@@ -175,7 +175,7 @@ def file_kind(path: str | os.PathLike) -> str:
 def check_replaces_kind(path: str | os.PathLike, kind: str, flag: str = "output") -> None:
     """An output of ``kind`` (``file_kind``'s words, e.g. ``"text"``) may replace an existing file only
     of the same kind: ``--out cache.sqlite`` for a JSONL report is refused in one line."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     path = Path(path)
     if not path.is_file() or path.stat().st_size == 0:
@@ -189,7 +189,7 @@ def check_replaces_kind(path: str | os.PathLike, kind: str, flag: str = "output"
 
 def check_output_dir(path: str | os.PathLike, flag: str = "output directory") -> None:
     """Fail early (one line) when ``path`` cannot be (or be created as) a writable directory."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     path = Path(path)
     if path.exists():
@@ -212,7 +212,7 @@ def first_line(text: object, limit: int = 300) -> str:
 def checkpoint_contents(path: str | os.PathLike) -> Iterator[None]:
     """Build a model from a checkpoint's entries: a missing entry, a wrong type or a tensor whose shape
     does not fit the architecture becomes one line ``<path>: broken checkpoint (...)``."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     try:
         yield
@@ -232,7 +232,7 @@ def safe_torch_load(path: str | os.PathLike, what: str = "file", name: str | Non
     strings, lists and dicts is refused as unsafe, other read failures give one line as well."""
     import pickle
 
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     kwargs.setdefault("map_location", "cpu")
     label = name or str(path)
@@ -255,7 +255,7 @@ def safe_torch_load(path: str | os.PathLike, what: str = "file", name: str | Non
 
 def train_hint(method: str | None) -> str:
     """``train one with python train_<method>.py``: the way forward from a checkpoint that cannot be used."""
-    from . import registry
+    from shardcore import registry
 
     return registry.train_hint(method)
 
@@ -268,11 +268,11 @@ def load_checkpoint(path: str | os.PathLike, method: str | None = None, version:
     A checkpoint of the original repositories' code (a bare ``state_dict``, AutoShard's ``model.tar``,
     or a pickle that needs code to load) is named as such, with the command that trains one here:
     their networks differ from these, so their weights cannot be loaded."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     if not os.path.isfile(path):
         raise ShardError(f"checkpoint not found: {path}")
-    from . import registry
+    from shardcore import registry
 
     original = (f"if it comes from the original {registry.originals_text()} code, it cannot be loaded here "
                 f"(their networks differ): {train_hint(method)}")
@@ -319,7 +319,7 @@ def check_finite(obj: Any, label: str, hint: str = "") -> None:
     """Refuse (one line, ``label: non-finite values in <entry>``) weights, scalers or statistics that
     hold a NaN or an infinity: every checkpoint loader and saver calls it, so a diverged network is
     neither written nor used."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     bad = nonfinite_entry(obj)
     if bad is not None:

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from .errors import ShardError
-from .tables import TableConfig
+from shardcore.errors import ShardError
+from shardcore.tables import TableConfig
 
 ORIGINAL_DEFAULT_DIM = 16      # DreamShard's gen_dlrm_data.py --dim default (NeuroShard's configs have none)
 LOOKUP_LAYOUTS = (("lS_offsets", "lS_indices"), ("offsets", "indices"))   # AutoShard/DreamShard, NeuroShard

@@ -36,8 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .errors import ShardError
-from .tables import DIM_MULTIPLE, TableConfig
+from shardcore.errors import ShardError
+from shardcore.tables import DIM_MULTIPLE, TableConfig
 
 TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL = "table_wise", "column_wise", "row_wise", "data_parallel"
 SHARDING_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL)

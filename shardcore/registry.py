@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from .errors import ShardError
+from shardcore.errors import ShardError
 
 METHODS_ENV = "SHARDKIT_METHODS"
 TOP_LEVEL_LIST = "shardkit_methods"    # module with METHOD_PACKAGES, at the repository's top level

@@ -28,7 +28,7 @@ GB = float(1 << 30)
 
 
 def bytes_per_element(precision: str) -> int:
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     try:
         return PRECISION_BYTES[precision]
@@ -49,7 +49,7 @@ def dim_problem(dim: int) -> str | None:
 
 def _number(value, name: str, where: str, integer: bool = False) -> float | int:
     """A finite number from a JSON value (a number or a numeric string); ``integer``: a whole one."""
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ShardError(f"{where}: non-numeric {name} {value!r}")
@@ -100,7 +100,7 @@ class TableConfig:
 
     @classmethod
     def from_json(cls, obj: dict, where: str = "table") -> "TableConfig":
-        from .errors import ShardError
+        from shardcore.errors import ShardError
 
         if not isinstance(obj, dict):
             raise ShardError(f"{where}: expected an object, got {type(obj).__name__}")
@@ -157,7 +157,7 @@ class FeatureScaler:
     log_features: tuple[str, ...] = LOG_FEATURES
 
     def __post_init__(self):
-        from .errors import ShardError
+        from shardcore.errors import ShardError
 
         self.mean = [float(v) for v in self.mean]
         self.std = [float(v) for v in self.std]
@@ -177,7 +177,7 @@ class FeatureScaler:
 
     @classmethod
     def fit(cls, tables: Sequence[TableConfig], log_features: Sequence[str] = LOG_FEATURES) -> "FeatureScaler":
-        from .errors import ShardError
+        from shardcore.errors import ShardError
 
         if not tables:
             raise ShardError("cannot fit feature statistics on zero tables")
@@ -205,7 +205,7 @@ class FeatureScaler:
     def from_state(cls, state: dict, log_features: Sequence[str] = LOG_FEATURES) -> "FeatureScaler":
         """The scaler a checkpoint stored, which must put ``log_features`` on a log scale (the model
         loading it was trained so)."""
-        from .errors import ShardError
+        from shardcore.errors import ShardError
 
         saved_log = tuple(state.get("log", LOG_FEATURES))
         if list(state.get("features", [])) != list(SCALED_FEATURES) or saved_log != tuple(log_features):

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from . import io
-from .errors import ShardError
-from .tables import TableConfig, dim_problem
+from shardcore import io
+from shardcore.errors import ShardError
+from shardcore.tables import TableConfig, dim_problem
 
 
 @dataclass(frozen=True)

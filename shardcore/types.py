@@ -2,26 +2,26 @@
 
 A run goes: tables (:mod:`shardcore.tables`) -> a :class:`Sharder` places them on a
 :class:`Topology` -> a :class:`~shardcore.plan.Plan` -> a :class:`CostOracle` answers what the plan
-costs with one :class:`PlanResult` -> records and reports (:mod:`shardcore.compare`,
-:mod:`shardcore.report`).
+costs with one :class:`PlanResult` -> records and reports (:mod:`shardcore.evaluation.compare`,
+:mod:`shardcore.evaluation.report`).
 
 **Oracles.** Every source of plan costs implements :class:`CostOracle` and answers with the same
 :class:`PlanResult`: per device the four cost parts of :data:`COST_PARTS` in ms, the plan cost (the
 slowest device), whether it came from the measurement cache, how each part was obtained (measured or
 modelled) and the hardware the figures stand for. The implementations:
 
-- :class:`~shardcore.evaluator.PlanEvaluator`: measured on this machine (FBGEMM on the CPU with gloo
+- :class:`~shardcore.oracles.measured.driver.PlanEvaluator`: measured on this machine (FBGEMM on the CPU with gloo
   all-to-alls, or on CUDA GPUs with NCCL);
-- :class:`~shardcore.oracles.EmulatedOracle`: an emulated GPU (compute model fitted on real
+- :class:`~shardcore.oracles.factory.EmulatedOracle`: an emulated GPU (compute model fitted on real
   measurements, analytic all-to-all);
 - a method's simulator where it judges whole plans (a method package implements the protocol).
 
-The consumers (:func:`shardcore.compare.evaluate`, the trainers, the scripts) take any of them.
+The consumers (:func:`shardcore.evaluation.compare.evaluate`, the trainers, the scripts) take any of them.
 
-**Caching** is a layer, not a part of an oracle: :class:`~shardcore.cache.CachedOracle` wraps any
+**Caching** is a layer, not a part of an oracle: :class:`~shardcore.oracles.cache.CachedOracle` wraps any
 :class:`ShardCostOracle` (an oracle whose plan cost is made of per-shard compute and the plan's
-exchange), looks plans and shards up in a :class:`~shardcore.cache.CostCache`, asks the wrapped
-oracle only for what is missing and stores what it measured. :func:`shardcore.oracles.open_oracle`
+exchange), looks plans and shards up in a :class:`~shardcore.oracles.cache.CostCache`, asks the wrapped
+oracle only for what is missing and stores what it measured. :func:`shardcore.oracles.factory.open_oracle`
 is the one place oracles are built (and wrapped).
 
 This module imports nothing heavy (no torch), so every package may depend on it. (The protocols
@@ -35,14 +35,12 @@ import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
 
-from .costs import COST_PARTS  # noqa: F401  (re-exported: the order of every per-device cost list)
-from .errors import ShardError
-from .tables import PRECISION_BYTES, TableConfig
+from shardcore.costs import COST_PARTS  # noqa: F401  (re-exported: the order of every per-device cost list)
+from shardcore.errors import ShardError
+from shardcore.tables import PRECISION_BYTES, TableConfig
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
-    from .cache import CacheContext
-    from .evaluator import CommSplits
-    from .plan import Plan
+    from shardcore.plan import Plan
 
 
 Shards = Sequence[Sequence[TableConfig]]   # shards[d]: the tables device d holds
@@ -78,7 +76,7 @@ class Sharder(abc.ABC):
 
     #: True for a sharder that chose its plan by measuring candidates on the oracle that judges it.
     #: The kept plan's measurement is then the smallest of several noisy ones (biased low), so
-    #: :func:`shardcore.compare.evaluate` measures its plan again, bypassing the cache.
+    #: :func:`shardcore.evaluation.compare.evaluate` measures its plan again, bypassing the cache.
     measures_candidates = False
 
     @abc.abstractmethod
@@ -103,6 +101,44 @@ class ComputeCost:
         return self.fw_ms + self.bw_ms
 
 
+OUTPUT_ELEMENT_SIZE = 4    # pooled outputs and their gradients are fp32
+
+
+@dataclass(frozen=True)
+class CommSplits:
+    """Split sizes (in elements) of one device's two all-to-alls (see the module notes)."""
+
+    device: int
+    fw_send: tuple[int, ...]   # to each device j: B_j * D_self
+    fw_recv: tuple[int, ...]   # from each device d: B_self * D_d
+    bw_send: tuple[int, ...]   # the reverse of fw_recv
+    bw_recv: tuple[int, ...]   # the reverse of fw_send
+    element_size: int = OUTPUT_ELEMENT_SIZE
+
+    def bytes_sent(self, phase: str = "fw", remote_only: bool = True) -> int:
+        splits = self.fw_send if phase == "fw" else self.bw_send
+        return self.element_size * sum(s for j, s in enumerate(splits) if not (remote_only and j == self.device))
+
+    def bytes_received(self, phase: str = "fw", remote_only: bool = True) -> int:
+        splits = self.fw_recv if phase == "fw" else self.bw_recv
+        return self.element_size * sum(s for j, s in enumerate(splits) if not (remote_only and j == self.device))
+
+
+@dataclass(frozen=True)
+class CacheContext:
+    """Everything besides the shard that a measurement depends on."""
+
+    hardware: str
+    dataset: str
+    batch_size: int
+    optimizer: str
+    precision: str
+
+    def as_list(self) -> list:
+        """The fields in the cache key's order."""
+        return [self.hardware, self.dataset, int(self.batch_size), self.optimizer, self.precision]
+
+
 @dataclass
 class PlanResult:
     """What an oracle answers for one plan (the one result type of every :class:`CostOracle`)."""
@@ -110,7 +146,7 @@ class PlanResult:
     device_costs_ms: list[list[float]]       # per device the four COST_PARTS in ms
     from_cache: bool = False                 # the whole plan came from the measurement cache
     compute_from_cache: list[bool] = field(default_factory=list)   # per device: its compute did
-    comm: "list[CommSplits] | None" = None   # per device all-to-all split sizes; None when from the cache
+    comm: list[CommSplits] | None = None   # per device all-to-all split sizes; None when from the cache
     wall_s: float = 0.0                      # wall time of this evaluate() call
     parts: dict = field(default_factory=dict)  # {"compute": how obtained, "comm": how obtained}
     hardware: str = ""                       # what the figures stand for, in words
@@ -138,7 +174,7 @@ def check_costs(device_costs_ms, source: str) -> None:
     so the statistics never see it."""
     import math
 
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     for d, dev in enumerate(device_costs_ms):
         if len(dev) != 4:
@@ -198,7 +234,7 @@ class ShardCostOracle(CostOracle, Protocol):
     warmup_iters: int
 
     @property
-    def context(self) -> "CacheContext": ...
+    def context(self) -> CacheContext: ...
 
     @property
     def comm_measured(self) -> bool: ...

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from shardcore.commmodel import CommModel
+from shardcore.oracles.commmodel import CommModel
 from shardcore.errors import ShardError
 
 from .costmodel import CostModel, fit_cost_model

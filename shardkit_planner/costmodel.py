@@ -1,32 +1,32 @@
 """The planner's cost model: a whole plan's per-device costs (ms), for every sharding type.
 
-A device's cost is what the oracles report (:mod:`shardcore.oracles`): forward + backward compute
+A device's cost is what the oracles report (:mod:`shardcore.oracles.factory`): forward + backward compute
 of its kernels, plus its forward and backward exchanges.
 
-**Compute.** One shard's ``(fw_ms, bw_ms)`` from the features of :mod:`shardcore.emulator` (lookups,
+**Compute.** One shard's ``(fw_ms, bw_ms)`` from the features of :mod:`shardcore.oracles.emulated.emulator` (lookups,
 distinct rows, estimated DRAM traffic, bag-length dispersion, outputs, table count, the shard's
 widest table and its row count...), linear with non-negative weights. On a CPU the features are the
-emulator's CPU family (:data:`shardcore.emulator.CPU_SPEC`: every per-lookup term times the row's dim,
+emulator's CPU family (:data:`shardcore.oracles.emulated.emulator.CPU_SPEC`: every per-lookup term times the row's dim,
 as FBGEMM's CPU kernels read whole rows), so a column piece costs its share of the dim there. A piece is a table with the
 rows, dim and pooling factor it holds (:meth:`shardcore.plan.Sharding.pieces`: a row-wise block the
 lookups in proportion to its rows), so the same features cover every type. A device runs two
 kernels (:func:`shardcore.plan.device_kernels`): its model-parallel pieces fused over the batch and
 its data-parallel replicas fused over its batch slice, each predicted at its batch and summed
-(:func:`shardcore.emulator.predict_devices`, the emulated oracle's own function). The weights come
+(:func:`shardcore.oracles.emulated.emulator.predict_devices`, the emulated oracle's own function). The weights come
 from
 
 * ``emulated:h200``: the emulator itself (the oracle's own compute model: exact by construction);
 * ``measured``: a fit on this machine's shard measurements (the measurement cache's
-  :meth:`~shardcore.cache.CostCache.shard_entries` for the dataset, batch and precision),
+  :meth:`~shardcore.oracles.cache.CostCache.shard_entries` for the dataset, batch and precision),
   made by :func:`fit_cost_model` (``tools/fit_shardkit_model.py``) with the emulator's fitting code.
 
 **Communication.** ``latency + max(bytes sent, bytes received) / bandwidth`` per phase, priced by
-:meth:`shardcore.commmodel.CommModel.exchange_ms` (the one place, shared with the emulated oracle)
+:meth:`shardcore.oracles.commmodel.CommModel.exchange_ms` (the one place, shared with the emulated oracle)
 with the convention every oracle uses: the pooled all-to-all both ways (a data-parallel table sends
-no pooled outputs, :func:`~shardcore.commmodel.pooled_width`), forward the input-id all-to-all of
+no pooled outputs, :func:`~shardcore.oracles.commmodel.pooled_width`), forward the input-id all-to-all of
 every model-parallel piece (per device the expected ids it sends and receives, 8 bytes each plus
-one length per sample, :func:`~shardcore.commmodel.id_width`), backward the data-parallel gradient
-all-reduce (``2 (n-1)/n x rows x dim x bytes``, :func:`~shardcore.commmodel.allreduce_bytes`), one
+one length per sample, :func:`~shardcore.oracles.commmodel.id_width`), backward the data-parallel gradient
+all-reduce (``2 (n-1)/n x rows x dim x bytes``, :func:`~shardcore.oracles.commmodel.allreduce_bytes`), one
 latency each. The constants are the emulated oracle's analytic ones (so on that landscape the model
 is the oracle exactly), or on the CPU a fit of the measured pooled all-to-alls (the cache's plan
 measurements, backward phase: the pooled exchange alone).
@@ -43,9 +43,9 @@ from typing import Sequence
 
 import numpy as np
 
-from shardcore.commmodel import (CommModel, allreduce_bytes, fit_comm_model, id_width as piece_id_width,
+from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_comm_model, id_width as piece_id_width,
                                  pooled_width, remote_bytes)
-from shardcore.emulator import (CPU_SPEC, DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, predict_devices,
+from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, predict_devices,
                                 shard_features, table_arrays)
 from shardcore.errors import ShardError
 from shardcore.io import atomic_open
@@ -122,12 +122,12 @@ class CostModel:
 
     def id_width(self, t: TableConfig) -> float:
         """int64 elements per sample a piece adds to its device's input-id all-to-all
-        (:func:`~shardcore.commmodel.id_width`, as every oracle prices it)."""
+        (:func:`~shardcore.oracles.commmodel.id_width`, as every oracle prices it)."""
         return piece_id_width(t)
 
     def extra_bytes(self, t: TableConfig, ndevices: int) -> float:
         """Bytes of a piece's own backward collective on its device: a data-parallel replica's
-        all-reduce (:func:`~shardcore.commmodel.allreduce_bytes`)."""
+        all-reduce (:func:`~shardcore.oracles.commmodel.allreduce_bytes`)."""
         return allreduce_bytes(t, ndevices, self.precision)
 
     def comm_costs(self, dim_sums, extra=None, ids=None) -> np.ndarray:
@@ -200,7 +200,7 @@ def usable_shards(cache, dataset, batch_size: int, *, hardware: str, precision: 
     """The cache's shard measurements a fit may use: of ``dataset`` at ``batch_size`` on ``hardware``,
     whole-row tables only (table- or column-wise pieces), none in ``exclude_tables``; as
     ``(shards, fw_ms, bw_ms)``."""
-    from shardcore.cache import dataset_digest
+    from shardcore.oracles.setting import dataset_digest
 
     exclude = exclude_tables or set()
     entries = cache.shard_entries(hardware=hardware, dataset=dataset_digest(dataset), batch_size=batch_size,
@@ -244,7 +244,7 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
     default_cv = float(np.median(cvs)) if cvs else DEFAULT_CV
     cv = [[(cvs[t.index] if cvs else default_cv) for t in s] for s in shards]
     ta, shard_of = table_arrays(shards, cv)
-    from shardcore.cache import is_cpu_hardware
+    from shardcore.oracles.setting import is_cpu_hardware
 
     spec = CPU_SPEC if is_cpu_hardware(hardware) else DEFAULT_SPEC
     X = shard_features(ta, shard_of, len(shards), int(batch_size), spec)
@@ -253,7 +253,7 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
                         fitted_on=f"{len(shards)} shard measurements ({hardware})", known_tables=None,
                         default_cv=default_cv)
     samples = []
-    from shardcore.cache import dataset_digest
+    from shardcore.oracles.setting import dataset_digest
 
     for p in cache.plan_entries(hardware=hardware, dataset=dataset_digest(dataset), batch_size=batch_size, precision=precision,
                                 optimizer=optimizer):

@@ -22,7 +22,7 @@ Round ``r`` (up to ``k`` rounds):
 
 The fastest measured plan is kept. Its measurement is the smallest of several noisy ones, so it is
 biased low: the sharder says so (``measures_candidates``) and the comparison measures the kept plan
-again, afresh (:func:`shardcore.compare.evaluate`).
+again, afresh (:func:`shardcore.evaluation.compare.evaluate`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ model, optionally let the oracle pick among the best candidates.
 1. **Starts**: every name in ``starts`` that plans the task: ``model_greedy`` (largest model cost
    first, each table to the device whose modelled cost stays lowest among those with room), the
    greedy baselines, ``torchrec`` (TorchRec's full planner, every sharding type) and any other
-   ``--alg`` name or checkpoint (resolved through :func:`shardcore.algorithms.resolve`, so a DreamShard
+   ``--alg`` name or checkpoint (resolved through :func:`shardcore.cli.algorithms.resolve`, so a DreamShard
    or AutoShard checkpoint can seed the search without this package importing theirs). Starts that
    cannot place the task are skipped; none at all: :class:`~shardcore.errors.InfeasibleError`.
 2. **Search** (:func:`~shardkit_planner.search.local_search`) from the best starts in turn, by the
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
-from shardcore.cli import name_list, nonnegative_float, nonnegative_int, positive_float
+from shardcore.cli.common import name_list, nonnegative_float, nonnegative_int, positive_float
 from shardcore.config import Config, param
-from shardcore.commmodel import CommModel
+from shardcore.oracles.commmodel import CommModel
 from shardcore import io
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan, table_wise
@@ -79,7 +79,7 @@ def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int,
 @dataclass
 class ShardkitConfig(Config):
     """shardkit's own settings, stated once: ``eval.py``, ``eval_simulator.py`` and ``plan.py`` get
-    ``--shardkit-<field>`` flags from these fields (through :func:`shardcore.algorithms.add_plugin_args`;
+    ``--shardkit-<field>`` flags from these fields (through :func:`shardcore.cli.algorithms.add_plugin_args`;
     ``refine`` only where plans are measured)."""
 
     time: float = param(DEFAULT_TIME_BUDGET_S, "shardkit's planning time budget per task in seconds (default "
@@ -117,7 +117,7 @@ class ShardkitConfig(Config):
                              type=nonnegative_float, metavar="S", cli_default=None, group="measuring")
 
 
-CONFIG = ShardkitConfig()      # the defaults; the --alg plugin's flags (shardcore.algorithms.add_plugin_args)
+CONFIG = ShardkitConfig()      # the defaults; the --alg plugin's flags (shardcore.cli.algorithms.add_plugin_args)
 
 
 @dataclass
@@ -138,7 +138,7 @@ class ShardkitSharder(Sharder):
     def attach_oracle(self, oracle) -> None:
         """The oracle whose measurements refine the choice (when ``refine_k > 0``) and calibrate a model
         of a machine that has none. Attached before the oracle's workers start
-        (:func:`shardcore.algorithms.attach_oracle`): the cost model is built here where it needs no
+        (:func:`shardcore.cli.algorithms.attach_oracle`): the cost model is built here where it needs no
         measuring, else what calibration needs is checked, so missing cost data stops the command
         before anything is measured."""
         self.oracle = oracle
@@ -174,12 +174,12 @@ class ShardkitSharder(Sharder):
         """The model a task is planned with. Planning for the held-out emulated card
         (``emulator_fit="heldout"``): its compute is the emulator refitted without every measured shard
         that holds one of the task's tables and without one fixed fifth of the rest
-        (:func:`shardcore.emulator.heldout_model` with :data:`HELDOUT_SUBSET`), so shardkit never plans
+        (:func:`shardcore.oracles.emulated.emulator.heldout_model` with :data:`HELDOUT_SUBSET`), so shardkit never plans
         with a model that saw the task's tables, nor with the judge itself."""
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model
-        from shardcore.emulator import heldout_model, model_error, seen_tables
+        from shardcore.oracles.emulated.emulator import heldout_model, model_error, seen_tables
 
         card = model.landscape.split(":", 1)[1]
         seen = seen_tables(tables, card) if self.emulator_fit == "heldout" else frozenset()
@@ -193,7 +193,7 @@ class ShardkitSharder(Sharder):
 
     def _start_sharder(self, name: str):
         if name not in self._start_sharders:
-            from shardcore import algorithms
+            from shardcore.cli import algorithms
 
             self._start_sharders[name] = algorithms.resolve(name, **self.start_kwargs)
         return self._start_sharders[name]
@@ -300,7 +300,8 @@ def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> Cost
     """The measured landscape's model fitted now on the cache's measurements of this machine (when no
     fitted file exists, e.g. inside ``make experiments`` after the learned methods' training filled
     the cache); tables of ``exclude_task_files`` are left out of the fit."""
-    from shardcore.cache import CostCache, hardware_fingerprint
+    from shardcore.oracles.cache import CostCache
+    from shardcore.oracles.setting import hardware_fingerprint
     from shardcore.dataset import load_dataset
 
     from .calibrate import excluded_tables

@@ -16,17 +16,17 @@ data-parallel replica looks up its rank's slice of the batch (the pooling factor
 The batch is the global one: the option's per-rank ``batch_size`` times the world size.
 
 **Compute** (``fwd_compute``, ``bwd_compute``): the emulator's prediction for the piece as a shard of its
-own (:meth:`shardcore.emulator.GpuComputeModel.predict_many`, one batched call for all options).
+own (:meth:`shardcore.oracles.emulated.emulator.GpuComputeModel.predict_many`, one batched call for all options).
 TorchRec adds the shards of a rank; the emulator prices a rank's tables as one fused kernel, so the
 sum over a rank counts the per-kernel constant once per table (a few microseconds each at batch 65536):
 the one place this estimate differs from the emulated oracle's compute.
 
 **Communication** (``fwd_comms``, ``bwd_comms``): the bytes the piece adds to its rank's side of the
-exchanges the emulated oracle prices (:meth:`shardcore.commmodel.CommModel.exchange_ms`), over the
+exchanges the emulated oracle prices (:meth:`shardcore.oracles.commmodel.CommModel.exchange_ms`), over the
 bandwidth: the pooled outputs it sends to the other ranks' samples, ``4 x width x (B - B/n)`` in both
-phases (:func:`~shardcore.commmodel.pooled_width`: none for a replica); forward, a row-wise block's
-id all-to-all, ``8 x (B - B/n) x (ids per sample + 1)`` (:func:`~shardcore.commmodel.id_width`);
-backward, a replica's gradient all-reduce (:func:`~shardcore.commmodel.allreduce_bytes`). These add
+phases (:func:`~shardcore.oracles.commmodel.pooled_width`: none for a replica); forward, a row-wise block's
+id all-to-all, ``8 x (B - B/n) x (ids per sample + 1)`` (:func:`~shardcore.oracles.commmodel.id_width`);
+backward, a replica's gradient all-reduce (:func:`~shardcore.oracles.commmodel.allreduce_bytes`). These add
 up over a rank's shards exactly as the oracle's byte counts do (its sent side); the per-collective
 latency is left out, since a sum over shards would count it once per shard (it is the same constant on
 every rank that exchanges anything).
@@ -46,9 +46,9 @@ import numpy as np
 import torch
 from torchrec.distributed.planner.types import ParameterConstraints, Perf, ShardEstimator, ShardingOption, Topology
 
-from shardcore.commmodel import (ID_ELEMENT_SIZE, OUTPUT_ELEMENT_SIZE, CommModel, allreduce_bytes, id_width,
-                                 pooled_width)
-from shardcore.emulator import load_gpu_model
+from shardcore.oracles.commmodel import ID_ELEMENT_SIZE, CommModel, allreduce_bytes, id_width, pooled_width
+from shardcore.types import OUTPUT_ELEMENT_SIZE
+from shardcore.oracles.emulated.emulator import load_gpu_model
 from shardcore.errors import ShardError
 from shardcore.plan import DATA_PARALLEL, ROW_WISE, ShardPiece
 from shardcore.tables import TableConfig
@@ -92,7 +92,7 @@ def shard_comm_bytes(piece: TableConfig, batch_size: int, world: int, precision:
 class EmulatedPerfEstimator(ShardEstimator):
     """Fills every shard's ``Perf`` from the emulated GPU and the exchange model (module notes).
 
-    ``comm``: the exchange model (default :class:`~shardcore.commmodel.CommModel`'s stated constants, the
+    ``comm``: the exchange model (default :class:`~shardcore.oracles.commmodel.CommModel`'s stated constants, the
     emulated oracle's); ``card``: the emulated GPU (``h200``); ``tables`` / ``length_cv``: per table
     name, the statistics TorchRec's options do not carry."""
 

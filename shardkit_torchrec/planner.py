@@ -14,7 +14,7 @@ NVLink domain the exchange model describes; several hosts are refused), the memo
 smallest rank's HBM, or DDR on a ``cpu`` topology, less ``reserve``, like TorchRec's storage
 reservation; shardkit's cap counts the weights), and the intra-host bandwidth as the exchange model's
 (TorchRec's built-in default, a nominal 600 GiB/s, is not a statement about the hardware: then the
-exchange model keeps its own stated constants, :class:`~shardcore.commmodel.CommModel`). The batch is
+exchange model keeps its own stated constants, :class:`~shardcore.oracles.commmodel.CommModel`). The batch is
 TorchRec's per-rank ``batch_size`` times the world size.
 
 **Planning.** :class:`shardkit_planner.sharder.ShardkitSharder` (starts, local search) under the cost model
@@ -35,7 +35,7 @@ is checked once more: a table it still cannot express is refused in one line
 (:class:`~shardcore.errors.ShardError`), never changed.
 
 **Out.** TorchRec's ``ShardingPlan`` (``fused`` kernel; ``dense`` for data-parallel), built through the
-plan-file form of :mod:`shardcore.plan_export` (one entry per collection's module path), placements
+plan-file form of :mod:`shardcore.interop.plan_export` (one entry per collection's module path), placements
 ``rank:r/cuda:r`` or ``rank:r/cpu`` after ``device_type`` (default: the topology's compute device).
 ``collective_plan`` plans on rank 0 and broadcasts that JSON form (bytes, not a pickle) to every rank of
 the group; an error on rank 0 is raised on every rank.
@@ -57,10 +57,10 @@ from torchrec.distributed.planner.constants import BATCH_SIZE, INTRA_NODE_BANDWI
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
-from shardcore.commmodel import CommModel
+from shardcore.oracles.commmodel import CommModel
 from shardcore.errors import ShardError
 from shardcore.plan import ROW_WISE, Plan, ShardPiece, Sharding
-from shardcore.plan_export import sharding_plan_from_json, torchrec_plan_json
+from shardcore.interop.plan_export import sharding_plan_from_json, torchrec_plan_json
 from shardcore.tables import GB
 from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
 from shardkit_planner.sharder import DEFAULT_STARTS, DEFAULT_TIME_BUDGET_S, ShardkitSharder
@@ -227,7 +227,7 @@ class ShardkitPlanner(ShardingPlanner):
         return tuple(t for t in ALL_TYPES if t in allowed)
 
     def plan_json(self, module: nn.Module, sharders: Sequence[ModuleSharder]) -> list[dict]:
-        """The plan in :func:`shardcore.plan_export.torchrec_plan_json` form, one dict per collection."""
+        """The plan in :func:`shardcore.interop.plan_export.torchrec_plan_json` form, one dict per collection."""
         self._check_sharders(module, sharders)
         stats = table_stats(module, self.constraints, self.samples, self.global_batch)
         precision = precision_of(cfg for _p, ebc in collections(module) for cfg in ebc.embedding_bag_configs())

@@ -1,7 +1,7 @@
 """``--alg torchrec-emu``: TorchRec's ``EmbeddingShardingPlanner`` with :class:`EmulatedPerfEstimator`
 in place of its own performance estimator (TorchRec's ``EmbeddingStorageEstimator`` still counts memory).
 
-Everything else is ``--alg torchrec``'s (:class:`shardcore.torchrec_planner.TorchRecSharder`): the same
+Everything else is ``--alg torchrec``'s (:class:`shardcore.interop.torchrec_planner.TorchRecSharder`): the same
 collection on the ``meta`` device, the same constraints (every sharding type the oracle measures,
 ``fused`` / ``dense`` kernels, each table's pooling factor), the same topology (built by that module, so a
 change to how it describes the hardware reaches both), the same per-rank batch, memory model, reserve and
@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from shardcore.commmodel import CommModel
+from shardcore.oracles.commmodel import CommModel
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
-from shardcore import torchrec_planner as trp
+from shardcore.interop import torchrec_planner as trp
 
 
 @dataclass

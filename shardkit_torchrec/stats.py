@@ -10,7 +10,7 @@ Per table (one ``EmbeddingBagConfig`` of an ``EmbeddingBagCollection``):
   assumes then);
 * **reuse histogram** (the 17 ``bin_*`` of :class:`~shardcore.tables.TableConfig`: of the distinct rows
   looked up in a batch, the fraction looked up (0,1], (1,2], (2,4], ... times): from the sample's ids,
-  the batches taken together up to the global batch the plan is for (``shardcore.dlrm.reuse_counts``,
+  the batches taken together up to the global batch the plan is for (``shardcore.data.dlrm.reuse_counts``,
   the counting the datasets use); without samples all zero, which the emulator reads as "every lookup a
   distinct row" (``min(lookups, rows)`` rows touched: the most DRAM traffic, never an under-estimate);
 * **bag-length CV** (the coefficient of variation of the per-sample lookup counts, which the emulated
@@ -101,7 +101,7 @@ def table_stats(module, constraints: Mapping[str, Any] | None = None, samples: S
     ``constraints``: TorchRec's ``{table name: ParameterConstraints}``; ``samples``: input batches
     (``KeyedJaggedTensor`` s) keyed by feature name; ``global_batch``: the most samples per feature the
     reuse statistics take (default: all)."""
-    from shardcore.dlrm import reuse_bins, reuse_counts
+    from shardcore.data.dlrm import reuse_bins, reuse_counts
 
     found = collections(module)
     if not found:

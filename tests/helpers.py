@@ -70,7 +70,7 @@ def require_torchrec() -> None:
     except Exception as exc:  # noqa: BLE001 - a broken install (e.g. a mismatched fbgemm) is not an ImportError
         reason = f"TorchRec cannot be imported ({type(exc).__name__}: {exc})"
         if os.environ.get("SHARDKIT_REQUIRE_TORCHREC") == "1":
-            from shardcore.torchrec_planner import INSTALL_HINT
+            from shardcore.interop.torchrec_planner import INSTALL_HINT
 
             pytest.fail(f"{reason}, and SHARDKIT_REQUIRE_TORCHREC=1 (make test) requires it. {INSTALL_HINT}",
                         pytrace=False)

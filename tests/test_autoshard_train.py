@@ -15,8 +15,8 @@ import torch
 from autoshard.config import AutoShardConfig
 from autoshard.trainer import AutoShardTrainer
 from shardcore.dataset import load_dataset
-from shardcore.cache import CachedOracle
-from shardcore.evaluator import PlanEvaluator
+from shardcore.oracles.cache import CachedOracle
+from shardcore.oracles.measured.driver import PlanEvaluator
 from shardcore.tasks import Task, save_tasks
 
 from helpers import make_dataset

@@ -11,7 +11,7 @@ from autoshard.env import ShardingEnv, balance, final_reward, stack_obs
 from autoshard.networks import NUM_ACTION_FEATURES, AutoShardNet, CostModel
 from autoshard.sharder import AutoShardModel, load_sharder
 from autoshard.vtrace import from_importance_weights, from_logits
-from shardcore import algorithms
+from shardcore.cli import algorithms
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.tables import FeatureScaler, TableConfig
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from shardcore import benchmark
-from shardcore.benchmark import (BufferPool, ShardRunner, benchmark_shard, check_fits, shard_lookups,
+from shardcore.oracles.measured import benchmark
+from shardcore.oracles.measured.benchmark import (BufferPool, ShardRunner, benchmark_shard, check_fits, shard_lookups,
                                  shard_memory_bytes)
 from shardcore.dataset import load_dataset, save_dataset
 from shardcore.errors import ShardError
@@ -160,7 +160,7 @@ def test_restores_thread_count(ds):
 
 
 def test_host_measurement_lock_excludes_others(tmp_path):
-    from shardcore.benchmark import host_measurement_lock
+    from shardcore.oracles.measured.benchmark import host_measurement_lock
 
     path = str(tmp_path / "lock")
     with host_measurement_lock(path=path):

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from shardcore.cache import (CacheContext, CostCache, dataset_digest, hardware_fingerprint, open_cache,
-                             shard_key)
+from shardcore.types import CacheContext
+from shardcore.oracles.cache import CostCache, open_cache, shard_key
+from shardcore.oracles.setting import dataset_digest, hardware_fingerprint
 from shardcore.dataset import save_dataset
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
@@ -36,7 +37,7 @@ def test_a_plan_of_an_older_cost_convention_is_neither_answered_nor_listed(tmp_p
     stand for today's: get_plan misses them and plan_entries skips them; shards stay valid."""
     import json
 
-    from shardcore import cache as cache_mod
+    from shardcore.oracles import cache as cache_mod
 
     cache = CostCache(tmp_path / "c.sqlite")
     shards = [T[:2], T[2:]]

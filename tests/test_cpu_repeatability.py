@@ -1,5 +1,5 @@
 """The measured CPU oracle's repeatability protocol: small pages, the lower quartile, the reference
-shard and its nominal speed kept in the measurement cache (shardcore.evaluator, 'Repeatability on the
+shard and its nominal speed kept in the measurement cache (shardcore.oracles.measured.driver, 'Repeatability on the
 CPU'); and tools/cpu_repeatability.py's figures."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardcore import benchmark
-from shardcore.benchmark import ReferenceRunner, _lazy_zeros
-from shardcore.cache import CPU_PROTOCOL, CachedOracle, CostCache, hardware_fingerprint
-from shardcore.evaluator import PlanEvaluator, low_quantile
+from shardcore.oracles.measured import benchmark
+from shardcore.oracles.measured.benchmark import ReferenceRunner, _lazy_zeros
+from shardcore.oracles.setting import CPU_PROTOCOL, hardware_fingerprint
+from shardcore.oracles.cache import CachedOracle, CostCache
+from shardcore.oracles.measured.driver import PlanEvaluator
+from shardcore.oracles.measured.worker import low_quantile
 from tests.test_evaluator import make_data
 
 ROOT = Path(__file__).resolve().parent.parent

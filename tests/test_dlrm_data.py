@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 from tools import gen_dlrm_data  # noqa: E402
-from shardcore import dlrm  # noqa: E402
+from shardcore.data import dlrm  # noqa: E402
 from shardcore.dataset import load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 

@@ -4,7 +4,7 @@ import torch
 from dreamshard.config import DreamShardConfig
 from dreamshard.env import EstimatedMDP
 from dreamshard.sharder import DreamShardModel, load_sharder
-from shardcore.algorithms import resolve
+from shardcore.cli.algorithms import resolve
 from shardcore.errors import InfeasibleError
 from shardcore.tables import FeatureScaler, TableConfig
 

@@ -10,10 +10,10 @@ import pytest
 
 from helpers import load_tool
 
-from shardcore.cli import run_main
+from shardcore.cli.common import run_main
 from shardcore.dataset import load_table_configs
 from shardcore.errors import ShardError
-from shardcore.emulator import MEASUREMENTS_DIR, load_gpu_model, read_params, model_path
+from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, load_gpu_model, read_params, model_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
@@ -85,7 +85,7 @@ def test_known_tables_get_their_bag_length_cv(model, tables):
 
 def test_held_out_mape_matches_report():
     acc = load_tool("emulator_accuracy")
-    from shardcore.emulator import DEFAULT_SPEC, default_cv_of, synthetic_length_cv
+    from shardcore.oracles.emulated.emulator import DEFAULT_SPEC, default_cv_of, synthetic_length_cv
     from shardcore.dataset import load_table_configs as ltc
 
     known = synthetic_length_cv()
@@ -181,7 +181,7 @@ def test_predict_shard_costs_unknown_oracle_and_missing_configs(tmp_path, capsys
 
 def test_gpucheck_runs_reconstructed_and_prediction_fast(model, tables):
     import time
-    from shardcore.emulator import load_measurements
+    from shardcore.oracles.emulated.emulator import load_measurements
 
     meas = load_measurements(65536)
     shards = meas["shards"]
@@ -204,7 +204,7 @@ def test_gpucheck_runs_reconstructed_and_prediction_fast(model, tables):
 
 # -- the held-out judge ----------------------------------------------------------------------------
 def test_heldout_fit_never_sees_the_excluded_tables_and_refits_like_the_shipped_one(model, tables):
-    from shardcore.emulator import MEASUREMENTS_DIR as MD, TASK_FILES, heldout_model, measured_landscapes, seen_tables
+    from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR as MD, TASK_FILES, heldout_model, measured_landscapes, seen_tables
 
     land = measured_landscapes("h200")[0]
     # no table excluded: the same weights as the shipped fit at batch 65536
@@ -233,9 +233,9 @@ def test_heldout_fit_never_sees_the_excluded_tables_and_refits_like_the_shipped_
 
 
 def test_heldout_oracle_judges_each_plan_without_its_tables(tables):
-    from shardcore.cache import CachedOracle
-    from shardcore.emulator import heldout_model
-    from shardcore.oracles import EmulatedOracle
+    from shardcore.oracles.cache import CachedOracle
+    from shardcore.oracles.emulated.emulator import heldout_model
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
     from shardcore.plan import Plan
 
     data_dir = os.path.dirname(CONFIGS)
@@ -256,7 +256,7 @@ def test_heldout_oracle_judges_each_plan_without_its_tables(tables):
 
 # -- the optional terms (shard footprint, per-dim distinct sectors, table count) and the CV prior ----------
 def test_cv_prior_is_the_known_tables_lookup_weighted_quantiles():
-    from shardcore.emulator import DEFAULT_SPEC, synthetic_length_cv
+    from shardcore.oracles.emulated.emulator import DEFAULT_SPEC, synthetic_length_cv
 
     known = synthetic_length_cv()
     cv, pf = np.array(known["cv"]), np.array(known["pooling_factor"])
@@ -268,7 +268,7 @@ def test_cv_prior_is_the_known_tables_lookup_weighted_quantiles():
 
 
 def test_unknown_cv_is_the_mean_over_the_prior(tables):
-    from shardcore.emulator import DEFAULT_SPEC, shard_features, table_arrays
+    from shardcore.oracles.emulated.emulator import DEFAULT_SPEC, shard_features, table_arrays
 
     shards = [tables[150:160], tables[3:5]]
     nan = [[float("nan")] * len(s) for s in shards]
@@ -296,7 +296,7 @@ def test_unknown_tables_get_the_prior_in_predictions(model, tables):
 
 def test_parameter_sets_without_the_optional_terms_still_load(tables):
     """A parameter file fitted before the optional terms keeps its 37 features and the default CV."""
-    from shardcore.emulator import DEFAULT_SPEC, GpuComputeModel, feature_names, shard_features, table_arrays
+    from shardcore.oracles.emulated.emulator import DEFAULT_SPEC, GpuComputeModel, feature_names, shard_features, table_arrays
 
     old = {k: DEFAULT_SPEC[k] for k in ("cache_bytes", "cv_knots", "footprint_knots", "size_knots")}
     assert len(feature_names(old)) == 37 and len(feature_names(DEFAULT_SPEC)) == 46
@@ -317,7 +317,7 @@ def test_parameter_sets_without_the_optional_terms_still_load(tables):
 
 def test_accuracy_tool_reports_shard_classes():
     acc = load_tool("emulator_accuracy")
-    from shardcore.emulator import DEFAULT_SPEC, default_cv_of, synthetic_length_cv
+    from shardcore.oracles.emulated.emulator import DEFAULT_SPEC, default_cv_of, synthetic_length_cv
     from shardcore.dataset import load_table_configs as ltc
 
     known = synthetic_length_cv()
@@ -342,7 +342,7 @@ def test_accuracy_tool_reports_shard_classes():
 def test_heldout_fit_with_few_shards_keeps_the_core_features():
     """A held-out fit whose largest set has fewer than two shards per weight of the full feature set
     keeps the core features (a DLRM-100 task's tables less shardkit's dropped fifth leave 80 shards)."""
-    from shardcore import emulator as E
+    from shardcore.oracles.emulated import emulator as E
     from shardcore.tasks import load_tasks
 
     land = E.measured_landscapes("h200")[0]
@@ -368,7 +368,7 @@ def test_cpu_feature_family_scales_every_per_lookup_term_with_the_dim():
     lookups and the table count stay); an unknown CV enters as the prior's mean CV^2."""
     import math
 
-    from shardcore.emulator import CPU_SPEC, feature_names, shard_features, table_arrays
+    from shardcore.oracles.emulated.emulator import CPU_SPEC, feature_names, shard_features, table_arrays
     from shardcore.tables import NUM_BINS, TableConfig
 
     bins = [0.0] * NUM_BINS

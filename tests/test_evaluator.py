@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from shardcore.cache import CachedOracle, CostCache
+from shardcore.oracles.cache import CachedOracle, CostCache
 from shardcore.dataset import save_dataset
 from shardcore.errors import ShardError
-from shardcore.evaluator import PlanEvaluator, batch_slices, comm_splits
+from shardcore.oracles.commmodel import batch_slices, comm_splits
+from shardcore.oracles.measured.driver import PlanEvaluator
 from shardcore.tables import TableConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -198,7 +199,7 @@ def test_comm_with_start_delays(ev):
 
 
 def test_waits_for_the_machine_measurement_lock(ev, data):
-    from shardcore.benchmark import host_measurement_lock
+    from shardcore.oracles.measured.benchmark import host_measurement_lock
 
     _, t = data
     pids = ev.worker_pids
@@ -278,7 +279,7 @@ _SCRIPT = textwrap.dedent("""
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test dumps the stacks if it hangs
     # a suite started in the background (`make test &`) passes an ignored SIGINT down to its children
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from shardcore.evaluator import PlanEvaluator
+    from shardcore.oracles.measured.driver import PlanEvaluator
     from shardcore.dataset import load_dataset
 
     if __name__ == "__main__":

@@ -11,11 +11,12 @@ import sys
 import pytest
 
 from helpers import make_dataset
-from shardcore import report
-from shardcore.commmodel import CommModel, fit_comm_model, remote_bytes
+from shardcore.evaluation import report
+from shardcore.oracles.commmodel import CommModel, fit_comm_model, remote_bytes
 from shardcore.errors import ShardError
-from shardcore.compare import TaskResult
-from shardcore.evaluator import PlanEvaluator, comm_splits
+from shardcore.evaluation.compare import TaskResult
+from shardcore.oracles.commmodel import comm_splits
+from shardcore.oracles.measured.driver import PlanEvaluator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -246,7 +247,7 @@ def test_eval_on_the_emulated_h200_needs_no_data_pt(tmp_path):
 
 
 def test_emulated_oracle_with_lookups_uses_the_measured_bag_lengths(tiny):
-    from shardcore.oracles import EmulatedOracle
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
 
     path, tables = tiny
     with EmulatedOracle(path, 3) as emu:
@@ -276,7 +277,7 @@ def test_emulated_oracle_without_a_batch_says_how(tmp_path):
     cfgs = json.loads(open(os.path.join(SHIPPED, "dlrm_b65536", "table_configs.json")).read())
     cfgs.pop("batch_size")
     (tmp_path / "table_configs.json").write_text(json.dumps(cfgs))
-    from shardcore.oracles import EmulatedOracle
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
 
     with pytest.raises(ShardError, match="--batch-size"):
         EmulatedOracle(tmp_path, 4)
@@ -285,7 +286,7 @@ def test_emulated_oracle_without_a_batch_says_how(tmp_path):
 
 def test_plans_made_elsewhere_are_measured_as_given(tmp_path):
     from shardcore.errors import InfeasibleError
-    from shardcore.gpu_check import _load_plans
+    from tools.gpu_check_lib import _load_plans
     from shardcore.tables import TableConfig
     from shardcore.tasks import Task
 

@@ -21,8 +21,9 @@ import time
 import pytest
 import torch
 
-from shardcore import cli
-from shardcore.cache import CacheContext, CostCache
+from shardcore.cli import common as cli
+from shardcore.types import CacheContext
+from shardcore.oracles.cache import CostCache
 from shardcore.dataset import load_dataset, load_table_configs
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from shardcore import io
-from shardcore.cache import CostCache
+from shardcore.oracles.cache import CostCache
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.types import PlanResult
@@ -315,7 +315,7 @@ def test_data_pt_derived_state_checked(base, tmp_path, change, pattern):
 
 
 def test_prediction_never_read_as_measurement(tmp_path):
-    from shardcore.emulator import read_shard_lines
+    from shardcore.oracles.emulated.emulator import read_shard_lines
     from shardcore.tables import TableConfig
 
     tables = [TableConfig(0, 100, 8, 1.0)]
@@ -367,7 +367,8 @@ def test_autoshard_divergence_is_one_line(tmp_path):
 
 # -- class 4: checks that came too late --------------------------------------------------------------------
 def test_unusable_cache_found_before_workers(base, tmp_path, monkeypatch):
-    from shardcore import evaluator, oracles
+    from shardcore.oracles.measured import driver as evaluator
+    from shardcore.oracles import factory as oracles
 
     started = []
     monkeypatch.setattr(evaluator.PlanEvaluator, "__init__", lambda self, *a, **k: started.append(1))
@@ -381,7 +382,7 @@ def test_unusable_cache_found_before_workers(base, tmp_path, monkeypatch):
 def test_shardkit_falls_back_to_torchrec_where_greedy_cannot_place():
     """A table larger than one device's cap: no greedy start places it, TorchRec's row-wise split does;
     shardkit must not call the task infeasible."""
-    from shardcore import algorithms
+    from shardcore.cli import algorithms
     from shardcore.tables import TableConfig
 
     tables = [TableConfig(0, 4_000_000, 128, 2.0), TableConfig(1, 1000, 16, 1.0), TableConfig(2, 5000, 32, 3.0)]

@@ -37,7 +37,7 @@ def measured(base, *extra):
 @pytest.fixture
 def no_workers(monkeypatch):
     """Any measuring worker started fails the test."""
-    from shardcore import evaluator
+    from shardcore.oracles.measured import driver as evaluator
     from shardkit_planner import sharder
 
     def start(self):
@@ -124,7 +124,7 @@ def test_greedy_in_log_devices_chooses_as_before(cap):
 
 
 def test_past_the_deadline_one_start_is_made():
-    from shardcore import algorithms
+    from shardcore.cli import algorithms
 
     tables = _tables(40)
     sk = algorithms.resolve("shardkit", oracle="emulated:h200", shardkit_time=0.01)
@@ -235,9 +235,9 @@ def test_untrained_as_good_leaves_the_files(rel, tmp_path, capsys, monkeypatch):
 # -- class 5: provenance: a prediction is never read as a measurement -------------------------------------
 def test_predictions_fed_back_are_refused(tmp_path, capsys):
     """tools/predict_shard_costs.py marks what it wrote ("predicted", "oracle"); the one reader of shard
-    lines (shardcore.emulator.read_shard_lines: the emulator's fit, its accuracy tool, this tool) refuses it."""
+    lines (shardcore.oracles.emulated.emulator.read_shard_lines: the emulator's fit, its accuracy tool, this tool) refuses it."""
     from shardcore.dataset import load_table_configs
-    from shardcore.emulator import MEASUREMENTS_DIR
+    from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR
 
     configs = Path(MEASUREMENTS_DIR) / "dlrm_b65536" / "table_configs.json"
     if not configs.is_file():

@@ -121,7 +121,8 @@ def test_the_experiment_runner_names_no_method(path):
 
 def test_the_method_list_can_be_replaced_from_the_environment(monkeypatch):
     """SHARDKIT_METHODS replaces the top-level list: an unlisted method is unknown to the core."""
-    from shardcore import algorithms, registry
+    from shardcore import registry
+    from shardcore.cli import algorithms
     from shardcore.errors import ShardError
 
     monkeypatch.setenv(registry.METHODS_ENV, "dreamshard")
@@ -141,7 +142,8 @@ def test_the_method_list_can_be_replaced_from_the_environment(monkeypatch):
 
 
 def test_the_planner_plugins_are_declared_at_the_top_level_and_resolve():
-    from shardcore import algorithms, registry
+    from shardcore import registry
+    from shardcore.cli import algorithms
 
     assert registry.planner_plugins() == {"shardkit": "shardkit_planner.sharder",
                                           "torchrec-emu": "shardkit_torchrec.sharder"}

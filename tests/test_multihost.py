@@ -18,7 +18,7 @@ import pytest
 
 from helpers import make_dataset
 from shardcore.errors import ShardError
-from shardcore.launch import JsonConnection, _decode, _encode, rank_env
+from shardcore.oracles.measured.launch import JsonConnection, _decode, _encode, rank_env
 from shardcore.tables import TableConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

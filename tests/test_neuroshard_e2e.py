@@ -14,8 +14,8 @@ import train_neuroshard
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data
 from neuroshard.sharder import load_sharder
 from shardcore.errors import ShardError
-from shardcore.cache import CachedOracle
-from shardcore.evaluator import PlanEvaluator
+from shardcore.oracles.cache import CachedOracle
+from shardcore.oracles.measured.driver import PlanEvaluator
 from shardcore.tasks import Task, save_tasks
 
 from helpers import make_dataset

@@ -10,13 +10,13 @@ from neuroshard.config import SearchConfig
 from neuroshard.models import save_bundle, save_model
 from neuroshard.search import TaskSearch, search
 from neuroshard.sharder import NeuroShardSharder, load_sharder
-from shardcore import algorithms
+from shardcore.cli import algorithms
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.compare import plan_task
+from shardcore.evaluation.compare import plan_task
 from shardcore.types import Topology
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
-from shardcore.plan_export import plan_json, torchrec_plan_json
+from shardcore.interop.plan_export import plan_json, torchrec_plan_json
 
 from test_neuroshard_helpers import synthetic_tables, train_simulator
 

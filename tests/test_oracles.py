@@ -9,11 +9,12 @@ import json
 
 import pytest
 
-from shardcore.cache import CachedOracle, CostCache
+from shardcore.oracles.cache import CachedOracle, CostCache
 from shardcore.errors import ShardError
-from shardcore.compare import evaluate, plan_task
-from shardcore.evaluator import PlanEvaluator
-from shardcore.oracles import EmulatedOracle, open_oracle
+from shardcore.evaluation.compare import evaluate, plan_task
+from shardcore.oracles.measured.driver import PlanEvaluator
+from shardcore.oracles.emulated.oracle import EmulatedOracle
+from shardcore.oracles.factory import open_oracle
 from shardcore.baselines import make_baseline
 from shardcore.tables import TableConfig
 from shardcore.tasks import Task
@@ -311,10 +312,10 @@ def test_emulated_ids_travel_for_every_model_parallel_table(tiny):
     """Every table's input ids travel from the device that read the sample to the device(s) holding
     its rows: the forward adds one int64 all-to-all, counted here by hand for a table-wise, a
     column-wise, a row-wise and a data-parallel plan; the pooled outputs travel both ways as before."""
-    from shardcore.commmodel import CommModel
-    from shardcore.evaluator import _model_extra
+    from shardcore.oracles.commmodel import CommModel
+    from shardcore.oracles.measured.worker import model_extra
     from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise
-    from shardcore.shardings import CommLayout
+    from shardcore.oracles.measured.shardings import CommLayout
 
     path, tables = tiny
     task = _hot_task(tables)
@@ -340,7 +341,7 @@ def test_emulated_ids_travel_for_every_model_parallel_table(tiny):
             if name != "dp":        # no all-reduce: the backward is the pooled exchange alone
                 assert bw == pytest.approx(pooled[d][1], rel=1e-12)
         # the measured evaluator's modelled exchange (oversubscribed), given those counts, is the same
-        times = _model_extra(model, pooled, CommLayout(dims, ids_send=ids, allreduce=[0] * n), "fp16")
+        times = model_extra(model, pooled, CommLayout(dims, ids_send=ids, allreduce=[0] * n), "fp16")
         for d in range(n):
             assert r.device_costs_ms[d][1] == pytest.approx(times[d][0], rel=1e-9)
     # a table-wise holder receives the table's ids from the two other slices: device 0 holds two tables
@@ -358,7 +359,7 @@ def test_emulated_ids_travel_for_every_model_parallel_table(tiny):
 def test_emulated_data_parallel_table_adds_its_all_reduce_and_sends_no_outputs(tiny):
     """A replica sends no pooled outputs and no ids; it adds the gradient all-reduce (backward), and its
     compute is a kernel of its own over the device's batch slice, with the table's pooling factor."""
-    from shardcore.commmodel import CommModel
+    from shardcore.oracles.commmodel import CommModel
     from shardcore.plan import Plan, data_parallel, table_wise
 
     path, tables = tiny

@@ -25,25 +25,26 @@ import train_neuroshard  # noqa: E402
 from neuroshard.cli import apply_original_training_args  # noqa: E402
 from neuroshard.collect import load_comm_data, load_compute_data  # noqa: E402
 from neuroshard.models import load_model  # noqa: E402
-from shardcore import algorithms, dlrm  # noqa: E402
-from shardcore.benchmark import shard_lookups  # noqa: E402
-from shardcore.cache import dataset_digest  # noqa: E402
-from shardcore.cli import run_main  # noqa: E402
+from shardcore.cli import algorithms  # noqa: E402
+from shardcore.data import dlrm  # noqa: E402
+from shardcore.oracles.measured.benchmark import shard_lookups  # noqa: E402
+from shardcore.oracles.setting import dataset_digest  # noqa: E402
+from shardcore.cli.common import run_main  # noqa: E402
 from shardcore.dataset import load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
-from shardcore.taskgen import generate_transfer_tasks  # noqa: E402
+from shardcore.data.taskgen import generate_transfer_tasks  # noqa: E402
 from shardcore.tasks import load_tasks  # noqa: E402
 from tools import gen_dlrm_data, gen_tasks  # noqa: E402
-from shardcore.plan_export import default_names  # noqa: E402
+from shardcore.interop.plan_export import default_names  # noqa: E402
 
 from autoshard.sharder import AutoShardModel  # noqa: E402
 
 
 def _combination_supported() -> bool:
     """``--ndevices N --gpu-devices IDS`` together (N devices measured on those GPUs) comes with the
-    concurrent change to shardcore.cli.add_device_args; before it, argparse refuses the pair."""
+    concurrent change to shardcore.cli.common.add_device_args; before it, argparse refuses the pair."""
     p = argparse.ArgumentParser(exit_on_error=False)
-    from shardcore.cli import add_device_args
+    from shardcore.cli.common import add_device_args
     add_device_args(p)
     try:
         p.parse_args(["--ndevices", "8", "--gpu-devices", "0,1"])
@@ -137,10 +138,10 @@ def test_run_autoshard_flags(capsys):
 
 def test_autoshard_ndevices_with_gpu_devices():
     """AutoShard passes both: N devices measured on the listed GPUs (depends on the concurrent change
-    to shardcore.cli.add_device_args that allows the pair)."""
+    to shardcore.cli.common.add_device_args that allows the pair)."""
     if not _combination_supported():
-        pytest.xfail("needs --ndevices together with --gpu-devices (concurrent shardcore.cli.add_device_args change)")
-    from shardcore.cli import device_ids, num_devices
+        pytest.xfail("needs --ndevices together with --gpu-devices (concurrent shardcore.cli.common.add_device_args change)")
+    from shardcore.cli.common import device_ids, num_devices
     for module, argv in ((train_autoshard, run_autoshard.autoshard_argv(["--ndevices", "8", "--gpu-devices", "0,1,2,3"])),
                          (eval_script, ["--alg", "autoshard", "--ndevices", "8", "--gpu-devices", "0,1,2,3",
                                         "--checkpointpath", "m.pt"])):

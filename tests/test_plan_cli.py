@@ -12,7 +12,7 @@ from shardcore.baselines import BASELINES
 from shardcore.errors import ShardError
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
-from shardcore import plan_export as pe
+from shardcore.interop import plan_export as pe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

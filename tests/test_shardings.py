@@ -8,15 +8,15 @@ import json
 import pytest
 import torch
 
-from shardcore.benchmark import build_operator, shard_lookups
+from shardcore.oracles.measured.benchmark import build_operator, shard_lookups
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
-from shardcore.compare import TaskResult, plan_task
+from shardcore.evaluation.compare import TaskResult, plan_task
 from shardcore.types import Topology
 from shardcore.baselines import make_baseline
 from shardcore.plan import (Plan, ShardPiece, column_wise, data_parallel, row_blocks, row_wise,
                             shardings_from_json, shardings_to_json, table_wise)
-from shardcore.shardings import comm_layout, piece_lookups
+from shardcore.oracles.measured.shardings import comm_layout, piece_lookups
 from shardcore.tables import TableConfig
 from tests.helpers import make_dataset
 
@@ -201,7 +201,7 @@ def test_comm_layout_counts_the_real_ids(data):
 def test_a_device_runs_its_replicas_in_a_kernel_of_their_own_over_its_slice(data):
     """device_kernels: whole tables / blocks / row blocks at the batch, replicas at the device's slice;
     the measured runner builds one operator each, the replica's over its slice's bags only."""
-    from shardcore.benchmark import ShardRunner
+    from shardcore.oracles.measured.benchmark import ShardRunner
     from shardcore.plan import device_kernels
 
     path, tables = data
@@ -235,7 +235,7 @@ def test_a_device_runs_its_replicas_in_a_kernel_of_their_own_over_its_slice(data
 
 
 def test_rw_dp_plan_measured_end_to_end_on_four_cpu_devices(data):
-    from shardcore.evaluator import PlanEvaluator
+    from shardcore.oracles.measured.driver import PlanEvaluator
 
     path, tables = data
     task = [t for t in tables if t.pooling_factor > 0][:4]
@@ -257,7 +257,7 @@ def test_rw_dp_plan_measured_end_to_end_on_four_cpu_devices(data):
 
 
 def test_gpu_check_reads_row_wise_and_data_parallel_plans_from_an_eval_file(tmp_path):
-    from shardcore.gpu_check import _load_plans
+    from tools.gpu_check_lib import _load_plans
     from shardcore.tasks import Task
 
     plan = Plan.from_shardings(TASK, [row_wise([2, 0]), data_parallel(3), column_wise([(2, 8), (0, 24)]),

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from shardcore.cache import CostCache
+from shardcore.oracles.cache import CostCache
 from shardcore.tasks import load_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from shardcore import algorithms
+from shardcore.cli import algorithms
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.evaluator import PlanResult
+from shardcore.oracles.measured.driver import PlanResult
 from shardcore.plan import column_wise, data_parallel, row_wise, table_wise
 from shardkit_planner.costmodel import CostModel, emulated_model
 from shardkit_planner.search import State, candidate_moves, local_search
@@ -189,7 +189,7 @@ def test_refinement_corrects_a_wrong_model_and_is_measured_afresh(data, model):
     """The model underrates two tables it put on one device: its own choice is slow on the truth; refinement measures,
     corrects and searches again, and keeps a faster plan; the comparison then measures that plan with
     the cache bypassed (its kept measurement is the smallest of several)."""
-    from shardcore.compare import evaluate
+    from shardcore.evaluation.compare import evaluate
     from shardcore.tasks import Task
     from shardcore.types import Topology
 
@@ -315,7 +315,7 @@ def test_eval_simulator_plans_with_shardkit(data, tmp_path, capsys, monkeypatch)
 def test_emulated_model_is_the_oracle_on_every_type_and_device_count(data, model):
     """Table- and column-wise plans too (their ids travel), on 2 and 3 devices (uneven slices: a
     replica's kernel runs at its own slice): the model and the oracle are one computation."""
-    from shardcore.oracles import EmulatedOracle
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
     from shardcore.plan import Plan
 
     path, tables = data
@@ -349,8 +349,10 @@ def test_measured_model_prices_ids_as_the_oracles_do_at_its_fitted_constants(dat
     """On the measured landscape the exchange is fitted on the stored plans' backward (the pooled
     all-to-all alone: the forward also carries the ids), and the ids are priced by the same convention
     (commmodel.id_width), no longer a row-wise-only approximation folded into the all-reduce."""
-    from shardcore.cache import CacheContext, CostCache, dataset_digest
-    from shardcore.commmodel import CommModel, id_width, remote_bytes
+    from shardcore.types import CacheContext
+    from shardcore.oracles.cache import CostCache
+    from shardcore.oracles.setting import dataset_digest
+    from shardcore.oracles.commmodel import CommModel, id_width, remote_bytes
     from shardcore.dataset import load_dataset
     from shardcore.plan import Plan
     from shardkit_planner.costmodel import MEASURED, fit_cost_model
@@ -392,8 +394,8 @@ def test_measured_model_prices_ids_as_the_oracles_do_at_its_fitted_constants(dat
 def test_emulated_model_is_the_oracle_on_row_wise_and_data_parallel_plans(data, model):
     """The planner's emulated model prices what the emulated oracle prices (compute, pooled exchange
     without replicas, input-id all-to-all, data-parallel all-reduce), so the two agree exactly."""
-    from shardcore.commmodel import CommModel
-    from shardcore.oracles import EmulatedOracle
+    from shardcore.oracles.commmodel import CommModel
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
     from shardcore.plan import Plan
 
     path, tables = data
@@ -465,10 +467,12 @@ def test_measured_cpu_model_prices_a_column_piece_by_its_share_of_the_dim(data, 
     """On a CPU fingerprint the fit uses the emulator's CPU feature family (every per-lookup term x dim):
     fitted on costs that follow lookups x dim, it prices half the dim at half the cost, where the GPU
     family's dim-blind terms would not; a CUDA fingerprint keeps the GPU family."""
-    from shardcore.cache import CacheContext, CostCache, dataset_digest, hardware_fingerprint, is_cpu_hardware
-    from shardcore.commmodel import CommModel
+    from shardcore.types import CacheContext
+    from shardcore.oracles.cache import CostCache
+    from shardcore.oracles.setting import dataset_digest, hardware_fingerprint, is_cpu_hardware
+    from shardcore.oracles.commmodel import CommModel
     from shardcore.dataset import load_dataset
-    from shardcore.emulator import CPU_SPEC, DEFAULT_SPEC
+    from shardcore.oracles.emulated.emulator import CPU_SPEC, DEFAULT_SPEC
     from shardkit_planner.costmodel import CostModel, fit_cost_model
 
     path, tables = data
@@ -536,7 +540,7 @@ def test_expected_slowest_device_under_model_error():
 
 def test_compare_tool_stressed_judge_on_emulated_records(tmp_path):
     from shardcore.costs import expected_slowest
-    from shardcore.emulator import MEASUREMENTS_DIR, judge_error, seen_tables
+    from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, judge_error, seen_tables
     from shardcore.dataset import load_table_configs
     from tools import shardkit_compare
 

@@ -21,10 +21,10 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator  # noqa
 from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator  # noqa: E402
 from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig  # noqa: E402
 
-from shardcore import algorithms  # noqa: E402
-from shardcore.commmodel import CommModel  # noqa: E402
-from shardcore.dlrm import reuse_bins, reuse_counts  # noqa: E402
-from shardcore.emulator import load_gpu_model  # noqa: E402
+from shardcore.cli import algorithms  # noqa: E402
+from shardcore.oracles.commmodel import CommModel  # noqa: E402
+from shardcore.data.dlrm import reuse_bins, reuse_counts  # noqa: E402
+from shardcore.oracles.emulated.emulator import load_gpu_model  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.plan import column_wise, data_parallel, row_wise, table_wise  # noqa: E402
 from shardcore.tables import TableConfig  # noqa: E402

@@ -1,12 +1,12 @@
-"""The statistics of a task set, computed once (shardcore.report.summarize): paired intervals against
+"""The statistics of a task set, computed once (shardcore.evaluation.report.summarize): paired intervals against
 the best baseline decide what is bold; typed outcomes count failures apart from infeasible plans."""
 
 from __future__ import annotations
 
 import pytest
 
-from shardcore import report
-from shardcore.compare import TaskResult
+from shardcore.evaluation import report
+from shardcore.evaluation.compare import TaskResult
 
 
 def _results(costs: dict[str, list[float | None]], failed: dict[str, set[int]] | None = None) -> list[TaskResult]:

@@ -7,7 +7,7 @@ import pytest
 
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
-from shardcore.taskgen import TaskSpec, generate_tasks, halving_dims
+from shardcore.data.taskgen import TaskSpec, generate_tasks, halving_dims
 from shardcore.tasks import load_tasks
 
 from helpers import make_dataset

@@ -2,7 +2,7 @@
 
 Skipped when TorchRec cannot be imported, except where SHARDKIT_REQUIRE_TORCHREC=1 (set by `make test`,
 which installs TorchRec): there a missing or broken TorchRec fails the run with the reason and the way
-to install it (shardcore.torchrec_planner.INSTALL_HINT)."""
+to install it (shardcore.interop.torchrec_planner.INSTALL_HINT)."""
 
 import json
 import os
@@ -11,16 +11,16 @@ import traceback
 import pytest
 
 from helpers import require_torchrec  # noqa: E402
-from shardcore.launch import free_port  # noqa: E402
+from shardcore.oracles.measured.launch import free_port  # noqa: E402
 
 require_torchrec()
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from shardcore import algorithms  # noqa: E402
-from shardcore import plan_export as pe  # noqa: E402
-from shardcore import torchrec_planner as trp  # noqa: E402
+from shardcore.cli import algorithms  # noqa: E402
+from shardcore.interop import plan_export as pe  # noqa: E402
+from shardcore.interop import torchrec_planner as trp  # noqa: E402
 from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
 from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise  # noqa: E402
 from shardcore.tables import TableConfig  # noqa: E402
@@ -279,7 +279,7 @@ def test_full_planner_plans_are_torchrecs_exactly():
 # ---- the judged hardware and the judge's cost convention ------------------------------------
 
 def test_hardware_for_maps_each_oracle():
-    from shardcore.commmodel import CommModel
+    from shardcore.oracles.commmodel import CommModel
 
     emu = trp.hardware_for("emulated:h200")
     assert emu.compute_device == "cuda" and emu.hbm_bw_gbps == trp.H200_HBM_BANDWIDTH_GBPS == 4800.0
@@ -339,8 +339,8 @@ def _options(tables, ndevices, hardware, batch, objective=True):
 
 
 def test_objective_adds_the_judges_ids_and_ring_allreduce(tmp_path):
-    from shardcore.commmodel import CommModel, allreduce_bytes, id_width
-    from shardcore.oracles import EmulatedOracle
+    from shardcore.oracles.commmodel import CommModel, allreduce_bytes, id_width
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
     from helpers import make_dataset
 
     tables = make_dataset(tmp_path, num_tables=4, batch_size=64, seed=3, dims=(16, 32))

@@ -29,12 +29,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import numpy as np
 
-from shardcore import cli
-from shardcore.benchmark import DEFAULT_BENCH_ITERS, DEFAULT_WARMUP_ITERS, OPTIMIZERS
-from shardcore.cache import CostCache
+from shardcore.cli import common as cli
+from shardcore.oracles.measured.benchmark import DEFAULT_BENCH_ITERS, DEFAULT_WARMUP_ITERS
+from shardcore.oracles.setting import OPTIMIZERS
+from shardcore.oracles.cache import CostCache
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
-from shardcore.oracles import open_oracle
+from shardcore.oracles.factory import open_oracle
 
 
 def parse_args(argv):

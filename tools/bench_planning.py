@@ -21,13 +21,13 @@ import os
 import sys
 
 
-from shardcore.cli import int_list, name_list, positive_float, positive_int, run_main, seed_int
+from shardcore.cli.common import int_list, name_list, positive_float, positive_int, run_main, seed_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from experiments.config import learned_methods
 from experiments.planning import DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, BenchConfig, bench_planning
 from shardcore.tables import PRECISION_BYTES
-from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.cli.common import ArgumentParser as OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ counts table by table (it keeps no int32 copies). The expected histograms treat 
 Poisson(lam) with lam = lookups x the row's probability; rows are grouped into log-spaced rank buckets
 and their lam onto a fine log grid, so a population of 856 tables takes well under a second. The fit
 minimises, with Adam, the deviation of the expected histograms (both: by lookups and by distinct
-rows) from the published ones over the exponent / head parameters of shardcore.dlrm.SYNTHETIC_PARAMS.
+rows) from the published ones over the exponent / head parameters of shardcore.data.dlrm.SYNTHETIC_PARAMS.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 
-from shardcore import dlrm
-from shardcore.cli import int_list, positive_int, run_main, seed_int
+from shardcore.data import dlrm
+from shardcore.cli.common import int_list, positive_int, run_main, seed_int
 from shardcore.tables import NUM_BINS
-from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.cli.common import ArgumentParser as OneLineParser
 
 PUB_L = np.array(dlrm.PUBLISHED_REUSE_BY_LOOKUPS)
 PUB_R = np.array(dlrm.PUBLISHED_REUSE_BY_ROWS)

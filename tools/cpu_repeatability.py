@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shardcore import cli  # noqa: E402
+from shardcore.cli import common as cli  # noqa: E402
 from shardcore.baselines import make_baseline  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402

@@ -18,13 +18,13 @@ import os
 import numpy as np
 
 from dreamshard.sharder import DreamShardModel
-from shardcore.cli import run_main
+from shardcore.cli.common import run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.plan import Plan
-from shardcore.report import format_table
+from shardcore.evaluation.report import format_table
 from shardcore.tasks import load_tasks
-from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.io import read_text
 
 

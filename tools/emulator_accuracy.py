@@ -25,7 +25,7 @@ plan's measured compute cost being its own run's max device fw+bw.
 
 Held-out rows evaluate one batch's own parameter set alone; the "shipped fit, in-sample" rows use
 the shipped model as the oracle does (the larger of the two sets' predictions, see
-shardcore/emulator.py).
+shardcore/oracles/emulated/emulator.py).
 
   python tools/emulator_accuracy.py [--out accuracy.json]
 """
@@ -37,14 +37,14 @@ import os
 import numpy as np
 
 from shardcore import io
-from shardcore.cli import make_parser, run_main
-from shardcore.report import spearman
+from shardcore.cli.common import make_parser, run_main
+from shardcore.evaluation.report import spearman
 from shardcore.dataset import load_table_configs
-from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, GpuComputeModel, default_cv_of,
+from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, GpuComputeModel, default_cv_of,
                                 fit_weights, known_index, load_measurements, measurement_features,
                                 read_params, model_path, synthetic_length_cv)
 from shardcore.errors import ShardError
-from shardcore.report import format_table
+from shardcore.evaluation.report import format_table
 
 CARD_LINE = "NVIDIA H200, measured 2026-11-26"
 KFOLD = 10

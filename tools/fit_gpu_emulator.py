@@ -5,7 +5,7 @@ Reads data/gpu_measurements/ (NVIDIA H200, measured 2026-11-26): the batch-65536
 landscape: the shared plan and random shard files and the two gpu_check runs' shard files; a shard
 measured more than once enters once, with the mean of its measurements) and the batch-4096 plan
 shards, fits the forward and backward
-weights of shardcore.emulator's features at each batch by non-negative least squares on the
+weights of shardcore.oracles.emulated.emulator's features at each batch by non-negative least squares on the
 relative error (deterministic), and rewrites data/gpu_measurements/h200_emulator.json atomically.
 
   python tools/fit_gpu_emulator.py                 # rewrite the shipped parameters
@@ -17,8 +17,8 @@ import os
 
 
 from shardcore import io
-from shardcore.cli import make_parser, run_main
-from shardcore.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, SHARD_FILES, default_cv_of, fit_params,
+from shardcore.cli.common import make_parser, run_main
+from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, SHARD_FILES, default_cv_of, fit_params,
                                 known_index, load_measurements, measurement_features, model_path,
                                 synthetic_length_cv)
 from shardcore.errors import ShardError

@@ -16,7 +16,7 @@ import collections
 import os
 
 
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    from shardcore.cache import CostCache, dataset_digest
+    from shardcore.oracles.cache import CostCache
+    from shardcore.oracles.setting import dataset_digest
     from shardkit_planner.costmodel import fit_cost_model
 
     if not os.path.isfile(args.cache_path):

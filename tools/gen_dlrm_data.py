@@ -25,15 +25,15 @@ import time
 from typing import Sequence
 
 
-from shardcore import dlrm
-from shardcore.cli import int_list, original_range, positive_int, run_main, fraction, nonnegative_int, seed_int
+from shardcore.data import dlrm
+from shardcore.cli.common import int_list, original_range, positive_int, run_main, fraction, nonnegative_int, seed_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
-from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.io import check_output_dir, check_output_file
 from shardcore.tables import dim_problem
 from shardcore.tasks import save_tasks
-from shardcore.taskgen import generate_transfer_tasks
+from shardcore.data.taskgen import generate_transfer_tasks
 
 # the raw file the original scripts read when --data is not given (DreamShard/NeuroShard, AutoShard)
 ORIGINAL_DEFAULT_DATA = ("dlrm_datasets/embedding_bag/fbgemm_t856_bs65536.pt",

@@ -14,7 +14,7 @@ small table) is there to break.
 import argparse
 
 
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.io import check_output_file

@@ -13,12 +13,14 @@ past the budget is skipped, a stage that overruns is stopped with its workers. S
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tools.gpu_check_lib: the check itself
 
-from shardcore.cli import int_list, make_parser, name_list, positive_float, positive_int, run_main
-from shardcore.errors import ShardError
-from shardcore.gpu_check import DEFAULT_ALGS, CheckConfig, run_check
+from shardcore.cli.common import int_list, make_parser, name_list, positive_float, positive_int, run_main  # noqa: E402
+from shardcore.errors import ShardError  # noqa: E402
+from tools.gpu_check_lib import DEFAULT_ALGS, CheckConfig, run_check  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

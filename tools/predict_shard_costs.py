@@ -18,9 +18,9 @@ import os
 import numpy as np
 
 from shardcore import io
-from shardcore.cli import make_parser, positive_int, run_main
+from shardcore.cli.common import make_parser, positive_int, run_main
 from shardcore.dataset import load_table_configs
-from shardcore.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines
+from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines
 from shardcore.errors import ShardError
 
 DEFAULT_CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")

@@ -25,13 +25,13 @@ import os
 import sys
 
 
-from shardcore.cli import add_memory_args, add_oracle_args, name_list, positive_float, positive_int, run_main, nonnegative_int, seed_int
+from shardcore.cli.common import add_memory_args, add_oracle_args, name_list, positive_float, positive_int, run_main, nonnegative_int, seed_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from experiments.config import SCALES, ExperimentConfig, all_algs, learned_methods, parse_task_sets
 from experiments.pipeline import run_experiments
 from shardcore import registry
-from shardcore.cli import ArgumentParser as OneLineParser
+from shardcore.cli.common import ArgumentParser as OneLineParser
 
 
 def task_sets_arg(text: str):

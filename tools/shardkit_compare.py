@@ -10,7 +10,7 @@ mean ("best anchor"); --anchors restricts which algorithms count as anchors.
 On an emulated landscape the margin is also given under the **stressed judge**: every device's compute
 multiplied by an independent draw from the judge's own held-out error (measured / predicted cost of
 the real H200 shards holding the task's tables, which the judge never saw:
-shardcore.emulator.judge_error), --draws draws (the same for every plan of a task), the expected
+shardcore.oracles.emulated.emulator.judge_error), --draws draws (the same for every plan of a task), the expected
 slowest device (shardcore.costs.expected_slowest). A margin whose interval reaches zero is a tie.
 """
 
@@ -23,8 +23,8 @@ import numpy as np
 
 
 from shardcore import io
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int, run_main
-from shardcore.emulator import MEASUREMENTS_DIR
+from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR
 from shardcore.errors import ShardError
 
 DEFAULT_DATA_DIR = str(MEASUREMENTS_DIR / "dlrm_b65536")
@@ -47,7 +47,7 @@ def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int) -> dic
     """``{alg: {task: expected slowest device}}`` under the stressed judge; None when the records'
     tables were never measured (no held-out error to draw from)."""
     from shardcore.costs import expected_slowest
-    from shardcore.emulator import judge_error, seen_tables
+    from shardcore.oracles.emulated.emulator import judge_error, seen_tables
 
     out: dict = {a: {} for a in algs}
     for t in tasks:
@@ -68,7 +68,7 @@ def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int) -> dic
 
 def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DEFAULT_DATA_DIR,
               draws: int = 1000) -> str:
-    from shardcore.compare import check_record
+    from shardcore.evaluation.compare import check_record
 
     try:
         with open(path, "rb") as fh:

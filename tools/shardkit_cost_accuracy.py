@@ -19,7 +19,7 @@ import json
 
 import numpy as np
 
-from shardcore.cli import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.plan import Plan, shardings_from_json
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def spearman(a, b) -> float:
-    from shardcore.report import spearman as sp
+    from shardcore.evaluation.report import spearman as sp
 
     return sp(a, b)
 

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:          # run as a script: this checkout's packages, not an installed copy
     sys.path.insert(0, str(ROOT))
 
-from shardcore.cli import make_parser, nonnegative_int, positive_float, positive_int, run_main  # noqa: E402
+from shardcore.cli.common import make_parser, nonnegative_int, positive_float, positive_int, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 
 METHODS = ("neuroshard", "dreamshard", "autoshard")    # the order they run in
@@ -128,7 +128,7 @@ def rel(path: Path) -> str:
 
 
 def machine() -> dict:
-    from shardcore.cache import cpu_name
+    from shardcore.oracles.setting import cpu_name
 
     return {"cpu": cpu_name(), "platform": platform.platform(), "host_cores": os.cpu_count()}
 
@@ -351,7 +351,8 @@ def _count_rows(path: Path) -> int | None:
 # -- main ------------------------------------------------------------------------------------------
 def check_args(args) -> list[str]:
     from shardcore.io import check_output_dir
-    from shardcore.oracles import configs_batch_size, parse_oracle
+    from shardcore.dataset import configs_batch_size
+    from shardcore.oracles.factory import parse_oracle
 
     stages = [s.strip().lower() for s in str(args.stages).split(",") if s.strip()]
     bad = [s for s in stages if s not in METHODS]

@@ -8,9 +8,9 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from .commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
-from .errors import ShardError
-from .tables import PRECISION_BYTES
+from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
+from shardcore.errors import ShardError
+from shardcore.tables import PRECISION_BYTES
 
 
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
@@ -30,7 +30,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:
-        from .errors import Terminated
+        from shardcore.errors import Terminated
 
         if isinstance(exc, Terminated):
             print("error: stopped by SIGTERM (under torchrun, a host's agent stops all its ranks when one of "
@@ -211,7 +211,7 @@ def command_inputs(args: argparse.Namespace) -> dict:
     :func:`~shardcore.io.check_outputs_spare_inputs`: the task file, the dataset's table configs and
     ``data.pt``, the measurement cache (where a measured oracle may write it), model files and every
     ``--alg`` entry that is a file."""
-    from .cache import DEFAULT_CACHE_PATH
+    from shardcore.oracles.cache import DEFAULT_CACHE_PATH
 
     inputs: dict = {}
     for dest, flag in _INPUT_FLAGS:
@@ -237,7 +237,7 @@ def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = 
     """Before any work: no output (flag -> path) names an input of the command (:func:`command_inputs`)
     or another output, and none replaces an existing file of another kind (``kinds``: flag -> what
     :func:`~shardcore.io.file_kind` must say, default ``"text"``; ``None`` skips the check)."""
-    from . import io
+    from shardcore import io
 
     io.check_outputs_spare_inputs(outputs, command_inputs(args))
     for flag, path in outputs.items():
@@ -249,7 +249,7 @@ def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = 
 def add_task_args(parser: argparse.ArgumentParser, default_tasks: str, what: str = "task file") -> None:
     """``--task-path`` (a task file) and ``--data-dir`` (the processed dataset), with the original
     repositories' spellings."""
-    from .dataset import DEFAULT_DATA_DIR
+    from shardcore.dataset import DEFAULT_DATA_DIR
 
     parser.add_argument("--task-path", "--task_path", dest="task_path", default=default_tasks,
                         help=f"{what}, one task per line (default %(default)s, or when that does not exist "
@@ -291,7 +291,7 @@ def num_devices(args: argparse.Namespace) -> int:
     """The number of devices a plan has (``--ndevices``, else as many as ``--gpu-devices`` lists;
     under ``--launcher torchrun``, else torchrun's world size)."""
     if getattr(args, "launcher", "spawn") == "torchrun" and args.ndevices is None:
-        from .launch import rank_env
+        from shardcore.oracles.measured.launch import rank_env
 
         return rank_env().world_size
     ids = device_ids(args)
@@ -326,7 +326,7 @@ def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float =
     parser.add_argument("--max-memory", dest="max_memory", type=positive_float,
                         default=default_max_memory, metavar="GB",
                         help=f"memory cap per device for embedding weights, in GB (default {default_max_memory})")
-    from . import registry
+    from shardcore import registry
 
     owner = registry.spelling_owner("--max_mem")
     if default_precision == "fp32":
@@ -395,13 +395,13 @@ def oracle_batch_size(args: argparse.Namespace) -> int | None:
 
 def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[int], ndevices: int | None = None):
     """The cost oracle chosen by :func:`add_oracle_args` flags, built by
-    :func:`~shardcore.oracles.open_oracle`: a :class:`~shardcore.evaluator.PlanEvaluator` measuring
+    :func:`~shardcore.oracles.factory.open_oracle`: a :class:`~shardcore.oracles.measured.driver.PlanEvaluator` measuring
     on ``devices`` inside the measurement cache (use it as a context manager: workers start on entry
-    and stop on exit) or an emulated one (:class:`~shardcore.oracles.EmulatedOracle`). ``ndevices``:
+    and stop on exit) or an emulated one (:class:`~shardcore.oracles.factory.EmulatedOracle`). ``ndevices``:
     devices per plan (default: ``--ndevices`` when the parser has device flags, else
     ``len(devices)``)."""
-    from .commmodel import CommModel
-    from .oracles import EMULATED_PREFIX, open_oracle, parse_oracle
+    from shardcore.oracles.commmodel import CommModel
+    from shardcore.oracles.factory import EMULATED_PREFIX, open_oracle, parse_oracle
 
     torchrun = getattr(args, "launcher", "spawn") == "torchrun"
     if ndevices is None:
@@ -473,13 +473,13 @@ def serve_if_torchrun_rank(args: argparse.Namespace) -> int | None:
     status (the script returns it); rank 0 and the spawn launcher get None and go on."""
     if getattr(args, "launcher", "spawn") != "torchrun":
         return None
-    from .launch import rank_env, serve
+    from shardcore.oracles.measured.launch import rank_env, serve
 
     if rank_env().rank == 0:
         import signal
         import threading
 
-        from .errors import Terminated
+        from shardcore.errors import Terminated
 
         def on_term(signum, frame):
             raise Terminated()

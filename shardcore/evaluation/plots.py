@@ -16,9 +16,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-from .costs import COST_PARTS  # noqa: E402
-from .io import atomic_path  # noqa: E402
-from .report import SetSummary  # noqa: E402
+from shardcore.costs import COST_PARTS  # noqa: E402
+from shardcore.io import atomic_path  # noqa: E402
+from shardcore.evaluation.report import SetSummary  # noqa: E402
 
 PART_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
 
@@ -44,7 +44,7 @@ def _empty(path, title: str, message: str) -> None:
 
 def plot_costs(summaries: Sequence[SetSummary], path: str | os.PathLike, title: str = "Plan cost per algorithm",
                label: Callable[[str], str] = str) -> None:
-    """One panel per task set (:class:`~shardcore.report.SetSummary`): per algorithm the mean plan
+    """One panel per task set (:class:`~shardcore.evaluation.report.SetSummary`): per algorithm the mean plan
     cost (bar), its std (error bar) and every compared task's cost (dots); the summary's bold cell
     (the best, where told apart from the best baseline) is outlined. ``label`` names an algorithm."""
     sets = [(s.task_set, {label(a): a_s for a, a_s in s.algs.items()}) for s in summaries]

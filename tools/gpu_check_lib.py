@@ -9,7 +9,7 @@ On a machine with a CUDA GPU and fbgemm-gpu it
 3. plans the shipped test tasks (``data/gpu_measurements/tasks``: DLRM-50 on 4 devices, DLRM-100 on
    8) with the baselines, TorchRec (when importable) and any checkpoints given, and measures every
    plan on the GPUs present (more plan devices than GPUs: each device's compute in turn, the
-   all-to-all modelled; see :class:`~shardcore.evaluator.PlanEvaluator`);
+   all-to-all modelled; see :class:`~shardcore.oracles.measured.driver.PlanEvaluator`);
 4. prints the side-by-side table per task set, with the emulated-H200 oracle's prediction of the
    same plans beside it (its shard error and within-task rank agreement on these new measurements);
 5. appends every measured shard to ``--shards-out`` in the format of
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .errors import ShardError
+from shardcore.errors import ShardError
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"
@@ -115,9 +115,9 @@ def prepare_data(cfg: CheckConfig, remaining: float) -> Path:
 def task_sets(cfg: CheckConfig, data_dir: Path) -> list[TaskSetSpec]:
     """The shipped test tasks (the ones the H200 measurements used) on the full dataset; on a tiny
     dataset, tasks generated for it."""
-    from .dataset import load_dataset
-    from .taskgen import TaskSpec, generate_tasks
-    from .tasks import save_tasks
+    from shardcore.dataset import load_dataset
+    from shardcore.data.taskgen import TaskSpec, generate_tasks
+    from shardcore.tasks import save_tasks
 
     tables = load_dataset(data_dir, with_lookups=False).tables
     ntables = len(tables)
@@ -142,7 +142,7 @@ def task_sets(cfg: CheckConfig, data_dir: Path) -> list[TaskSetSpec]:
 
 
 def _open(cfg: CheckConfig, data_dir: Path, ndevices: int, batch: int | None):
-    from .oracles import open_oracle
+    from shardcore.oracles.factory import open_oracle
 
     kw = {}
     if cfg.bench_iters is not None:
@@ -222,13 +222,13 @@ class PlannedElsewhere:
         self.plans = plans   # tuple of table ids -> Plan
 
     def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
-        from .errors import InfeasibleError
+        from shardcore.errors import InfeasibleError
 
         plan = self.plans.get(tuple(t.index for t in tables))
         if plan is None:
             raise InfeasibleError(f"{self.name}: the --plans file has no plan for this task")
         if isinstance(plan, tuple):   # ("shardings", list, ndevices): a row-wise / data-parallel plan
-            from .plan import shardings_from_json
+            from shardcore.plan import shardings_from_json
 
             plan = shardings_from_json(tables, plan[1], plan[2], where=f"{self.name}'s --plans plan")
         if plan.ndevices != ndevices:
@@ -239,7 +239,7 @@ class PlannedElsewhere:
 def _load_plans(spec: str, names: Sequence[str], tasks_of: dict) -> tuple[str, dict[str, PlannedElsewhere]]:
     """``[SET=]FILE``: the feasible plans of an eval.py --out file, per algorithm, keyed by the task's
     table ids (the file's task numbers index that set's task file)."""
-    from .plan import Plan
+    from shardcore.plan import Plan
 
     name, _, path = spec.rpartition("=")
     name = _match_set(spec, name or names[0], names)
@@ -284,7 +284,7 @@ def _match_set(spec: str, name: str, names: Sequence[str]) -> str:
 
 def rank_agreement(a: dict, b: dict) -> dict:
     """Spearman over the (task, alg) pairs both hold, overall and the mean within a task."""
-    from .report import spearman
+    from shardcore.evaluation.report import spearman
 
     keys = sorted(set(a) & set(b))
     out = {"plans": len(keys), "overall": spearman([a[k] for k in keys], [b[k] for k in keys])}
@@ -302,14 +302,15 @@ def rank_agreement(a: dict, b: dict) -> dict:
 
 
 def run_check(cfg: CheckConfig) -> dict:
-    from . import algorithms, report
-    from .cache import dataset_digest
-    from .dataset import load_dataset
-    from .compare import evaluate
-    from .types import Topology
-    from .io import write_json
-    from .oracles import EmulatedOracle
-    from .tasks import load_tasks
+    from shardcore.cli import algorithms
+    from shardcore.evaluation import report
+    from shardcore.oracles.setting import dataset_digest
+    from shardcore.dataset import load_dataset
+    from shardcore.evaluation.compare import evaluate
+    from shardcore.types import Topology
+    from shardcore.io import write_json
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
+    from shardcore.tasks import load_tasks
 
     import torch
 

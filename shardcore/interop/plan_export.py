@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import io
-from .errors import ShardError
-from .plan import COLUMN_WISE, ROW_WISE, TABLE_WISE, Plan, Sharding, row_blocks
-from .tables import TableConfig
-from .torchrec_planner import _torchrec
+from shardcore import io
+from shardcore.errors import ShardError
+from shardcore.plan import COLUMN_WISE, ROW_WISE, TABLE_WISE, Plan, Sharding, row_blocks
+from shardcore.tables import TableConfig
+from shardcore.interop.torchrec_planner import _torchrec
 
 TORCHREC_FORMAT = "shardcore-torchrec-plan-v1"
 PLAN_FORMAT = "shardcore-plan-v1"

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Sequence
 
-from .compare import TaskResult
+from shardcore.evaluation.compare import TaskResult
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -99,8 +99,8 @@ def outcome_of(r: TaskResult) -> Outcome:
 
 def default_baselines() -> frozenset[str]:
     """The heuristic planners (the paper's baselines and the core's plug-ins such as TorchRec's)."""
-    from .algorithms import CORE_PLUGINS
-    from .baselines import BASELINES
+    from shardcore.cli.algorithms import CORE_PLUGINS
+    from shardcore.baselines import BASELINES
 
     return frozenset(BASELINES) | frozenset(CORE_PLUGINS)
 

@@ -58,27 +58,15 @@ from typing import Sequence
 
 import torch
 
-from .errors import ShardError
-from .tables import TableConfig, bytes_per_element
-from .types import ComputeCost  # noqa: F401  (a shard's cost; defined with the data model)
+from shardcore.errors import ShardError
+from shardcore.oracles.setting import OPTIMIZERS, normalize_optimizer, normalize_precision
+from shardcore.tables import TableConfig, bytes_per_element
+from shardcore.types import ComputeCost  # noqa: F401  (a shard's cost; defined with the data model)
 
 DEFAULT_WARMUP_ITERS = 2
 DEFAULT_BENCH_ITERS = 7
 LEARNING_RATE = 0.01
 
-OPTIMIZERS = {
-    "exact_sgd": "EXACT_SGD",
-    "exact_adagrad": "EXACT_ADAGRAD",
-    "exact_row_wise_adagrad": "EXACT_ROWWISE_ADAGRAD",
-}
-_OPTIMIZER_ALIASES = {
-    "sgd": "exact_sgd",
-    "adagrad": "exact_adagrad",
-    "exact_rowwise_adagrad": "exact_row_wise_adagrad",
-    "row_wise_adagrad": "exact_row_wise_adagrad",
-    "rowwise_adagrad": "exact_row_wise_adagrad",
-}
-PRECISIONS = ("fp16", "fp32")
 
 # Host memory kept free beyond a shard's nominal size: 10% of what is available plus 1 GiB.
 HOST_MARGIN_FRACTION = 0.10
@@ -86,22 +74,6 @@ HOST_MARGIN_BYTES = 1 << 30
 # GPU memory kept free: 5% of the free memory plus 512 MiB (inputs, outputs, workspace, NCCL).
 GPU_MARGIN_FRACTION = 0.05
 GPU_MARGIN_BYTES = 512 << 20
-
-
-def normalize_optimizer(name: str) -> str:
-    """Canonical optimizer name (``exact_sgd``, ``exact_adagrad``, ``exact_row_wise_adagrad``)."""
-    key = str(name).strip().lower().replace("-", "_")
-    key = _OPTIMIZER_ALIASES.get(key, key)
-    if key not in OPTIMIZERS:
-        raise ShardError(f"unknown optimizer {name!r}: choose one of {', '.join(OPTIMIZERS)}")
-    return key
-
-
-def normalize_precision(name: str) -> str:
-    key = str(name).strip().lower()
-    if key not in PRECISIONS:
-        raise ShardError(f"unknown weights precision {name!r}: choose one of {', '.join(PRECISIONS)}")
-    return key
 
 
 def default_device() -> str:
@@ -217,7 +189,7 @@ def host_measurement_lock(timeout_s: float = DEFAULT_LOCK_TIMEOUT_S, path: str |
 # Inputs
 # --------------------------------------------------------------------------------------------
 def _dataset(dataset):
-    from .dataset import Dataset, load_dataset
+    from shardcore.dataset import Dataset, load_dataset
 
     if isinstance(dataset, Dataset):
         return dataset
@@ -251,7 +223,7 @@ def shard_lookups(dataset, tables: Sequence[TableConfig], batch_size: int | None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused operator's input for a shard: all tables' indices concatenated (int64) and offsets
     of ``len(tables) * B + 1`` entries over that concatenation (int64). A row-wise or data-parallel
-    piece contributes only its own lookups (:func:`shardcore.shardings.piece_lookups`); replicas
+    piece contributes only its own lookups (:func:`shardcore.oracles.measured.shardings.piece_lookups`); replicas
     (whose bags are their batch slice's ``B_d``) go in an operator of their own
     (:func:`shardcore.plan.device_kernels`), never mixed with whole-batch tables."""
     dataset = _dataset(dataset)
@@ -261,7 +233,7 @@ def shard_lookups(dataset, tables: Sequence[TableConfig], batch_size: int | None
     base = 0
     for t in tables:
         if getattr(t, "special", False):  # a row-wise or data-parallel piece (shardcore.plan.ShardPiece)
-            from .shardings import piece_lookups
+            from shardcore.oracles.measured.shardings import piece_lookups
 
             idx, off = piece_lookups(dataset, t, b)
             n = int(off[-1])
@@ -419,7 +391,7 @@ class ShardRunner:
             return
         if check_memory:
             check_fits(self.tables, self.precision, self.optimizer, self.device, usable=usable_bytes)
-        from .plan import device_kernels
+        from shardcore.plan import device_kernels
 
         gen = torch.Generator().manual_seed(0)
         self.num_lookups = 0
@@ -509,7 +481,7 @@ class ShardRunner:
         self.indices = self.offsets = self.grad = None
 
 
-# The reference shard measured beside every CPU measurement (see shardcore.evaluator): one synthetic
+# The reference shard measured beside every CPU measurement (see shardcore.oracles.measured.driver): one synthetic
 # table of REFERENCE_ROWS x REFERENCE_DIM, REFERENCE_POOLING uniformly random lookups per sample.
 REFERENCE_ROWS = 1 << 20
 REFERENCE_DIM = 64
@@ -522,7 +494,7 @@ class ReferenceRunner(ShardRunner):
     ``REFERENCE_DIM`` columns (weights larger than the caches, like a real table's), ``batch_size``
     bags of ``REFERENCE_POOLING`` uniformly random rows each (a fixed seed). Its cost moves with the
     machine's speed of the moment and with nothing else, which is what the measured oracle divides
-    out (:mod:`shardcore.evaluator`, 'Drift')."""
+    out (:mod:`shardcore.oracles.measured.driver`, 'Drift')."""
 
     def __init__(self, batch_size: int, *, optimizer: str = "exact_sgd", precision: str = "fp16",
                  device: str | torch.device = "cpu"):

@@ -12,7 +12,7 @@ or plain tables). Per piece, :func:`piece_lookups` cuts the batch's lookups from
 
 Per plan, :func:`comm_layout` gives what the communication phase exchanges besides the all-to-all
 of pooled outputs (whose per-device widths include the row-wise partial sums); it is the convention
-of :mod:`shardcore.commmodel`, with the ids counted from ``data.pt`` instead of expected:
+of :mod:`shardcore.oracles.commmodel`, with the ids counted from ``data.pt`` instead of expected:
 
 * **input distribution**: every device holds the ids of its batch slice; it sends every holder of a
   model-parallel piece the ids of its slice the piece looks up, plus one length per sample (to
@@ -35,10 +35,10 @@ from typing import Sequence
 
 import torch
 
-from .commmodel import batch_slices
-from .errors import ShardError
-from .plan import DATA_PARALLEL, ROW_WISE, ShardPiece
-from .tables import TableConfig
+from shardcore.oracles.commmodel import batch_slices
+from shardcore.errors import ShardError
+from shardcore.plan import DATA_PARALLEL, ROW_WISE, ShardPiece
+from shardcore.tables import TableConfig
 
 
 def _raw(dataset, t: TableConfig, b: int, full_row: int) -> tuple[torch.Tensor, torch.Tensor]:

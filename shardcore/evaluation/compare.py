@@ -3,8 +3,8 @@ collect the records (the driver of ``eval.py``, ``eval_simulator.py`` and the ex
 
 One :class:`TaskResult` per (task, algorithm); its JSON form is one line of ``eval.py --out``.
 The costs come from any :class:`~shardcore.types.CostOracle` (measured, emulated, simulated); the
-oracle itself (measuring workers, cache layer) lives in :mod:`shardcore.evaluator`,
-:mod:`shardcore.oracles` and :mod:`shardcore.cache`.
+oracle itself (measuring workers, cache layer) lives in :mod:`shardcore.oracles.measured.driver`,
+:mod:`shardcore.oracles.factory` and :mod:`shardcore.oracles.cache`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from .errors import InfeasibleError, ShardError
-from .plan import Plan, shardings_from_json, shardings_to_json
-from .tables import TableConfig
-from .tasks import Task
-from .types import CostOracle, PlanResult, Sharder, Topology
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.plan import Plan, shardings_from_json, shardings_to_json
+from shardcore.tables import TableConfig
+from shardcore.tasks import Task
+from shardcore.types import CostOracle, PlanResult, Sharder, Topology
 
 
 @dataclass
@@ -207,7 +207,7 @@ def check_record(obj, where: str) -> dict:
     (``file:line``)."""
     import math
 
-    from .errors import ShardError
+    from shardcore.errors import ShardError
 
     def finite(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0

@@ -32,10 +32,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import io
-from .dataset import save_dataset
-from .errors import ShardError
-from .tables import NUM_BINS, TableConfig
+from shardcore import io
+from shardcore.dataset import save_dataset
+from shardcore.errors import ShardError
+from shardcore.tables import NUM_BINS, TableConfig
 
 DEFAULT_DIM = 16
 DEFAULT_SYNTHETIC_TABLES = 856

@@ -14,9 +14,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import ShardError
-from .tables import GB, TableConfig, bytes_per_element
-from .tasks import Task
+from shardcore.errors import ShardError
+from shardcore.tables import GB, TableConfig, bytes_per_element
+from shardcore.tasks import Task
 
 MAX_TRIES_PER_TASK = 10_000
 

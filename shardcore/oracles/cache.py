@@ -41,146 +41,33 @@ each process opens its own connection (a connection is never carried across ``fo
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
 import os
-import platform
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
-from .errors import ShardError
-from .plan import has_pieces
-from .tables import TableConfig
-
-if TYPE_CHECKING:
-    from .dataset import Dataset
+from shardcore.errors import ShardError
+from shardcore.plan import has_pieces
+from shardcore.tables import TableConfig
+from shardcore.types import CacheContext, ComputeCost, PlanResult
 
 DEFAULT_CACHE_PATH = "data/cost_cache.sqlite"
 SCHEMA_VERSION = 1
 # What a stored plan's exchange costs include, part of its key: "exchange-2" = the input ids of every
 # model-parallel table travel (forward) and a data-parallel replica runs its own kernel over its batch
-# slice (shardcore.commmodel, shardcore.plan.device_kernels). Plans keyed "plan" (before it) priced
+# slice (shardcore.oracles.commmodel, shardcore.plan.device_kernels). Plans keyed "plan" (before it) priced
 # only the row-wise tables' ids.
 PLAN_CONVENTION = "exchange-2"
-# How the measured CPU oracle takes a cost (shardcore.evaluator, 'Repeatability on the CPU'): part of
-# the CPU hardware fingerprint, so costs taken another way are never mixed with these.
-CPU_PROTOCOL = "small-pages,q25,reference-scaled"
 _PLAN_KIND = f"plan:{PLAN_CONVENTION}"
 
 # The shard key: sorted (dataset table index, rows, dim) triples.
 ShardKey = tuple[tuple[int, int, int], ...]
-
-
-# --------------------------------------------------------------------------------------------
-# Fingerprints
-# --------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def cpu_cores() -> int | None:
-    """``os.cpu_count()``, asked once (it reads /sys and costs ~20 us in a container; every oracle
-    answer names its hardware)."""
-    return os.cpu_count()
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_name() -> str:
-    """The CPU model (from /proc/cpuinfo on Linux) and its logical core count (read once: every
-    oracle answer names its hardware)."""
-    name = ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    if not name:
-        name = platform.processor() or platform.machine() or "unknown-cpu"
-    return f"{name} ({os.cpu_count()} cores)"
-
-
-def _fbgemm_version() -> str:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover
-        return "unknown"
-    for dist in ("fbgemm-gpu-cpu", "fbgemm-gpu", "fbgemm-gpu-nightly", "fbgemm-gpu-nightly-cpu"):
-        try:
-            return f"{dist} {version(dist)}"
-        except PackageNotFoundError:
-            continue
-    return "unknown"
-
-
-@functools.lru_cache(maxsize=None)
-def hardware_fingerprint(device_name: str | None = None, num_threads: int = 1) -> str:
-    """A canonical JSON string naming the hardware and software that produced a measurement.
-
-    ``device_name`` is the accelerator's name (``torch.cuda.get_device_name``) on GPUs; ``None``
-    means the CPU (its model name and core count are used). ``num_threads`` is the number of compute
-    threads each device's kernels ran with (1 on the CPU oracle).
-    """
-    import torch
-
-    name = device_name if device_name else "cpu: " + cpu_name()
-    obj = {"device": name, "torch": torch.__version__, "fbgemm": _fbgemm_version(),
-           "threads": int(num_threads)}
-    if not device_name:   # CPU costs depend on how they are taken (shardcore.evaluator, 'Repeatability')
-        obj["protocol"] = CPU_PROTOCOL
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def is_cpu_hardware(hardware: str) -> bool:
-    """Whether a :func:`hardware_fingerprint` names a CPU (its device starts with ``cpu:``)."""
-    try:
-        return str(json.loads(hardware).get("device", "")).startswith("cpu:")
-    except (ValueError, AttributeError):
-        return False
-
-
-_SAMPLE_ELEMS = 1024
-
-
-def dataset_digest(data_dir: "str | os.PathLike | Dataset") -> str:
-    """A cheap content digest of a dataset (SHA-256, hex, 16 characters).
-
-    Hashes ``table_configs.json`` (as parsed, so formatting does not matter), the batch size, and
-    per table the number of lookups plus the first and last 1024 indices and offsets. It reads a
-    few kilobytes per table from the memory-mapped ``data.pt`` (milliseconds), ignores how the file
-    was written (``torch.save`` archives name their records after the file), and changes for any
-    regenerated dataset (other seed, batch, tables). ``data_dir`` may be a loaded
-    :class:`~shardcore.dataset.Dataset`.
-    """
-    import torch
-
-    from .dataset import Dataset, load_dataset
-
-    if isinstance(data_dir, Dataset):
-        ds = data_dir
-    else:
-        if not Path(data_dir).is_dir():
-            raise ShardError(f"cannot read dataset {data_dir} to identify it (not a directory)")
-        ds = load_dataset(data_dir, with_lookups=(Path(data_dir) / "data.pt").is_file())
-    h = hashlib.sha256()
-    h.update(json.dumps([t.to_json() for t in ds.tables], sort_keys=True).encode())
-    h.update(f"batch={ds.batch_size}".encode())
-    if ds.indices is not None:
-        for idx, off in zip(ds.indices, ds.offsets):
-            h.update(f"|{idx.numel()},{off.numel()}|".encode())
-            for t in (idx, off):
-                t = t.reshape(-1)
-                k = min(_SAMPLE_ELEMS, t.numel())
-                h.update(t[:k].to(torch.int64).numpy().tobytes())
-                h.update(t[t.numel() - k:].to(torch.int64).numpy().tobytes())
-    else:
-        h.update(b"no-lookups")
-    return h.hexdigest()[:16]
 
 
 def shard_key(tables: Iterable[TableConfig | Sequence[int]]) -> ShardKey:
@@ -195,22 +82,8 @@ def shard_key(tables: Iterable[TableConfig | Sequence[int]]) -> ShardKey:
     return tuple(sorted(out))
 
 
-@dataclass(frozen=True)
-class CacheContext:
-    """Everything besides the shard that a measurement depends on."""
-
-    hardware: str
-    dataset: str
-    batch_size: int
-    optimizer: str
-    precision: str
-
-    def _as_list(self) -> list:
-        return [self.hardware, self.dataset, int(self.batch_size), self.optimizer, self.precision]
-
-
 def _digest(kind: str, ctx: CacheContext, contents) -> str:
-    text = json.dumps([kind, ctx._as_list(), contents], separators=(",", ":"))
+    text = json.dumps([kind, ctx.as_list(), contents], separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -424,13 +297,13 @@ class CostCache:
             "INSERT OR REPLACE INTO shard_costs (key, hardware, dataset, batch_size, optimizer, precision, "
             "shard, num_tables, fw_ms, bw_ms, bench_iters, warmup_iters, created) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (_digest("shard", ctx, skey), *ctx._as_list(), json.dumps(skey), len(skey), float(fw_ms),
+            (_digest("shard", ctx, skey), *ctx.as_list(), json.dumps(skey), len(skey), float(fw_ms),
              float(bw_ms), bench_iters, warmup_iters, time.time()))
 
     # -- the reference speed ----------------------------------------------------------------
     def reference_ms(self, key: str) -> float | None:
         """The stored nominal cost of the measured oracle's reference shard for ``key`` (see
-        :mod:`shardcore.evaluator`, 'Repeatability on the CPU'), or None."""
+        :mod:`shardcore.oracles.measured.driver`, 'Repeatability on the CPU'), or None."""
         row = self._execute("SELECT value FROM meta WHERE name = ?", ("reference:" + key,)).fetchone()
         try:
             value = float(row[0]) if row else None
@@ -465,7 +338,7 @@ class CostCache:
             "INSERT OR REPLACE INTO plan_costs (key, hardware, dataset, batch_size, optimizer, precision, "
             "ndevices, shards, device_costs, cost_ms, bench_iters, warmup_iters, created) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (_digest(_PLAN_KIND, ctx, skeys), *ctx._as_list(), len(skeys), json.dumps(skeys),
+            (_digest(_PLAN_KIND, ctx, skeys), *ctx.as_list(), len(skeys), json.dumps(skeys),
              json.dumps(costs), cost, bench_iters, warmup_iters, time.time()))
 
     # -- queries ----------------------------------------------------------------------------
@@ -474,7 +347,7 @@ class CostCache:
         conds, params = [], []
         if ctx is not None:
             for name, value in zip(("hardware", "dataset", "batch_size", "optimizer", "precision"),
-                                   ctx._as_list()):
+                                   ctx.as_list()):
                 conds.append(f"{name} = ?")
                 params.append(value)
         for name, value in filters.items():
@@ -609,7 +482,6 @@ class CachedOracle:
     # -- costs -----------------------------------------------------------------------------
     def evaluate(self, shards, no_cache: bool | None = None, *, compute=None):
         """The plan's :class:`~shardcore.types.PlanResult`, from the cache where it can."""
-        from .types import ComputeCost, PlanResult
 
         t0 = time.perf_counter()
         no_cache = self.no_cache if no_cache is None else no_cache
@@ -649,7 +521,6 @@ class CachedOracle:
 
     def measure_shards(self, shards, no_cache: bool | None = None):
         """Compute costs of single shards, stored ones read back, the others measured and stored."""
-        from .types import ComputeCost
 
         no_cache = self.no_cache if no_cache is None else no_cache
         shards = [list(s) for s in shards]

@@ -1,6 +1,6 @@
 """Multi-device plan evaluator, the measured cost oracle: one worker process per device, started
 once, serving many plans. (The driver that plans tasks and asks an oracle is
-:mod:`shardcore.compare`; the interface every oracle implements is :mod:`shardcore.types`.)
+:mod:`shardcore.evaluation.compare`; the interface every oracle implements is :mod:`shardcore.types`.)
 
 A plan is a list of shards, one per device (``shards[d]``: the :class:`~shardcore.tables.TableConfig`
 list device ``d`` holds). Measuring it reproduces a model-parallel training iteration of the
@@ -12,7 +12,7 @@ embedding layer:
    (:func:`shardcore.plan.device_kernels`);
 2. **forward communication**: the input-id all-to-all (every device sends each holder of a
    model-parallel table its batch slice's ids of the table plus one length per sample, the counts
-   taken from ``data.pt``, :func:`shardcore.shardings.comm_layout`), then an all-to-all in which
+   taken from ``data.pt``, :func:`shardcore.oracles.measured.shardings.comm_layout`), then an all-to-all in which
    ``d`` sends every device ``j`` the rows of ``j``'s slice of the batch (``B_j`` samples: ``B``
    split evenly, the first ``B mod n`` devices taking one more) for all of ``d``'s tables, so ``j``
    receives ``[B_j, sum_d D_d]`` in total (``all_to_all_single`` on flat fp32 buffers with input
@@ -35,7 +35,7 @@ except inside the timed all-to-alls.
 would be distorted if the workers ran their kernels at the same time. On the CPU the parent
 therefore asks for the compute measurements **one device at a time**: worker ``d`` builds its
 shard's operator, runs warm-up and timed forward/backward iterations (one compute thread, timed by
-the thread's CPU time, see :mod:`shardcore.benchmark`) and answers; only then is the next worker
+the thread's CPU time, see :mod:`shardcore.oracles.measured.benchmark`) and answers; only then is the next worker
 asked, while the others sleep in a blocking pipe read (no CPU used). The timed iterations are
 spread over ``compute_passes`` passes that visit the devices in turn (by default one timed iteration
 per pass: device 0, 1, ..., n-1, then again 0, 1, ...; the operators stay built in between, the
@@ -47,12 +47,12 @@ seconds to an hour (other tenants' memory traffic; measured on the dev VM, ``too
 Three things make a CPU cost a property of the shard rather than of the moment:
 
 - *small pages*: weights live on anonymous mappings advised ``MADV_NOHUGEPAGE``
-  (:func:`~shardcore.benchmark.build_operator`); numpy's default huge-page advice made a shard's
+  (:func:`~shardcore.oracles.measured.benchmark.build_operator`); numpy's default huge-page advice made a shard's
   TLB behaviour depend on how fragmented memory was when it was built;
 - *the lower quartile*: a device's cost is the lower quartile of its timed samples
   (:func:`low_quantile`), not the median, as is each exchange's (the slow samples are the disturbed
   ones);
-- *a reference shard*: worker 0 times a fixed synthetic shard (:class:`~shardcore.benchmark.ReferenceRunner`)
+- *a reference shard*: worker 0 times a fixed synthetic shard (:class:`~shardcore.oracles.measured.benchmark.ReferenceRunner`)
   before every pass; every cost of the measurement (compute and, in :meth:`evaluate`, the plan's
   exchange) is multiplied by ``nominal / now``, the reference's nominal cost over its lower quartile
   during the measurement. The nominal is calibrated once per machine, batch, optimizer and precision
@@ -63,18 +63,18 @@ On the same raw samples (3 tasks x 4 baseline plans, 5 interleaved rounds, 4 log
 lower quartile plus reference scaling cut the plans' mean deviation from their median from 5.6 /
 3.7 / 5.2% (median, unscaled) to 3.0 / 2.2 / 3.5% in three runs; the issue's goal (1.5%) is not
 reached on this VM. The costs are "CPU ms at the nominal speed", and the CPU hardware fingerprint
-names this protocol (:data:`~shardcore.cache.CPU_PROTOCOL`), so older CPU measurements in a cache
+names this protocol (:data:`~shardcore.oracles.cache.CPU_PROTOCOL`), so older CPU measurements in a cache
 are not mixed with them. After all compute, the all-to-alls run **together** in every worker, each
 repetition started from a barrier so that the measured time is the exchange itself and not the wait
 for a late peer; the medians per device are reported. Every request that measures (one device's
 compute pass, the communication phase) is made under a machine-wide lock
-(:func:`~shardcore.benchmark.host_measurement_lock`), so two evaluators on the same machine (say a
+(:func:`~shardcore.oracles.measured.benchmark.host_measurement_lock`), so two evaluators on the same machine (say a
 training run and an evaluation) take turns instead of measuring each other's load. On GPUs the devices are independent, so compute runs on all of
 them at once (timed with CUDA events); the communication phase is the same.
 
 Each device's compute is a property of its shard alone, while the communication is measured for
 each plan. The evaluator itself keeps nothing: the measurement cache is a layer around it
-(:class:`~shardcore.cache.CachedOracle`, built by :func:`~shardcore.oracles.open_oracle`) that
+(:class:`~shardcore.oracles.cache.CachedOracle`, built by :func:`~shardcore.oracles.factory.open_oracle`) that
 stores each shard and each plan, answers a plan already measured at once, and passes the compute of
 shards it knows in ``evaluate(shards, compute=...)``, so that only the other shards are measured.
 
@@ -99,24 +99,24 @@ import json
 import os
 import signal
 import statistics
-import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Sequence
 
-from .benchmark import (DEFAULT_BENCH_ITERS, DEFAULT_LOCK_TIMEOUT_S, DEFAULT_WARMUP_ITERS, ComputeCost,
-                        check_fits, host_measurement_lock,
-                        normalize_optimizer, normalize_precision, resolve_batch_size, usable_bytes,
-                        validate_tables)
-from .commmodel import CommModel, batch_slices, fit_comm_model, remote_bytes
-from .cache import CacheContext, dataset_digest, hardware_fingerprint, shard_key
-from .errors import ShardError
-from .tables import TableConfig
-from .types import PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
+from shardcore.oracles.measured.benchmark import DEFAULT_BENCH_ITERS, DEFAULT_LOCK_TIMEOUT_S, DEFAULT_WARMUP_ITERS, ComputeCost, check_fits, host_measurement_lock, resolve_batch_size, usable_bytes, validate_tables
+from shardcore.oracles.setting import normalize_optimizer, normalize_precision
+from shardcore.oracles.commmodel import CommModel, comm_splits, fit_comm_model, remote_bytes
+from shardcore.types import CommSplits
+from shardcore.oracles.measured.worker import WorkerConfig, low_quantile, model_extra, relative_iqr, worker_main
+from shardcore.types import CacheContext
+from shardcore.oracles.setting import dataset_digest, hardware_fingerprint
+from shardcore.oracles.cache import shard_key
+from shardcore.errors import ShardError
+from shardcore.tables import TableConfig
+from shardcore.types import PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_START_TIMEOUT_S = 300.0
@@ -125,367 +125,6 @@ DEFAULT_CPU_COMPUTE_PASSES = None  # None: one pass per timed iteration (see the
 REWARM_ITERS = 0           # untimed iterations when a pass returns to a shard already warmed up
 REFERENCE_CALIBRATION_ITERS = 15   # CPU: one-sample requests that calibrate the reference's nominal cost
 REFERENCE_COMM_ITERS = 5   # CPU: reference samples taken for an exchange measured without compute
-CPU_QUANTILE = 0.25        # CPU: the quantile of a measurement's samples kept (GPU: the median)
-OUTPUT_ELEMENT_SIZE = 4    # pooled outputs and their gradients are fp32
-
-
-@dataclass(frozen=True)
-class CommSplits:
-    """Split sizes (in elements) of one device's two all-to-alls (see the module notes)."""
-
-    device: int
-    fw_send: tuple[int, ...]   # to each device j: B_j * D_self
-    fw_recv: tuple[int, ...]   # from each device d: B_self * D_d
-    bw_send: tuple[int, ...]   # the reverse of fw_recv
-    bw_recv: tuple[int, ...]   # the reverse of fw_send
-    element_size: int = OUTPUT_ELEMENT_SIZE
-
-    def bytes_sent(self, phase: str = "fw", remote_only: bool = True) -> int:
-        splits = self.fw_send if phase == "fw" else self.bw_send
-        return self.element_size * sum(s for j, s in enumerate(splits) if not (remote_only and j == self.device))
-
-    def bytes_received(self, phase: str = "fw", remote_only: bool = True) -> int:
-        splits = self.fw_recv if phase == "fw" else self.bw_recv
-        return self.element_size * sum(s for j, s in enumerate(splits) if not (remote_only and j == self.device))
-
-
-def comm_splits(dim_sums: Sequence[int], batch_size: int, device: int) -> CommSplits:
-    """The all-to-all split sizes of ``device`` when device ``d`` holds tables of total dim ``dim_sums[d]``."""
-    n = len(dim_sums)
-    bs = batch_slices(batch_size, n)
-    own = int(dim_sums[device])
-    fw_send = tuple(bs[j] * own for j in range(n))
-    fw_recv = tuple(bs[device] * int(dim_sums[d]) for d in range(n))
-    return CommSplits(device, fw_send, fw_recv, bw_send=fw_recv, bw_recv=fw_send)
-
-
-# --------------------------------------------------------------------------------------------
-# Worker side
-# --------------------------------------------------------------------------------------------
-def set_parent_death_signal() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-@dataclass(frozen=True)
-class _WorkerConfig:
-    dataset_dir: str
-    device_type: str
-    device_ids: tuple[int, ...]
-    store_port: int
-    pg_timeout_s: float
-    parent_pid: int | None     # None: a torchrun rank (its parent is torchrun's agent)
-    pool_cap_bytes: int
-    store_host: str = "127.0.0.1"
-    store_prefix: str | None = None
-
-
-def _error_reply(req, exc: BaseException, phase: str):
-    from .errors import ShardError as _SE
-
-    if isinstance(exc, _SE):
-        return ("error", req, "user", str(exc))
-    name = type(exc).__name__
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if "out of memory" in str(exc).lower() or isinstance(exc, MemoryError):
-        return ("error", req, "oom", f"{phase} ran out of memory ({name}: {msg})")
-    return ("error", req, "crash", f"{phase} failed ({name}: {msg})")
-
-
-def _worker_main(rank: int, world: int, conn, cfg: _WorkerConfig) -> None:
-    set_parent_death_signal()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    if cfg.parent_pid is not None and os.getppid() != cfg.parent_pid:
-        return
-    try:
-        import torch
-        import torch.distributed as dist
-
-        from .benchmark import BufferPool, ReferenceRunner, ShardRunner, build_operator
-        from .dataset import load_dataset
-        from .plan import piece_key
-
-        if cfg.device_type == "cuda":
-            device = torch.device("cuda", cfg.device_ids[rank])
-            torch.cuda.set_device(device)
-            device_name = torch.cuda.get_device_name(device)
-            backend = "nccl"
-        else:
-            device = torch.device("cpu")
-            torch.set_num_threads(1)
-            device_name = None
-            backend = "gloo"
-        pool = BufferPool(cfg.pool_cap_bytes) if cfg.device_type == "cpu" else None
-        dataset = load_dataset(cfg.dataset_dir)
-        timeout = datetime.timedelta(seconds=cfg.pg_timeout_s)
-        store = dist.TCPStore(cfg.store_host, cfg.store_port, None, False, timeout)
-        if cfg.store_prefix:
-            store = dist.PrefixStore(cfg.store_prefix, store)
-        if backend == "nccl":
-            try:
-                dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
-                                        device_id=device)
-            except TypeError:  # a torch without the device_id argument
-                dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-        else:
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-        # Warm up fbgemm (first-call initialisation) and the collectives.
-        tiny = build_operator([TableConfig(0, 8, 8, 1.0)], device=device)
-        out = tiny(torch.zeros(4, dtype=torch.int64, device=device),
-                   torch.arange(5, dtype=torch.int64, device=device))
-        out.backward(torch.ones_like(out))
-        del tiny, out
-        _comm(rank, world, [4] * world, 8 * world, 1, 1, None, device)
-        conn.send(("ready", os.getpid(), device_name))
-    except BaseException as exc:  # report and quit: the parent raises a clear error
-        try:
-            conn.send(("error", None, "start", _start_error(exc)))
-        except Exception:
-            pass
-        return
-
-    current = None  # (shard key, ShardRunner) kept between passes over the same shard
-    ref = None      # (key, ReferenceRunner): the reference shard, kept for the worker's life
-
-    def release():
-        nonlocal current
-        if current is not None:
-            current[1].close()
-            current = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError, KeyboardInterrupt):
-            break
-        kind, req = msg[0], msg[1]
-        if kind == "exit":
-            break
-        try:
-            if kind == "compute":
-                tables, batch_size, optimizer, precision, warmup, rewarm, iters, usable, keep = msg[2:]
-                key = (tuple(piece_key(t) for t in tables), batch_size, optimizer, precision)
-                t0 = time.perf_counter()
-                if current is None or current[0] != key:  # a new operator: full warm-up
-                    release()
-                    current = (key, ShardRunner(dataset, tables, batch_size=batch_size, optimizer=optimizer,
-                                                precision=precision, device=device, usable_bytes=usable,
-                                                pool=pool))
-                else:  # the operator kept from the previous pass
-                    warmup = rewarm
-                runner = current[1]
-                t1 = time.perf_counter()
-                try:
-                    fw, bw = runner.sample(warmup, iters)
-                    lookups = getattr(runner, "num_lookups", 0)
-                finally:
-                    t2 = time.perf_counter()
-                    if not keep:
-                        release()
-                conn.send(("ok", req, {"fw": fw, "bw": bw, "num_lookups": lookups, "build_s": t1 - t0,
-                                       "measure_s": t2 - t1, "free_s": time.perf_counter() - t2}))
-            elif kind == "comm":
-                release()
-                dim_sums, batch_size, warmup, iters, delays_ms = msg[2:7]
-                extra = msg[7] if len(msg) > 7 else None
-                conn.send(("ok", req, _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms,
-                                            device, extra)))
-            elif kind == "ref":
-                batch_size, optimizer, precision, warmup, iters = msg[2:7]
-                rkey = (batch_size, optimizer, precision)
-                if ref is None or ref[0] != rkey:
-                    ref = (rkey, ReferenceRunner(batch_size, optimizer=optimizer, precision=precision,
-                                                 device=device))
-                    ref[1].sample(max(2, warmup), 1)
-                fw, bw = ref[1].sample(1, iters)   # one untimed iteration: caches warm as in calibration
-                conn.send(("ok", req, {"fw": fw, "bw": bw}))
-            elif kind == "release":
-                release()
-                conn.send(("ok", req, None))
-            elif kind == "ping":
-                conn.send(("ok", req, os.getpid()))
-            else:
-                conn.send(("error", req, "crash", f"unknown request {kind!r}"))
-        except BaseException as exc:
-            try:
-                release()
-            except Exception:
-                pass
-            try:
-                conn.send(_error_reply(req, exc, kind))
-            except Exception:
-                break
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass
-
-
-def low_quantile(values: Sequence[float], q: float | None = None) -> float:
-    """The ``q`` quantile (default :data:`CPU_QUANTILE`, the lower quartile) of ``values``, linear
-    between order statistics. On a shared CPU the slow samples are the disturbed ones (another
-    tenant's memory traffic, a migration), the fast ones the shard's own cost: a low quantile repeats
-    itself where the median follows the disturbance, and unlike the minimum it is not one lucky sample."""
-    xs = sorted(float(v) for v in values)
-    if not xs:
-        raise ShardError("no samples")
-    pos = (len(xs) - 1) * (CPU_QUANTILE if q is None else q)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def _relative_iqr(values: Sequence[float]) -> float:
-    """(q75 - q25) / median of ``values`` (0 for fewer than two values or a zero median)."""
-    if len(values) < 2:
-        return 0.0
-    qs = statistics.quantiles(values, n=4, method="inclusive")
-    med = statistics.median(values)
-    return float((qs[2] - qs[0]) / med) if med > 0 else 0.0
-
-
-def serve_remote(env, conn) -> int:
-    """A torchrun rank other than 0 (see :mod:`shardcore.launch`): take the driver's configuration,
-    then serve as worker ``env.rank`` until the driver says exit or goes away."""
-    try:
-        msg = conn.recv()
-    except (EOFError, OSError):
-        return 1
-    if not (isinstance(msg, list) and len(msg) == 2 and msg[0] == "config" and isinstance(msg[1], dict)):
-        return 1
-    c = msg[1]
-    cfg = _WorkerConfig(str(c["dataset_dir"]), str(c["device_type"]), tuple(int(d) for d in c["device_ids"]),
-                        int(c["store_port"]), float(c["pg_timeout_s"]), None, int(c["pool_cap_bytes"]),
-                        str(c["store_host"]), str(c["store_prefix"]))
-    _worker_main(env.rank, env.world_size, conn, cfg)
-    return 0
-
-
-def _start_error(exc: BaseException) -> str:
-    from .errors import ShardError as _SE
-
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return text if isinstance(exc, _SE) else f"{type(exc).__name__}: {text}"
-
-
-def _comm(rank, world, dim_sums, batch_size, warmup, iters, delays_ms, device, extra=None) -> dict:
-    """Time the forward and backward exchanges of this rank (medians in ms).
-
-    Forward: the input distribution (``extra["ids_send"]``, an int64 all-to-all of every
-    model-parallel table's ids; absent when not given), then the all-to-all of pooled outputs, then the local sum of row-wise
-    partials (``extra["rw_sums"]``). Backward: the reverse all-to-all, then the all-reduce of the
-    data-parallel tables' gradients (``extra["allreduce"]`` elements per rank, in
-    ``extra["allreduce_dtype"]``). See :mod:`shardcore.shardings`."""
-    import torch
-    import torch.distributed as dist
-
-    splits = comm_splits(dim_sums, batch_size, rank)
-    info = {"fw_send": list(splits.fw_send), "fw_recv": list(splits.fw_recv),
-            "bw_send": list(splits.bw_send), "bw_recv": list(splits.bw_recv)}
-    extra = extra or {}
-    ids_send = extra.get("ids_send") or []
-    ids_out = [int(ids_send[rank][s]) for s in range(world)] if ids_send else []
-    ids_in = [int(ids_send[j][rank]) for j in range(world)] if ids_send else []
-    info.update(ids_send=ids_out, ids_recv=ids_in)     # the input-id all-to-all's split sizes (int64)
-    ar_numel = int((extra.get("allreduce") or [0] * world)[rank])
-    any_ids = bool(ids_send) and any(any(int(x) for x in row) for row in ids_send)
-    any_ar = any(int(x) for x in (extra.get("allreduce") or []))
-    if sum(dim_sums) == 0 and not any_ids and not any_ar:  # nothing to exchange anywhere (every rank)
-        info.update(fw_ms=0.0, bw_ms=0.0)
-        return info
-    send_fw = torch.zeros(sum(splits.fw_send), dtype=torch.float32, device=device)
-    recv_fw = torch.empty(sum(splits.fw_recv), dtype=torch.float32, device=device)
-    send_bw = torch.zeros(sum(splits.bw_send), dtype=torch.float32, device=device)
-    recv_bw = torch.empty(sum(splits.bw_recv), dtype=torch.float32, device=device)
-    ids_tx = torch.zeros(sum(ids_out), dtype=torch.int64, device=device) if any_ids else None
-    ids_rx = torch.empty(sum(ids_in), dtype=torch.int64, device=device) if any_ids else None
-    ar_dtype = getattr(torch, str(extra.get("allreduce_dtype", "float32")))
-    grad_ar = torch.zeros(ar_numel, dtype=ar_dtype, device=device) if any_ar else None
-    # row-wise partial sums: per table, (source, column offset, dim) of its partials in recv_fw
-    b_self = batch_slices(batch_size, world)[rank]
-    starts = [0]
-    for s in splits.fw_recv:
-        starts.append(starts[-1] + int(s))
-    rw_views = []
-    for grp in extra.get("rw_sums") or []:
-        parts = []
-        for src, col, dim in grp:
-            width = int(dim_sums[src])
-            parts.append((starts[src], width, int(col), int(dim)))
-        rw_views.append(parts)
-    cuda = device.type == "cuda"
-    delay_s = (float(delays_ms[rank]) / 1e3) if delays_ms else 0.0
-    fw, bw = [], []
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    def local_sums():
-        for parts in rw_views:
-            acc = None
-            for start, width, col, dim in parts:
-                part = recv_fw[start:start + b_self * width].view(b_self, width)[:, col:col + dim]
-                acc = part.clone() if acc is None else acc.add_(part)
-
-    def one(recv, send, out_splits, in_splits, delay, before=None, after=None):
-        sync()
-        dist.barrier()
-        if delay > 0:
-            time.sleep(delay)
-        t0 = time.perf_counter()
-        if before is not None:
-            before()
-        if any_out:
-            dist.all_to_all_single(recv, send, list(out_splits), list(in_splits))
-        if after is not None:
-            after()
-        sync()
-        return (time.perf_counter() - t0) * 1e3
-
-    any_out = sum(int(x) for x in dim_sums) > 0
-    ids_a2a = ((lambda: dist.all_to_all_single(ids_rx, ids_tx, ids_in, ids_out)) if any_ids else None)
-    ar = (lambda: dist.all_reduce(grad_ar)) if any_ar else None
-    for it in range(max(0, warmup) + max(1, iters)):
-        f = one(recv_fw, send_fw, splits.fw_recv, splits.fw_send, delay_s, ids_a2a,
-                local_sums if rw_views else None)
-        b = one(recv_bw, send_bw, splits.bw_recv, splits.bw_send, 0.0, None, ar)
-        if it >= warmup:
-            fw.append(f)
-            bw.append(b)
-    stat = low_quantile if device.type == "cpu" else statistics.median
-    info.update(fw_ms=float(stat(fw)), bw_ms=float(stat(bw)))
-    return info
-
-
-def _model_extra(model: CommModel, times, layout, precision: str):
-    """Modelled times plus a plan's input-id all-to-all (forward) and data-parallel all-reduce
-    (backward, a ring: 2 (n - 1) / n of the gradient's bytes each way)."""
-    n = len(times)
-    elem = 2 if precision == "fp16" else 4
-    out = []
-    for d, (fw, bw) in enumerate(times):
-        if layout.ids_send:
-            sent = sum(layout.ids_send[d][s] for s in range(n) if s != d) * 8
-            recv = sum(layout.ids_send[j][d] for j in range(n) if j != d) * 8
-            fw += model.phase_ms(max(sent, recv))
-        if layout.allreduce and layout.allreduce[d] and n > 1:
-            bw += model.phase_ms(int(2 * (n - 1) / n * layout.allreduce[d] * elem))
-        out.append((fw, bw))
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -533,7 +172,7 @@ class PlanEvaluator:
     has; it may exceed ``len(device_ids)``, the devices that really run (one worker each). Then plan
     device ``d`` is measured on worker ``d mod workers``, each shard alone on its device (two shards
     never share a GPU at the same time), and the all-to-alls, which cannot run as they would between
-    ``ndevices`` GPUs, come from a :class:`~shardcore.commmodel.CommModel`: the analytic one given by
+    ``ndevices`` GPUs, come from a :class:`~shardcore.oracles.commmodel.CommModel`: the analytic one given by
     ``comm_model`` with one worker, or, with two or more workers, one fitted at start-up to the
     workers' measured all-to-alls (:meth:`calibrate_comm`). Every :class:`PlanResult` says in
     ``parts`` which parts were measured and which modelled. On a GPU machine with fewer GPUs than
@@ -541,10 +180,10 @@ class PlanEvaluator:
     many devices this machine has (tests fake a small GPU count with it on the CPU).
 
     It implements :class:`~shardcore.types.ShardCostOracle` and measures everything it is asked
-    for; wrap it in :class:`~shardcore.cache.CachedOracle` to reuse stored measurements (or build it
-    with :func:`~shardcore.oracles.open_oracle`). ``comm_iters`` defaults to ``bench_iters``. ``timeout_s`` bounds each phase of a measurement, ``start_timeout_s`` the
+    for; wrap it in :class:`~shardcore.oracles.cache.CachedOracle` to reuse stored measurements (or build it
+    with :func:`~shardcore.oracles.factory.open_oracle`). ``comm_iters`` defaults to ``bench_iters``. ``timeout_s`` bounds each phase of a measurement, ``start_timeout_s`` the
     workers' start-up. On the CPU every measurement request is made under the machine-wide
-    measurement lock (``host_lock``, see :func:`~shardcore.benchmark.host_measurement_lock`), so
+    measurement lock (``host_lock``, see :func:`~shardcore.oracles.measured.benchmark.host_measurement_lock`), so
     several evaluators on one machine take turns instead of disturbing each other; waiting for it
     longer than ``lock_timeout_s`` is an error.
     """
@@ -559,14 +198,14 @@ class PlanEvaluator:
                  available_devices: int | None = None, launcher: str = "spawn"):
         import torch
 
-        from .dataset import load_dataset
+        from shardcore.dataset import load_dataset
 
         if launcher not in ("spawn", "torchrun"):
             raise ShardError(f"unknown launcher {launcher!r}: spawn or torchrun")
         self.launcher = launcher
         self._env = None
         if launcher == "torchrun":
-            from .launch import rank_env
+            from shardcore.oracles.measured.launch import rank_env
 
             self._env = rank_env()
             if self._env.rank != 0:
@@ -671,7 +310,7 @@ class PlanEvaluator:
             name = self._device_name or "GPU"
             where = f"{self.nworkers} x {name}" if hosts == 1 else f"{hosts} hosts x {per_host} x {name}"
         else:
-            from .cache import cpu_cores, cpu_name
+            from shardcore.oracles.setting import cpu_cores, cpu_name
 
             where = f"CPU ({cpu_name()}, {cpu_cores()} cores), {self.nworkers} logical device(s)"
             if hosts > 1:
@@ -751,10 +390,10 @@ class PlanEvaluator:
         if self._env is None:
             self._store = dist.TCPStore("127.0.0.1", 0, None, True,
                                         datetime.timedelta(seconds=self.start_timeout_s), wait_for_workers=False)
-            cfg = _WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._store.port,
+            cfg = WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._store.port,
                                 max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes())
         else:   # torchrun: the other ranks connect; rank 0's own device gets a local worker below
-            from .launch import PG_PREFIX, accept_ranks
+            from shardcore.oracles.measured.launch import PG_PREFIX, accept_ranks
 
             if self._generation > 0:
                 raise ShardError("--launcher torchrun: the serving ranks are gone after a failure; start the "
@@ -762,7 +401,7 @@ class PlanEvaluator:
             self._generation += 1
             remote, self._host0 = accept_ranks(self._env, self.start_timeout_s)
             self.device_ids = (self._env.local_rank,) + tuple(rr.local_rank for rr in remote)
-            cfg = _WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._env.master_port,
+            cfg = WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._env.master_port,
                                 max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes(),
                                 self._env.master_addr, f"{PG_PREFIX}/{os.getpid()}/{self._generation}")
             for rr in remote:
@@ -780,7 +419,7 @@ class PlanEvaluator:
             try:
                 for rank in range(self.nworkers - len(remote)):
                     parent_end, child_end = ctx.Pipe(duplex=True)
-                    p = ctx.Process(target=_worker_main, args=(rank, self.nworkers, child_end, cfg),
+                    p = ctx.Process(target=worker_main, args=(rank, self.nworkers, child_end, cfg),
                                     name=f"shardcore-device-{rank}", daemon=True)
                     p.start()
                     child_end.close()
@@ -803,8 +442,8 @@ class PlanEvaluator:
 
     def _pool_cap_bytes(self) -> int:
         """Per-worker cap of reusable weight buffers: a quarter of the host's available memory,
-        shared by the workers, and at most 2 GiB each (see :class:`~shardcore.benchmark.BufferPool`)."""
-        from .benchmark import host_available_bytes
+        shared by the workers, and at most 2 GiB each (see :class:`~shardcore.oracles.measured.benchmark.BufferPool`)."""
+        from shardcore.oracles.measured.benchmark import host_available_bytes
 
         return int(min(2 << 30, host_available_bytes() // (4 * self.nworkers)))
 
@@ -1045,7 +684,7 @@ class PlanEvaluator:
                         samples[k][0].extend(reps[ranks[k]]["fw"])
                         samples[k][1].extend(reps[ranks[k]]["bw"])
         for fw, bw in samples.values():
-            self._noise.append(_relative_iqr([f + b for f, b in zip(fw, bw)]))
+            self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
         if not cpu:
             return {k: ComputeCost(float(statistics.median(fw)), float(statistics.median(bw)))
                     for k, (fw, bw) in samples.items()}
@@ -1103,7 +742,7 @@ class PlanEvaluator:
         (mimicking imbalanced compute); the others' forward times then include the wait.
         Returns per device ``(fw_ms, bw_ms)`` and the split sizes. With more plan devices than
         workers the times come from the communication model (``delays_ms`` is then refused: a
-        model has no waiting peers). ``layout`` (a :class:`~shardcore.shardings.CommLayout`) adds a
+        model has no waiting peers). ``layout`` (a :class:`~shardcore.oracles.measured.shardings.CommLayout`) adds a
         plan's input-id distribution and data-parallel all-reduce (and the row-wise local sums), as
         :meth:`evaluate` always does; without it, the pooled all-to-alls alone.
         """
@@ -1121,7 +760,7 @@ class PlanEvaluator:
             splits = [comm_splits(dims, self.batch_size, d) for d in range(self.ndevices)]
             times = model.predict(dims, self.batch_size)
             if layout is not None and layout.special:
-                times = _model_extra(model, times, layout, self.precision)
+                times = model_extra(model, times, layout, self.precision)
             return times, splits
         delays = [float(x) for x in delays_ms] if delays_ms is not None else None
         # start delays are wall-clock waits for a late peer, not work at the machine's speed: not scaled
@@ -1200,7 +839,7 @@ class PlanEvaluator:
         return self.measure_shards([tables], no_cache=no_cache)[0]
 
     # -- the oracle interface (shardcore.types.ShardCostOracle) --------------------------------
-    cache = None     # a bare evaluator keeps nothing (see shardcore.cache.CachedOracle)
+    cache = None     # a bare evaluator keeps nothing (see shardcore.oracles.cache.CachedOracle)
     no_cache = True  # ... so it measures everything afresh
 
     @property
@@ -1223,11 +862,11 @@ class PlanEvaluator:
         shards = self._check_shards(shards)
         known = dict(compute or {})
         costs_c: dict[int, ComputeCost] = {}
-        # The step's exchanges (shardcore.shardings.comm_layout): every model-parallel table's input
+        # The step's exchanges (shardcore.oracles.measured.shardings.comm_layout): every model-parallel table's input
         # ids, the pooled outputs (with row-wise partials), the data-parallel all-reduce.
         layout = None
         if self.ndevices > 1:
-            from .shardings import comm_layout
+            from shardcore.oracles.measured.shardings import comm_layout
 
             layout = comm_layout(self.dataset, shards, self.batch_size)
         todo: dict[int, list[TableConfig]] = {}

@@ -23,7 +23,7 @@ bandwidth); measured on CUDA, for the card's HBM bandwidth. The batch is the jud
 the ranks. **Its objective counts what the judge counts** (:func:`_objective_estimator`, a
 ``ShardEstimator`` around TorchRec's own): TorchRec estimates each option's input distribution but
 leaves it out of ``Perf.total``, the figure it balances, so the ids the judge charges a shard
-(:func:`shardcore.commmodel.id_width`) are added to the shard's forward comms; its pooled exchange
+(:func:`shardcore.oracles.commmodel.id_width`) are added to the shard's forward comms; its pooled exchange
 is priced in fp32, what the exchange sends (TorchRec's comm-precision registry, else it assumes the
 weights' fp16); a data-parallel table's all-reduce is the judge's ring, ``2 (n - 1) / n`` of the
 gradient per device (TorchRec's bandwidth for the collective, :func:`_links_class`). Everything else
@@ -59,7 +59,7 @@ The batch size: kwargs ``batch_size`` is the benchmark's batch (default 4096), t
 device processes. TorchRec's ``batch_size`` is per rank, and a table-wise table processes the local
 batches of all ranks, so the planner gets ``batch_size / ndevices`` per rank.
 
-Plans in TorchRec's form, written and read back, are :mod:`shardcore.plan_export`'s.
+Plans in TorchRec's form, written and read back, are :mod:`shardcore.interop.plan_export`'s.
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from .baselines import Sharder
-from .errors import InfeasibleError, ShardError
-from .plan import Plan, Sharding, column_wise, data_parallel, row_blocks, row_wise, table_wise
-from .tables import GB, TableConfig
+from shardcore.baselines import Sharder
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.plan import Plan, Sharding, column_wise, data_parallel, row_blocks, row_wise, table_wise
+from shardcore.tables import GB, TableConfig
 
 DEFAULT_BATCH_SIZE = 4096
 MEMORY_MODELS = ("torchrec", "weights")
@@ -174,7 +174,7 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
     """The devices of the oracle that judges the plans, as TorchRec's topology needs them.
 
     * ``emulated:h200``: compute device cuda, HBM :data:`H200_HBM_BANDWIDTH_GBPS`, every collective at
-      the comm model's bandwidth (``comm_bandwidth`` GB/s, None: :class:`~shardcore.commmodel.CommModel`'s
+      the comm model's bandwidth (``comm_bandwidth`` GB/s, None: :class:`~shardcore.oracles.commmodel.CommModel`'s
       default), which is what the emulated oracle prices every exchange at (it has no hosts: one link);
     * ``measured`` on CUDA (``device_type``, default: cuda when torch sees a GPU, the evaluator's rule):
       cuda, the HBM bandwidth of the card (``device_name``, default: GPU 0's name) from
@@ -183,11 +183,11 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
       DDR bandwidth), :data:`ASSUMED_CPU_DDR_BANDWIDTH_GBPS`; the comm model's bandwidth;
     * None (nobody said which hardware judges, e.g. ``plan.py``): TorchRec's own defaults on cuda.
     """
-    from .commmodel import DEFAULT_COMM_BANDWIDTH_GBPS
+    from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS
 
     link = float(comm_bandwidth) if comm_bandwidth else DEFAULT_COMM_BANDWIDTH_GBPS
     if comm_latency is None:
-        from .commmodel import DEFAULT_COMM_LATENCY_US
+        from shardcore.oracles.commmodel import DEFAULT_COMM_LATENCY_US
 
         comm_latency = DEFAULT_COMM_LATENCY_US
     how_link = (f"comm model {link:g} GB/s ({'--comm-bandwidth' if comm_bandwidth else 'its default'}), "
@@ -199,7 +199,7 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
         return TorchRecHardware("cuda", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS,
                                 TORCHREC_DEFAULT_INTRA_HOST_GBPS, TORCHREC_DEFAULT_INTER_HOST_GBPS, None, "none",
                                 "TorchRec's defaults (no judged hardware given)")
-    from .oracles import EMULATED_PREFIX, MEASURED, parse_oracle
+    from shardcore.oracles.factory import EMULATED_PREFIX, MEASURED, parse_oracle
 
     spec = parse_oracle(oracle)
     if spec.startswith(EMULATED_PREFIX):
@@ -322,7 +322,7 @@ OBJECTIVE_TERMS = (
     "fwd_compute, bwd_compute: TorchRec's estimates (bytes moved / the device's memory bandwidth)",
     "fwd_comms, bwd_comms: TorchRec's pooled all-to-all / reduce-scatter / all-gather at the link's bandwidth, "
     "fp32 outputs and gradients (TorchRec's comm precision set to FP32, what the exchange sends)",
-    "fwd_comms += input ids as the judge charges them (shardcore.commmodel.id_width of the shard's piece: "
+    "fwd_comms += input ids as the judge charges them (shardcore.oracles.commmodel.id_width of the shard's piece: "
     "int64, its expected ids per sample plus one length), received from the other ranks' batch slices "
     "(B - B/n samples) at the link's bandwidth",
     "bwd_comms: a data-parallel table's gradient all-reduce as a ring, 2(n-1)/n x rows x dim in the weights' "
@@ -337,7 +337,7 @@ def shard_piece(sharding_type: str, table: TableConfig, shard_rows: int, shard_c
     <shardcore.plan.Sharding.pieces>`): a table-wise table or a column block is the table (with the
     block's dim), a row-wise shard a row-wise piece (the table's pooling factor x its row share), a
     data-parallel replica a replica of one batch slice."""
-    from .plan import DATA_PARALLEL, ROW_WISE, ShardPiece
+    from shardcore.plan import DATA_PARALLEL, ROW_WISE, ShardPiece
 
     if sharding_type == "data_parallel":
         return ShardPiece(table.index, table.row, table.dim, table.pooling_factor / ndevices, table.bins,
@@ -351,10 +351,10 @@ def shard_piece(sharding_type: str, table: TableConfig, shard_rows: int, shard_c
 
 def id_exchange_ms(piece: TableConfig, batch_size: int, ndevices: int, link_bytes_per_ms: float) -> float:
     """Milliseconds a piece's device spends receiving its input ids, as the judge charges them
-    (:mod:`shardcore.commmodel`): :func:`~shardcore.commmodel.id_width` (the piece's int64 elements per
+    (:mod:`shardcore.oracles.commmodel`): :func:`~shardcore.oracles.commmodel.id_width` (the piece's int64 elements per
     sample; 0 where the judge charges no ids) x 8 bytes x the other ranks' samples ``B - B/n``, over the
     link. One device receives none."""
-    from .commmodel import ID_ELEMENT_SIZE, id_width
+    from shardcore.oracles.commmodel import ID_ELEMENT_SIZE, id_width
 
     if ndevices < 2:
         return 0.0

@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
-from .errors import ShardError
-from .tables import TableConfig
+from shardcore.errors import ShardError
+from shardcore.tables import TableConfig
 
 CONTROL_KEY = "shardkit/control"
 PG_PREFIX = "shardkit/pg"
@@ -243,7 +243,7 @@ def accept_ranks(env: RankEnv, timeout_s: float) -> tuple[list[RemoteRank], str]
 def serve(timeout_s: float = 300.0) -> int:
     """Ranks other than 0: connect to the driver, then measure what it asks until it says exit or
     goes away. Returns the process exit status (0 after an orderly exit)."""
-    from .evaluator import serve_remote
+    from shardcore.oracles.measured.worker import serve_remote
 
     env = rank_env()
     try:

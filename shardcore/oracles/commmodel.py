@@ -2,7 +2,7 @@
 
 A plan for ``n`` devices exchanges, per device ``d``, its pooled outputs for every other device's
 slice of the batch (forward) and the gradients back (backward); the split sizes are
-:func:`shardcore.evaluator.comm_splits`. When the plan has more devices than the machine has GPUs
+:func:`comm_splits`. When the plan has more devices than the machine has GPUs
 (``--ndevices 8 --gpu-devices 0``), or the oracle is emulated, that exchange cannot be timed, and
 its cost comes from this model instead:
 
@@ -13,7 +13,7 @@ bytes; each direction of a full-duplex link runs at ``bandwidth``). Bytes are th
 outputs (4 per element), as the real exchange.
 
 **A training step's other two collectives**, for every sharding type (:mod:`shardcore.plan`'s
-pieces), as the measured evaluator runs them (:mod:`shardcore.shardings`); where they are modelled
+pieces), as the measured evaluator runs them (:mod:`shardcore.oracles.measured.shardings`); where they are modelled
 from the tables alone (the emulated oracle, shardkit's planner), :meth:`CommModel.exchange_ms`
 prices them with the same constants, one latency each (the one convention every oracle and model
 uses):
@@ -48,9 +48,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .errors import ShardError
-from .plan import DATA_PARALLEL, batch_slices  # noqa: F401  (batch_slices: re-exported)
-from .tables import TableConfig, bytes_per_element
+from shardcore.errors import ShardError
+from shardcore.plan import DATA_PARALLEL, batch_slices  # noqa: F401  (batch_slices: re-exported)
+from shardcore.tables import TableConfig, bytes_per_element
+from shardcore.types import CommSplits
 
 DEFAULT_COMM_BANDWIDTH_GBPS = 200.0
 DEFAULT_COMM_LATENCY_US = 25.0
@@ -204,3 +205,13 @@ def fit_comm_model(samples: Sequence[tuple[int, float]], link: str) -> CommModel
     slope = max(float(slope), 1e-9)
     intercept = max(float(intercept), 0.0)
     return CommModel(bandwidth_gbps=1e-6 / slope, latency_us=intercept * 1e3, link=link, source="fitted")
+
+
+def comm_splits(dim_sums: Sequence[int], batch_size: int, device: int) -> CommSplits:
+    """The all-to-all split sizes of ``device`` when device ``d`` holds tables of total dim ``dim_sums[d]``."""
+    n = len(dim_sums)
+    bs = batch_slices(batch_size, n)
+    own = int(dim_sums[device])
+    fw_send = tuple(bs[j] * own for j in range(n))
+    fw_recv = tuple(bs[device] * int(dim_sums[d]) for d in range(n))
+    return CommSplits(device, fw_send, fw_recv, bw_send=fw_recv, bw_recv=fw_send)

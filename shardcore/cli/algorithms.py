@@ -14,16 +14,16 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from . import registry
-from .baselines import BASELINES, Sharder, make_baseline
-from .config import Config, add_config_args, given_args
-from .errors import ShardError
-from .io import load_checkpoint
+from shardcore import registry
+from shardcore.baselines import BASELINES, Sharder, make_baseline
+from shardcore.config import Config, add_config_args, given_args
+from shardcore.errors import ShardError
+from shardcore.io import load_checkpoint
 
 # Names served by an optional module of the core (imported only when asked for).
 # ``module`` or ``module:function`` (default function: load_sharder).
-CORE_PLUGINS = {"torchrec": "shardcore.torchrec_planner",
-                "torchrec-tw": "shardcore.torchrec_planner:load_sharder_tw"}
+CORE_PLUGINS = {"torchrec": "shardcore.interop.torchrec_planner",
+                "torchrec-tw": "shardcore.interop.torchrec_planner:load_sharder_tw"}
 
 
 def plugins() -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 :class:`GpuComputeModel` predicts the forward and backward(+SGD update) milliseconds of one fused
 FBGEMM ``SplitTableBatchedEmbeddingBagsCodegen`` shard (fp16 weights, exact SGD, one GPU, as
-measured by :class:`shardcore.benchmark.ShardRunner` on CUDA) from the shard's
+measured by :class:`shardcore.oracles.measured.benchmark.ShardRunner` on CUDA) from the shard's
 :class:`~shardcore.tables.TableConfig` s and the batch size. The shipped parameters
 (``data/gpu_measurements/h200_emulator.json``, read by :func:`load_gpu_model`) were fitted on
 NVIDIA H200 measurements (``data/gpu_measurements/*.jsonl``) by ``tools/fit_gpu_emulator.py``.
@@ -72,10 +72,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import ShardError
-from .tables import NUM_BINS, TableConfig
+from shardcore.errors import ShardError
+from shardcore.tables import NUM_BINS, TableConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]   # the repository root (shardcore/oracles/emulated/)
 MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"
 MODEL_FILES = {"h200": "h200_emulator.json"}
 FORMAT = "shardkit-gpu-emulator-1"
@@ -399,7 +399,7 @@ def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfi
     :meth:`~GpuComputeModel.predict_many` per distinct batch. ``cv_of(t)``: a table's bag-length CV
     (default: the model's known tables' CV, else unknown: see :meth:`~GpuComputeModel.predict_many`). A replica keeps its table's reuse
     statistics, taken at the full batch (the slice's are not known from the configs)."""
-    from .plan import device_kernels
+    from shardcore.plan import device_kernels
 
     cv_of = cv_of or (lambda t: known_cv(model._known, t, math.nan))
     out = np.zeros((len(shards), 2))
@@ -485,7 +485,7 @@ def synthetic_length_cv(num_tables: int = 856, seed: int = 0) -> dict:
     """The known-tables block of the default synthetic dataset: per table its index, hash size,
     expected pooling factor and the CV of its per-sample lookup counts. The generator draws a
     sample's count as Poisson(Gamma(k, pf / k)) (negative binomial), so CV^2 = 1 / pf + 1 / k."""
-    from .dlrm import synthetic_table_specs
+    from shardcore.data.dlrm import synthetic_table_specs
 
     specs = synthetic_table_specs(num_tables, seed)
     cv = [math.sqrt(1.0 / s.pooling_factor + 1.0 / s.dispersion) if s.pooling_factor > 0 else 0.0
@@ -593,7 +593,7 @@ def load_measurements(batch: int, directory: str | os.PathLike = MEASUREMENTS_DI
     shards file with its measured (fw, bw) whose tables all belong to the plan's task (unique for
     every device). A gpu_check run's shard file lists the non-empty devices of its summary's plans
     in order; each line's (fw, bw) is checked against the summary."""
-    from .dataset import load_table_configs
+    from shardcore.dataset import load_table_configs
 
     directory = Path(directory)
     tables = load_table_configs(directory / f"dlrm_b{batch}" / "table_configs.json")

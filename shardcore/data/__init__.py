@@ -1,0 +1,1 @@
+"""Data generation: synthetic and downloaded DLRM datasets (``dlrm``) and task files (``taskgen``)."""

@@ -1,0 +1,2 @@
+"""The emulated oracle: a GPU emulated from real measurements (``oracle``) by a compute model
+fitted on them (``emulator``)."""

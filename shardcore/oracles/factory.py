@@ -1,0 +1,115 @@
+"""Cost oracles: which landscape a plan is judged on, chosen with ``--oracle``.
+
+- ``measured`` (default): this machine's hardware, :class:`~shardcore.oracles.measured.driver.PlanEvaluator`
+  (FBGEMM on the CPU or on CUDA GPUs, real all-to-alls, or modelled ones when the plan has more
+  devices than the machine has GPUs).
+- ``emulated:h200``: an NVIDIA H200 emulated from real measurements (:class:`EmulatedOracle`):
+  each shard's forward and backward compute from :mod:`shardcore.oracles.emulated.emulator`'s model fitted on the
+  shipped H200 shard measurements (``data/gpu_measurements/``), a device's model-parallel pieces
+  as one kernel at the batch and its data-parallel replicas as another at its batch slice
+  (:func:`~shardcore.oracles.emulated.emulator.predict_devices`); the exchanges from the analytic
+  :class:`~shardcore.oracles.commmodel.CommModel`: the pooled all-to-all (without data-parallel replicas,
+  which send nothing), every model-parallel table's input-id all-to-all (forward, ids expected from
+  the tables' pooling factors) and a data-parallel table's gradient all-reduce (backward), as the
+  measured evaluator runs them, at the same bandwidth and latency
+  (:meth:`~shardcore.oracles.commmodel.CommModel.exchange_ms`). **Held out** (the default, ``--emulator-fit
+  heldout``): the compute model that judges a plan is the emulator refitted without every measured
+  shard that holds one of the plan's tables (:func:`shardcore.oracles.emulated.emulator.heldout_model`), so a judge
+  never saw the tables it judges; ``--emulator-fit full`` uses the shipped fit. It needs only the table configs (no
+  ``data.pt``), no workers and no cache, and answers in microseconds, so every trainer can use it.
+
+Both implement :class:`~shardcore.types.ShardCostOracle`, give the same
+:class:`~shardcore.types.PlanResult` (per device ``[fw_comp, fw_comm, bw_comm, bw_comp]`` ms, plan
+cost = the slowest device) and say in ``hardware`` and ``parts`` what the figures stand for.
+:func:`open_oracle` is the one place either is built, the measured one wrapped in the measurement
+cache (:class:`~shardcore.oracles.cache.CachedOracle`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from shardcore.errors import ShardError
+from shardcore.oracles.commmodel import CommModel
+from shardcore.oracles.emulated.oracle import EMULATED_CARDS, HELDOUT, EmulatedOracle
+from shardcore.oracles.setting import EXACT_SGD
+
+MEASURED = "measured"
+EMULATED_PREFIX = "emulated:"
+ORACLE_CHOICES = (MEASURED,) + tuple(EMULATED_PREFIX + c for c in EMULATED_CARDS)
+
+
+def parse_oracle(spec: str) -> str:
+    """Canonical oracle name, or a one-line error naming the choices."""
+    key = str(spec).strip().lower()
+    if key in ("measured", "hardware", "hw"):
+        return MEASURED
+    if key.startswith("emulated-"):
+        key = EMULATED_PREFIX + key[len("emulated-"):]
+    if key in ORACLE_CHOICES:
+        return key
+    raise ShardError(f"unknown oracle {spec!r}: choose one of {', '.join(ORACLE_CHOICES)}")
+
+
+RESUME_LABELS = {"ndevices": "device count", "max_memory_gb": "memory cap (GB)", "precision": "weights precision",
+                 "hardware": "oracle (hardware)", "dataset": "dataset", "batch_size": "batch size",
+                 "optimizer": "optimizer"}
+
+
+def training_provenance(oracle, ndevices: int, max_memory_gb: float, precision: str) -> dict:
+    """What a training's measurements depend on (kept in its checkpoint): the devices, cap and
+    precision, the oracle's hardware and, where it has a cache setting, the dataset, batch and
+    optimizer. A resumed training must match it (:func:`check_resume`)."""
+    out = {"ndevices": int(ndevices), "max_memory_gb": float(max_memory_gb), "precision": precision,
+           "hardware": str(getattr(oracle, "hardware", ""))}
+    try:
+        ctx = getattr(oracle, "context", None)
+    except Exception:  # noqa: BLE001 - an oracle without a cache setting
+        ctx = None
+    if ctx is not None:
+        out.update(hardware=ctx.hardware, dataset=ctx.dataset, batch_size=int(ctx.batch_size),
+                   optimizer=ctx.optimizer)
+    return out
+
+
+def check_resume(stored: dict, now: dict, anew: str) -> None:
+    """``--resume`` continues only the training it saved: another oracle, device count, cap, dataset
+    or batch would mix measurements of different settings in one model. ``anew``: how to start a
+    separate training instead (e.g. ``"with another --xpid"``)."""
+    for key, label in RESUME_LABELS.items():
+        if key in stored and key in now and stored[key] != now[key]:
+            raise ShardError(f"--resume: the checkpoint was trained with {label} {stored[key]!r}, this run has "
+                             f"{now[key]!r}: measurements of different settings would be mixed; train anew {anew}")
+
+
+def open_oracle(data_dir: str | os.PathLike, ndevices: int | None = None, *, oracle: str = MEASURED,
+                device_ids: Sequence[int] | None = None, batch_size: int | None = None,
+                optimizer: str = EXACT_SGD, precision: str = "fp16", comm_model: CommModel | None = None,
+                cache=None, no_cache: bool = False, **measure_kwargs):
+    """The one place a cost oracle is built (:func:`shardcore.cli.common.open_evaluator` builds it from
+    command-line flags). Use it as a context manager.
+
+    ``oracle='measured'``: a :class:`~shardcore.oracles.measured.driver.PlanEvaluator` for plans of ``ndevices``
+    devices measured on ``device_ids`` (``measure_kwargs``: ``bench_iters``, ``warmup_iters``,
+    ``timeout_s``, ``launcher``... as the evaluator takes them), wrapped in the measurement cache
+    (:class:`~shardcore.oracles.cache.CachedOracle`) unless ``cache`` is None or False (``True``: the
+    default file; a path; a :class:`~shardcore.oracles.cache.CostCache`). ``oracle='emulated:<card>'``: an
+    :class:`EmulatedOracle` for ``ndevices`` devices (default ``len(device_ids)``), never cached (it
+    answers in microseconds); the measuring arguments do not apply to it.
+    """
+    spec = parse_oracle(oracle)
+    if spec.startswith(EMULATED_PREFIX):
+        n = ndevices if ndevices is not None else (len(device_ids) if device_ids else 4)
+        return EmulatedOracle(data_dir, n, card=spec[len(EMULATED_PREFIX):], batch_size=batch_size,
+                              optimizer=optimizer, precision=precision, comm_model=comm_model,
+                              fit=measure_kwargs.pop("emulator_fit", HELDOUT))
+    from shardcore.oracles.cache import CachedOracle, open_cache
+    from shardcore.oracles.measured.driver import PlanEvaluator
+
+    store = open_cache(cache)
+    if store is not None:
+        store.check_usable()   # an unusable --cache-path is found before any worker starts
+    evaluator = PlanEvaluator(data_dir, ndevices, device_ids=device_ids, batch_size=batch_size, optimizer=optimizer,
+                              precision=precision, comm_model=comm_model, **measure_kwargs)
+    return evaluator if store is None else CachedOracle(evaluator, store, no_cache=no_cache)
