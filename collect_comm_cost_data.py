@@ -17,11 +17,12 @@ import os
 
 
 from neuroshard import config
-from shardcore.cli.common import float_list, seed_int
+from shardcore.argtypes import float_list, seed_int
 from shardcore.cli.common import serve_if_torchrun_rank
 from shardcore.cli.common import add_device_args, device_ids, num_devices
 from neuroshard.collect import collect_comm
-from shardcore.cli.common import add_oracle_args, original_range, open_evaluator, positive_int, run_main
+from shardcore.cli.common import add_oracle_args, original_range, open_evaluator, run_main
+from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from shardcore.cli.common import ArgumentParser as OneLineParser

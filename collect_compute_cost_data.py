@@ -16,10 +16,12 @@ import argparse
 
 
 from neuroshard import config
-from shardcore.cli.common import serve_if_torchrun_rank, fraction, seed_int
+from shardcore.cli.common import serve_if_torchrun_rank
+from shardcore.argtypes import fraction, seed_int
 from shardcore.cli.common import add_device_args, device_ids
 from neuroshard.collect import collect_compute
-from shardcore.cli.common import add_memory_args, add_oracle_args, open_evaluator, positive_int, run_main
+from shardcore.cli.common import add_memory_args, add_oracle_args, open_evaluator, run_main
+from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from neuroshard.collect import check_compute_args

@@ -22,7 +22,8 @@ from shardcore.cli import algorithms
 
 from shardcore.evaluation import report
 from shardcore.cli import common as cli
-from shardcore.cli.common import serve_if_torchrun_rank, seed_int
+from shardcore.cli.common import serve_if_torchrun_rank
+from shardcore.argtypes import seed_int
 from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids,
                            num_devices, open_evaluator, run_main)
 from shardcore.dataset import load_dataset
@@ -32,7 +33,8 @@ from shardcore.types import Topology
 from shardcore.io import atomic_open
 from shardcore.oracles.measured.shardings import type_counts_text
 from shardcore.tasks import load_tasks
-from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int
+from shardcore.cli.common import ArgumentParser as OneLineParser
+from shardcore.argtypes import positive_int
 from shardcore.io import check_output_dir, check_output_file
 
 

@@ -24,7 +24,8 @@ from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, searc
 from neuroshard.simulator import Simulator
 from shardcore.cli import algorithms
 from shardcore.evaluation import report
-from shardcore.cli.common import serve_if_torchrun_rank, seed_int
+from shardcore.cli.common import serve_if_torchrun_rank
+from shardcore.argtypes import seed_int
 from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
 from shardcore.dataset import load_dataset
@@ -33,7 +34,8 @@ from shardcore.evaluation.compare import evaluate
 from shardcore.types import Topology
 from shardcore.io import atomic_open
 from shardcore.tasks import load_tasks
-from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int
+from shardcore.cli.common import ArgumentParser as OneLineParser
+from shardcore.argtypes import positive_int
 from shardcore.costs import COST_PARTS
 from shardcore.io import check_output_file
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 
 from shardcore.cli import algorithms
-from shardcore.cli.common import (add_device_args, add_memory_args, device_ids, name_list, nonnegative_float,
-                           num_devices, positive_float, positive_int, run_main)
+from shardcore.cli.common import add_device_args, add_memory_args, device_ids, num_devices, run_main
+from shardcore.argtypes import name_list, nonnegative_float, positive_float, positive_int
 from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
 from shardcore.errors import ShardError
 from shardcore.evaluation.compare import lookup_load
@@ -41,7 +41,8 @@ from shardcore.evaluation.report import format_table
 from shardcore.tables import BIN_NAMES, NUM_BINS, TableConfig, dim_problem
 from shardcore.interop.plan_export import plan_json, torchrec_path_for, torchrec_plan_json
 from shardcore.cli import common as cli
-from shardcore.cli.common import ArgumentParser as OneLineParser, seed_int
+from shardcore.cli.common import ArgumentParser as OneLineParser
+from shardcore.argtypes import seed_int
 
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
 

@@ -21,8 +21,8 @@ from autoshard.sharder import AutoShardModel
 from autoshard.trainer import AutoShardTrainer
 from shardcore.baselines import make_baseline
 from shardcore.cli.common import serve_if_torchrun_rank
-from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag,
-                           device_ids, num_devices, open_evaluator, positive_float, run_main)
+from shardcore.cli.common import add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag, device_ids, num_devices, open_evaluator, run_main
+from shardcore.argtypes import positive_float
 from shardcore.dataset import load_dataset
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.tasks import load_tasks

@@ -21,15 +21,19 @@ from tqdm import tqdm
 
 from neuroshard import config
 from neuroshard.cli import add_training_args, training_config
-from shardcore.cli.common import serve_if_torchrun_rank, seed_int
-from shardcore.cli.common import add_device_args, device_ids, float_list, num_devices
+from shardcore.cli.common import serve_if_torchrun_rank
+from shardcore.argtypes import seed_int
+from shardcore.cli.common import add_device_args, device_ids, num_devices
+from shardcore.argtypes import float_list
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data
 from neuroshard.config import SearchConfig
 from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model
-from shardcore.cli.common import add_memory_args, add_oracle_args, open_evaluator, original_range, positive_int, run_main
+from shardcore.cli.common import add_memory_args, add_oracle_args, open_evaluator, original_range, run_main
+from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
-from shardcore.cli.common import ArgumentParser as OneLineParser, nonnegative_int
+from shardcore.cli.common import ArgumentParser as OneLineParser
+from shardcore.argtypes import nonnegative_int
 from neuroshard.collect import check_comm_args, check_compute_args
 from shardcore.io import check_output_dir
 

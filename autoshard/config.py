@@ -9,8 +9,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from shardcore.cli.common import finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
-from shardcore.cli.common import learning_rate as learning_rate_type
+from shardcore.argtypes import finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
+from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 
 

@@ -39,7 +39,7 @@ import torch.multiprocessing as tmp
 
 from shardcore import io
 from shardcore.errors import ShardError
-from shardcore.oracles.measured.worker import set_parent_death_signal
+from shardcore.errors import set_parent_death_signal
 from shardcore.oracles.factory import check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task

@@ -114,7 +114,8 @@ def run(tables_file: str, plan_file: str, world: int = 4, local_batch: int = 8, 
 
 
 def main(argv=None) -> int:
-    from shardcore.cli.common import make_parser, positive_int
+    from shardcore.cli.common import make_parser
+    from shardcore.argtypes import positive_int
 
     ap = make_parser(__doc__)
     ap.add_argument("--tables", required=True, metavar="FILE", help="the tables file given to plan.py (CSV or JSON)")

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from shardcore import registry
-from shardcore.cli.algorithms import CORE_PLUGINS
+from shardcore.registry import CORE_PLUGINS
 from shardcore.baselines import BASELINES
 from shardcore.errors import ShardError
 

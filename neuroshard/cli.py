@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from shardcore.cli.common import make_parser, positive_int, fraction, seed_int
+from shardcore.cli.common import make_parser
+from shardcore.argtypes import positive_int, fraction, seed_int
 from shardcore.config import add_config_args, config_from_args, given_args
 from shardcore.errors import ShardError
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardcore.cli.common import fraction, nonnegative_int, positive_float, positive_int
-from shardcore.cli.common import learning_rate as learning_rate_type
+from shardcore.argtypes import fraction, nonnegative_int, positive_float, positive_int
+from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 
 # -- locations ----------------------------------------------------------------------------------

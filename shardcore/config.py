@@ -96,7 +96,7 @@ def _field_type(f: dataclasses.Field) -> Callable[[str], Any]:
     if t not in (int, float, str):
         raise TypeError(f"config field {f.name}: give param(type=...) for a flag of type {f.type}")
     if t is float:   # never let nan or inf through a flag that did not say otherwise
-        from shardcore.cli.common import finite_float
+        from shardcore.argtypes import finite_float
 
         return finite_float
     return t

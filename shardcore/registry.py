@@ -20,6 +20,10 @@ from shardcore.errors import ShardError
 
 METHODS_ENV = "SHARDKIT_METHODS"
 TOP_LEVEL_LIST = "shardkit_methods"    # module with METHOD_PACKAGES, at the repository's top level
+# Planners served by an optional module of the core (imported only when asked for, by
+# shardcore.cli.algorithms): ``module`` or ``module:function`` (default function: load_sharder).
+CORE_PLUGINS = {"torchrec": "shardcore.interop.torchrec_planner",
+                "torchrec-tw": "shardcore.interop.torchrec_planner:load_sharder_tw"}
 
 
 @dataclass(frozen=True)

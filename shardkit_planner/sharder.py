@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
-from shardcore.cli.common import name_list, nonnegative_float, nonnegative_int, positive_float
+from shardcore.argtypes import name_list, nonnegative_float, nonnegative_int, positive_float
 from shardcore.config import Config, param
 from shardcore.oracles.commmodel import CommModel
 from shardcore import io

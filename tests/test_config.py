@@ -19,7 +19,7 @@ from autoshard.config import AutoShardConfig
 from dreamshard.config import DreamShardConfig
 from neuroshard.cli import add_search_args, search_kwargs
 from neuroshard.config import ModelConfig, SearchConfig, comm_model_config, compute_model_config
-from shardcore.cli.common import positive_int
+from shardcore.argtypes import positive_int
 from shardcore.config import Config, add_config_args, config_from_args, flag_fields, param
 from shardcore.errors import ShardError
 from shardcore.layers import mlp

@@ -1,5 +1,7 @@
-"""Who may import and name whom, read from the sources: the core stays method-free, the method
-packages stay apart, and the method registry lists what the runner needs."""
+"""Who may import and name whom, read from the sources: the core stays method-free and small, each
+folder of shardcore/ is one layer with its rule, the method packages stay apart, no module imports
+itself back through others (every import counts: at the top, inside functions, under
+``TYPE_CHECKING``), and the method registry lists what the runner needs."""
 
 from __future__ import annotations
 
@@ -86,7 +88,8 @@ def test_the_registry_lists_the_method_packages():
         assert set(spec.scale_flags) >= {"full", "small", "tiny"}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "shardcore").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "shardcore").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT / "shardcore")))
 def test_the_core_neither_imports_nor_names_a_method(path):
     source = path.read_text()
     assert not _imported_packages(ast.parse(source)) & set(PACKAGES + INTEROP), path.name
@@ -148,3 +151,197 @@ def test_the_planner_plugins_are_declared_at_the_top_level_and_resolve():
     assert registry.planner_plugins() == {"shardkit": "shardkit_planner.sharder",
                                           "torchrec-emu": "shardkit_torchrec.sharder"}
     assert type(algorithms.resolve("shardkit", oracle="emulated:h200")).__module__ == "shardkit_planner.sharder"
+
+
+# -- the module graph: every import of every module, read from the sources ------------------------
+SKIP_DIRS = {".venv", ".git", "data", "models", "results", "build"}   # top-level folders without code of ours
+CORE_MAX_LINES = 2500
+
+
+def _module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the repository (packages by their __init__)."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in SKIP_DIRS or any(p.startswith(".") for p in rel.parts):
+            continue
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            out[".".join(parts)] = path
+    return out
+
+
+def module_imports(name: str, source: str, known: set[str], is_package: bool = False) -> set[str]:
+    """The repository modules ``name`` imports: every ``import`` and ``from ... import`` in the file
+    (top level, inside functions, under ``TYPE_CHECKING``), relative ones resolved; ``from pkg import
+    mod`` counts as ``pkg.mod`` where that is a module, and an import of something inside a module
+    as that module."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[:len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for a in node.names:
+                found.add(f"{module}.{a.name}" if f"{module}.{a.name}" in known else module)
+    out = set()
+    for mod in found:
+        while mod and mod not in known:
+            mod = mod.rpartition(".")[0]
+        if mod and mod != name:
+            out.add(mod)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = _module_files()
+    known = set(files)
+    return {name: module_imports(name, path.read_text(), known, path.name == "__init__.py")
+            for name, path in files.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, edges = work[-1]
+            for w in edges:
+                if w not in graph:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        cycles.append(sorted(comp))
+    return cycles
+
+
+def test_the_cycle_check_sees_lazy_and_type_checking_imports():
+    known = {"pkg", "pkg.a", "pkg.b", "pkg.c", "pkg.sub", "pkg.sub.d"}
+    a = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import X\n"
+    b = "def f():\n    from . import c\n"
+    c = "import pkg.a.thing\n"
+    d = "from ..a import Y\nfrom pkg.sub import nothing_here\n"
+    assert module_imports("pkg.a", a, known) == {"pkg.b"}
+    assert module_imports("pkg.b", b, known) == {"pkg.c"}
+    assert module_imports("pkg.c", c, known) == {"pkg.a"}
+    assert module_imports("pkg.sub.d", d, known) == {"pkg.a", "pkg.sub"}
+    graph = {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.a"}, "pkg.sub.d": {"pkg.a"}}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert import_cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_no_module_imports_itself_back():
+    """No circle anywhere in the repository: a module never reaches itself through its imports."""
+    cycles = import_cycles(import_graph())
+    assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def _layer(module: str) -> str:
+    """``core`` for a module directly in shardcore/, else its folder (``shardcore.oracles.measured``,
+    ``shardcore.evaluation``...), or its top-level package."""
+    parts = module.split(".")
+    if parts[0] != "shardcore":
+        return parts[0]
+    if ROOT.joinpath(*parts).is_dir():   # a package: its own folder
+        return module
+    if len(parts) == 2:
+        return "core"
+    return ".".join(parts[:-1])
+
+
+ORACLE_CONTRACT = ("shardcore.oracles.factory", "shardcore.oracles.setting", "shardcore.oracles.cache",
+                   "shardcore.oracles.commmodel")   # what a method may use of the oracles' wing
+# folder -> the layers it may import (besides itself); a prefix allows the folder and its subfolders
+LAYER_RULES = {
+    "core": ("core",),
+    "shardcore.data": ("core",),
+    "shardcore.oracles": ("core", "shardcore.data", "shardcore.oracles"),
+    "shardcore.oracles.emulated": ("core", "shardcore.data", *ORACLE_CONTRACT),
+    "shardcore.oracles.measured": ("core", "shardcore.data", *ORACLE_CONTRACT),
+    "shardcore.evaluation": ("core", "shardcore.data", *ORACLE_CONTRACT),
+    "shardcore.interop": ("core", *ORACLE_CONTRACT),
+    "shardcore.cli": ("core", "shardcore.data", "shardcore.oracles", "shardcore.evaluation"),
+}
+# the method packages: the core, data, the oracle contract and the command-line helpers, never an
+# oracle's internals (emulated/, measured/), the evaluation or the interop; our planner may start
+# from another planner (cli.algorithms) and fits its cost model with the emulator's feature family.
+METHOD_RULE = ("core", "shardcore.data", *ORACLE_CONTRACT, "shardcore.cli.common")
+PLANNER_RULE = METHOD_RULE + ("shardcore.cli.algorithms", "shardcore.oracles.emulated.emulator")
+for _m in METHODS:
+    LAYER_RULES[_m] = METHOD_RULE
+LAYER_RULES["shardkit_planner"] = PLANNER_RULE
+LAYER_RULES["shardkit_torchrec"] = PLANNER_RULE + ("shardcore.interop",)
+
+
+def _allowed(target: str, rule: tuple[str, ...]) -> bool:
+    if _layer(target) == "core":
+        return "core" in rule
+    return any(target == r or target.startswith(r + ".") for r in rule if r != "core")
+
+
+def test_each_folder_imports_only_the_layers_below_it():
+    """core <- data <- oracles (emulated/ and measured/ apart, both through the contract) <-
+    evaluation <- cli; methods use the core and the oracle contract, never an oracle's internals."""
+    bad = []
+    for module, targets in sorted(import_graph().items()):
+        layer = _layer(module)
+        rule = LAYER_RULES.get(layer)
+        if rule is None:
+            continue
+        for target in sorted(targets):
+            if not target.startswith("shardcore.") or _layer(target) == layer:
+                continue
+            if not _allowed(target, rule):
+                bad.append(f"{module} ({layer}) imports {target}")
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_emulated_and_measured_oracles_stay_apart():
+    graph = import_graph()
+    for module, targets in graph.items():
+        if module.startswith("shardcore.oracles.emulated"):
+            assert not any(t.startswith("shardcore.oracles.measured") for t in targets), module
+        if module.startswith("shardcore.oracles.measured"):
+            assert not any(t.startswith("shardcore.oracles.emulated") for t in targets), module
+
+
+def test_the_core_layer_is_small():
+    """The modules directly in shardcore/ (what every method needs) stay within 2.5k lines."""
+    lines = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "shardcore").glob("*.py")}
+    assert sum(lines.values()) <= CORE_MAX_LINES, f"the core has {sum(lines.values())} lines: {lines}"

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import numpy as np
 
+from shardcore import argtypes
 from shardcore.cli import common as cli
 from shardcore.oracles.measured.benchmark import DEFAULT_BENCH_ITERS, DEFAULT_WARMUP_ITERS
 from shardcore.oracles.setting import OPTIMIZERS
@@ -42,25 +43,25 @@ def parse_args(argv):
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"dataset directory (default {DEFAULT_DATA_DIR})")
     cli.add_device_args(p)
-    p.add_argument("--batch-size", type=cli.positive_int, default=4096, help="batch size (default 4096)")
-    p.add_argument("--num-tables", type=cli.positive_int, default=50, help="tables in the plan (default 50)")
-    p.add_argument("--repeats", type=cli.positive_int, default=5, help="evaluations for the noise figure (default 5)")
-    p.add_argument("--bench-iters", type=cli.positive_int, default=DEFAULT_BENCH_ITERS,
+    p.add_argument("--batch-size", type=argtypes.positive_int, default=4096, help="batch size (default 4096)")
+    p.add_argument("--num-tables", type=argtypes.positive_int, default=50, help="tables in the plan (default 50)")
+    p.add_argument("--repeats", type=argtypes.positive_int, default=5, help="evaluations for the noise figure (default 5)")
+    p.add_argument("--bench-iters", type=argtypes.positive_int, default=DEFAULT_BENCH_ITERS,
                    help=f"timed iterations per measurement, median kept (default {DEFAULT_BENCH_ITERS})")
-    p.add_argument("--warmup-iters", type=cli.nonnegative_int, default=DEFAULT_WARMUP_ITERS,
+    p.add_argument("--warmup-iters", type=argtypes.nonnegative_int, default=DEFAULT_WARMUP_ITERS,
                    help=f"untimed iterations before timing (default {DEFAULT_WARMUP_ITERS})")
-    p.add_argument("--comm-iters", type=cli.positive_int, default=None, help="default: --bench-iters")
+    p.add_argument("--comm-iters", type=argtypes.positive_int, default=None, help="default: --bench-iters")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="exact_sgd",
                    help="sparse optimizer applied in the backward (default exact_sgd)")
     p.add_argument("--weights-precision", choices=("fp16", "fp32"), default="fp16",
                    help="weight precision of the benchmarked tables (default fp16)")
-    p.add_argument("--shards", type=cli.positive_int, default=4,
+    p.add_argument("--shards", type=argtypes.positive_int, default=4,
                    help="shards for the non-additivity figure (default 4)")
-    p.add_argument("--new-plans", type=cli.positive_int, default=5,
+    p.add_argument("--new-plans", type=argtypes.positive_int, default=5,
                    help="different plans timed after plan A for the speed figure (default 5)")
-    p.add_argument("--additivity-repeats", type=cli.positive_int, default=3,
+    p.add_argument("--additivity-repeats", type=argtypes.positive_int, default=3,
                    help="measurements per shard and table for (c), their median is used (default 3)")
-    p.add_argument("--seed", type=cli.seed_int, default=0, help="seed of the random tables and plans (default 0)")
+    p.add_argument("--seed", type=argtypes.seed_int, default=0, help="seed of the random tables and plans (default 0)")
     p.add_argument("--cache-path", default=None,
                    help="cache file for the cache-hit figure (default: a temporary file, removed after)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")

@@ -21,7 +21,8 @@ import os
 import sys
 
 
-from shardcore.cli.common import int_list, name_list, positive_float, positive_int, run_main, seed_int
+from shardcore.argtypes import int_list, name_list, positive_float, positive_int, seed_int
+from shardcore.cli.common import run_main
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from experiments.config import learned_methods

@@ -26,7 +26,8 @@ import torch
 
 
 from shardcore.data import dlrm
-from shardcore.cli.common import int_list, positive_int, run_main, seed_int
+from shardcore.argtypes import int_list, positive_int, seed_int
+from shardcore.cli.common import run_main
 from shardcore.tables import NUM_BINS
 from shardcore.cli.common import ArgumentParser as OneLineParser
 

@@ -34,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from shardcore import argtypes  # noqa: E402
 from shardcore.cli import common as cli  # noqa: E402
 from shardcore.baselines import make_baseline  # noqa: E402
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
@@ -71,14 +72,14 @@ def parse_args(argv):
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"dataset directory (default {DEFAULT_DATA_DIR})")
     cli.add_device_args(p)
-    p.add_argument("--num-tasks", type=cli.positive_int, default=3, help="random tasks (default 3)")
-    p.add_argument("--num-tables", type=cli.positive_int, default=30, help="tables per task (default 30)")
-    p.add_argument("--rounds", type=cli.positive_int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--algs", type=cli.name_list, default=["random", "dim_greedy", "lookup_greedy",
+    p.add_argument("--num-tasks", type=argtypes.positive_int, default=3, help="random tasks (default 3)")
+    p.add_argument("--num-tables", type=argtypes.positive_int, default=30, help="tables per task (default 30)")
+    p.add_argument("--rounds", type=argtypes.positive_int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--algs", type=argtypes.name_list, default=["random", "dim_greedy", "lookup_greedy",
                                                           "size_lookup_greedy"],
                    help="baselines whose plans are measured (default random,dim_greedy,lookup_greedy,"
                         "size_lookup_greedy)")
-    p.add_argument("--seed", type=cli.seed_int, default=0, help="seed of the tasks and of the round orders (default 0)")
+    p.add_argument("--seed", type=argtypes.seed_int, default=0, help="seed of the tasks and of the round orders (default 0)")
     p.add_argument("--out", default=None, help="write every measurement here as JSON lines")
     cli.add_memory_args(p)
     cli.add_oracle_args(p)

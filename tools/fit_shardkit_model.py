@@ -16,7 +16,8 @@ import collections
 import os
 
 
-from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
+from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks

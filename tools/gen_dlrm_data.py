@@ -26,7 +26,8 @@ from typing import Sequence
 
 
 from shardcore.data import dlrm
-from shardcore.cli.common import int_list, original_range, positive_int, run_main, fraction, nonnegative_int, seed_int
+from shardcore.argtypes import int_list, positive_int, fraction, nonnegative_int, seed_int
+from shardcore.cli.common import original_range, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from shardcore.cli.common import ArgumentParser as OneLineParser

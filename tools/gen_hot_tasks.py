@@ -14,7 +14,8 @@ small table) is there to break.
 import argparse
 
 
-from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
+from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.io import check_output_file

@@ -16,12 +16,14 @@ import argparse
 import os
 
 
-from shardcore.cli.common import int_list, original_range, positive_float, positive_int, run_main, fraction, seed_int
+from shardcore.argtypes import int_list, positive_float, positive_int, fraction, seed_int
+from shardcore.cli.common import original_range, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import save_tasks
 from shardcore.data.taskgen import TaskSpec, generate_single_pool_tasks, generate_tasks, halving_dims
-from shardcore.cli.common import ArgumentParser as OneLineParser, nonnegative_int
+from shardcore.cli.common import ArgumentParser as OneLineParser
+from shardcore.argtypes import nonnegative_int
 from shardcore.io import check_output_dir
 from shardcore.tables import dim_problem
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tools.gpu_check_lib: the check itself
 
-from shardcore.cli.common import int_list, make_parser, name_list, positive_float, positive_int, run_main  # noqa: E402
+from shardcore.argtypes import int_list, name_list, positive_float, positive_int  # noqa: E402
+from shardcore.cli.common import make_parser, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from tools.gpu_check_lib import DEFAULT_ALGS, CheckConfig, run_check  # noqa: E402
 

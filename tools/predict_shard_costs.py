@@ -18,7 +18,8 @@ import os
 import numpy as np
 
 from shardcore import io
-from shardcore.cli.common import make_parser, positive_int, run_main
+from shardcore.cli.common import make_parser, run_main
+from shardcore.argtypes import positive_int
 from shardcore.dataset import load_table_configs
 from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines
 from shardcore.errors import ShardError

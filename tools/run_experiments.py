@@ -25,7 +25,8 @@ import os
 import sys
 
 
-from shardcore.cli.common import add_memory_args, add_oracle_args, name_list, positive_float, positive_int, run_main, nonnegative_int, seed_int
+from shardcore.cli.common import add_memory_args, add_oracle_args, run_main
+from shardcore.argtypes import name_list, positive_float, positive_int, nonnegative_int, seed_int
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from experiments.config import SCALES, ExperimentConfig, all_algs, learned_methods, parse_task_sets

@@ -23,7 +23,8 @@ import numpy as np
 
 
 from shardcore import io
-from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
+from shardcore.argtypes import positive_int
 from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR
 from shardcore.errors import ShardError
 

@@ -19,7 +19,8 @@ import json
 
 import numpy as np
 
-from shardcore.cli.common import ArgumentParser as OneLineParser, positive_int, run_main
+from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
+from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.plan import Plan, shardings_from_json

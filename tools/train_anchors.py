@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:          # run as a script: this checkout's packages, not an installed copy
     sys.path.insert(0, str(ROOT))
 
-from shardcore.cli.common import make_parser, nonnegative_int, positive_float, positive_int, run_main  # noqa: E402
+from shardcore.cli.common import make_parser, run_main  # noqa: E402
+from shardcore.argtypes import nonnegative_int, positive_float, positive_int  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 
 METHODS = ("neuroshard", "dreamshard", "autoshard")    # the order they run in

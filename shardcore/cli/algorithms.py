@@ -20,10 +20,7 @@ from shardcore.config import Config, add_config_args, given_args
 from shardcore.errors import ShardError
 from shardcore.io import load_checkpoint
 
-# Names served by an optional module of the core (imported only when asked for).
-# ``module`` or ``module:function`` (default function: load_sharder).
-CORE_PLUGINS = {"torchrec": "shardcore.interop.torchrec_planner",
-                "torchrec-tw": "shardcore.interop.torchrec_planner:load_sharder_tw"}
+CORE_PLUGINS = registry.CORE_PLUGINS   # the core's optional planners (TorchRec's), by module
 
 
 def plugins() -> dict[str, str]:

@@ -99,7 +99,7 @@ def outcome_of(r: TaskResult) -> Outcome:
 
 def default_baselines() -> frozenset[str]:
     """The heuristic planners (the paper's baselines and the core's plug-ins such as TorchRec's)."""
-    from shardcore.cli.algorithms import CORE_PLUGINS
+    from shardcore.registry import CORE_PLUGINS
     from shardcore.baselines import BASELINES
 
     return frozenset(BASELINES) | frozenset(CORE_PLUGINS)

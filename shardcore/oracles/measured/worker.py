@@ -9,13 +9,12 @@ from __future__ import annotations
 import datetime
 import os
 import signal
-import sys
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from shardcore.errors import ShardError
+from shardcore.errors import ShardError, set_parent_death_signal
 from shardcore.oracles.commmodel import CommModel, batch_slices, comm_splits
 from shardcore.tables import TableConfig
 
@@ -25,19 +24,6 @@ CPU_QUANTILE = 0.25        # CPU: the quantile of a measurement's samples kept (
 # --------------------------------------------------------------------------------------------
 # Worker side
 # --------------------------------------------------------------------------------------------
-def set_parent_death_signal() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 @dataclass(frozen=True)
 class WorkerConfig:
     dataset_dir: str
