@@ -71,11 +71,9 @@ class GuardedSharder(Sharder):
         """FAILED after a call that failed, else None (then the result says what happened)."""
         return report.Outcome.FAILED if self.failure is not None else None
 
-    @property
-    def last_info(self) -> dict:
+    def plan_stats(self) -> dict:
         """The inner planner's statistics of its last plan (TorchRec's types and configuration...)."""
-        info = getattr(self.inner, "last_info", None)
-        return dict(info) if isinstance(info, dict) and self.failure is None else {}
+        return self.inner.plan_stats() if self.failure is None else {}
 
     @property
     def measures_candidates(self) -> bool:

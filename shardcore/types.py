@@ -84,6 +84,12 @@ class Sharder(abc.ABC):
               precision: str = "fp16") -> "Plan":
         """Place ``tables`` on ``ndevices`` devices; raise :class:`InfeasibleError` if impossible."""
 
+    def plan_stats(self) -> dict:
+        """What the last :meth:`shard` call records beside its plan (a planner's search statistics,
+        TorchRec's sharding types...): the one hook :func:`shardcore.evaluation.compare.plan_task`
+        reads into the result. None by default."""
+        return {}
+
     def shard_on(self, tables: Sequence[TableConfig], topology: Topology) -> "Plan":
         """:meth:`shard` on a :class:`Topology`."""
         return self.shard(tables, topology.ndevices, topology.max_memory_gb, topology.precision)

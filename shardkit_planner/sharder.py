@@ -135,6 +135,9 @@ class ShardkitSharder(Sharder):
     last_info: dict = field(default_factory=dict)
     _start_sharders: dict = field(default_factory=dict, repr=False)
 
+    def plan_stats(self) -> dict:
+        return dict(self.last_info)
+
     def attach_oracle(self, oracle) -> None:
         """The oracle whose measurements refine the choice (when ``refine_k > 0``) and calibrate a model
         of a machine that has none. Attached before the oracle's workers start

@@ -280,7 +280,7 @@ def test_torchrec_column_is_configured_for_the_judged_hardware():
     sharders, _ = build_sharders(["torchrec"], 2, 0, 65536, {}, planner_kwargs=kwargs)
     tables = [TableConfig(i, 1000 * (i + 1), 16, 2.0 + i) for i in range(4)]
     sharders["torchrec"].shard(tables, 2, 1.0)
-    cfg = sharders["torchrec"].last_info["torchrec_config"]
+    cfg = sharders["torchrec"].plan_stats()["torchrec_config"]
     assert cfg["compute_device"] == "cuda" and cfg["intra_host_bw_gbps"] == 123.0 and cfg["batch_per_rank"] == 32768
 
 

@@ -114,9 +114,8 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
         memory_gb=[round(m, 6) for m in plan.device_memory_gb(tables, precision)] if plan is not None else None,
         planning_seconds=seconds, error=error,
         splits=list(plan.splits) if plan is not None and plan.splits is not None and not plan.general else None)
-    info = getattr(sharder, "last_info", None)
-    if plan is not None and isinstance(info, dict):
-        result.extra.update(info)   # e.g. TorchRec's own sharding type per table
+    if plan is not None and isinstance(sharder, Sharder):
+        result.extra.update(sharder.plan_stats())   # e.g. TorchRec's own sharding type per table
     if plan is not None:
         result.shardings = shardings_to_json(tables, plan)
         result.general = plan.general

@@ -440,6 +440,9 @@ class TorchRecSharder(Sharder):
     last_info: dict = field(default_factory=dict, init=False, repr=False)  # {"torchrec_types": [...], ...}
     last_options: Any = field(default=None, init=False, repr=False)  # TorchRec's chosen ShardingOptions (Perf)
 
+    def plan_stats(self) -> dict:
+        return dict(self.last_info)
+
     def __post_init__(self):
         if int(self.batch_size) < 1:
             raise ShardError(f"torchrec: batch_size must be positive, got {self.batch_size}")
