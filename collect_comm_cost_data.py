@@ -72,8 +72,8 @@ def main(argv=None):
     check_comm_args(args.T_range, args.sleep_range, args.max_dim)
     check_output_dir(out_dir, "--out_dir")
     with open_evaluator(args, args.dataset_dir, ids) as ev:
-        print(f"measuring on {ev.device_type} ({ev.ndevices} devices, batch {ev.batch_size}); "
-              f"workers up in {ev.startup_s:.1f} s")
+        print(f"measuring on {ev.info.device_type} ({ev.ndevices} devices, batch {ev.batch_size}); "
+              f"workers up in {ev.info.startup_s:.1f} s")
         stats = collect_comm(ev, out_dir, args.data_size, t_range=args.T_range, sleep_range=args.sleep_range,
                              max_dim=args.max_dim, seed=args.seed, from_cache=args.from_cache,
                              progress=not args.quiet)

@@ -65,8 +65,8 @@ def main(argv=None):
     check_compute_args(args.max_tables, args.max_memory, args.max_dim)
     check_output_dir(args.out_dir, "--out_dir")
     with open_evaluator(args, args.dataset_dir, device_ids(args)) as ev:
-        print(f"measuring on {ev.device_type} ({ev.ndevices} device(s), batch {ev.batch_size}, {ev.optimizer}, "
-              f"{ev.precision}); workers up in {ev.startup_s:.1f} s")
+        print(f"measuring on {ev.info.device_type} ({ev.ndevices} device(s), batch {ev.batch_size}, {ev.optimizer}, "
+              f"{ev.precision}); workers up in {ev.info.startup_s:.1f} s")
         stats = collect_compute(ev, args.out_dir, args.data_size, max_tables=args.max_tables,
                                 max_mem_gb=args.max_memory, max_dim=args.max_dim, pool=args.pool,
                                 pool_seed=args.pool_seed, train_fraction=args.train_fraction, seed=args.seed,

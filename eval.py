@@ -177,7 +177,7 @@ def main(argv=None):
         algorithms.attach_oracle(sharders.values(), oracle)   # checked before any worker starts
         with oracle as ev:
             ev.start()
-            print(f"oracle ready in {ev.startup_s:.1f} s: {ev.hardware} "
+            print(f"oracle ready in {ev.info.startup_s:.1f} s: {ev.hardware} "
                   f"(batch {ev.batch_size}, {ev.optimizer}, {ev.precision}); compute {ev.parts['compute']}, "
                   f"communication {ev.parts['comm']}")
 
@@ -190,7 +190,7 @@ def main(argv=None):
             with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:
                 results = evaluate(tasks, dataset.tables, sharders, topology, oracle=ev, on_result=show_and_mark,
                                    progress=bar, repeats=args.repeats)
-            hardware, noise_pct = ev.hardware, ev.noise_pct
+            hardware, noise_pct = ev.hardware, ev.info.noise_pct
         task_set = args.task_set or f"{os.path.basename(os.path.dirname(os.path.abspath(args.task_path)))}/" \
                                     f"{os.path.basename(args.task_path)} ({ndevices})"
         print()

@@ -132,7 +132,7 @@ def main(argv=None):
           f"({args.weights_precision}), {mode}; algorithms: {', '.join(names)}")
     if args.measure:
         with open_evaluator(args, args.data_dir, devices) as ev:
-            print(f"workers up in {ev.startup_s:.1f} s on {ev.device_type} (batch {ev.batch_size})")
+            print(f"workers up in {ev.info.startup_s:.1f} s on {ev.info.device_type} (batch {ev.batch_size})")
             sim.check_setting(batch_size=ev.batch_size)
 
             with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:

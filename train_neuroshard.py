@@ -97,7 +97,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     if not args.skip_collection:
         with open_evaluator(args, args.dataset_dir, ids) as ev:
-            print(f"[1/4] compute data: workers up in {ev.startup_s:.1f} s on {ev.device_type} "
+            print(f"[1/4] compute data: workers up in {ev.info.startup_s:.1f} s on {ev.info.device_type} "
                   f"({ev.ndevices} devices, batch {ev.batch_size})")
             s = collect_compute(ev, args.compute_data_dir, args.compute_samples, max_tables=args.max_tables,
                                 max_mem_gb=args.max_memory, max_dim=args.max_dim, pool=args.pool, seed=args.seed,

@@ -202,7 +202,7 @@ def measure_set(cfg: ExperimentConfig, ts: TaskSetDef, tasks, dataset_tables, sh
 
     with set_oracle(cfg, ts.ndevices) as ev:
         print(f"{ts.name}: {len(tasks)} tasks x {len(sharders)} algorithms; workers up in "
-              f"{ev.startup_s:.1f} s on {ev.device_type} (batch {ev.batch_size})")
+              f"{ev.info.startup_s:.1f} s on {ev.info.device_type} (batch {ev.batch_size})")
         for alg, sharder in sharders.items():   # a planner that measures (shardkit calibrating) uses this session
             inner = getattr(sharder, "inner", sharder)
             if hasattr(inner, "attach_oracle"):
@@ -225,8 +225,8 @@ def measure_set(cfg: ExperimentConfig, ts: TaskSetDef, tasks, dataset_tables, sh
                   disable=(not progress) if progress is not None else None) as bar:
             results = evaluate(tasks, dataset_tables, sharders, Topology(ts.ndevices, cfg.max_memory, cfg.precision),
                                oracle=ev, on_result=on_result, progress=bar, repeats=cfg.repeats)
-        return SetOutcome(ts, results, report.summarize(results, ts.name, seed=cfg.seed), used, ev.startup_s,
-                          time.perf_counter() - t1, ev.device_type, ev.batch_size)
+        return SetOutcome(ts, results, report.summarize(results, ts.name, seed=cfg.seed), used, ev.info.startup_s,
+                          time.perf_counter() - t1, ev.info.device_type, ev.batch_size)
 
 
 def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict:

@@ -49,6 +49,7 @@ import pandas as pd
 
 from shardcore import io
 from shardcore.errors import ShardError
+from shardcore.oracles.cache import measurement_store, shard_key
 from shardcore.tables import NUM_BINS, TableConfig
 from shardcore.data.taskgen import halving_dims, split_pools
 
@@ -367,7 +368,6 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
     """Measure random shards until ``out_dir/compute_costs.csv`` holds ``data_size`` of them."""
     from tqdm import tqdm
 
-    from shardcore.oracles.cache import shard_key
 
     t0 = time.perf_counter()
     dims = check_compute_args(max_tables, max_mem_gb, max_dim)
@@ -380,10 +380,11 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
     rows = _prepare(out_dir, config.COMPUTE_CSV, "compute", evaluator_setting(ev), params)
     csv_path = out_dir / config.COMPUTE_CSV
     added = hits = 0
-    if from_cache and ev.cache is not None:
+    store = measurement_store(ev)
+    if from_cache and store is not None:
         have = {shard_key(row_tables(r)) for r in rows}
         allowed = set(ids)
-        for e in ev.cache.shard_entries(ev.context):
+        for e in store.shard_entries(ev.context):
             if e.tables in have or any(i not in allowed or i >= len(tables) for i, _, _ in e.tables):
                 continue
             shard = [TableConfig(i, r, d, tables[i].pooling_factor, tables[i].bins) for i, r, d in e.tables]
@@ -403,8 +404,7 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
                 s = random_shard(rng, tables, ids, max_tables, max_mem_gb, dims, precision)
                 if s:
                     batch.append(s)
-            cached = [ev.cache is not None and not ev.no_cache and ev.cache.get_shard(ev.context, s) is not None
-                      for s in batch]
+            cached = [store is not None and ev.is_stored(s) for s in batch]
             costs = ev.measure_shards(batch)
             for s, c, hit in zip(batch, costs, cached):
                 rows.append(shard_row(len(rows), s, c.fw_ms, c.bw_ms, precision, hit))
@@ -434,9 +434,10 @@ def collect_comm(ev, out_dir: str | os.PathLike, data_size: int, t_range: Sequen
         raise ShardError(f"{out_dir} holds communication data of another device count: choose another --out_dir")
     csv_path = out_dir / config.COMM_CSV
     added = hits = 0
-    if from_cache and ev.cache is not None:
+    store = measurement_store(ev)
+    if from_cache and store is not None:
         seen = {tuple(r[f"dim_sum_{d}"] for d in range(n)) for r in rows if r.get("source") == "cache"}
-        for e in ev.cache.plan_entries(ev.context, ndevices=n):
+        for e in store.plan_entries(ev.context, ndevices=n):
             dim_sums = tuple(int(sum(t[2] for t in s)) for s in e.shards)
             if dim_sums in seen:
                 continue

@@ -145,6 +145,18 @@ class CacheContext:
         return [self.hardware, self.dataset, int(self.batch_size), self.optimizer, self.precision]
 
 
+@dataclass(frozen=True)
+class OracleInfo:
+    """What an oracle says of itself besides costs: the kind of device it runs or emulates
+    (``cpu``, ``cuda``, ``emulated:h200``), how long it took to start (its workers; 0 for one that
+    starts nothing; None before it started) and its measurement noise so far (the median relative
+    spread of a shard's timed samples, in percent; None for a modelled oracle or before any shard)."""
+
+    device_type: str
+    startup_s: float | None = None
+    noise_pct: float | None = None
+
+
 @dataclass
 class PlanResult:
     """What an oracle answers for one plan (the one result type of every :class:`CostOracle`)."""
@@ -222,6 +234,7 @@ class ShardCostOracle(CostOracle, Protocol):
     """A :class:`CostOracle` whose plan cost is made of each shard's compute (a property of the
     shard alone) and the plan's all-to-all exchange: what a cache layer can wrap.
 
+    - ``info``: the device kind, start-up time and measurement noise (:class:`OracleInfo`);
     - ``context``: the setting the costs depend on (hardware fingerprint, dataset, batch size,
       optimizer, precision): the cache key besides the shards;
     - ``comm_measured``: whether the exchange is measured; plans with a modelled exchange are
@@ -241,6 +254,9 @@ class ShardCostOracle(CostOracle, Protocol):
 
     @property
     def context(self) -> CacheContext: ...
+
+    @property
+    def info(self) -> OracleInfo: ...
 
     @property
     def comm_measured(self) -> bool: ...

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from shardcore.oracles.cache import measurement_store
 from shardcore.oracles.commmodel import CommModel
 from shardcore.errors import ShardError
 
@@ -55,14 +56,14 @@ def _usable(oracle, dataset, exclude) -> int:
     from .costmodel import usable_shards
 
     ctx = oracle.context
-    return len(usable_shards(oracle.cache, dataset, int(ctx.batch_size), hardware=ctx.hardware,
+    return len(usable_shards(measurement_store(oracle), dataset, int(ctx.batch_size), hardware=ctx.hardware,
                              precision=ctx.precision, optimizer=ctx.optimizer, exclude_tables=exclude)[0])
 
 
 def _fit(oracle, dataset, data_dir, exclude) -> CostModel:
     ctx = oracle.context
     fallback = None if getattr(oracle, "comm_measured", False) else (getattr(oracle, "comm_model", None) or CommModel())
-    return fit_cost_model(oracle.cache, dataset, int(ctx.batch_size), hardware=ctx.hardware, precision=ctx.precision,
+    return fit_cost_model(measurement_store(oracle), dataset, int(ctx.batch_size), hardware=ctx.hardware, precision=ctx.precision,
                           optimizer=ctx.optimizer, data_dir=data_dir, exclude_tables=exclude,
                           comm_fallback=fallback, min_shards=MIN_SHARDS)
 
@@ -76,7 +77,7 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
 
     from shardcore.dataset import load_dataset
 
-    if getattr(oracle, "cache", None) is None:
+    if measurement_store(oracle) is None:
         raise ShardError("shardkit calibrates through the measurement cache, and this oracle has none (--no-cache?): "
                          "fit a model with tools/fit_shardkit_model.py and give it with --shardkit-model")
     dataset = load_dataset(data_dir)   # memory-mapped; the cache keys its measurements by this digest

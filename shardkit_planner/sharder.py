@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
 from shardcore.argtypes import name_list, nonnegative_float, nonnegative_int, positive_float
 from shardcore.config import Config, param
+from shardcore.oracles.cache import measurement_store
 from shardcore.oracles.commmodel import CommModel
 from shardcore import io
 from shardcore.errors import InfeasibleError, ShardError
@@ -355,7 +356,7 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
     def check(oracle=None) -> CostModel | None:
         """Before ``oracle``'s workers start: the model itself where it needs no measuring (or the
         one-line error saying what is missing); None where it calibrates through the oracle's cache."""
-        if calibrates(oracle) and getattr(oracle, "cache", None) is not None:
+        if calibrates(oracle) and measurement_store(oracle) is not None:
             return None
         return make(oracle)
 

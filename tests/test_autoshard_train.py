@@ -115,7 +115,7 @@ def test_actors_stop_cleanly_in_process(tiny):
     with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1), d / "c2.sqlite") as ev:
         trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, ev, d / "inproc", log=lambda *_: None)
         summary = trainer.run(40, num_actors=2)
-        workers = ev.worker_pids
+        workers = ev.oracle.worker_pids
     assert summary["steps"] == 40 and not summary["interrupted"] and summary["plans_measured"] >= 1
     assert (d / "inproc" / "model.pt").exists()
     # the actors are gone (the evaluator's workers belong to the evaluator, closed by its with-block)

@@ -73,10 +73,10 @@ def test_costs_are_scaled_to_the_stored_nominal_speed(tmp_path):
     shards = [[tables[0], tables[3]], [tables[1]]]
     with CachedOracle(PlanEvaluator(tmp_path / "ds", 2, bench_iters=3, warmup_iters=1), store) as ev:
         res = ev.evaluate(shards, no_cache=True)
-        nominal = ev.reference_nominal_ms
-        assert nominal and nominal > 0 and store.reference_ms(ev.reference_key) == pytest.approx(nominal)
+        nominal = ev.oracle.reference_nominal_ms
+        assert nominal and nominal > 0 and store.reference_ms(ev.oracle.reference_key) == pytest.approx(nominal)
         assert "lower quartile" in res.parts["compute"] and "reference shard" in res.parts["compute"]
-        assert ev.speed_drift_pct is None or ev.speed_drift_pct >= 0
+        assert ev.oracle.speed_drift_pct is None or ev.oracle.speed_drift_pct >= 0
         assert all(c >= 0 for d in res.device_costs_ms for c in d) and res.cost_ms > 0
     # a later session takes the stored nominal instead of calibrating its own
     with CachedOracle(PlanEvaluator(tmp_path / "ds", 2, bench_iters=3, warmup_iters=1), store) as ev2:

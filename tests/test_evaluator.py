@@ -66,7 +66,7 @@ def ev(data, tmp_path_factory):
     with CachedOracle(PlanEvaluator(path, ndevices=3, bench_iters=3, warmup_iters=1, timeout_s=30,
                                     host_lock=False), cache) as e:  # timings are not asserted; never wait on other measurers
         yield e
-    assert all(not alive(p) for p in e.worker_pids)
+    assert all(not alive(p) for p in e.oracle.worker_pids)
 
 
 def check_result(res, shards):
@@ -88,13 +88,13 @@ def test_several_plans_in_a_row_with_an_empty_device(ev, data):
         [[t[0], t[1], t[2], t[3]], [], [t[4], t[5], t[6], t[7]]],   # device 1 holds nothing
         [[t[7]], [t[6].with_dim(8)], [t[5], t[0]]],
     ]
-    pids = ev.worker_pids
+    pids = ev.oracle.worker_pids
     for shards in plans:
         res = ev.evaluate(shards, no_cache=True)
         assert not res.from_cache
         check_result(res, shards)
         assert all(dev[1] > 0 and dev[2] > 0 for dev in res.device_costs_ms)  # all exchange data
-    assert ev.worker_pids == pids  # the same workers served every plan
+    assert ev.oracle.worker_pids == pids  # the same workers served every plan
 
 
 def test_all_to_all_moves_the_right_bytes(ev, data):
@@ -202,28 +202,28 @@ def test_waits_for_the_machine_measurement_lock(ev, data):
     from shardcore.oracles.measured.benchmark import host_measurement_lock
 
     _, t = data
-    pids = ev.worker_pids
-    old = ev.lock_timeout_s
-    ev.lock_timeout_s = 0.3
-    ev.host_lock = True   # the fixture measures without the lock
+    pids = ev.oracle.worker_pids
+    old = ev.oracle.lock_timeout_s
+    ev.oracle.lock_timeout_s = 0.3
+    ev.oracle.host_lock = True   # the fixture measures without the lock
     try:
         with host_measurement_lock():  # another process measuring on this machine
             with pytest.raises(ShardError, match="measurement lock"):
                 ev.evaluate([[t[0]], [t[3]], [t[5]]], no_cache=True)
     finally:
-        ev.lock_timeout_s = old
-        ev.host_lock = False
-    assert ev.worker_pids == pids
+        ev.oracle.lock_timeout_s = old
+        ev.oracle.host_lock = False
+    assert ev.oracle.worker_pids == pids
     check_result(ev.evaluate([[t[0]], [t[3]], [t[5]]], no_cache=True), [[1], [1], [1]])
 
 
 def test_oversize_shard_refused_without_restart(ev, data):
     _, t = data
-    pids = ev.worker_pids
+    pids = ev.oracle.worker_pids
     huge = TableConfig(0, 10 ** 12, 64, 4.0)
     with pytest.raises(ShardError, match="refused before allocation"):
         ev.evaluate([[t[1]], [huge], [t[2]]], no_cache=True)
-    assert ev.worker_pids == pids
+    assert ev.oracle.worker_pids == pids
     check_result(ev.evaluate([[t[1]], [t[0]], [t[2]]], no_cache=True), [[1], [1], [1]])
 
 
@@ -237,9 +237,9 @@ def test_bad_plans_are_clear_errors(ev, data):
 
 def test_killed_worker_is_a_clear_error(ev, data):
     _, t = data
-    victim = ev.worker_pids[1]
-    old_iters = ev.bench_iters
-    ev.bench_iters = 3000  # a long measurement, so the kill lands mid-way
+    victim = ev.oracle.worker_pids[1]
+    old_iters = ev.oracle.bench_iters
+    ev.oracle.bench_iters = 3000  # a long measurement, so the kill lands mid-way
     killer = threading.Timer(1.0, lambda: os.kill(victim, signal.SIGKILL))
     killer.start()
     t0 = time.perf_counter()
@@ -248,27 +248,27 @@ def test_killed_worker_is_a_clear_error(ev, data):
             ev.evaluate([[t[1], t[3]], [t[1], t[5]], [t[1], t[7]]], no_cache=True)
     finally:
         killer.cancel()
-        ev.bench_iters = old_iters
-    assert time.perf_counter() - t0 < ev.timeout_s
+        ev.oracle.bench_iters = old_iters
+    assert time.perf_counter() - t0 < ev.oracle.timeout_s
     assert not ev.running
     # the next plan starts fresh workers
     res = ev.evaluate([[t[0]], [t[3]], [t[5]]], no_cache=True)
     check_result(res, [[1], [1], [1]])
-    assert victim not in ev.worker_pids
+    assert victim not in ev.oracle.worker_pids
 
 
 def test_hung_worker_times_out(ev, data):
     _, t = data
-    pids = ev.worker_pids
-    old_timeout = ev.timeout_s
-    ev.timeout_s = 3.0
+    pids = ev.oracle.worker_pids
+    old_timeout = ev.oracle.timeout_s
+    ev.oracle.timeout_s = 3.0
     os.kill(pids[2], signal.SIGSTOP)  # a worker that never answers
     t0 = time.perf_counter()
     try:
         with pytest.raises(ShardError, match=r"did not finish .* within 3 s"):
             ev.evaluate([[t[0]], [t[3]], [t[6]]], no_cache=True)
     finally:
-        ev.timeout_s = old_timeout
+        ev.oracle.timeout_s = old_timeout
     assert time.perf_counter() - t0 < 3.0 + 10.0
     time.sleep(0.2)
     assert not any(alive(p) for p in pids)  # every worker was stopped, the frozen one included

@@ -78,7 +78,7 @@ def test_four_plan_devices_on_one_worker(tiny):
         assert "4 plan devices measured in turns" in ev.hardware
         r = ev.evaluate(shards)
         alone = ev.measure_shards([shards[3]], no_cache=True)[0]
-        assert ev.noise_pct is not None and ev.noise_pct >= 0
+        assert ev.info.noise_pct is not None and ev.info.noise_pct >= 0
     assert len(r.device_costs_ms) == 4
     assert r.parts["compute"].startswith("measured") and r.parts["comm"].startswith("modelled (analytic")
     expected = model.predict([sum(t.dim for t in s) for s in shards], 96)

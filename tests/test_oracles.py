@@ -239,8 +239,11 @@ def test_cache_layer_is_transparent_otherwise(tiny, tmp_path):
     layer = CachedOracle(inner, tmp_path / "c.sqlite")
     assert layer.batch_size == inner.batch_size and layer.hardware == inner.hardware
     assert layer.context == inner.context and layer.measure_comm([8, 8, 0])[0] == inner.measure_comm([8, 8, 0])[0]
-    layer.comm_model = inner.comm_model.__class__(bandwidth_gbps=1.0)   # set on the wrapped oracle
-    assert inner.comm_model.bandwidth_gbps == 1.0 and "comm_model" not in vars(layer)
+    layer.oracle.comm_model = inner.comm_model.__class__(bandwidth_gbps=1.0)   # set on the wrapped oracle
+    assert layer.comm_model.bandwidth_gbps == 1.0 and "comm_model" not in vars(layer)   # the layer answers with it
+    with pytest.raises(AttributeError):   # the layer forwards nothing it does not state: the contract is explicit
+        layer.comm_model = None
+    assert not hasattr(layer, "worker_pids") and not hasattr(CachedOracle, "__getattr__")
 
 
 def test_cache_layer_never_keeps_row_wise_or_data_parallel_pieces(tiny, tmp_path):

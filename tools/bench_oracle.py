@@ -110,8 +110,8 @@ def main(argv=None):
                          precision=args.weights_precision, batch_size=args.batch_size, cache=CostCache(cache_path))
         with ev:
             startup = time.perf_counter() - t0
-            out["device"] = ev.device_type
-            print(f"worker start-up: {startup:.2f} s ({ndev} workers, {ev.device_type})")
+            out["device"] = ev.info.device_type
+            print(f"worker start-up: {startup:.2f} s ({ndev} workers, {ev.info.device_type})")
 
             # (b) speed, then (a) noise: all measured afresh (cache reads off)
             first = ev.evaluate(plan_a, no_cache=True)

@@ -121,7 +121,7 @@ def main(argv=None) -> None:
                 records.append({"round": r, "task": k[0], "alg": k[1], "cost_ms": res.cost_ms,
                                 "device_costs_ms": res.device_costs_ms, "hardware": hardware})
             print(f"  round {r + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)", flush=True)
-        noise = getattr(ev, "noise_pct", None)
+        noise = ev.info.noise_pct
     s = summarize(costs, len(tasks), args.algs)
     print(f"\nplan costs (ms, {hardware}):")
     for k, vals in costs.items():

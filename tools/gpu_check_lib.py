@@ -180,7 +180,7 @@ def measure_noise(cfg: CheckConfig, ev, tables) -> dict:
     mean = statistics.fmean(totals)
     cv = 100.0 * (statistics.pstdev(totals) / mean) if mean > 0 else 0.0
     return {"tables": len(shard), "repeats": len(totals), "mean_ms": mean, "cv_pct": cv,
-            "min_ms": min(totals), "max_ms": max(totals), "sample_spread_pct": ev.noise_pct}
+            "min_ms": min(totals), "max_ms": max(totals), "sample_spread_pct": ev.info.noise_pct}
 
 
 def _eval_records(path: str, flag: str, use) -> None:
@@ -390,7 +390,7 @@ def run_check(cfg: CheckConfig) -> dict:
                 set_sharders[alg if alg not in set_sharders else f"{alg} (planned elsewhere)"] = sh
             with _open(cfg, data_dir, ts.ndevices, batch) as ev:
                 _say(cfg, f"\n== {ts.name}: {len(tasks)} tasks from {ts.task_path.name}, {ev.hardware}, batch {ev.batch_size}; "
-                          f"workers up in {ev.startup_s:.1f} s")
+                          f"workers up in {ev.info.startup_s:.1f} s")
                 _say(cfg, f"   compute {ev.parts['compute']}; communication {ev.parts['comm']}")
                 entry: dict = {"name": ts.name, "ndevices": ts.ndevices, "hardware": ev.hardware, "parts": ev.parts,
                                "tasks": len(tasks), "plans": [], "finished": False}
@@ -433,7 +433,7 @@ def run_check(cfg: CheckConfig) -> dict:
                 results = evaluate(tasks, ds.tables, set_sharders, Topology(ts.ndevices, cfg.max_memory, "fp16"),
                                    oracle=ev, on_result=keep)
                 entry["measure_s"] = time.perf_counter() - t1
-                noise_pct = ev.noise_pct
+                noise_pct = ev.info.noise_pct
             _say(cfg, report.measured_summary(results))
             verdict = report.noise_verdict(results, noise_pct)
             if verdict:

@@ -55,7 +55,7 @@ from typing import Iterable, Sequence
 from shardcore.errors import ShardError
 from shardcore.plan import has_pieces
 from shardcore.tables import TableConfig
-from shardcore.types import CacheContext, ComputeCost, PlanResult
+from shardcore.types import CacheContext, ComputeCost, OracleInfo, PlanResult
 
 DEFAULT_CACHE_PATH = "data/cost_cache.sqlite"
 SCHEMA_VERSION = 1
@@ -433,12 +433,12 @@ class CachedOracle:
     shard entries the same way. ``no_cache=True`` (per call, or the default given here) reads
     nothing but still stores what it measured, replacing older entries.
 
-    Everything else (``start``, ``hardware``, ``batch_size``, ``measure_comm``...) is the wrapped
-    oracle's; attributes set on the layer that it does not own are set on the oracle. ``stats``
-    counts plan and shard hits and misses.
+    The rest of the oracle contract (``hardware``, ``parts``, ``context``, ``info``, ``batch_size``,
+    ``measure_comm``, ``start``...) is the wrapped oracle's, answered by it; anything else of that
+    oracle is read on :attr:`oracle`. ``stats`` counts plan and shard hits and misses. What the
+    layer stores is read through :func:`measurement_store` and :meth:`is_stored`: caching stays
+    inside this layer.
     """
-
-    _OWN = ("oracle", "cache", "no_cache", "stats")
 
     def __init__(self, oracle, cache: "CostCache | str | os.PathLike | bool", no_cache: bool = False):
         store = open_cache(cache)
@@ -447,24 +447,91 @@ class CachedOracle:
         if getattr(oracle, "fit", None) == "heldout":
             raise ShardError("the held-out emulated oracle judges each plan with a fit made without that plan's "
                              "tables, so its answers are not cached (use its full fit to cache)")
-        object.__setattr__(self, "oracle", oracle)
-        object.__setattr__(self, "cache", store)
-        object.__setattr__(self, "no_cache", bool(no_cache))
-        object.__setattr__(self, "stats", {"plan_hits": 0, "plan_misses": 0, "shard_hits": 0, "shard_misses": 0})
+        self.oracle = oracle
+        self.cache = store
+        self.no_cache = bool(no_cache)
+        self.stats = {"plan_hits": 0, "plan_misses": 0, "shard_hits": 0, "shard_misses": 0}
         if hasattr(oracle, "reference_store"):   # a measured CPU oracle keeps its nominal speed here
             oracle.reference_store = store
 
-    # -- the wrapped oracle ----------------------------------------------------------------
-    def __getattr__(self, name):
-        if name in CachedOracle._OWN:   # not set yet (during unpickling): do not recurse
-            raise AttributeError(name)
-        return getattr(self.oracle, name)
+    # -- the wrapped oracle's contract (shardcore.types.ShardCostOracle) ----------------------
+    @property
+    def hardware(self) -> str:
+        return self.oracle.hardware
 
-    def __setattr__(self, name, value) -> None:
-        if name in CachedOracle._OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.oracle, name, value)
+    @property
+    def parts(self) -> dict:
+        return self.oracle.parts
+
+    @property
+    def context(self) -> CacheContext:
+        return self.oracle.context
+
+    @property
+    def info(self) -> OracleInfo:
+        return self.oracle.info
+
+    @property
+    def comm_measured(self) -> bool:
+        return self.oracle.comm_measured
+
+    @property
+    def ndevices(self) -> int:
+        return self.oracle.ndevices
+
+    @property
+    def batch_size(self) -> int:
+        return self.oracle.batch_size
+
+    @property
+    def bench_iters(self) -> int:
+        return self.oracle.bench_iters
+
+    @property
+    def warmup_iters(self) -> int:
+        return self.oracle.warmup_iters
+
+    @property
+    def optimizer(self) -> str:
+        return self.oracle.optimizer
+
+    @property
+    def precision(self) -> str:
+        return self.oracle.precision
+
+    @property
+    def dataset(self):
+        """The dataset the oracle's shards index (:class:`~shardcore.dataset.Dataset`)."""
+        return self.oracle.dataset
+
+    @property
+    def comm_model(self):
+        """The exchange model where the exchange is not measured (:class:`~shardcore.oracles.commmodel.CommModel`)."""
+        return self.oracle.comm_model
+
+    @property
+    def running(self) -> bool:
+        return self.oracle.running
+
+    def start(self) -> None:
+        self.oracle.start()
+
+    def close(self) -> None:
+        self.oracle.close()
+
+    def check_shards(self, shards):
+        return self.oracle.check_shards(shards)
+
+    def measure_comm(self, dim_sums, delays_ms=None, **kwargs):
+        """The wrapped oracle's exchange (never stored: a plan's is, with the plan)."""
+        return self.oracle.measure_comm(dim_sums, delays_ms, **kwargs)
+
+    def is_stored(self, tables) -> bool:
+        """Whether :meth:`measure_shards` would answer this shard from the store (never under
+        ``no_cache``; never for pieces)."""
+        tables = list(tables)
+        return (not self.no_cache and bool(tables) and not has_pieces(tables)
+                and self.cache.get_shard(self.context, tables) is not None)
 
     def __enter__(self) -> "CachedOracle":
         self.oracle.__enter__()
@@ -553,3 +620,10 @@ class CachedOracle:
 
     def measure_shard(self, tables, no_cache: bool | None = None):
         return self.measure_shards([tables], no_cache=no_cache)[0]
+
+
+def measurement_store(oracle) -> CostCache | None:
+    """The store behind ``oracle``: the cache layer's :class:`CostCache`, None for a bare oracle
+    (which keeps nothing). What a consumer reads back as training data (NeuroShard's collectors,
+    shardkit's calibration) it reads here, not on the oracle."""
+    return oracle.cache if isinstance(oracle, CachedOracle) else None

@@ -16,7 +16,7 @@ from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import PIECES_NOTE, CommModel, allreduce_bytes, id_width, pooled_width
 from shardcore.oracles.setting import EXACT_SGD, normalize_optimizer, normalize_precision
 from shardcore.tables import TableConfig
-from shardcore.types import CacheContext, ComputeCost, PlanResult
+from shardcore.types import CacheContext, ComputeCost, OracleInfo, PlanResult
 
 EMULATED_CARDS = ("h200",)
 CARD_NAMES = {"h200": "NVIDIA H200"}
@@ -51,8 +51,6 @@ class EmulatedOracle:
     (``evaluate``, ``measure_shards``, ``measure_comm``, context manager, ``batch_size``,
     ``ndevices``...). It keeps nothing; :class:`~shardcore.oracles.cache.CachedOracle` can wrap it."""
 
-    cache = None     # a bare oracle keeps nothing
-    no_cache = True
     comm_measured = False   # the exchange is modelled: a cache layer stores its shards, never its plans
     running = True
     worker_pids: list[int] = []
@@ -93,8 +91,6 @@ class EmulatedOracle:
         self.length_cv = _length_cv(self.dataset_dir, self.batch_size)
         self.comm_model = comm_model or CommModel()
         self.device_type = f"emulated:{card}"
-        self.startup_s = 0.0
-        self.noise_pct = None
         self._ntables = self.dataset.num_tables
 
     # -- what is measured --------------------------------------------------------------------
@@ -103,6 +99,11 @@ class EmulatedOracle:
         held = ", held out: never fitted on a plan's own tables" if self.fit == HELDOUT else ""
         return (f"emulated {CARD_NAMES.get(self.card, self.card)} (compute model fitted on real "
                 f"{CARD_NAMES.get(self.card, self.card)} measurements{held}), {self.ndevices} devices")
+
+    @property
+    def info(self) -> OracleInfo:
+        """Nothing to start and no noise: a model answers."""
+        return OracleInfo(self.device_type, startup_s=0.0, noise_pct=None)
 
     @property
     def parts(self) -> dict:

@@ -116,7 +116,7 @@ from shardcore.oracles.setting import dataset_digest, hardware_fingerprint
 from shardcore.oracles.cache import shard_key
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
-from shardcore.types import PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
+from shardcore.types import OracleInfo, PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_START_TIMEOUT_S = 300.0
@@ -338,6 +338,11 @@ class PlanEvaluator:
         else:
             comm = self.comm_model.describe()
         return {"compute": compute, "comm": comm}
+
+    @property
+    def info(self) -> OracleInfo:
+        """The device kind, the workers' start-up time and the noise so far (:class:`~shardcore.types.OracleInfo`)."""
+        return OracleInfo(self.device_type, self.startup_s, self.noise_pct)
 
     @property
     def noise_pct(self) -> float | None:
@@ -839,9 +844,6 @@ class PlanEvaluator:
         return self.measure_shards([tables], no_cache=no_cache)[0]
 
     # -- the oracle interface (shardcore.types.ShardCostOracle) --------------------------------
-    cache = None     # a bare evaluator keeps nothing (see shardcore.oracles.cache.CachedOracle)
-    no_cache = True  # ... so it measures everything afresh
-
     @property
     def comm_measured(self) -> bool:
         """Whether the plans' all-to-alls are measured (not modelled): only such plans are cached."""
