@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from shardcore.costs import COST_PARTS  # noqa: F401  (re-exported: the order of every per-device cost list)
 from shardcore.errors import ShardError
@@ -93,6 +93,30 @@ class Sharder(abc.ABC):
     def shard_on(self, tables: Sequence[TableConfig], topology: Topology) -> "Plan":
         """:meth:`shard` on a :class:`Topology`."""
         return self.shard(tables, topology.ndevices, topology.max_memory_gb, topology.precision)
+
+
+class DeviceCost(NamedTuple):
+    """One device's cost in ms, by name (as TorchRec's ``Perf``), in the order of :data:`COST_PARTS`:
+    forward compute, forward exchange, backward exchange, backward compute (with the optimizer
+    update). :attr:`PlanResult.devices` gives a plan's; ``list(cost)`` is its row of
+    :attr:`PlanResult.device_costs_ms`."""
+
+    fw_comp: float
+    fw_comm: float
+    bw_comm: float
+    bw_comp: float
+
+    @property
+    def compute_ms(self) -> float:
+        return self.fw_comp + self.bw_comp
+
+    @property
+    def comm_ms(self) -> float:
+        return self.fw_comm + self.bw_comm
+
+    @property
+    def total_ms(self) -> float:
+        return self.compute_ms + self.comm_ms
 
 
 @dataclass(frozen=True)
@@ -171,6 +195,11 @@ class PlanResult:
 
     def __post_init__(self) -> None:
         check_costs(self.device_costs_ms, self.hardware or "the cost oracle")
+
+    @property
+    def devices(self) -> list[DeviceCost]:
+        """Per device its named cost."""
+        return [DeviceCost(*(float(x) for x in c)) for c in self.device_costs_ms]
 
     @property
     def device_totals_ms(self) -> list[float]:

@@ -34,15 +34,13 @@ from typing import Sequence
 
 import numpy as np
 
-from shardcore.costs import COST_PARTS
 from shardcore.plan import Plan, piece_key
 from shardcore.tables import TableConfig
+from shardcore.types import DeviceCost
 
 from .costmodel import CostModel
 from .search import SearchStats, State, local_search
 
-_COMPUTE = [COST_PARTS.index("fw_comp"), COST_PARTS.index("bw_comp")]
-_EXCHANGE = [COST_PARTS.index("fw_comm"), COST_PARTS.index("bw_comm")]
 
 
 def shard_key(pieces: Sequence[TableConfig]) -> tuple:
@@ -134,8 +132,7 @@ class CalibratedModel(CostModel):
         for s, b, bc, c in zip(shards, base, base_comm, device_costs_ms):
             if not s:
                 continue
-            comp = sum(float(c[i]) for i in _COMPUTE)
-            comm = sum(float(c[i]) for i in _EXCHANGE)
+            comp, comm = DeviceCost(*c).compute_ms, DeviceCost(*c).comm_ms
             k = shard_key(s)
             if comp > 0 and k not in self.known:
                 self.known[k] = comp

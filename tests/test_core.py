@@ -140,3 +140,19 @@ def test_column_split_plan():
         Plan((0, 1), 2, splits=(2, 1))
     with pytest.raises(ShardError):
         Plan((0, 1, 1, 0), 2, splits=(3, 1)).expand(tables)   # 16 is not divisible by 3
+
+
+def test_a_device_cost_is_named_in_the_order_of_the_cost_parts():
+    from shardcore.costs import COST_PARTS
+    from shardcore.types import DeviceCost, OracleInfo, PlanResult
+
+    assert DeviceCost._fields == COST_PARTS
+    r = PlanResult([[1.0, 2.0, 3.0, 4.0], [0.5, 0.0, 0.25, 0.5]], hardware="test")
+    first, second = r.devices
+    assert first == DeviceCost(fw_comp=1.0, fw_comm=2.0, bw_comm=3.0, bw_comp=4.0) and list(first) == r.device_costs_ms[0]
+    assert (first.compute_ms, first.comm_ms, first.total_ms) == (5.0, 5.0, 10.0)
+    assert [d.total_ms for d in r.devices] == r.device_totals_ms and second.total_ms == 1.25
+    info = OracleInfo("cpu", startup_s=1.5)
+    assert info.noise_pct is None and info.device_type == "cpu"
+    with pytest.raises(AttributeError):   # frozen: what an oracle said of itself is not edited
+        info.startup_s = 0.0

@@ -579,8 +579,8 @@ class CachedOracle:
         bench, warmup = self._iters()
         for d, s in enumerate(shards):
             if s and d not in known and not pieces[d]:
-                costs = result.device_costs_ms[d]
-                self.cache.put_shard(ctx, s, costs[0], costs[3], bench, warmup)
+                cost = result.devices[d]
+                self.cache.put_shard(ctx, s, cost.fw_comp, cost.bw_comp, bench, warmup)
         if plan_cache:
             self.cache.put_plan(ctx, shards, result.device_costs_ms, bench, warmup)
         result.wall_s = time.perf_counter() - t0

@@ -16,7 +16,7 @@ from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import PIECES_NOTE, CommModel, allreduce_bytes, id_width, pooled_width
 from shardcore.oracles.setting import EXACT_SGD, normalize_optimizer, normalize_precision
 from shardcore.tables import TableConfig
-from shardcore.types import CacheContext, ComputeCost, OracleInfo, PlanResult
+from shardcore.types import CacheContext, ComputeCost, DeviceCost, OracleInfo, PlanResult
 
 EMULATED_CARDS = ("h200",)
 CARD_NAMES = {"h200": "NVIDIA H200"}
@@ -217,6 +217,6 @@ class EmulatedOracle:
                                          id_widths=[sum(id_width(t) for t in s) for s in shards],
                                          allreduce=[sum(allreduce_bytes(t, n, self.precision) for t in s)
                                                     for s in shards])
-        costs = [[c.fw_ms, f, b, c.bw_ms] for c, (f, b) in zip(costs_c, comm)]
+        costs = [list(DeviceCost(fw_comp=c.fw_ms, fw_comm=f, bw_comm=b, bw_comp=c.bw_ms)) for c, (f, b) in zip(costs_c, comm)]
         return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
                           wall_s=time.perf_counter() - t0, parts=self.parts, hardware=self.hardware)

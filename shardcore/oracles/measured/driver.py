@@ -116,7 +116,7 @@ from shardcore.oracles.setting import dataset_digest, hardware_fingerprint
 from shardcore.oracles.cache import shard_key
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
-from shardcore.types import OracleInfo, PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
+from shardcore.types import DeviceCost, OracleInfo, PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_START_TIMEOUT_S = 300.0
@@ -890,6 +890,7 @@ class PlanEvaluator:
             comm, splits = self.measure_comm(dims, layout=layout)
         else:
             comm, splits = self._measure_comm_workers([int(x) for x in dims], None, layout, scale)
-        costs = [[costs_c[d].fw_ms, comm[d][0], comm[d][1], costs_c[d].bw_ms] for d in range(self.ndevices)]
+        costs = [list(DeviceCost(fw_comp=costs_c[d].fw_ms, fw_comm=comm[d][0], bw_comm=comm[d][1],
+                                 bw_comp=costs_c[d].bw_ms)) for d in range(self.ndevices)]
         return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
                           wall_s=time.perf_counter() - t0, parts=self.parts, hardware=self.hardware)
