@@ -195,12 +195,13 @@ def main(argv=None):
                                     f"{os.path.basename(args.task_path)} ({ndevices})"
         print()
         print(f"costs on: {hardware}, batch {ev.batch_size}")
-        print(report.measured_summary(results))
+        summary = report.summarize(results, task_set)   # the statistics, computed once
+        print(report.summary_table(summary))
         print()
-        verdict = report.noise_verdict(results, noise_pct)
+        verdict = report.noise_verdict(summary, noise_pct)
         if verdict:
             print(verdict)
-        print(report.paper_table(results, task_set, bold=not verdict))
+        print(report.paper_table(summary, bold=not verdict))
         print()
         print(type_counts_text(results))
         refined = [r.extra["shardkit_measurements"] for r in results if "shardkit_measurements" in r.extra]

@@ -12,6 +12,7 @@ from shardcore import registry
 from shardcore.registry import CORE_PLUGINS
 from shardcore.baselines import BASELINES
 from shardcore.errors import ShardError
+from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD
 
 PAPER_BASELINES = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
 PLUGINS = ("torchrec",)    # the core's optional planner in the results table: TorchRec's, every sharding type
@@ -158,10 +159,10 @@ class ExperimentConfig:
     batch_size: int | None = None
     bench_iters: int | None = None
     warmup_iters: int | None = None
-    optimizer: str = "exact_sgd"
+    optimizer: str = EXACT_SGD
     cache_path: str | None = None
     no_cache: bool = False
-    timeout: float = 120.0
+    timeout: float = DEFAULT_TIMEOUT_S
     oracle: str = "measured"                 # or "emulated:h200" (shardcore.oracles.factory)
     emulator_fit: str = "heldout"            # which fit of an emulated card judges (shardcore.oracles.factory.EMULATOR_FITS)
     repeats: int | None = None               # rounds per plan; None: 3 on a measured oracle (noisy), 1 emulated

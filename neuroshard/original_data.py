@@ -25,13 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from shardcore.errors import ShardError
+from shardcore.oracles.setting import EXACT_SGD
 from shardcore.originals import tables_from_original_list
 from shardcore.tables import TableConfig
 
 DATA_TXT = "data.txt"
 CONFIGS = "table_configs.json"
 # what is known of the original measurement setting (EXACT_SGD, fp32 weights); its hardware and batch are not
-ORIGINAL_COMPUTE_SETTING = {"optimizer": "exact_sgd", "precision": "fp32"}
+ORIGINAL_COMPUTE_SETTING = {"optimizer": EXACT_SGD, "precision": "fp32"}
 
 
 def is_original_dir(path: str | os.PathLike, csv_name: str) -> bool:

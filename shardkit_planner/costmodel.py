@@ -48,6 +48,7 @@ from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_comm_mo
 from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, predict_devices,
                                 shard_features, table_arrays)
 from shardcore.errors import ShardError
+from shardcore.oracles.setting import EXACT_SGD
 from shardcore.io import atomic_open
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
@@ -195,7 +196,7 @@ def emulated_model(data_dir: str | os.PathLike, batch_size: int, comm: CommModel
 
 
 def usable_shards(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
-                  optimizer: str = "exact_sgd", exclude_tables: set[int] | None = None
+                  optimizer: str = EXACT_SGD, exclude_tables: set[int] | None = None
                   ) -> tuple[list[list], list[float], list[float]]:
     """The cache's shard measurements a fit may use: of ``dataset`` at ``batch_size`` on ``hardware``,
     whole-row tables only (table- or column-wise pieces), none in ``exclude_tables``; as
@@ -225,7 +226,7 @@ def usable_shards(cache, dataset, batch_size: int, *, hardware: str, precision: 
 
 
 def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
-                   optimizer: str = "exact_sgd", data_dir: str | os.PathLike | None = None,
+                   optimizer: str = EXACT_SGD, data_dir: str | os.PathLike | None = None,
                    exclude_tables: set[int] | None = None, comm_fallback: CommModel | None = None,
                    min_shards: int = 20) -> CostModel:
     """Fit the measured landscape's model on the cache's measurements of ``dataset`` at ``batch_size``.

@@ -176,3 +176,29 @@ def test_cost_parts_and_mlp_are_defined_once():
     # a test may spell the expected value out; the code has one definition
     assert [p for p in found_parts if not p.startswith("tests" + os.sep)] == [os.path.join("shardcore", "costs.py")]
 
+
+
+def test_the_oracle_flags_are_generated_from_one_config():
+    """Every oracle flag comes from OracleConfig (default and help stated once), under its own name
+    or, for the benchmark's batch, the name a script gives it."""
+    import argparse
+    import dataclasses
+
+    from shardcore.cli.common import add_oracle_args, oracle_batch_size
+    from shardcore.oracles.factory import OracleConfig
+    from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD
+
+    p = argparse.ArgumentParser()
+    add_oracle_args(p)
+    args = p.parse_args([])
+    defaults = OracleConfig()
+    for f in dataclasses.fields(OracleConfig):
+        assert getattr(args, f.name) == getattr(defaults, f.name), f.name
+    assert args.timeout == DEFAULT_TIMEOUT_S and args.optimizer == EXACT_SGD
+    assert p.parse_args(["--timeout", "7", "--no-cache", "--emulator-fit", "full"]).timeout == 7.0
+    renamed = argparse.ArgumentParser()
+    add_oracle_args(renamed, batch_flag="--bench-batch-size")
+    got = renamed.parse_args(["--bench-batch-size", "64"])
+    assert oracle_batch_size(got) == 64 and not hasattr(got, "batch_size")
+    with pytest.raises(SystemExit):
+        renamed.parse_args(["--batch-size", "64"])

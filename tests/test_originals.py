@@ -178,8 +178,8 @@ def test_memory_semantics():
 def test_dreamshard_batch_size_is_the_cost_networks():
     a = parse(train_dreamshard, ["--task-path", "t.txt", "--gpu-devices", "0,1,2,3", "--batch-size", "64",
                                  "--entropy-weight", "0.001", "--max-memory", "5", "--out-dir", "m"])
-    assert a.cost_batch_size == 64 and a.oracle_batch_size is None
-    assert parse(train_dreamshard, ["--bench-batch-size", "512"]).oracle_batch_size == 512
+    assert a.cost_batch_size == 64 and a.bench_batch_size is None
+    assert parse(train_dreamshard, ["--bench-batch-size", "512"]).bench_batch_size == 512
 
 
 def test_gen_tasks_original_ranges_and_neuroshard_file(tmp_path, capsys):

@@ -94,3 +94,19 @@ def test_the_bootstrap_interval_is_seeded_and_holds_the_mean():
     lo, hi = report.bootstrap_interval(d, seed=0)
     assert lo < sum(d) / len(d) < hi and (lo, hi) == report.bootstrap_interval(d, seed=0)
     assert report.bootstrap_interval([1.0]) is None
+
+
+def test_the_printed_summary_is_rendered_from_the_set_summary():
+    """eval.py prints one summary: its table, its noise verdict and its paper row all read the one
+    SetSummary (the compared tasks: a task one algorithm could not plan is left out of every column)."""
+    results = _results({"random": [100, 120, 110], "lookup_greedy": [80, None, 85]})
+    s = report.summarize(results, "set")
+    assert s.tasks_compared == [0, 2]
+    lines = report.summary_table(s).splitlines()
+    assert "% over random" in lines[0]
+    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    assert rows["random"][:2] == ["105.00 ± 5.00", "-"]             # tasks 0 and 2 only
+    assert rows["lookup_greedy"][:2] == ["82.50 ± 2.50", f"{(105 / 82.5 - 1) * 100:+.1f}%"]
+    assert rows["lookup_greedy"][3] == "1" and rows["random"][3] == "0"   # one task without a plan
+    assert report.measured_summary(results) == report.summary_table(report.summarize(results))
+    assert report.noise_verdict(s, noise_pct=1.0) == report.noise_verdict(results, noise_pct=1.0)

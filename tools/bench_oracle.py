@@ -32,7 +32,7 @@ import numpy as np
 from shardcore import argtypes
 from shardcore.cli import common as cli
 from shardcore.oracles.measured.benchmark import DEFAULT_BENCH_ITERS, DEFAULT_WARMUP_ITERS
-from shardcore.oracles.setting import OPTIMIZERS
+from shardcore.oracles.setting import EXACT_SGD, OPTIMIZERS
 from shardcore.oracles.cache import CostCache
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
@@ -51,7 +51,7 @@ def parse_args(argv):
     p.add_argument("--warmup-iters", type=argtypes.nonnegative_int, default=DEFAULT_WARMUP_ITERS,
                    help=f"untimed iterations before timing (default {DEFAULT_WARMUP_ITERS})")
     p.add_argument("--comm-iters", type=argtypes.positive_int, default=None, help="default: --bench-iters")
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="exact_sgd",
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=EXACT_SGD,
                    help="sparse optimizer applied in the backward (default exact_sgd)")
     p.add_argument("--weights-precision", choices=("fp16", "fp32"), default="fp16",
                    help="weight precision of the benchmarked tables (default fp16)")

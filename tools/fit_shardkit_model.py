@@ -20,6 +20,7 @@ from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
 from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
+from shardcore.oracles.setting import EXACT_SGD
 from shardcore.tasks import load_tasks
 
 
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                    help="batch of the measurements (default: the dataset's)")
     p.add_argument("--weights-precision", choices=["fp16", "fp32"], default="fp16", help="weights precision (default fp16)")
-    p.add_argument("--optimizer", default="exact_sgd", help="sparse optimizer of the measurements (default exact_sgd)")
+    p.add_argument("--optimizer", default=EXACT_SGD, help=f"sparse optimizer of the measurements (default {EXACT_SGD})")
     p.add_argument("--hardware", default=None, metavar="TEXT",
                    help="the cache's hardware fingerprint to use, or a part of it (default: the only one "
                         "the cache holds for this dataset and batch)")

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Sequence
 
 from shardcore.errors import ShardError
+from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"
@@ -149,7 +150,7 @@ def _open(cfg: CheckConfig, data_dir: Path, ndevices: int, batch: int | None):
         kw["bench_iters"] = cfg.bench_iters
     # no cache: a GPU check measures everything afresh
     return open_oracle(data_dir, ndevices, device_ids=list(cfg.gpus) if cfg.gpus else None, device=cfg.device,
-                       batch_size=batch, cache=None, timeout_s=120.0, host_lock=(cfg.device == "cpu"), **kw)
+                       batch_size=batch, cache=None, timeout_s=DEFAULT_TIMEOUT_S, host_lock=(cfg.device == "cpu"), **kw)
 
 
 def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60) -> list:

@@ -7,9 +7,9 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from shardcore.argtypes import (bandwidth_gbps, int_list, latency_us, nonnegative_int, positive_float,
-                                positive_int, seconds)
+from shardcore.argtypes import int_list, positive_float, positive_int
 from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
+from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 from shardcore.errors import ShardError
 from shardcore.tables import PRECISION_BYTES
 
@@ -224,51 +224,25 @@ def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float =
 
 
 def add_oracle_args(parser: argparse.ArgumentParser, batch_flag: str = "--batch-size") -> None:
-    """Flags of the hardware cost oracle (the FBGEMM micro-benchmark and the plan evaluator).
+    """The cost oracle's flags, generated from :class:`~shardcore.oracles.factory.OracleConfig`.
 
     ``batch_flag`` renames the benchmark's batch flag where ``--batch-size`` means something else
-    (``train_autoshard.py``: the learner's batch); its value is then ``args.oracle_batch_size``."""
+    (``train_autoshard.py``: the learner's batch): ``--bench-batch-size``, its value then
+    ``args.bench_batch_size`` (read it with :func:`oracle_batch_size`)."""
+    from shardcore.config import add_config_args
+    from shardcore.oracles.factory import OracleConfig
+
+    if not (batch_flag.startswith("--") and batch_flag.endswith("batch-size")):
+        raise ValueError(f"the benchmark's batch flag must end in batch-size, got {batch_flag!r}")
     g = parser.add_argument_group("hardware measurement")
-    dest = "batch_size" if batch_flag == "--batch-size" else "oracle_batch_size"
-    g.add_argument(batch_flag, dest=dest, type=positive_int, default=None, metavar="B",
-                   help="samples per benchmark iteration, the first B of the dataset's batch "
-                        "(default: the dataset's whole batch)")
-    g.add_argument("--bench-iters", type=positive_int, default=None, metavar="N",
-                   help="timed iterations per measurement; the median is kept (default: the evaluator's)")
-    g.add_argument("--warmup-iters", type=nonnegative_int, default=None, metavar="N",
-                   help="untimed iterations before timing (default: the evaluator's)")
-    g.add_argument("--optimizer", default="exact_sgd",
-                   help="sparse optimizer applied in the backward: exact_sgd (default), exact_adagrad, "
-                        "exact_row_wise_adagrad")
-    g.add_argument("--cache-path", default=None, metavar="FILE",
-                   help="measurement cache (SQLite; default data/cost_cache.sqlite)")
-    g.add_argument("--no-cache", action="store_true", help="measure everything again, ignoring the cache")
-    g.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
-                   help="seconds a worker may take for one plan before it is declared hung (default 120)")
-    g.add_argument("--launcher", choices=["spawn", "torchrun"], default="spawn",
-                   help="how the measuring workers start: spawn (default: one process per device on this "
-                        "machine) or torchrun (run the whole command under torchrun, one rank per device on "
-                        "every host; rank 0 drives, the others serve; see README 'Beyond one machine')")
-    g.add_argument("--oracle", default="measured", metavar="NAME",
-                   help="cost landscape the plans are judged on: 'measured' (default: this machine's "
-                        "hardware, FBGEMM on its CPU or CUDA GPUs) or 'emulated:h200' (an NVIDIA H200 "
-                        "emulated from real shard measurements, data/gpu_measurements/; needs no GPU and "
-                        "no data.pt, only the table configs)")
-    g.add_argument("--emulator-fit", default="heldout", choices=["heldout", "full"],
-                   help="which fit of the emulated GPU judges a plan: 'heldout' (default: refitted without every "
-                        "measured shard that holds one of the plan's tables, so the judge never saw the tables it "
-                        "judges) or 'full' (the shipped fit on every measurement); emulated oracles only")
-    g.add_argument("--comm-bandwidth", type=bandwidth_gbps, default=DEFAULT_COMM_BANDWIDTH_GBPS, metavar="GB/S",
-                   help="modelled all-to-all bandwidth per device and direction, used where the exchange "
-                        "is not measured (emulated oracle, or more plan devices than GPUs) (default "
-                        f"{DEFAULT_COMM_BANDWIDTH_GBPS:g}: NVLink 4 within one 8-GPU H100/H200 node, assumed)")
-    g.add_argument("--comm-latency", type=latency_us, default=DEFAULT_COMM_LATENCY_US, metavar="US",
-                   help=f"modelled start-up of one all-to-all in microseconds (default {DEFAULT_COMM_LATENCY_US:g})")
+    defaults = OracleConfig()
+    add_config_args(g, defaults, prefix=batch_flag[2:-len("batch-size")], skip_groups=("oracle",))
+    add_config_args(g, defaults, skip_groups=("batch",))
 
 
 def oracle_batch_size(args: argparse.Namespace) -> int | None:
     """The benchmark batch size given by :func:`add_oracle_args`'s flag (None: the dataset's)."""
-    return args.oracle_batch_size if hasattr(args, "oracle_batch_size") else args.batch_size
+    return args.bench_batch_size if hasattr(args, "bench_batch_size") else args.batch_size
 
 
 def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[int], ndevices: int | None = None):
@@ -365,4 +339,4 @@ def serve_if_torchrun_rank(args: argparse.Namespace) -> int | None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)
         return None
-    return serve(getattr(args, "timeout", 120.0) + 300.0)
+    return serve(getattr(args, "timeout", DEFAULT_TIMEOUT_S) + 300.0)

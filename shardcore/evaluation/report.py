@@ -59,29 +59,6 @@ def plan_only_summary(results: Sequence[TaskResult]) -> str:
     return format_table(["alg", "feasible", "max device mem GB", "lookup-load max/mean", "planning ms"], rows)
 
 
-def measured_summary(results: Sequence[TaskResult], baseline: str = "random") -> str:
-    """Per algorithm: mean ± std (across tasks) of the measured plan cost, % over ``baseline`` on the
-    tasks that both planned feasibly, mean imbalance, infeasible count, planning time."""
-    groups = _by_alg(results)
-    base = {r.task: r.cost_ms for r in groups.get(baseline, []) if r.cost_ms is not None}
-    rows = []
-    for alg, rs in groups.items():
-        costs = [r.cost_ms for r in rs if r.cost_ms is not None]
-        mean, std = _mean_std(costs)
-        both = [(base[r.task], r.cost_ms) for r in rs if r.cost_ms is not None and r.task in base]
-        if both and alg != baseline:
-            gain = f"{improvement_over(statistics.fmean(b for b, _ in both), statistics.fmean(c for _, c in both)):+.1f}%"
-        else:
-            gain = "-"
-        imb = [r.imbalance for r in rs if r.imbalance is not None]
-        rows.append([alg, f"{mean:.2f} ± {std:.2f}" if costs else "-", gain,
-                     f"{statistics.fmean(imb):.3f}" if imb else "-",
-                     sum(not r.feasible for r in rs),
-                     f"{1e3 * statistics.fmean(r.planning_seconds for r in rs):.2f}"])
-    return format_table(["alg", "cost ms (mean ± std over tasks)", f"% over {baseline}",
-                         "imbalance max/mean", "infeasible", "planning ms"], rows)
-
-
 class Outcome(str, Enum):
     """What became of one (task, algorithm): a plan, no plan under the cap, or an error of the method.
     A caller that tells failures apart stores ``Outcome.FAILED.value`` in ``TaskResult.extra["outcome"]``."""
@@ -266,6 +243,26 @@ def paper_table(results: Sequence[TaskResult] | SetSummary, task_set: str = "", 
     return format_table(["Task"] + algs, [[summary.task_set or task_set] + [summary.cell(a, bold) for a in algs]])
 
 
+def summary_table(summary: SetSummary) -> str:
+    """The task set's summary as a table, per algorithm: mean ± std (across the compared tasks) of
+    the measured plan cost, % over the summary's baseline, mean imbalance, how many tasks it planned
+    no plan for (infeasible or failed), mean planning time. Rendered from :class:`SetSummary`, the
+    statistics computed once."""
+    rows = []
+    for alg, s in summary.algs.items():
+        rows.append([alg, f"{s.mean_ms:.2f} ± {s.std_ms:.2f}" if s.mean_ms is not None else "-",
+                     f"{s.pct_over_random:+.1f}%" if s.pct_over_random is not None else "-",
+                     f"{s.mean_imbalance:.3f}" if s.mean_imbalance is not None else "-",
+                     s.infeasible + s.failed, f"{s.mean_planning_ms:.2f}"])
+    return format_table(["alg", "cost ms (mean ± std over tasks)", f"% over {summary.baseline}",
+                         "imbalance max/mean", "infeasible", "planning ms"], rows)
+
+
+def measured_summary(results: Sequence[TaskResult], baseline: str = "random") -> str:
+    """:func:`summary_table` of the results' :class:`SetSummary`."""
+    return summary_table(summarize(results, baseline=baseline))
+
+
 def _paired_distinct(a: Sequence[float], b: Sequence[float], noise: float, seed: int = 0,
                      resamples: int = 2000) -> bool:
     """Whether costs ``a`` and ``b`` (paired by task) differ: the mean relative difference exceeds
@@ -277,24 +274,24 @@ def _paired_distinct(a: Sequence[float], b: Sequence[float], noise: float, seed:
     return ci is None or ci[0] > 0 or ci[1] < 0
 
 
-def noise_verdict(results: Sequence[TaskResult], noise_pct: float | None) -> str | None:
+def noise_verdict(results: Sequence[TaskResult] | SetSummary, noise_pct: float | None) -> str | None:
     """One line when no two algorithms' plans can be told apart, else None.
 
-    Two algorithms differ when, over the tasks both planned, the mean relative difference of their
-    costs exceeds the oracle's measurement noise (``noise_pct``: the relative spread of a shard's
-    timed samples; None or 0 for a noise-free oracle) and its 95% bootstrap interval excludes 0."""
-    groups = {alg: {r.task: r.cost_ms for r in rs if r.cost_ms is not None} for alg, rs in _by_alg(results).items()}
-    groups = {alg: costs for alg, costs in groups.items() if costs}
+    Two algorithms differ when, over the compared tasks of the results' :class:`SetSummary`, the mean
+    relative difference of their costs exceeds the oracle's measurement noise (``noise_pct``: the
+    relative spread of a shard's timed samples; None or 0 for a noise-free oracle) and its 95%
+    bootstrap interval excludes 0."""
+    summary = results if isinstance(results, SetSummary) else summarize(results)
+    groups = {alg: s.costs_ms for alg, s in summary.algs.items() if s.costs_ms}
     if len(groups) < 2:
         return None
     noise = (noise_pct or 0.0) / 100.0
     algs = list(groups)
     for i, a in enumerate(algs):
         for b in algs[i + 1:]:
-            common = sorted(set(groups[a]) & set(groups[b]))
-            if _paired_distinct([groups[a][t] for t in common], [groups[b][t] for t in common], noise):
+            if _paired_distinct(groups[a], groups[b], noise):
                 return None
-    means = {alg: statistics.fmean(c.values()) for alg, c in groups.items()}
+    means = {alg: statistics.fmean(c) for alg, c in groups.items()}
     lo, hi = min(means.values()), max(means.values())
     noise_txt = f"the oracle's measured noise ({noise_pct:.1f}% spread of a shard's timed samples)" \
         if noise_pct else "the task-to-task spread"

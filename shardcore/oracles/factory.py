@@ -28,16 +28,63 @@ cache (:class:`~shardcore.oracles.cache.CachedOracle`).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Sequence
 
+from shardcore.argtypes import bandwidth_gbps, latency_us, nonnegative_int, positive_int, seconds
+from shardcore.config import Config, param
 from shardcore.errors import ShardError
-from shardcore.oracles.commmodel import CommModel
-from shardcore.oracles.emulated.oracle import EMULATED_CARDS, HELDOUT, EmulatedOracle
-from shardcore.oracles.setting import EXACT_SGD
+from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US, CommModel
+from shardcore.oracles.emulated.oracle import EMULATED_CARDS, EMULATOR_FITS, HELDOUT, EmulatedOracle
+from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD
 
 MEASURED = "measured"
 EMULATED_PREFIX = "emulated:"
 ORACLE_CHOICES = (MEASURED,) + tuple(EMULATED_PREFIX + c for c in EMULATED_CARDS)
+
+
+@dataclass
+class OracleConfig(Config):
+    """The cost oracle's settings, stated once: every script's oracle flags
+    (:func:`shardcore.cli.common.add_oracle_args`) are generated from these fields."""
+
+    batch_size: int | None = param(None, "samples per benchmark iteration, the first B of the dataset's batch "
+                                         "(default: the dataset's whole batch)",
+                                   type=positive_int, metavar="B", group="batch")
+    bench_iters: int | None = param(None, "timed iterations per measurement; the median is kept (default: the "
+                                          "evaluator's)", type=positive_int, metavar="N", group="oracle")
+    warmup_iters: int | None = param(None, "untimed iterations before timing (default: the evaluator's)",
+                                     type=nonnegative_int, metavar="N", group="oracle")
+    optimizer: str = param(EXACT_SGD, f"sparse optimizer applied in the backward: {EXACT_SGD} (default), "
+                                      "exact_adagrad, exact_row_wise_adagrad", type=str, group="oracle")
+    cache_path: str | None = param(None, "measurement cache (SQLite; default data/cost_cache.sqlite)",
+                                   type=str, metavar="FILE", group="oracle")
+    no_cache: bool = param(False, "measure everything again, ignoring the cache", action="store_true",
+                           group="oracle")
+    timeout: float = param(DEFAULT_TIMEOUT_S, "seconds a worker may take for one plan before it is declared hung "
+                                              f"(default {DEFAULT_TIMEOUT_S:g})", type=seconds, metavar="S",
+                           group="oracle")
+    launcher: str = param("spawn", "how the measuring workers start: spawn (default: one process per device on "
+                                   "this machine) or torchrun (run the whole command under torchrun, one rank per "
+                                   "device on every host; rank 0 drives, the others serve; see README 'Beyond one "
+                                   "machine')", type=str, choices=("spawn", "torchrun"), group="oracle")
+    oracle: str = param(MEASURED, "cost landscape the plans are judged on: 'measured' (default: this machine's "
+                                  "hardware, FBGEMM on its CPU or CUDA GPUs) or 'emulated:h200' (an NVIDIA H200 "
+                                  "emulated from real shard measurements, data/gpu_measurements/; needs no GPU and "
+                                  "no data.pt, only the table configs)", type=str, metavar="NAME", group="oracle")
+    emulator_fit: str = param(HELDOUT, "which fit of the emulated GPU judges a plan: 'heldout' (default: refitted "
+                                       "without every measured shard that holds one of the plan's tables, so the "
+                                       "judge never saw the tables it judges) or 'full' (the shipped fit on every "
+                                       "measurement); emulated oracles only",
+                              type=str, choices=EMULATOR_FITS, group="oracle")
+    comm_bandwidth: float = param(DEFAULT_COMM_BANDWIDTH_GBPS,
+                                  "modelled all-to-all bandwidth per device and direction, used where the exchange "
+                                  "is not measured (emulated oracle, or more plan devices than GPUs) (default "
+                                  f"{DEFAULT_COMM_BANDWIDTH_GBPS:g}: NVLink 4 within one 8-GPU H100/H200 node, "
+                                  "assumed)", type=bandwidth_gbps, metavar="GB/S", group="oracle")
+    comm_latency: float = param(DEFAULT_COMM_LATENCY_US, "modelled start-up of one all-to-all in microseconds "
+                                                         f"(default {DEFAULT_COMM_LATENCY_US:g})",
+                                type=latency_us, metavar="US", group="oracle")
 
 
 def parse_oracle(spec: str) -> str:

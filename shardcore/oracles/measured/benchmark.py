@@ -59,7 +59,7 @@ from typing import Sequence
 import torch
 
 from shardcore.errors import ShardError
-from shardcore.oracles.setting import OPTIMIZERS, normalize_optimizer, normalize_precision
+from shardcore.oracles.setting import EXACT_SGD, OPTIMIZERS, normalize_optimizer, normalize_precision
 from shardcore.tables import TableConfig, bytes_per_element
 from shardcore.types import ComputeCost  # noqa: F401  (a shard's cost; defined with the data model)
 
@@ -95,7 +95,7 @@ def optimizer_state_bytes(table: TableConfig, optimizer: str) -> int:
 
 
 def shard_memory_bytes(tables: Sequence[TableConfig], precision: str = "fp16",
-                       optimizer: str = "exact_sgd") -> int:
+                       optimizer: str = EXACT_SGD) -> int:
     """Weights plus optimizer state of a shard, in bytes."""
     nbytes = bytes_per_element(normalize_precision(precision))
     return sum(t.row * t.dim * nbytes + optimizer_state_bytes(t, optimizer) for t in tables)
@@ -126,7 +126,7 @@ def usable_bytes(device: str | torch.device) -> int:
     return int(avail * (1 - HOST_MARGIN_FRACTION)) - HOST_MARGIN_BYTES
 
 
-def check_fits(tables: Sequence[TableConfig], precision: str = "fp16", optimizer: str = "exact_sgd",
+def check_fits(tables: Sequence[TableConfig], precision: str = "fp16", optimizer: str = EXACT_SGD,
                device: str | torch.device = "cpu", what: str = "shard",
                usable: int | None = None) -> None:
     """Raise :class:`ShardError` when the shard's weights and optimizer state do not fit in the
@@ -329,7 +329,7 @@ class BufferPool:
         self._bufs.clear()
 
 
-def build_operator(tables: Sequence[TableConfig], optimizer: str = "exact_sgd", precision: str = "fp16",
+def build_operator(tables: Sequence[TableConfig], optimizer: str = EXACT_SGD, precision: str = "fp16",
                    device: str | torch.device = "cpu", pool: BufferPool | None = None, pool_role: str = ""):
     """One fused ``SplitTableBatchedEmbeddingBagsCodegen`` over ``tables`` (sum pooling).
 
@@ -375,7 +375,7 @@ class ShardRunner:
     """
 
     def __init__(self, dataset, tables: Sequence[TableConfig], *, batch_size: int | None = None,
-                 optimizer: str = "exact_sgd", precision: str = "fp16", device: str | torch.device | None = None,
+                 optimizer: str = EXACT_SGD, precision: str = "fp16", device: str | torch.device | None = None,
                  check_memory: bool = True, usable_bytes: int | None = None, pool: BufferPool | None = None):
         self.dataset = _dataset(dataset)
         self.tables = list(tables)
@@ -496,7 +496,7 @@ class ReferenceRunner(ShardRunner):
     machine's speed of the moment and with nothing else, which is what the measured oracle divides
     out (:mod:`shardcore.oracles.measured.driver`, 'Drift')."""
 
-    def __init__(self, batch_size: int, *, optimizer: str = "exact_sgd", precision: str = "fp16",
+    def __init__(self, batch_size: int, *, optimizer: str = EXACT_SGD, precision: str = "fp16",
                  device: str | torch.device = "cpu"):
         self.dataset = None
         self.optimizer = normalize_optimizer(optimizer)
@@ -517,7 +517,7 @@ class ReferenceRunner(ShardRunner):
 
 
 def benchmark_shard(dataset, tables: Sequence[TableConfig], *, batch_size: int | None = None,
-                    optimizer: str = "exact_sgd", precision: str = "fp16",
+                    optimizer: str = EXACT_SGD, precision: str = "fp16",
                     warmup_iters: int = DEFAULT_WARMUP_ITERS, bench_iters: int = DEFAULT_BENCH_ITERS,
                     device: str | torch.device | None = None, num_threads: int | None = 1,
                     cpu_clock: bool = True, host_lock: bool = True) -> ComputeCost:

@@ -106,8 +106,10 @@ from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Sequence
 
-from shardcore.oracles.measured.benchmark import DEFAULT_BENCH_ITERS, DEFAULT_LOCK_TIMEOUT_S, DEFAULT_WARMUP_ITERS, ComputeCost, check_fits, host_measurement_lock, resolve_batch_size, usable_bytes, validate_tables
-from shardcore.oracles.setting import normalize_optimizer, normalize_precision
+from shardcore.oracles.measured.benchmark import (DEFAULT_BENCH_ITERS, DEFAULT_LOCK_TIMEOUT_S, DEFAULT_WARMUP_ITERS, ComputeCost,
+                                                  check_fits, host_measurement_lock, resolve_batch_size, usable_bytes,
+                                                  validate_tables)
+from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD, normalize_optimizer, normalize_precision
 from shardcore.oracles.commmodel import CommModel, comm_splits, fit_comm_model, remote_bytes
 from shardcore.types import CommSplits
 from shardcore.oracles.measured.worker import WorkerConfig, low_quantile, model_extra, relative_iqr, worker_main
@@ -118,7 +120,6 @@ from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
 from shardcore.types import DeviceCost, OracleInfo, PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
 
-DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_START_TIMEOUT_S = 300.0
 DEFAULT_COMM_ITERS = None  # None: the same as bench_iters
 DEFAULT_CPU_COMPUTE_PASSES = None  # None: one pass per timed iteration (see the module notes)
@@ -191,7 +192,7 @@ class PlanEvaluator:
     def __init__(self, dataset_dir: str | os.PathLike = "data/dlrm_datasets", ndevices: int | None = None, *,
                  device_ids: Sequence[int] | None = None, bench_iters: int = DEFAULT_BENCH_ITERS,
                  warmup_iters: int = DEFAULT_WARMUP_ITERS, comm_iters: int | None = DEFAULT_COMM_ITERS,
-                 optimizer: str = "exact_sgd", precision: str = "fp16", batch_size: int | None = None,
+                 optimizer: str = EXACT_SGD, precision: str = "fp16", batch_size: int | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  device: str | None = None, compute_passes: int | None = None, host_lock: bool = True,
                  lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S, comm_model: CommModel | None = None,
