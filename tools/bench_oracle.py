@@ -52,7 +52,7 @@ def parse_args(argv):
                    help=f"untimed iterations before timing (default {DEFAULT_WARMUP_ITERS})")
     p.add_argument("--comm-iters", type=argtypes.positive_int, default=None, help="default: --bench-iters")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=EXACT_SGD,
-                   help="sparse optimizer applied in the backward (default exact_sgd)")
+                   help=f"sparse optimizer applied in the backward (default {EXACT_SGD})")
     p.add_argument("--weights-precision", choices=("fp16", "fp32"), default="fp16",
                    help="weight precision of the benchmarked tables (default fp16)")
     p.add_argument("--shards", type=argtypes.positive_int, default=4,

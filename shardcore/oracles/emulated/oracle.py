@@ -76,7 +76,7 @@ class EmulatedOracle:
         self.optimizer = normalize_optimizer(optimizer)
         self.precision = normalize_precision(precision)
         if self.optimizer != EXACT_SGD or self.precision != "fp16":
-            raise ShardError(f"emulated:{card} was measured with exact_sgd and fp16 weights only; "
+            raise ShardError(f"emulated:{card} was measured with {EXACT_SGD} and fp16 weights only; "
                              f"got {self.optimizer} and {self.precision}")
         self.dataset_dir = str(Path(dataset_dir))
         self.dataset = load_dataset(self.dataset_dir, with_lookups=False)

@@ -139,7 +139,7 @@ def check_fits(tables: Sequence[TableConfig], precision: str = "fp16", optimizer
         where = "free GPU memory" if torch.device(device).type == "cuda" else "available host memory"
         raise ShardError(
             f"{what} of {len(tables)} table(s) needs {need / 2**30:.2f} GB ({precision} weights"
-            f"{' + ' + optimizer + ' state' if optimizer != 'exact_sgd' else ''}) but only "
+            f"{' + ' + optimizer + ' state' if optimizer != EXACT_SGD else ''}) but only "
             f"{max(have, 0) / 2**30:.2f} GB of {where} can be used: refused before allocation")
 
 
