@@ -12,7 +12,7 @@ modelled) and the hardware the figures stand for. The implementations:
 
 - :class:`~shardcore.oracles.measured.driver.PlanEvaluator`: measured on this machine (FBGEMM on the CPU with gloo
   all-to-alls, or on CUDA GPUs with NCCL);
-- :class:`~shardcore.oracles.factory.EmulatedOracle`: an emulated GPU (compute model fitted on real
+- :class:`~shardcore.oracles.emulated.oracle.EmulatedOracle`: an emulated GPU (compute model fitted on real
   measurements, analytic all-to-all);
 - a method's simulator where it judges whole plans (a method package implements the protocol).
 

@@ -249,7 +249,7 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
     """The cost oracle chosen by :func:`add_oracle_args` flags, built by
     :func:`~shardcore.oracles.factory.open_oracle`: a :class:`~shardcore.oracles.measured.driver.PlanEvaluator` measuring
     on ``devices`` inside the measurement cache (use it as a context manager: workers start on entry
-    and stop on exit) or an emulated one (:class:`~shardcore.oracles.factory.EmulatedOracle`). ``ndevices``:
+    and stop on exit) or an emulated one (:class:`~shardcore.oracles.emulated.oracle.EmulatedOracle`). ``ndevices``:
     devices per plan (default: ``--ndevices`` when the parser has device flags, else
     ``len(devices)``)."""
     from shardcore.oracles.commmodel import CommModel

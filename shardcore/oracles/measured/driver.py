@@ -63,7 +63,7 @@ On the same raw samples (3 tasks x 4 baseline plans, 5 interleaved rounds, 4 log
 lower quartile plus reference scaling cut the plans' mean deviation from their median from 5.6 /
 3.7 / 5.2% (median, unscaled) to 3.0 / 2.2 / 3.5% in three runs; the issue's goal (1.5%) is not
 reached on this VM. The costs are "CPU ms at the nominal speed", and the CPU hardware fingerprint
-names this protocol (:data:`~shardcore.oracles.cache.CPU_PROTOCOL`), so older CPU measurements in a cache
+names this protocol (:data:`~shardcore.oracles.setting.CPU_PROTOCOL`), so older CPU measurements in a cache
 are not mixed with them. After all compute, the all-to-alls run **together** in every worker, each
 repetition started from a barrier so that the measured time is the exchange itself and not the wait
 for a late peer; the medians per device are reported. Every request that measures (one device's
