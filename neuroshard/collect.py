@@ -51,6 +51,7 @@ from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.oracles.cache import measurement_store, shard_key
 from shardcore.tables import NUM_BINS, TableConfig
+from shardcore.types import CommLayout
 from shardcore.data.taskgen import halving_dims, split_pools
 
 from . import config
@@ -456,7 +457,7 @@ def collect_comm(ev, out_dir: str | os.PathLike, data_size: int, t_range: Sequen
         while todo > 0:
             for _ in range(min(chunk, todo)):
                 t, dim_sums, delays = random_comm_sample(rng, n, t_range, dims, sleep_range)
-                costs, _ = ev.measure_comm(dim_sums, delays)
+                costs, _ = ev.measure_comm(CommLayout(list(dim_sums)), delays)
                 rows.append(comm_row(len(rows), t, dim_sums, delays, costs))
                 added += 1
                 todo -= 1

@@ -154,6 +154,28 @@ class CommSplits:
         return self.element_size * sum(s for j, s in enumerate(splits) if not (remote_only and j == self.device))
 
 
+@dataclass
+class CommLayout:
+    """What a plan's exchange moves, per device: the one argument of ``measure_comm``. ``dim_sums``
+    alone is the pooled all-to-all. A measured oracle adds the exact input ids (``ids_send[j][s]``:
+    int64 ids and lengths ``j`` sends ``s``), the data-parallel gradients (``allreduce``: elements per
+    device) and the row-wise partials to sum (``rw_sums``: per row-wise table its partials as (source
+    device, column offset, dim)); a model prices ``id_widths`` (expected ids per sample per device)
+    and ``allreduce_bytes`` (each device's ring all-reduce bytes) instead."""
+
+    dim_sums: list[int]
+    ids_send: list[list[int]] = field(default_factory=list)
+    allreduce: list[int] = field(default_factory=list)
+    rw_sums: list[list[tuple[int, int, int]]] = field(default_factory=list)
+    id_widths: list[float] | None = None
+    allreduce_bytes: list[float] | None = None
+
+    @property
+    def special(self) -> bool:
+        """Whether the measured exchange has more than the pooled all-to-all."""
+        return any(any(r) for r in self.ids_send) or any(self.allreduce) or bool(self.rw_sums)
+
+
 @dataclass(frozen=True)
 class CacheContext:
     """Everything besides the shard that a measurement depends on."""
@@ -273,7 +295,8 @@ class ShardCostOracle(CostOracle, Protocol):
     - ``evaluate(shards, compute=...)``: ``compute[d]`` is device ``d``'s compute cost known
       already (a cache hit), so only the others are measured; their ``compute_from_cache`` is set;
     - ``measure_shards(shards)``: compute costs of single shards (empty ones cost nothing);
-    - ``measure_comm(dim_sums)``: per device ``(fw_ms, bw_ms)`` of the exchange and its split sizes.
+    - ``measure_comm(layout, delays_ms)``: per device ``(fw_ms, bw_ms)`` of the exchange a
+      :class:`CommLayout` describes and its split sizes (``delays_ms[d]``: device ``d`` starts late).
     """
 
     ndevices: int
@@ -297,4 +320,5 @@ class ShardCostOracle(CostOracle, Protocol):
 
     def measure_shards(self, shards: Shards, no_cache: bool | None = None) -> list[ComputeCost]: ...
 
-    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None): ...
+    def measure_comm(self, layout: CommLayout, delays_ms: Sequence[float] | None = None
+                     ) -> tuple[list[tuple[float, float]], list[CommSplits]]: ...

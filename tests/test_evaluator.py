@@ -24,6 +24,7 @@ from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import batch_slices, comm_splits
 from shardcore.oracles.measured.driver import PlanEvaluator
 from shardcore.tables import TableConfig
+from shardcore.types import CommLayout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B = 1000  # not a multiple of 3: the batch split has a remainder
@@ -189,12 +190,12 @@ def test_cache_hit_returns_the_stored_numbers(ev, data):
 
 
 def test_comm_with_start_delays(ev):
-    costs, splits = ev.measure_comm([32, 16, 0], delays_ms=[60.0, 0.0, 0.0])
+    costs, splits = ev.measure_comm(CommLayout([32, 16, 0]), delays_ms=[60.0, 0.0, 0.0])
     fw = [c[0] for c in costs]
     assert fw[1] > 45 and fw[2] > 45       # they wait for the late device 0
     assert fw[0] < fw[1] and fw[0] < fw[2]
     assert splits[2].bytes_sent("fw") == 0
-    plain, _ = ev.measure_comm([32, 16, 0])
+    plain, _ = ev.measure_comm(CommLayout([32, 16, 0]))
     assert max(c[0] for c in plain) < 45
 
 

@@ -18,7 +18,7 @@ from shardcore.oracles.factory import open_oracle
 from shardcore.baselines import make_baseline
 from shardcore.tables import TableConfig
 from shardcore.tasks import Task
-from shardcore.types import COST_PARTS, CostOracle, PlanResult, ShardCostOracle, Topology
+from shardcore.types import COST_PARTS, CommLayout, CostOracle, PlanResult, ShardCostOracle, Topology
 
 from helpers import FnOracle, make_dataset
 
@@ -238,7 +238,8 @@ def test_cache_layer_is_transparent_otherwise(tiny, tmp_path):
     inner = CountingEmulated(path, 3)
     layer = CachedOracle(inner, tmp_path / "c.sqlite")
     assert layer.batch_size == inner.batch_size and layer.hardware == inner.hardware
-    assert layer.context == inner.context and layer.measure_comm([8, 8, 0])[0] == inner.measure_comm([8, 8, 0])[0]
+    pooled = CommLayout([8, 8, 0])
+    assert layer.context == inner.context and layer.measure_comm(pooled)[0] == inner.measure_comm(pooled)[0]
     layer.oracle.comm_model = inner.comm_model.__class__(bandwidth_gbps=1.0)   # set on the wrapped oracle
     assert layer.comm_model.bandwidth_gbps == 1.0 and "comm_model" not in vars(layer)   # the layer answers with it
     with pytest.raises(AttributeError):   # the layer forwards nothing it does not state: the contract is explicit
@@ -318,7 +319,7 @@ def test_emulated_ids_travel_for_every_model_parallel_table(tiny):
     from shardcore.oracles.commmodel import CommModel
     from shardcore.oracles.measured.worker import model_extra
     from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise
-    from shardcore.oracles.measured.shardings import CommLayout
+
 
     path, tables = tiny
     task = _hot_task(tables)

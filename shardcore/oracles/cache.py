@@ -55,7 +55,7 @@ from typing import Iterable, Sequence
 from shardcore.errors import ShardError
 from shardcore.plan import has_pieces
 from shardcore.tables import TableConfig
-from shardcore.types import CacheContext, ComputeCost, OracleInfo, PlanResult
+from shardcore.types import CacheContext, CommLayout, ComputeCost, OracleInfo, PlanResult
 
 DEFAULT_CACHE_PATH = "data/cost_cache.sqlite"
 SCHEMA_VERSION = 1
@@ -522,9 +522,9 @@ class CachedOracle:
     def check_shards(self, shards):
         return self.oracle.check_shards(shards)
 
-    def measure_comm(self, dim_sums, delays_ms=None, **kwargs):
+    def measure_comm(self, layout: CommLayout, delays_ms=None):
         """The wrapped oracle's exchange (never stored: a plan's is, with the plan)."""
-        return self.oracle.measure_comm(dim_sums, delays_ms, **kwargs)
+        return self.oracle.measure_comm(layout, delays_ms)
 
     def is_stored(self, tables) -> bool:
         """Whether :meth:`measure_shards` would answer this shard from the store (never under

@@ -13,10 +13,10 @@ from typing import Sequence
 
 from shardcore.dataset import configs_batch_size
 from shardcore.errors import ShardError
-from shardcore.oracles.commmodel import PIECES_NOTE, CommModel, allreduce_bytes, id_width, pooled_width
+from shardcore.oracles.commmodel import PIECES_NOTE, CommModel, allreduce_bytes, comm_splits, id_width, pooled_width
 from shardcore.oracles.setting import EXACT_SGD, normalize_optimizer, normalize_precision
 from shardcore.tables import TableConfig
-from shardcore.types import CacheContext, ComputeCost, DeviceCost, OracleInfo, PlanResult
+from shardcore.types import CacheContext, CommLayout, CommSplits, ComputeCost, DeviceCost, OracleInfo, PlanResult
 
 EMULATED_CARDS = ("h200",)
 CARD_NAMES = {"h200": "NVIDIA H200"}
@@ -171,14 +171,13 @@ class EmulatedOracle:
     def measure_shard(self, tables: Sequence[TableConfig], no_cache: bool | None = None) -> ComputeCost:
         return self.measure_shards([tables])[0]
 
-    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None, *,
-                     id_widths: Sequence[float] | None = None, allreduce: Sequence[float] | None = None):
-        """Per device ``(fw_ms, bw_ms)`` of the pooled all-to-all of ``dim_sums`` and the split sizes;
-        ``id_widths`` / ``allreduce`` (per device, :func:`~shardcore.oracles.commmodel.id_width` and
-        :func:`~shardcore.oracles.commmodel.allreduce_bytes` sums) add a plan's input-id all-to-all
-        (forward) and data-parallel all-reduce (backward)."""
-        from shardcore.oracles.commmodel import comm_splits
-
+    def measure_comm(self, layout: CommLayout, delays_ms: Sequence[float] | None = None
+                     ) -> tuple[list[tuple[float, float]], list[CommSplits]]:
+        """Per device ``(fw_ms, bw_ms)`` of the pooled all-to-all of ``layout.dim_sums`` and the split
+        sizes; the layout's ``id_widths`` / ``allreduce_bytes`` (per device,
+        :func:`~shardcore.oracles.commmodel.id_width` and :func:`~shardcore.oracles.commmodel.allreduce_bytes`
+        sums) add a plan's input-id all-to-all (forward) and data-parallel all-reduce (backward)."""
+        dim_sums, id_widths, allreduce = layout.dim_sums, layout.id_widths, layout.allreduce_bytes
         if len(dim_sums) != self.ndevices:
             raise ShardError(f"need {self.ndevices} dim sums, got {len(dim_sums)}")
         dims = [int(x) for x in dim_sums]
@@ -213,10 +212,10 @@ class EmulatedOracle:
         from_cache = [bool(s) and d in known for d, s in enumerate(shards)]
         costs_c = [known[d] if from_cache[d] else c for d, c in enumerate(costs_c)]
         n = self.ndevices
-        comm, splits = self.measure_comm([sum(pooled_width(t) for t in s) for s in shards],
-                                         id_widths=[sum(id_width(t) for t in s) for s in shards],
-                                         allreduce=[sum(allreduce_bytes(t, n, self.precision) for t in s)
-                                                    for s in shards])
+        comm, splits = self.measure_comm(CommLayout(
+            [sum(pooled_width(t) for t in s) for s in shards],
+            id_widths=[sum(id_width(t) for t in s) for s in shards],
+            allreduce_bytes=[sum(allreduce_bytes(t, n, self.precision) for t in s) for s in shards]))
         costs = [list(DeviceCost(fw_comp=c.fw_ms, fw_comm=f, bw_comm=b, bw_comp=c.bw_ms)) for c, (f, b) in zip(costs_c, comm)]
         return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
                           wall_s=time.perf_counter() - t0, parts=self.parts, hardware=self.hardware)

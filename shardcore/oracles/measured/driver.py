@@ -118,7 +118,7 @@ from shardcore.oracles.setting import dataset_digest, hardware_fingerprint
 from shardcore.oracles.cache import shard_key
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
-from shardcore.types import DeviceCost, OracleInfo, PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
+from shardcore.types import CommLayout, DeviceCost, OracleInfo, PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
 
 DEFAULT_START_TIMEOUT_S = 300.0
 DEFAULT_COMM_ITERS = None  # None: the same as bench_iters
@@ -740,18 +740,20 @@ class PlanEvaluator:
             return None
         return 100.0 * (max(self._scales) / min(self._scales) - 1.0)
 
-    def measure_comm(self, dim_sums: Sequence[int], delays_ms: Sequence[float] | None = None,
-                     layout=None) -> tuple[list[tuple[float, float]], list[CommSplits]]:
-        """Time the two all-to-alls when device ``d`` holds a total dim of ``dim_sums[d]``.
+    def measure_comm(self, layout: CommLayout, delays_ms: Sequence[float] | None = None
+                     ) -> tuple[list[tuple[float, float]], list[CommSplits]]:
+        """Time the exchange of ``layout``: the two all-to-alls when device ``d`` holds a total dim of
+        ``layout.dim_sums[d]``, plus what else the layout moves.
 
         ``delays_ms[d]`` (optional) makes device ``d`` start its forward exchange that much later
         (mimicking imbalanced compute); the others' forward times then include the wait.
         Returns per device ``(fw_ms, bw_ms)`` and the split sizes. With more plan devices than
         workers the times come from the communication model (``delays_ms`` is then refused: a
-        model has no waiting peers). ``layout`` (a :class:`~shardcore.oracles.measured.shardings.CommLayout`) adds a
-        plan's input-id distribution and data-parallel all-reduce (and the row-wise local sums), as
-        :meth:`evaluate` always does; without it, the pooled all-to-alls alone.
+        model has no waiting peers). A layout of a plan (:func:`~shardcore.oracles.measured.shardings.comm_layout`)
+        adds its input-id distribution and data-parallel all-reduce (and the row-wise local sums), as
+        :meth:`evaluate` always does; ``CommLayout(dim_sums)`` alone, the pooled all-to-alls.
         """
+        dim_sums = layout.dim_sums
         if len(dim_sums) != self.ndevices:
             raise ShardError(f"need {self.ndevices} dim sums, got {len(dim_sums)}")
         dims = [int(x) for x in dim_sums]
@@ -765,7 +767,7 @@ class PlanEvaluator:
             model = self.calibrate_comm()
             splits = [comm_splits(dims, self.batch_size, d) for d in range(self.ndevices)]
             times = model.predict(dims, self.batch_size)
-            if layout is not None and layout.special:
+            if layout.special:
                 times = model_extra(model, times, layout, self.precision)
             return times, splits
         delays = [float(x) for x in delays_ms] if delays_ms is not None else None
@@ -800,7 +802,9 @@ class PlanEvaluator:
         scale = 1.0 if scale is None else scale
         extra = None
         if layout is not None and layout.special:
-            extra = dict(layout.to_msg(), allreduce_dtype="float16" if self.precision == "fp16" else "float32")
+            extra = {"ids_send": layout.ids_send, "allreduce": layout.allreduce,
+                     "rw_sums": [[list(p) for p in grp] for grp in layout.rw_sums],
+                     "allreduce_dtype": "float16" if self.precision == "fp16" else "float32"}
         reps = self._request(list(range(self.nworkers)),
                              lambda r, req: ("comm", req, dims, self.batch_size, self.warmup_iters,
                                              self.comm_iters, delays, extra), "comm")
@@ -888,7 +892,7 @@ class PlanEvaluator:
             scale = self._scales[-1] if self.device_type == "cpu" else None
         dims = layout.dim_sums if layout is not None else [sum(t.dim for t in s) for s in shards]
         if self.oversubscribed:
-            comm, splits = self.measure_comm(dims, layout=layout)
+            comm, splits = self.measure_comm(layout if layout is not None else CommLayout([int(x) for x in dims]))
         else:
             comm, splits = self._measure_comm_workers([int(x) for x in dims], None, layout, scale)
         costs = [list(DeviceCost(fw_comp=costs_c[d].fw_ms, fw_comm=comm[d][0], bw_comm=comm[d][1],

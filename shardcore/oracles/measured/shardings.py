@@ -30,7 +30,6 @@ of :mod:`shardcore.oracles.commmodel`, with the ids counted from ``data.pt`` ins
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -39,6 +38,7 @@ from shardcore.oracles.commmodel import batch_slices
 from shardcore.errors import ShardError
 from shardcore.plan import DATA_PARALLEL, ROW_WISE, ShardPiece
 from shardcore.tables import TableConfig
+from shardcore.types import CommLayout
 
 
 def _raw(dataset, t: TableConfig, b: int, full_row: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,27 +105,6 @@ def slice_id_counts(dataset, t: TableConfig, b: int, ndevices: int) -> list[int]
         out.append(int(off[s + n] - off[s]))
         s += n
     return out
-
-
-@dataclass
-class CommLayout:
-    """What a plan's communication phase exchanges (all sizes in elements)."""
-
-    dim_sums: list[int]                            # per device: width of its pooled outputs (TW, CW, RW)
-    ids_send: list[list[int]] = field(default_factory=list)   # [j][s]: int64 ids (+ lengths) j sends s
-    # (every model-parallel piece's; j == s: the ids a device keeps, not sent)
-    allreduce: list[int] = field(default_factory=list)        # per device: DP gradient elements
-    rw_sums: list[list[tuple[int, int, int]]] = field(default_factory=list)
-    # one entry per row-wise table: its partials as (source device, column offset in that device's
-    # pooled output, dim), to be summed by every receiver
-
-    @property
-    def special(self) -> bool:
-        return any(any(r) for r in self.ids_send) or any(self.allreduce) or bool(self.rw_sums)
-
-    def to_msg(self) -> dict:
-        return {"ids_send": self.ids_send, "allreduce": self.allreduce,
-                "rw_sums": [[list(p) for p in grp] for grp in self.rw_sums]}
 
 
 def comm_layout(dataset, shards: Sequence[Sequence[TableConfig]], batch_size: int) -> CommLayout:
