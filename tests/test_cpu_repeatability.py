@@ -81,7 +81,7 @@ def test_costs_are_scaled_to_the_stored_nominal_speed(tmp_path):
     # a later session takes the stored nominal instead of calibrating its own
     with CachedOracle(PlanEvaluator(tmp_path / "ds", 2, bench_iters=3, warmup_iters=1), store) as ev2:
         ev2.evaluate(shards, no_cache=True)
-        assert ev2.reference_nominal_ms == pytest.approx(nominal)
+        assert ev2.oracle.reference_nominal_ms == pytest.approx(nominal)
 
 
 @pytest.mark.timeout(300)
