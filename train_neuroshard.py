@@ -25,7 +25,8 @@ from shardcore.cli import serve_if_torchrun_rank, seed_int
 from shardcore.cli import add_device_args, device_ids, float_list, num_devices
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data
 from neuroshard.config import SearchConfig
-from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model
+from neuroshard.checkpoints import save_bundle, save_model
+from neuroshard.fitting import fit_comm_model, fit_compute_model
 from shardcore.cli import add_memory_args, add_oracle_args, open_evaluator, original_range, positive_int, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError

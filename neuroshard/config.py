@@ -54,7 +54,7 @@ class ModelConfig(Config):
     # ^ representation summed over a shard (compute) / pooled over devices (comm)
     head_hidden: int = param(128, "head MLP width (default {default})", type=positive_int)
     pooling: str = "additive"  # compute model: "additive" (sum of per-table costs x a learned shard-level
-                               # correction), "lse" or "sum" (see neuroshard.models.ComputeCostNet)
+                               # correction), "lse" or "sum" (see neuroshard.networks.ComputeCostNet)
     epochs: int = param(300, "training epochs (default {default})", type=positive_int)
     batch_size: int = param(64, "samples per gradient step (default {default})", flags=("--train-batch-size",),
                             dest="train_batch_size", type=positive_int)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from neuroshard.models import (CommCostModel, ComputeCostModel, fit_comm_model, fit_compute_model, load_model,
-                               mape, save_bundle, save_model)
+from neuroshard.checkpoints import CommCostModel, ComputeCostModel, load_model, save_bundle, save_model
+from neuroshard.fitting import fit_comm_model, fit_compute_model, mape
 from shardcore.errors import ShardError
 
 from test_neuroshard_helpers import comm_data, compute_data, small_cfg
@@ -41,7 +41,7 @@ def test_compute_model_learns_lookups_times_dim(compute_model):
 def test_compute_model_numpy_path_matches_torch(compute_model):
     model, _ = compute_model
     shards, _ = compute_data(20, seed=3)
-    from neuroshard.models import _pad_shards
+    from neuroshard.fitting import _pad_shards
     x, m = _pad_shards([model.scaler.transform(s) for s in shards])
     with torch.no_grad():
         ref = model.net(x, m).double().numpy() * np.asarray(model.target_scale)
