@@ -135,6 +135,17 @@ def test_the_collection_flags_of_the_three_scripts_come_from_one_config(module, 
         assert args.data_size == cfg.data_size == {"compute": 2000, "comm": 500}[script]
 
 
+def test_one_num_actors_default():
+    """AutoShard's actor count has one default, the config's (one per core, 2..8), which the script keeps."""
+    from autoshard.config import default_num_actors
+
+    assert AutoShardConfig().num_actors == default_num_actors()
+    args = train_autoshard.build_parser().parse_args([])
+    assert args.num_actors is None and config_from_args(AutoShardConfig, args).num_actors == default_num_actors()
+    assert config_from_args(AutoShardConfig, train_autoshard.build_parser().parse_args(["--num-actors", "1"])
+                            ).num_actors == 1
+
+
 def test_old_flag_spellings_and_destinations_still_work():
     a = train_autoshard.build_parser().parse_args(
         ["--disable-cost-model", "--cost-learning-rate", "0.01", "--num-cost-updates", "3", "--seed", "4"])
