@@ -15,7 +15,7 @@ DEMO_MEASURED := random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt setup.py
+$(STAMP): requirements.txt setup.py shardkit_scripts.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt pytest

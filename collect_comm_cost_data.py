@@ -15,46 +15,23 @@ an existing file is appended to until it holds --data_size samples.
 import argparse
 import os
 
-
 from neuroshard import config
-from shardcore.argtypes import float_list, seed_int
-from shardcore.cli.common import serve_if_torchrun_rank
-from shardcore.cli.common import add_device_args, device_ids, num_devices
-from neuroshard.collect import collect_comm
-from shardcore.cli.common import add_oracle_args, original_range, open_evaluator, run_main
-from shardcore.argtypes import positive_int
-from shardcore.dataset import DEFAULT_DATA_DIR
-from shardcore.errors import ShardError
+from neuroshard.cli import add_collection_args
+from neuroshard.collect import check_comm_args, collect_comm
 from shardcore.cli.common import ArgumentParser as OneLineParser
-from neuroshard.collect import check_comm_args
+from shardcore.cli.common import add_device_args, add_oracle_args, device_ids, num_devices, open_evaluator, run_main
+from shardcore.cli.common import serve_if_torchrun_rank
+from shardcore.errors import ShardError
 from shardcore.io import check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=config.COMM_SAMPLES,
-                   help="samples the output should hold; collection stops there (default %(default)s)")
     add_device_args(p, default_ndevices=4)
-    p.add_argument("--T_range", "--T-range", dest="T_range", type=original_range, default=list(config.T_RANGE),
-                   metavar="MIN,MAX", help="tables per sample: MIN..MAX-1, MAX exclusive as in the original; N gives exactly N (default %s)" % config.T_RANGE_TEXT)
-    p.add_argument("--sleep_range", "--sleep-range", dest="sleep_range", type=float_list,
-                   default=list(config.SLEEP_RANGE_MS), metavar="MIN,MAX",
-                   help="start delay of each device's forward all-to-all, ms (default %g,%g)" % config.SLEEP_RANGE_MS)
-    p.add_argument("--max_dim", "--max-dim", dest="max_dim", type=positive_int, default=config.MAX_DIM,
-                   help="largest table dim (default %(default)s)")
-    p.add_argument("--dataset_dir", "--dataset-dir", "--data-dir", "--data_dir", dest="dataset_dir",
-                   default=DEFAULT_DATA_DIR, help="processed dataset directory the workers load (default %(default)s)")
+    add_collection_args(p, "comm")
     p.add_argument("--out_dir", "--out-dir", dest="out_dir", default=None,
                    help="output directory (default data/cost_data/comm_<number of devices>)")
-    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
-    p.add_argument("--from-cache", action="store_true",
-                   help="also import the all-to-alls of every plan in the measurement cache (same setting "
-                        "and device count; measured without delays)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--weights-precision", choices=["fp16", "fp32"], default="fp32",
-                   help="weights precision of the recorded setting (default fp32, as the other cost-data scripts, "
-                        "train_neuroshard.py and eval_simulator.py count; the exchange itself carries fp32 pooled "
-                        "outputs either way)")
     add_oracle_args(p)
     return p
 

@@ -14,44 +14,23 @@ samples (resumable; Ctrl-C loses at most one chunk).
 
 import argparse
 
-
 from neuroshard import config
-from shardcore.cli.common import serve_if_torchrun_rank
-from shardcore.argtypes import fraction, seed_int
-from shardcore.cli.common import add_device_args, device_ids
-from neuroshard.collect import collect_compute
-from shardcore.cli.common import add_memory_args, add_oracle_args, open_evaluator, run_main
-from shardcore.argtypes import positive_int
-from shardcore.dataset import DEFAULT_DATA_DIR
+from neuroshard.cli import add_collection_args
+from neuroshard.collect import check_compute_args, collect_compute
 from shardcore.cli.common import ArgumentParser as OneLineParser
-from neuroshard.collect import check_compute_args
+from shardcore.cli.common import add_device_args, add_memory_args, add_oracle_args, device_ids, open_evaluator, run_main
+from shardcore.cli.common import serve_if_torchrun_rank
 from shardcore.io import check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data_size", "--data-size", dest="data_size", type=positive_int, default=config.COMPUTE_SAMPLES,
-                   help="samples the output should hold; collection stops there (default %(default)s)")
     add_device_args(p, default_ndevices=1)
-    p.add_argument("--max_tables", "--max-tables", dest="max_tables", type=positive_int, default=config.MAX_TABLES,
-                   help="most tables in a shard (default %(default)s)")
-    add_memory_args(p, default_max_memory=config.MAX_MEM_GB, default_precision="fp32")
-    p.add_argument("--max_dim", "--max-dim", dest="max_dim", type=positive_int, default=config.MAX_DIM,
-                   help="largest table dim; dims are max_dim, max_dim/2, .., 4 (default %(default)s)")
-    p.add_argument("--dataset_dir", "--dataset-dir", "--data-dir", "--data_dir", dest="dataset_dir",
-                   default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")
+    add_memory_args(p, default_max_memory=config.COLLECTION.max_mem_gb,
+                    default_precision=config.COLLECTION.weights_precision)
+    add_collection_args(p, "compute")
     p.add_argument("--out_dir", "--out-dir", dest="out_dir", default=config.COMPUTE_DATA_DIR,
                    help="output directory (default %(default)s)")
-    p.add_argument("--pool", choices=["train", "test", "all"], default="train",
-                   help="tables to draw from: the training pool of tools/gen_tasks.py's split (default), "
-                        "its test pool, or all tables")
-    p.add_argument("--train-fraction", type=fraction, default=config.TRAIN_FRACTION,
-                   help="train pool share, as given to tools/gen_tasks.py (default %(default)s)")
-    p.add_argument("--pool-seed", type=seed_int, default=config.POOL_SEED,
-                   help="seed of the train/test split, as tools/gen_tasks.py's --seed (default %(default)s)")
-    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random shards (default 0)")
-    p.add_argument("--from-cache", action="store_true",
-                   help="also import every shard of the measurement cache (same setting, pool tables only)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_oracle_args(p)
     return p

@@ -15,7 +15,7 @@ import os
 
 from tqdm import tqdm
 
-from autoshard.config import AutoShardConfig, default_num_actors
+from autoshard.config import AutoShardConfig
 from autoshard.curve import plot_curve
 from autoshard.sharder import AutoShardModel
 from autoshard.trainer import AutoShardTrainer
@@ -111,8 +111,7 @@ def main(argv=None):
         print(f"resuming {ckpt} at step {model.steps} (its hyper-parameters are kept)")
     elif os.path.exists(ckpt):
         raise ShardError(f"{ckpt} exists: pass --resume, or choose another --xpid")
-    cfg = model.cfg if model is not None else config_from_args(
-        AutoShardConfig, args, num_actors=args.num_actors or default_num_actors())
+    cfg = model.cfg if model is not None else config_from_args(AutoShardConfig, args)
     num_actors = args.num_actors or cfg.num_actors
     print(f"AutoShard: {len(tasks)} training tasks, {ndevices} devices"
           f"{'' if ndevices == len(devices) else f' (measured on {len(devices)})'}, cap {args.max_memory:g} GB, "

@@ -18,7 +18,8 @@ from tqdm import tqdm
 from neuroshard import config
 from neuroshard.cli import check_cost_model_outputs, cost_model_config, cost_model_parser, first_samples
 from neuroshard.collect import load_compute_data
-from neuroshard.models import fit_compute_model, save_model
+from neuroshard.checkpoints import save_model
+from neuroshard.fitting import fit_compute_model
 from shardcore.cli.common import run_main
 
 

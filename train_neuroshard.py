@@ -16,60 +16,34 @@ import argparse
 import os
 import time
 
-
 from tqdm import tqdm
 
 from neuroshard import config
-from neuroshard.cli import add_training_args, training_config
-from shardcore.cli.common import serve_if_torchrun_rank
-from shardcore.argtypes import seed_int
-from shardcore.cli.common import add_device_args, device_ids, num_devices
-from shardcore.argtypes import float_list
-from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data
+from neuroshard.checkpoints import save_bundle, save_model
+from neuroshard.cli import add_collection_args, add_training_args, training_config
+from neuroshard.collect import (check_comm_args, check_compute_args, collect_comm, collect_compute, load_comm_data,
+                                load_compute_data)
 from neuroshard.config import SearchConfig
-from neuroshard.models import fit_comm_model, fit_compute_model, save_bundle, save_model
-from shardcore.cli.common import add_memory_args, add_oracle_args, open_evaluator, original_range, run_main
-from shardcore.argtypes import positive_int
-from shardcore.dataset import DEFAULT_DATA_DIR
-from shardcore.errors import ShardError
+from neuroshard.fitting import fit_comm_model, fit_compute_model
 from shardcore.cli.common import ArgumentParser as OneLineParser
-from shardcore.argtypes import nonnegative_int
-from neuroshard.collect import check_comm_args, check_compute_args
+from shardcore.cli.common import add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices, open_evaluator
+from shardcore.cli.common import run_main, serve_if_torchrun_rank
+from shardcore.errors import ShardError
 from shardcore.io import check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_args(p, default_ndevices=4)
-    p.add_argument("--dataset-dir", "--dataset_dir", "--data-dir", "--data_dir", dest="dataset_dir",
-                   default=DEFAULT_DATA_DIR, help="processed dataset directory (default %(default)s)")
     p.add_argument("--compute-data-dir", default=config.COMPUTE_DATA_DIR,
                    help="compute cost data directory (default %(default)s)")
     p.add_argument("--comm-data-dir", default=None,
                    help="communication cost data directory (default data/cost_data/comm_<number of devices>)")
     p.add_argument("--out-dir", "--out_dir", dest="out_dir", default=config.MODEL_DIR,
                    help="where the models go (default %(default)s)")
-    c = p.add_argument_group("collection")
-    c.add_argument("--compute-samples", type=nonnegative_int, default=config.COMPUTE_SAMPLES,
-                   help="compute samples to hold (default %(default)s)")
-    c.add_argument("--comm-samples", type=nonnegative_int, default=config.COMM_SAMPLES,
-                   help="communication samples to hold (default %(default)s)")
-    c.add_argument("--max-tables", "--max_tables", dest="max_tables", type=positive_int, default=config.MAX_TABLES,
-                   help="most tables in a random shard (default %(default)s)")
-    add_memory_args(p, default_max_memory=config.MAX_MEM_GB, default_precision="fp32")
-    c.add_argument("--max-dim", "--max_dim", dest="max_dim", type=positive_int, default=config.MAX_DIM,
-                   help="largest table dim (default %(default)s)")
-    c.add_argument("--T-range", "--T_range", dest="T_range", type=original_range, default=list(config.T_RANGE),
-                   metavar="MIN,MAX", help="tables per communication sample: MIN..MAX-1, MAX exclusive as in the original; N gives exactly N (default %s)" % config.T_RANGE_TEXT)
-    c.add_argument("--sleep-range", "--sleep_range", dest="sleep_range", type=float_list,
-                   default=list(config.SLEEP_RANGE_MS), metavar="MIN,MAX",
-                   help="start delays of the forward all-to-all, ms (default %g,%g)" % config.SLEEP_RANGE_MS)
-    c.add_argument("--pool", choices=["train", "test", "all"], default="train",
-                   help="tables of the random shards: tools/gen_tasks.py's training pool (default), test pool, or all")
-    c.add_argument("--skip-collection", action="store_true", help="train on the data already collected")
-    c.add_argument("--from-cache", action="store_true",
-                   help="also import the measurement cache's shards and plans as samples")
-    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
+    add_memory_args(p, default_max_memory=config.COLLECTION.max_mem_gb,
+                    default_precision=config.COLLECTION.weights_precision)
+    add_collection_args(p, "train", group=p.add_argument_group("collection"))
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_training_args(p, config.compute_model_config(), what="compute model")
     add_training_args(p, config.comm_model_config(), prefix="comm-", what="communication models")

@@ -37,8 +37,8 @@ class AutoShardConfig(Config):
     # actor-learner (IMPALA)
     total_steps: int = param(30_000, "environment steps to train for, one step = one table placed (default {default})",
                              type=positive_int)
-    num_actors: int = param(2, "actor processes (default: one per CPU core, at least 2; here "
-                               f"{default_num_actors()})", type=positive_int, cli_default=None)
+    num_actors: int = param(help="actor processes (default: one per CPU core, at least 2, at most 8; here "
+                                 "{default})", default_factory=default_num_actors, type=positive_int, cli_default=None)
     batch_size: int = param(4, "unrolls per learner update (default {default})", type=positive_int)
     unroll_length: int = param(25, "steps per unroll (default {default})", type=positive_int)
     replay_ratio: int = param(16, "extra learner updates on replayed recent unrolls per fresh batch "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -11,6 +12,9 @@ from dataclasses import dataclass, field, replace
 from shardcore import registry
 from shardcore.registry import CORE_PLUGINS
 from shardcore.baselines import BASELINES
+from shardcore.argtypes import name_list, nonnegative_int, positive_float, positive_int, seed_int
+from shardcore.config import Config, add_config_args, param
+from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD
 
@@ -96,6 +100,14 @@ def parse_task_sets(text: str, flag: str = "--task-sets") -> tuple[TaskSetDef, .
     return tuple(out)
 
 
+def task_sets_arg(text: str) -> tuple[TaskSetDef, ...]:
+    """argparse type of the task-set flags."""
+    try:
+        return parse_task_sets(text)
+    except ShardError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class Scale:
     """A preset size of the experiments; each method's training flags per scale are in its registry entry."""
@@ -141,21 +153,39 @@ SCALES: dict[str, Scale] = {
 # Configuration
 # ------------------------------------------------------------------------------------------------
 
+LEARNED = "learned methods"   # the argument group of the training flags
+
+
 @dataclass
-class ExperimentConfig:
-    data_dir: str = "data/dlrm_datasets"
-    out_dir: str = "results"
-    models_dir: str | None = None            # default models/experiments/<scale>
-    scale: str = "full"
-    task_sets: tuple[TaskSetDef, ...] | None = None    # default: the scale's
-    train_sets: tuple[TaskSetDef, ...] | None = None
-    num_train: int | None = None
-    num_test: int | None = None
-    algs: tuple[str, ...] | None = None      # default all_algs()
-    max_memory: float = 5.0
-    precision: str = "fp16"
-    seed: int = 0                            # random baseline and training seeds
-    task_seed: int = 0                       # task generation (the train/test table split)
+class ExperimentConfig(Config):
+    """What tools/run_experiments.py is asked to do, stated once: the ``param`` fields are its flags
+    (:func:`add_experiment_args`); the memory cap, precision and oracle fields come from the core's
+    memory and oracle flags, ``model_paths`` and ``train_args`` from the per-method flags."""
+
+    scale: str = param("full", "preset task sets, task counts and training lengths (default {default}; small for a "
+                       "CPU run under an hour; tiny for a smoke test)", choices=tuple(sorted(SCALES)))
+    data_dir: str = param(DEFAULT_DATA_DIR, "processed dataset directory (default {default})",
+                          flags=("--data-dir", "--data_dir"))
+    out_dir: str = param("results", "where the outputs go (default {default})")
+    models_dir: str | None = param(None, "where learned models are trained to / looked for: <dir>/<method>_<N>dev/ "
+                                   "(default models/experiments/<scale>)", type=str)
+    algs: tuple[str, ...] | None = param(None, "comma-separated algorithms (default all: {all_algs}); also naive",
+                                         type=name_list)   # None: all_algs()
+    task_sets: tuple[TaskSetDef, ...] | None = param(
+        None, "task sets to evaluate as tables-per-task:devices, e.g. 20:4,50:4,40:8 (default: the scale's)",
+        type=task_sets_arg, metavar="T:D,...")
+    train_sets: tuple[TaskSetDef, ...] | None = param(
+        None, "sets whose train split trains the learned methods, at most one per device count (default: the "
+              "scale's, e.g. 50:4)", type=task_sets_arg, metavar="T:D,...")
+    num_train: int | None = param(None, "training tasks per set (default: the scale's; 50 full, 20 small)",
+                                  type=nonnegative_int, metavar="N")
+    num_test: int | None = param(None, "test tasks per set, all measured (default: the scale's; 50 full, 5 small)",
+                                 type=positive_int, metavar="N")
+    max_memory: float = 5.0                  # --max-memory (shardcore.cli.common.add_memory_args, default from here)
+    precision: str = "fp16"                  # --weights-precision (likewise)
+    seed: int = param(0, "seed of the random baseline and of training (default {default})", type=seed_int)
+    task_seed: int = param(0, "seed of task generation and of the train/test table split (default {default}; "
+                              "NeuroShard's cost data use the split of seed 0)", type=seed_int)
     batch_size: int | None = None
     bench_iters: int | None = None
     warmup_iters: int | None = None
@@ -164,17 +194,26 @@ class ExperimentConfig:
     no_cache: bool = False
     timeout: float = DEFAULT_TIMEOUT_S
     oracle: str = "measured"                 # or "emulated:h200" (shardcore.oracles.factory)
-    emulator_fit: str = "heldout"            # which fit of an emulated card judges (shardcore.oracles.factory.EMULATOR_FITS)
-    repeats: int | None = None               # rounds per plan; None: 3 on a measured oracle (noisy), 1 emulated
+    emulator_fit: str = "heldout"            # which fit of an emulated card judges (shardcore.oracles.emulated.oracle.EMULATOR_FITS)
+    repeats: int | None = param(None, "measure every plan in N interleaved rounds and keep the medians (default "
+                                f"{MEASURED_REPEATS} on the measured oracle, whose rounds differ by a few percent; 1 "
+                                "on an emulated one)", type=positive_int, metavar="N")
     comm_bandwidth: float | None = None      # modelled all-to-all (None: the model's default)
     comm_latency: float | None = None
-    skip_train: bool = False
-    retrain: bool = False
+    skip_train: bool = param(False, "never train: use given or existing checkpoints, skip methods without one",
+                             action="store_true", group=LEARNED)
+    retrain: bool = param(False, "train again even where --models-dir holds a finished checkpoint",
+                          action="store_true", group=LEARNED)
     model_paths: dict = field(default_factory=dict)   # method -> checkpoint given by the user
     train_args: dict = field(default_factory=dict)    # method -> extra flags (a string) for its script
-    train_timeout_s: float | None = -1.0     # -1: the scale's
-    breakdown_set: TaskSetDef | None = None  # default: the last task set
-    quiet: bool = False
+    train_timeout_s: float | None = param(-1.0, "stop a training run after S seconds (DreamShard then uses its "
+                                          "newest checkpoint; default: the scale's, 720 s at small, none at full)",
+                                          flags=("--train-timeout",), dest="train_timeout", type=positive_float,
+                                          metavar="S", group=LEARNED)   # -1: the scale's
+    # the breakdown figure's task set (None: the last task set); the flag gives a one-set tuple
+    breakdown_set: TaskSetDef | None = param(None, "task set of breakdown.png (default: the last task set)",
+                                             type=task_sets_arg, metavar="T:D")
+    quiet: bool = param(False, "do not echo the training scripts' output (it is logged)", action="store_true")
     command: list = field(default_factory=lambda: list(sys.argv))
 
     def resolved(self) -> "ExperimentConfig":
@@ -227,3 +266,12 @@ class ExperimentConfig:
         if c.repeats < 1:
             raise ShardError(f"--repeats must be at least 1, got {c.repeats}")
         return c
+
+
+def add_experiment_args(p: argparse.ArgumentParser, learned: argparse._ArgumentGroup) -> None:
+    """tools/run_experiments.py's flags, generated from :class:`ExperimentConfig` (the training flags
+    into ``learned``); ``--algs``' help names every algorithm of the results table."""
+    add_config_args(p, ExperimentConfig(), groups={LEARNED: learned})
+    for action in p._actions:
+        if action.help and "{all_algs}" in action.help:
+            action.help = action.help.replace("{all_algs}", ",".join(all_algs()))

@@ -4,6 +4,7 @@ e.g. ``--gpu_devices``, and the dashed ones, e.g. ``--gpu-devices``, are accepte
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Sequence
 
 from shardcore.cli.common import make_parser
@@ -28,6 +29,20 @@ def add_model_paths(p: argparse.ArgumentParser) -> None:
 def model_kwargs(args: argparse.Namespace) -> dict:
     return {"compute_model": args.compute_model, "fw_comm_model": args.fw_comm_model,
             "bw_comm_model": args.bw_comm_model}
+
+
+def add_collection_args(p: argparse.ArgumentParser, script: str, group=None) -> None:
+    """The collection flags of ``script`` (``"compute"``: collect_compute_cost_data.py, ``"comm"``:
+    collect_comm_cost_data.py, ``"train"``: train_neuroshard.py), generated from
+    :class:`~neuroshard.config.CollectionConfig`: its fields of the groups :data:`config.COLLECTION_GROUPS`
+    gives the script (into ``group`` when given) and the ungrouped ones (into ``p``). A collect script's
+    ``--data_size`` defaults to its kind's samples."""
+    take = config.COLLECTION_GROUPS[script]
+    skip = tuple(sorted({g for groups in config.COLLECTION_GROUPS.values() for g in groups} - set(take)))
+    defaults = config.COLLECTION
+    if "data-size" in take:
+        defaults = dataclasses.replace(defaults, data_size=getattr(defaults, f"{script}_samples"))
+    add_config_args(p, defaults, groups={g: group for g in take} if group is not None else None, skip_groups=skip)
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:

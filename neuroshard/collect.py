@@ -64,8 +64,9 @@ SETTING_KEYS = ("hardware", "dataset", "batch_size", "optimizer", "precision")
 # ----------------------------------------------------------------------------------------------
 # Sampling
 # ----------------------------------------------------------------------------------------------
-def table_pool(num_tables: int, pool: str = "train", train_fraction: float = config.TRAIN_FRACTION,
-               seed: int = config.POOL_SEED) -> list[int]:
+def table_pool(num_tables: int, pool: str = config.COLLECTION.pool,
+               train_fraction: float = config.COLLECTION.train_fraction,
+               seed: int = config.COLLECTION.pool_seed) -> list[int]:
     """Dataset table ids to draw from: ``train`` / ``test`` (gen_tasks.py's split) or ``all``."""
     if pool == "all":
         return list(range(num_tables))
@@ -361,10 +362,11 @@ def check_comm_args(t_range: Sequence[int], sleep_range: Sequence[float], max_di
     return halving_dims(max_dim, config.MIN_DIM)
 
 
-def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: int = config.MAX_TABLES,
-                    max_mem_gb: float = config.MAX_MEM_GB, max_dim: int = config.MAX_DIM, pool: str = "train",
-                    pool_seed: int = config.POOL_SEED, train_fraction: float = config.TRAIN_FRACTION,
-                    seed: int = 0, chunk: int = config.COLLECT_CHUNK, from_cache: bool = False,
+def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: int = config.COLLECTION.max_tables,
+                    max_mem_gb: float = config.COLLECTION.max_mem_gb, max_dim: int = config.COLLECTION.max_dim,
+                    pool: str = config.COLLECTION.pool, pool_seed: int = config.COLLECTION.pool_seed,
+                    train_fraction: float = config.COLLECTION.train_fraction, seed: int = config.COLLECTION.seed,
+                    chunk: int = config.COLLECTION.chunk, from_cache: bool = config.COLLECTION.from_cache,
                     progress: bool = True) -> CollectStats:
     """Measure random shards until ``out_dir/compute_costs.csv`` holds ``data_size`` of them."""
     from tqdm import tqdm
@@ -417,9 +419,11 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
     return CollectStats(csv_path, len(rows), added, hits, time.perf_counter() - t0)
 
 
-def collect_comm(ev, out_dir: str | os.PathLike, data_size: int, t_range: Sequence[int] = config.T_RANGE,
-                 sleep_range: Sequence[float] = config.SLEEP_RANGE_MS, max_dim: int = config.MAX_DIM,
-                 seed: int = 0, chunk: int = config.COLLECT_CHUNK, from_cache: bool = False,
+def collect_comm(ev, out_dir: str | os.PathLike, data_size: int,
+                 t_range: Sequence[int] = tuple(config.COLLECTION.T_range),
+                 sleep_range: Sequence[float] = tuple(config.COLLECTION.sleep_range),
+                 max_dim: int = config.COLLECTION.max_dim, seed: int = config.COLLECTION.seed,
+                 chunk: int = config.COLLECTION.chunk, from_cache: bool = config.COLLECTION.from_cache,
                  progress: bool = True) -> CollectStats:
     """Time random all-to-alls until ``out_dir/comm_costs.csv`` holds ``data_size`` samples."""
     from tqdm import tqdm

@@ -28,7 +28,7 @@ from shardcore.tables import TableConfig
 
 from . import config
 from .config import SearchConfig
-from .models import read_checkpoint
+from .checkpoints import read_checkpoint
 from .search import SearchResult, search
 from .simulator import Simulator
 

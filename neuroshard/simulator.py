@@ -34,7 +34,7 @@ from shardcore.tables import TableConfig
 from shardcore.types import PlanResult
 
 from . import config
-from .models import CommCostModel, ComputeCostModel, load_model
+from .checkpoints import CommCostModel, ComputeCostModel, load_model
 
 
 @dataclass

@@ -141,7 +141,46 @@ LOG_FEATURES = ("row", "size")   # the features a scaler puts on a log10(1 + x) 
 
 
 @dataclass
-class FeatureScaler:
+class Standardiser:
+    """Per-feature standardisation ``(x - mean) / std``, fitted once on a model's training data and
+    saved with the model: the one scaler of the cost models (tables' features: :class:`FeatureScaler`;
+    other feature vectors, e.g. a device's exchange features, this class itself)."""
+
+    mean: list[float]
+    std: list[float]
+
+    def __post_init__(self):
+        from shardcore.errors import ShardError
+
+        self.mean = [float(v) for v in self.mean]
+        self.std = [float(v) for v in self.std]
+        if len(self.mean) != len(self.std):
+            raise ShardError(f"feature scaler: {len(self.mean)} means but {len(self.std)} standard deviations")
+        if not all(math.isfinite(v) for v in self.mean) or not all(math.isfinite(v) and v > 0 for v in self.std):
+            raise ShardError("feature scaler: means must be finite and standard deviations finite and positive "
+                             f"(got mean {self.mean}, std {self.std})")
+        self._mean = np.asarray(self.mean, dtype=np.float64)
+        self._std = np.asarray(self.std, dtype=np.float64)
+
+    @staticmethod
+    def statistics(x: np.ndarray, min_std: float = 1e-12) -> tuple[np.ndarray, np.ndarray]:
+        """Column means and standard deviations of ``x [N, F]``; a deviation below ``min_std`` (a
+        constant feature) becomes 1."""
+        std = x.std(axis=0)
+        std[std < min_std] = 1.0
+        return x.mean(axis=0), std
+
+    @classmethod
+    def fit_array(cls, x: np.ndarray, min_std: float = 1e-12) -> "Standardiser":
+        return cls(*cls.statistics(np.asarray(x, dtype=np.float64), min_std))
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """``(x - mean) / std`` over the last axis (float64)."""
+        return (x - self._mean) / self._std
+
+
+@dataclass
+class FeatureScaler(Standardiser):
     """Standardisation of the scale-dependent features (dim, row, pooling_factor, size).
 
     Statistics are fitted once on a model's training tables and saved with the model
@@ -152,21 +191,11 @@ class FeatureScaler:
     accuracy, on log inputs).
     """
 
-    mean: list[float]
-    std: list[float]
     log_features: tuple[str, ...] = LOG_FEATURES
 
     def __post_init__(self):
-        from shardcore.errors import ShardError
-
-        self.mean = [float(v) for v in self.mean]
-        self.std = [float(v) for v in self.std]
+        super().__post_init__()
         self.log_features = tuple(self.log_features)
-        if len(self.mean) != len(self.std):
-            raise ShardError(f"feature scaler: {len(self.mean)} means but {len(self.std)} standard deviations")
-        if not all(math.isfinite(v) for v in self.mean) or not all(math.isfinite(v) and v > 0 for v in self.std):
-            raise ShardError("feature scaler: means must be finite and standard deviations finite and positive "
-                             f"(got mean {self.mean}, std {self.std})")
 
     @staticmethod
     def _log(raw: np.ndarray, log_features: Sequence[str]) -> np.ndarray:
@@ -182,15 +211,14 @@ class FeatureScaler:
         if not tables:
             raise ShardError("cannot fit feature statistics on zero tables")
         x = cls._log(raw_features(tables), log_features)[:, [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]]
-        std = x.std(axis=0)
-        std[std < 1e-12] = 1.0
-        return cls(mean=list(x.mean(axis=0)), std=list(std), log_features=tuple(log_features))
+        mean, std = cls.statistics(x, 1e-12)
+        return cls(mean=list(mean), std=list(std), log_features=tuple(log_features))
 
     def transform(self, tables: Sequence[TableConfig], dtype=np.float32) -> np.ndarray:
         """Standardised features, shape ``[len(tables), 21]`` (float32 unless ``dtype`` says otherwise)."""
         x = self._log(raw_features(tables), self.log_features)
         idx = [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]
-        x[:, idx] = (x[:, idx] - np.asarray(self.mean)) / np.asarray(self.std)
+        x[:, idx] = self.apply(x[:, idx])
         return x.astype(dtype, copy=False)
 
     def to_state(self) -> dict:

@@ -43,9 +43,6 @@ from .search import ALL_TYPES, SearchStats, State, local_search
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CPU_MODEL = ROOT / "models" / "shardkit" / "cpu_cost_model.json"
-DEFAULT_STARTS = ("model_greedy", "size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy")
-DEFAULT_TIME_BUDGET_S = 1.0
-DEFAULT_CALIBRATE_S = 300.0   # measuring for a cost model of this machine, once (then the cache answers)
 MEASURED_REFINE = 4         # plan measurements per task where the oracle measures hardware (refine.py)
 HELDOUT_SUBSET = "drop:0/5"    # shardkit's held-out emulator: one fifth of the judge's shards left out
 
@@ -83,14 +80,15 @@ class ShardkitConfig(Config):
     ``--shardkit-<field>`` flags from these fields (through :func:`shardcore.cli.algorithms.add_plugin_args`;
     ``refine`` only where plans are measured)."""
 
-    time: float = param(DEFAULT_TIME_BUDGET_S, "shardkit's planning time budget per task in seconds (default "
+    time: float = param(1.0, "shardkit's planning time budget per task in seconds (default "
                         "{default}): its starts, their evaluation, the search and the choice, once the task's model "
                         "is fitted; the first start that places the task is always made (at 100k tables about 4 s); "
                         "measured refinement's rounds each search this long again", type=positive_float,
                         metavar="S", cli_default=None)
     model: str | None = param(None, "shardkit's cost model file (default: models/shardkit/cpu_cost_model.json for the "
                               "measured oracle, the emulator's own for emulated:h200)", type=str, metavar="JSON")
-    starts: tuple = param(DEFAULT_STARTS, "comma-separated plans shardkit starts from: model_greedy, the greedy "
+    starts: tuple = param(("model_greedy", "size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy"),
+                          "comma-separated plans shardkit starts from: model_greedy, the greedy "
                           "baselines, torchrec, neuroshard or other --alg names / checkpoints (default "
                           "model_greedy and the four greedy baselines)", type=name_list, metavar="ALGS",
                           cli_default=None)
@@ -110,29 +108,46 @@ class ShardkitConfig(Config):
                                "must not query); 0 keeps the cost model's choice. Recorded per task: "
                                "shardkit_measurements, shardkit_measured_ms, shardkit_model_choice_ms",
                                type=nonnegative_int, metavar="K", group="measuring")
-    calibrate: float = param(DEFAULT_CALIBRATE_S, "on the measured oracle without a fitted cost model "
+    # ^ measuring for a cost model of this machine happens once (then the cache answers)
+    calibrate: float = param(300.0, "on the measured oracle without a fitted cost model "
                              "(models/shardkit/cpu_cost_model.json, --shardkit-model) and too few measurements in the "
                              "cache to fit one: seconds shardkit may spend measuring plans and shards of the tables "
                              "outside the evaluated tasks to fit it (through the cache, so once per machine and "
                              "dataset; default {default}; 0: never measure, stop with the command that does)",
                              type=nonnegative_float, metavar="S", cli_default=None, group="measuring")
 
+    def refine_k(self, landscape: str) -> int:
+        """Plan measurements per task on ``landscape``: ``refine``, or where it is None
+        :data:`MEASURED_REFINE` on the measured oracle and 0 on an emulated one."""
+        if self.refine is None:
+            return MEASURED_REFINE if landscape == MEASURED else 0
+        return int(self.refine)
+
 
 CONFIG = ShardkitConfig()      # the defaults; the --alg plugin's flags (shardcore.cli.algorithms.add_plugin_args)
+KWARG_PREFIX = "shardkit_"     # load_sharder's keyword argument for a field: shardkit_<field> (plugin_kwargs' form)
+
+
+def config_from_kwargs(kwargs: dict) -> tuple[ShardkitConfig, dict]:
+    """:data:`CONFIG` with the ``shardkit_<field>`` keyword arguments of ``kwargs`` that are given (not
+    None), and the other keyword arguments."""
+    names = {KWARG_PREFIX + f.name: f.name for f in dataclasses.fields(ShardkitConfig)}
+    given = {names[k]: v for k, v in kwargs.items() if k in names and v is not None}
+    return dataclasses.replace(CONFIG, **given), {k: v for k, v in kwargs.items() if k not in names}
 
 
 @dataclass
 class ShardkitSharder(Sharder):
     model: CostModel | None = None
     model_factory: Any = None                 # () -> CostModel, called on first use
-    time_budget_s: float = DEFAULT_TIME_BUDGET_S
-    starts: tuple = DEFAULT_STARTS
-    refine_k: int = 0
+    time_budget_s: float = CONFIG.time
+    starts: tuple = CONFIG.starts
+    refine_k: int = 0                         # no oracle of its own: load_sharder gives CONFIG.refine_k(landscape)
     types: tuple = ALL_TYPES                  # sharding types the search may create
     start_kwargs: dict = field(default_factory=dict)
     oracle: Any = None
     emulator_fit: str = "heldout"             # on an emulated landscape: plan each task with a held-out fit
-    robust: bool = True                       # minimise the expected slowest device under the model's error
+    robust: bool = CONFIG.robust              # minimise the expected slowest device under the model's error
     last_info: dict = field(default_factory=dict)
     _start_sharders: dict = field(default_factory=dict, repr=False)
 
@@ -331,7 +346,7 @@ def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> Cost
 
 
 def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwidth, comm_latency,
-                   cache_path=None, exclude_task_files=None, calibrate_s: float = DEFAULT_CALIBRATE_S):
+                   cache_path=None, exclude_task_files=None, calibrate_s: float = CONFIG.calibrate):
     def calibrates(oracle) -> bool:
         """Whether ``make(oracle)`` measures (calibration) rather than loads or fits a model."""
         return (not model_path and not landscape.startswith("emulated") and not DEFAULT_CPU_MODEL.is_file()
@@ -364,35 +379,36 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
     return make
 
 
-def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, data_dir=None, batch_size=None,
-                 comm_bandwidth=None, comm_latency=None, shardkit_time=None, shardkit_refine=None,
-                 shardkit_starts=None, shardkit_types=None, cache_path=None, exclude_task_files=None,
-                 emulator_fit: str | None = None, shardkit_robust: bool | None = None, seed: int = 0,
-                 shardkit_calibrate: float | None = None, **kwargs) -> ShardkitSharder:
-    """``--alg shardkit``. ``oracle``: the landscape planned for (``measured``: the fitted model of this
-    machine, ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one, else fitted
-    on the spot from ``cache_path``'s measurements without the tables of ``exclude_task_files``;
-    ``emulated:h200``: the emulator). ``shardkit_types``: the sharding types the search may create
-    (default: all four on the emulated landscape; table- and column-wise on the measured one, whose
-    fitted exchange model has not been calibrated on row-wise / data-parallel collectives). Other
-    keyword arguments go to the start algorithms."""
+def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_size=None, comm_bandwidth=None,
+                 comm_latency=None, cache_path=None, exclude_task_files=None, emulator_fit: str | None = None,
+                 seed: int = 0, **kwargs) -> ShardkitSharder:
+    """``--alg shardkit``. ``shardkit_<field>``: a :class:`ShardkitConfig` field (the ``--shardkit-<field>``
+    flags, :func:`shardcore.cli.algorithms.plugin_kwargs`); one not given or None keeps :data:`CONFIG`'s.
+    ``oracle``: the landscape planned for (``measured``: the fitted model of this machine,
+    ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one, else fitted on the spot
+    from ``cache_path``'s measurements without the tables of ``exclude_task_files``; ``emulated:h200``:
+    the emulator). ``shardkit_types``: the sharding types the search may create (default: all four on the
+    emulated landscape; table- and column-wise on the measured one, whose fitted exchange model has not
+    been calibrated on row-wise / data-parallel collectives). Other keyword arguments go to the start
+    algorithms."""
     if path is not None:
         raise ShardError("--alg shardkit takes no checkpoint (its cost model: --shardkit-model FILE.json)")
     landscape = (oracle or MEASURED).lower()
     if landscape not in (MEASURED, EMULATED):
         raise ShardError(f"shardkit: unknown landscape {oracle!r} (measured or {EMULATED})")
-    budget = CONFIG.time if shardkit_time is None else float(shardkit_time)
+    cfg, kwargs = config_from_kwargs(kwargs)
+    budget = float(cfg.time)
     if not budget > 0:
-        raise ShardError(f"--shardkit-time must be positive seconds, got {shardkit_time}")
-    refine_k = (MEASURED_REFINE if landscape == MEASURED else 0) if shardkit_refine is None else int(shardkit_refine)
+        raise ShardError(f"--shardkit-time must be positive seconds, got {cfg.time}")
+    refine_k = cfg.refine_k(landscape)
     if refine_k < 0:
-        raise ShardError(f"--shardkit-refine must be 0 or more, got {shardkit_refine}")
-    starts = tuple(shardkit_starts) if shardkit_starts else CONFIG.starts
+        raise ShardError(f"--shardkit-refine must be 0 or more, got {cfg.refine}")
+    starts = tuple(cfg.starts) or CONFIG.starts   # none named: the default starts
     if "shardkit" in starts:
         raise ShardError("--shardkit-starts cannot name shardkit itself")
-    if shardkit_types:
+    if cfg.types:
         abbrev = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "dp": "data_parallel"}
-        types = tuple(abbrev.get(str(t).lower(), str(t).lower()) for t in shardkit_types)
+        types = tuple(abbrev.get(str(t).lower(), str(t).lower()) for t in cfg.types)
         bad = [t for t in types if t not in ALL_TYPES]
         if bad:
             raise ShardError(f"--shardkit-types: unknown type {bad[0]!r} (tw, cw, rw, dp or their full names)")
@@ -400,14 +416,13 @@ def load_sharder(path=None, *, shardkit_model=None, oracle: str | None = None, d
         types = ALL_TYPES if landscape.startswith("emulated") else ("table_wise", "column_wise")
     start_kwargs = {k: v for k, v in kwargs.items() if v is not None}
     start_kwargs.update(seed=seed, batch_size=batch_size)
-    calibrate_s = CONFIG.calibrate if shardkit_calibrate is None else float(shardkit_calibrate)
-    factory = _model_factory(landscape, data_dir, batch_size, shardkit_model, comm_bandwidth, comm_latency,
-                             cache_path, exclude_task_files, calibrate_s)
+    factory = _model_factory(landscape, data_dir, batch_size, cfg.model, comm_bandwidth, comm_latency,
+                             cache_path, exclude_task_files, float(cfg.calibrate))
     fit = emulator_fit or "heldout"
     if fit not in ("heldout", "full"):
         raise ShardError(f"shardkit: emulator fit must be heldout or full, got {emulator_fit!r}")
     sharder = ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
                               refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit,
-                              robust=CONFIG.robust if shardkit_robust is None else bool(shardkit_robust))
+                              robust=bool(cfg.robust))
     sharder.resolve_starts()
     return sharder

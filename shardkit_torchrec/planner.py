@@ -63,7 +63,7 @@ from shardcore.plan import ROW_WISE, Plan, ShardPiece, Sharding
 from shardcore.interop.plan_export import sharding_plan_from_json, torchrec_plan_json
 from shardcore.tables import GB
 from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
-from shardkit_planner.sharder import DEFAULT_STARTS, DEFAULT_TIME_BUDGET_S, ShardkitSharder
+from shardkit_planner.sharder import CONFIG as SHARDKIT_CONFIG, ShardkitSharder
 from shardkit_planner.search import ALL_TYPES
 
 from .stats import TableStats, collections, precision_of, table_stats
@@ -150,7 +150,7 @@ class ShardkitPlanner(ShardingPlanner):
     def __init__(self, topology: Topology, batch_size: int | None = None,
                  constraints: Optional[Dict[str, ParameterConstraints]] = None, samples: Sequence[Any] | None = None,
                  oracle: str | os.PathLike | CostModel | None = None, comm: CommModel | None = None,
-                 time_budget_s: float = DEFAULT_TIME_BUDGET_S, starts: Sequence[str] = DEFAULT_STARTS,
+                 time_budget_s: float = SHARDKIT_CONFIG.time, starts: Sequence[str] = SHARDKIT_CONFIG.starts,
                  types: Sequence[str] = ALL_TYPES, reserve: float = DEFAULT_RESERVE,
                  device_type: str | None = None) -> None:
         if topology.local_world_size != topology.world_size:

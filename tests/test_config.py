@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+import collect_comm_cost_data
+import collect_compute_cost_data
 import train_autoshard
 import train_comm_cost_model
 import train_dreamshard
@@ -18,12 +20,13 @@ import train_neuroshard
 from autoshard.config import AutoShardConfig
 from dreamshard.config import DreamShardConfig
 from neuroshard.cli import add_search_args, search_kwargs
-from neuroshard.config import ModelConfig, SearchConfig, comm_model_config, compute_model_config
+from neuroshard.config import (COLLECTION, COLLECTION_GROUPS, CollectionConfig, ModelConfig, SearchConfig,
+                               comm_model_config, compute_model_config)
 from shardcore.argtypes import positive_int
 from shardcore.config import Config, add_config_args, config_from_args, flag_fields, param
 from shardcore.errors import ShardError
 from shardcore.layers import mlp
-from shardcore.tables import SCALED_FEATURES, FeatureScaler, TableConfig
+from shardcore.tables import SCALED_FEATURES, FeatureScaler, Standardiser, TableConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,6 +108,44 @@ def test_every_config_flag_reaches_the_script_with_the_config_default(module, de
     assert config_from_args(type(defaults), args, base=defaults, prefix=prefix) == defaults
 
 
+@pytest.mark.parametrize("module,script", [(collect_compute_cost_data, "compute"), (collect_comm_cost_data, "comm"),
+                                           (train_neuroshard, "train")])
+def test_the_collection_flags_of_the_three_scripts_come_from_one_config(module, script):
+    """NeuroShard's collection flags are CollectionConfig's: a field is a flag of exactly the scripts
+    its group names (ungrouped: all three), with the config's default (a collect script's --data_size:
+    its kind's samples) and a help text; the precision every script records is the config's."""
+    p = module.build_parser()
+    by_flag = {s: a for a in p._actions for s in a.option_strings}
+    for f in flag_fields(CollectionConfig):
+        meta = f.metadata["cli"]
+        flag = (meta["flags"] or ("--" + f.name.replace("_", "-"),))[0]
+        if meta["group"] and meta["group"] not in COLLECTION_GROUPS[script]:
+            if f.name != "weights_precision":      # where --max-memory is, --weights-precision comes with it
+                assert flag not in by_flag, (script, flag)
+            continue
+        action = by_flag[flag]
+        expected = getattr(COLLECTION, f"{script}_samples") if f.name == "data_size" else getattr(COLLECTION, f.name)
+        assert action.default == expected and action.dest == (meta["dest"] or f.name), (script, f.name)
+        assert action.help and "{default}" not in action.help, f.name
+    assert by_flag["--weights-precision"].default == COLLECTION.weights_precision
+    args = p.parse_args([])
+    cfg = config_from_args(CollectionConfig, args)
+    assert cfg.T_range == [10, 59] and cfg.sleep_range == [0.0, 300.0] and cfg.max_dim == COLLECTION.max_dim
+    if script != "train":
+        assert args.data_size == cfg.data_size == {"compute": 2000, "comm": 500}[script]
+
+
+def test_one_num_actors_default():
+    """AutoShard's actor count has one default, the config's (one per core, 2..8), which the script keeps."""
+    from autoshard.config import default_num_actors
+
+    assert AutoShardConfig().num_actors == default_num_actors()
+    args = train_autoshard.build_parser().parse_args([])
+    assert args.num_actors is None and config_from_args(AutoShardConfig, args).num_actors == default_num_actors()
+    assert config_from_args(AutoShardConfig, train_autoshard.build_parser().parse_args(["--num-actors", "1"])
+                            ).num_actors == 1
+
+
 def test_old_flag_spellings_and_destinations_still_work():
     a = train_autoshard.build_parser().parse_args(
         ["--disable-cost-model", "--cost-learning-rate", "0.01", "--num-cost-updates", "3", "--seed", "4"])
@@ -129,6 +170,12 @@ def _tables(n=30, seed=0):
 
 
 def test_one_scaler_two_log_scales_and_their_checkpoint_forms():
+    assert issubclass(FeatureScaler, Standardiser)               # tables' features and others: one scaler
+    x = np.array([[1.0, 5.0, 3.0], [3.0, 5.0, 7.0]])
+    s = Standardiser.fit_array(x)
+    np.testing.assert_array_equal(s.apply(x), [[-1.0, 0.0, -1.0], [1.0, 0.0, 1.0]])   # a constant feature: std 1
+    with pytest.raises(ShardError, match="standard deviations finite and positive"):
+        Standardiser([0.0], [0.0])
     train, other = _tables(), _tables(seed=1)
     default = FeatureScaler.fit(train)
     state = default.to_state()

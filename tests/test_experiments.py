@@ -269,6 +269,31 @@ def test_config_errors():
         config.ExperimentConfig(repeats=0).resolved()
 
 
+def test_run_experiments_flags_come_from_the_config():
+    """tools/run_experiments.py's flags are ExperimentConfig's param fields, each with the config's default
+    and a help text; parsed and turned back into the config they reproduce it."""
+    from shardcore.config import config_from_args, flag_fields
+
+    tool = load_tool("run_experiments")
+    p = tool.build_parser()
+    by_flag = {s: a for a in p._actions for s in a.option_strings}
+    defaults = config.ExperimentConfig()
+    for f in flag_fields(config.ExperimentConfig):
+        meta = f.metadata["cli"]
+        action = by_flag[(meta["flags"] or ("--" + f.name.replace("_", "-"),))[0]]
+        assert action.default == getattr(defaults, f.name) and action.help, f.name
+        assert "{" not in action.help, f.name
+    assert ",".join(config.all_algs()) in by_flag["--algs"].help
+    assert by_flag["--max-memory"].default == defaults.max_memory
+    assert by_flag["--weights-precision"].default == defaults.precision
+    got = config_from_args(config.ExperimentConfig, p.parse_args([]), command=defaults.command)
+    assert got == dataclasses.replace(defaults)
+    args = p.parse_args(["--scale", "tiny", "--task-sets", "6:2", "--train-timeout", "30", "--skip-train"])
+    cfg = config_from_args(config.ExperimentConfig, args)
+    assert (cfg.scale, cfg.task_sets, cfg.train_timeout_s, cfg.skip_train) == \
+        ("tiny", (config.TaskSetDef(6, 2),), 30.0, True)
+
+
 def test_torchrec_column_is_configured_for_the_judged_hardware():
     """TorchRec's planner gets the judged hardware like the declared planners, and its record keeps the
     configuration it ran with (through the guard)."""

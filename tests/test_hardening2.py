@@ -261,7 +261,7 @@ def test_nan_network_is_never_saved(tmp_path):
 
 def test_cost_model_never_kept_after_divergence():
     from neuroshard.config import compute_model_config
-    from neuroshard.models import _train_loop
+    from neuroshard.fitting import _train_loop
 
     net = torch.nn.Linear(2, 1)
     x = torch.ones(4, 2)

@@ -170,7 +170,7 @@ def test_dreamshard_resume_refuses_other_settings(base, tmp_path, capsys, no_wor
 # -- class 3: a trained cost model is kept only if it beats its untrained self -----------------------------
 def test_cost_model_kept_only_if_it_beats_untrained():
     from neuroshard.config import compute_model_config
-    from neuroshard.models import _train_loop
+    from neuroshard.fitting import _train_loop
 
     net = torch.nn.Linear(2, 1)
     scores = iter([10.0] + [20.0] * 5)     # untrained 10% validation MAPE, every epoch worse
@@ -186,7 +186,7 @@ def test_a_handful_of_validation_samples_is_not_judged():
     """On fewer validation samples than MIN_JUDGED_VALIDATION the untrained and the trained scores are
     within each other's noise: the best epoch is kept, not refused."""
     from neuroshard.config import compute_model_config
-    from neuroshard.models import MIN_JUDGED_VALIDATION, _train_loop
+    from neuroshard.fitting import MIN_JUDGED_VALIDATION, _train_loop
 
     net = torch.nn.Linear(2, 1)
     x = torch.ones(4, 2)
@@ -208,10 +208,10 @@ def test_untrained_as_good_leaves_the_files(rel, tmp_path, capsys, monkeypatch):
     """Training that changes nothing (the optimiser's steps are no-ops) never replaces a model file."""
     from test_hardening2 import compute_csv, good_rows
 
-    import neuroshard.models
+    import neuroshard.fitting
 
     monkeypatch.setattr(torch.optim.Adam, "step", lambda self, closure=None: None)
-    monkeypatch.setattr(neuroshard.models, "MIN_JUDGED_VALIDATION", 1)   # the tiny data's few validation rows
+    monkeypatch.setattr(neuroshard.fitting, "MIN_JUDGED_VALIDATION", 1)   # the tiny data's few validation rows
     old_a, old_b = tmp_path / "a.pt", tmp_path / "b.pt"
     for p in (old_a, old_b):
         torch.save({"old": 1}, p)

@@ -13,7 +13,7 @@ from shardcore.plan import Plan
 from shardcore.tables import TableConfig
 
 from neuroshard.config import ModelConfig
-from neuroshard.models import fit_comm_model, fit_compute_model
+from neuroshard.fitting import fit_comm_model, fit_compute_model
 from neuroshard.simulator import Simulator
 
 DIMS = (4, 8, 16, 32, 64)

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from neuroshard.models import (CommCostModel, ComputeCostModel, fit_comm_model, fit_compute_model, load_model,
-                               mape, save_bundle, save_model)
+from neuroshard.checkpoints import CommCostModel, ComputeCostModel, load_model, save_bundle, save_model
+from neuroshard.fitting import fit_comm_model, fit_compute_model, mape
 from shardcore.errors import ShardError
+from shardcore.tables import Standardiser
 
 from test_neuroshard_helpers import comm_data, compute_data, small_cfg
 
@@ -41,7 +42,7 @@ def test_compute_model_learns_lookups_times_dim(compute_model):
 def test_compute_model_numpy_path_matches_torch(compute_model):
     model, _ = compute_model
     shards, _ = compute_data(20, seed=3)
-    from neuroshard.models import _pad_shards
+    from neuroshard.fitting import _pad_shards
     x, m = _pad_shards([model.scaler.transform(s) for s in shards])
     with torch.no_grad():
         ref = model.net(x, m).double().numpy() * np.asarray(model.target_scale)
@@ -80,7 +81,14 @@ def test_checkpoints_roundtrip_with_weights_only(tmp_path, compute_model, comm_m
     assert np.allclose(again.predict_shards(shards), model.predict_shards(shards))
     fw, bw = comm_models["fw_comm"][0], comm_models["bw_comm"][0]
     save_model(fw, tmp_path / "fw.pt")
-    assert isinstance(load_model(tmp_path / "fw.pt", "fw_comm"), CommCostModel)
+    loaded = load_model(tmp_path / "fw.pt", "fw_comm")
+    assert isinstance(loaded, CommCostModel) and type(loaded.scaler) is Standardiser   # the one scaler
+    assert loaded.scaler == fw.scaler
+    bad = torch.load(tmp_path / "fw.pt", weights_only=True)
+    bad["feature_std"] = [0.0] * len(bad["feature_std"])
+    torch.save(bad, tmp_path / "bad_fw.pt")
+    with pytest.raises(ShardError, match="fw_comm model's feature scaler: .*standard deviations finite and positive"):
+        load_model(tmp_path / "bad_fw.pt", "fw_comm")
     with pytest.raises(ShardError, match="expected 'bw_comm'"):
         load_model(tmp_path / "fw.pt", "bw_comm")
     save_bundle(tmp_path / "all.pt", model, fw, bw, {"k": 2})

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from neuroshard.config import SearchConfig
-from neuroshard.models import save_bundle, save_model
+from neuroshard.checkpoints import save_bundle, save_model
 from neuroshard.search import TaskSearch, search
 from neuroshard.sharder import NeuroShardSharder, load_sharder
 from shardcore.cli import algorithms

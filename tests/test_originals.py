@@ -24,7 +24,7 @@ import train_dreamshard  # noqa: E402
 import train_neuroshard  # noqa: E402
 from neuroshard.cli import apply_original_training_args  # noqa: E402
 from neuroshard.collect import load_comm_data, load_compute_data  # noqa: E402
-from neuroshard.models import load_model  # noqa: E402
+from neuroshard.checkpoints import load_model  # noqa: E402
 from shardcore.cli import algorithms  # noqa: E402
 from shardcore.data import dlrm  # noqa: E402
 from shardcore.oracles.measured.benchmark import shard_lookups  # noqa: E402

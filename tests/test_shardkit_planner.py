@@ -448,6 +448,28 @@ def test_flags_come_from_the_config_once():
     assert CONFIG.time == load_sharder(oracle="emulated:h200").time_budget_s
 
 
+def test_the_sharder_and_load_sharder_take_their_defaults_from_the_config():
+    """ShardkitConfig states each default once: the sharder's fields and load_sharder's shardkit_<field>
+    keyword arguments (not restated in its signature) read CONFIG; a None argument keeps CONFIG's value."""
+    import inspect
+
+    from shardkit_planner.sharder import CONFIG, ShardkitConfig, ShardkitSharder, config_from_kwargs
+    from shardcore.config import flag_fields
+
+    assert not [n for n in inspect.signature(load_sharder).parameters if n.startswith("shardkit_")]
+    bare = ShardkitSharder(name="shardkit")
+    assert (bare.time_budget_s, bare.starts, bare.robust) == (CONFIG.time, CONFIG.starts, CONFIG.robust)
+    nones = {f"shardkit_{f.name}": None for f in flag_fields(ShardkitConfig)}
+    cfg, rest = config_from_kwargs({**nones, "max_memory": 3})
+    assert cfg == CONFIG and rest == {"max_memory": 3}
+    sk = load_sharder(oracle="emulated:h200", **nones)
+    assert (sk.time_budget_s, sk.starts, sk.robust, sk.refine_k) == (CONFIG.time, CONFIG.starts, CONFIG.robust, 0)
+    sk = load_sharder(oracle="emulated:h200", shardkit_time=0.25, shardkit_starts=["dim_greedy"],
+                      shardkit_robust=False, shardkit_types=["tw"])
+    assert (sk.time_budget_s, sk.starts, sk.robust, sk.types) == (0.25, ("dim_greedy",), False, ("table_wise",))
+    assert "shardkit_time" not in sk.start_kwargs
+
+
 def test_refinement_is_on_by_default_only_where_the_oracle_is_hardware():
     """The measured oracle's default is MEASURED_REFINE plan measurements per task (a fitted CPU model
     is off by as much as good plans differ); an emulated oracle is the judge and is never queried unless
