@@ -207,7 +207,7 @@ def main(argv=None):
         refined = [r.extra["shardkit_measurements"] for r in results if "shardkit_measurements" in r.extra]
         if any(refined):
             print(f"shardkit's measured refinement: {sum(refined)} plan measurements over {len(refined)} tasks "
-                  f"(up to {getattr(args, 'shardkit_refine', None)} per task)")
+                  f"(up to {max(r.extra.get('shardkit_refine_k', 0) for r in results)} per task)")
     if args.export_torchrec:
         from shardcore.interop.plan_export import PlanRecord, export_plans
 

@@ -295,6 +295,7 @@ class ShardkitSharder(Sharder):
                 "shardkit_start_ms": round(states[0][0][0], 4), "shardkit_searched": searched,
                 "shardkit_moves": dict(stats.accepted), "shardkit_rounds": stats.rounds,
                 "shardkit_stopped": stats.stopped, "shardkit_measurements": 0,
+                "shardkit_refine_k": self.refine_k if self.measures_candidates else 0,
                 "shardkit_model": model.source}
         if model.error is not None and len(model.error):   # the objective it minimised: the expected slowest
             info["shardkit_expected_ms"] = round(best_score[0], 4)

@@ -256,6 +256,8 @@ def test_resolved_by_name_and_used_by_eval_and_plan(data, tmp_path, capsys):
     sk_recs = [r for r in recs if r["alg"] == "shardkit"]
     assert len(sk_recs) == 2 and all(r["feasible"] and r["cost_ms"] > 0 for r in sk_recs)
     assert all(1 <= r["shardkit_measurements"] <= 2 for r in sk_recs)
+    assert all(r["shardkit_refine_k"] == 2 for r in sk_recs)
+    assert "(up to 2 per task)" in capsys.readouterr().out      # the K in force, given or defaulted
     # the cost model against those records: the emulator judges, so the model is exact (factor 1)
     from tools import shardkit_cost_accuracy
 
