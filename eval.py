@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "lookup_greedy, size_lookup_greedy, torchrec (TorchRec's planner choosing among table-, "
                         "column-, row-wise and data-parallel sharding), torchrec-tw (the same, table-wise "
                         "only), neuroshard, autoshard, shardkit (shardkit's own planner: every sharding type, a cost "
-                        "model of the oracle, local search; flags below), or a model checkpoint path (default random)")
+                        "model of the oracle, local search; flags below), shardkit-tw (its search, table-wise only: the "
+                        "table-wise optimum the learned methods are measured against), or a model checkpoint path (default random)")
     add_task_args(p, "data/dlrm_tasks_50/test.txt")
     add_device_args(p)
     add_memory_args(p)

@@ -235,7 +235,7 @@ def summary(tables, names, plan, devices, max_memory_gb, precision):
 
 
 # planners whose plan depends on the batch (TorchRec's planners and shardkit price lookups per batch)
-BATCH_PLANNERS = ("torchrec", "torchrec-tw", "torchrec-emu", "shardkit")
+BATCH_PLANNERS = ("torchrec", "torchrec-tw", "torchrec-emu", "shardkit", "shardkit-tw")
 # planners that may split a table larger than the per-device cap by rows
 ROW_SPLITTERS = ("torchrec", "torchrec-emu", "shardkit")
 DEFAULT_PLAN_BATCH = 4096   # without an oracle, as before: the batch a batch-dependent planner assumes
@@ -253,7 +253,7 @@ def build_parser():
                         "size_lookup_greedy, torchrec (TorchRec's planner, every sharding type: table-, column-, "
                         "row-wise, data-parallel), torchrec-tw (table-wise only), torchrec-emu (TorchRec's planner "
                         "priced by the emulated H200), shardkit (shardkit's own planner: every sharding type, cost "
-                        "model and local search), a learned method's name or a trained checkpoint (default "
+                        "model and local search), shardkit-tw (its search, table-wise only), a learned method's name or a trained checkpoint (default "
                         "lookup_greedy)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
@@ -368,7 +368,7 @@ def plan_kwargs(args, alg, batch, data_dir, landscape):
     """What ``algorithms.resolve`` gets for one planner (as eval.py passes them)."""
     kwargs = {"batch_size": batch, "data_dir": data_dir, "comm_bandwidth": args.comm_bandwidth,
               "comm_latency": args.comm_latency, "cache_path": args.cache_path, "emulator_fit": args.emulator_fit}
-    if alg == "shardkit":
+    if alg in ("shardkit", "shardkit-tw"):
         kwargs.update(oracle=landscape, **algorithms.plugin_kwargs(args))
     return kwargs
 

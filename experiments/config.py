@@ -22,7 +22,7 @@ PAPER_BASELINES = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size
 PLUGINS = ("torchrec",)    # the core's optional planner in the results table: TorchRec's, every sharding type
 LABELS = {"random": "Random", "naive": "Naive", "size_greedy": "Size-based", "dim_greedy": "Dim-based",
           "lookup_greedy": "Lookup-based", "size_lookup_greedy": "Size-lookup-based", "torchrec": "TorchRec",
-          "torchrec-tw": "TorchRec (TW)"}
+          "torchrec-tw": "TorchRec (TW)", "shardkit-tw": "shardkit (TW)"}
 
 
 # declared planners that are comparisons for eval.py, not columns of the results table: TorchRec's

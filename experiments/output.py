@@ -23,7 +23,10 @@ from shardcore.evaluation.compare import TaskResult
 from shardcore.io import atomic_open, write_json, write_text
 from shardcore.evaluation.report import SetSummary
 
-from .config import ExperimentConfig, TaskSetDef, label, order_algs
+from .config import ExperimentConfig, TaskSetDef, label, learned_methods, order_algs
+
+GREEDY_REF = "lookup_greedy"      # the greedy a learned method's margin is stated against (issue #24)
+TW_OPTIMUM = "shardkit-tw"       # the table-wise optimum found by search: the learned methods' reference
 
 CSV_FIELDS = ["task_set", "set_tables", "ndevices", "max_memory_gb", "task", "alg", "label", "status",
               "feasible", "cost_ms", "imbalance", "planning_ms", "from_cache", "checkpoint",
@@ -138,10 +141,13 @@ def _paired(outcomes: Sequence[SetOutcome], algs: list[str]) -> list[str]:
 
 def results_sections(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], learned: dict,
                      notes: Sequence[str], info: dict, finished: bool) -> dict[str, list[str]]:
-    """``results.md`` by section; the terminal prints the first three."""
+    """``results.md`` by section; the terminal prints the first three and the learned methods' gaps."""
     algs = order_algs({r.alg for o in outcomes for r in o.results})
     out = {"header": _header(cfg, outcomes, info, finished), "cost": _plan_cost(cfg, outcomes, algs),
            "paired": _paired(outcomes, algs)}
+    gaps = _gaps(outcomes)
+    if gaps:
+        out["gaps"] = gaps
     if learned:
         lines = ["## Learned methods", ""]
         lrows = []
@@ -172,6 +178,38 @@ def results_sections(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], lear
     return out
 
 
+def gap_rows(outcomes: Sequence[SetOutcome]) -> list[dict]:
+    """Per task set and learned method (and the table-wise search itself): its mean cost, its margin below
+    :data:`GREEDY_REF` and its gap above :data:`TW_OPTIMUM`, in % of their means over the compared tasks
+    (None where that reference was not run)."""
+    rows = []
+    for o in outcomes:
+        means = {a: s.mean_ms for a, s in o.summary.algs.items() if s.mean_ms}
+        greedy, tw = means.get(GREEDY_REF), means.get(TW_OPTIMUM)
+        for a in [m for m in learned_methods() if m in means] + ([TW_OPTIMUM] if tw else []):
+            m = means[a]
+            rows.append({"task_set": o.ts.name, "alg": a, "mean_ms": round(m, 4),
+                         "below_greedy_pct": None if greedy is None else round(100 * (greedy - m) / greedy, 2),
+                         "above_tw_optimum_pct": None if tw is None else round(100 * (m - tw) / tw, 2)})
+    return rows
+
+
+def _gaps(outcomes: Sequence[SetOutcome]) -> list[str]:
+    rows = gap_rows(outcomes)
+    if not rows:
+        return []
+    pct = lambda x: "-" if x is None else f"{x:+.1f}%"  # noqa: E731
+    table = [[r["task_set"], label(r["alg"]), f"{r['mean_ms']:.2f}", pct(r["below_greedy_pct"]),
+              pct(r["above_tw_optimum_pct"])] for r in rows]
+    return ["## Learned methods against greedy and the table-wise optimum", "",
+            report.format_table(["Task", "method", "mean ms", f"below {label(GREEDY_REF)}",
+                                 f"above the TW optimum ({label(TW_OPTIMUM)})"], table), "",
+            f"Every learned method here places tables whole (table-wise; NeuroShard may also split by columns), "
+            f"so its reference is the best table-wise plan a search finds: `--alg {TW_OPTIMUM}` (shardkit's "
+            f"search, table-wise only, planning with its own model, never with the judge). Margins are of the "
+            f"means over the compared tasks; positive \"below\" = cheaper than {label(GREEDY_REF)}.", ""]
+
+
 def set_table(summary: SetSummary) -> str:
     """Every statistic of one set, one row per algorithm."""
     rows = []
@@ -186,7 +224,7 @@ def set_table(summary: SetSummary) -> str:
 
 
 def terminal_text(sections: dict[str, list[str]]) -> str:
-    return "\n".join(sections["header"] + sections["cost"] + sections["paired"]).rstrip()
+    return "\n".join(sections["header"] + sections["cost"] + sections["paired"] + sections.get("gaps", [])).rstrip()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -245,6 +283,7 @@ def write_outputs(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], learned
     info["timings_s"] = dict(info.get("timings_s", {}), outputs=round(time.perf_counter() - t0, 2))
     info["finished"] = finished
     info["task_sets"] = sets
+    info["learned_gaps"] = gap_rows(outcomes)
     info["notes"] = list(notes)
     info["learned"] = {m: [asdict(x) for x in d.values()] for m, d in learned.items()}
     info["files"] = written + ["summary.json"]

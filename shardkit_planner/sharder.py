@@ -427,3 +427,13 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
                               robust=bool(cfg.robust))
     sharder.resolve_starts()
     return sharder
+
+
+def load_sharder_tw(path=None, **kwargs) -> ShardkitSharder:
+    """``--alg shardkit-tw``: shardkit's search restricted to table-wise placement, the reference a
+    table-wise method (DreamShard, AutoShard, NeuroShard's placement) is measured against (its
+    "table-wise optimum found by search"). Takes every ``--shardkit-*`` flag except the types."""
+    kwargs[KWARG_PREFIX + "types"] = ("tw",)
+    sharder = load_sharder(path, **kwargs)
+    sharder.name = "shardkit-tw"
+    return sharder

@@ -121,13 +121,27 @@ def test_pipeline_on_the_emulated_h200(tiny, capsys):
     out = root / "results_emulated"
     load_tool("run_experiments").main([
         "--scale", "tiny", "--data-dir", str(root / "ds"), "--out-dir", str(out), "--models-dir", str(root / "m2"),
-        "--algs", "random,lookup_greedy,dreamshard", "--dreamshard-model", str(ckpt), "--skip-train",
+        "--algs", "random,lookup_greedy,dreamshard,shardkit-tw", "--dreamshard-model", str(ckpt), "--skip-train",
         "--oracle", "emulated:h200", "--quiet"])
     df = pd.read_csv(out / "measurements.csv")
-    assert len(df) == 12 and (df.status == "ok").all() and (df.cost_ms > 0).all()
+    assert len(df) == 16 and (df.status == "ok").all() and (df.cost_ms > 0).all()
     md = (out / "results.md").read_text()
     assert "costs from the emulated:h200 oracle" in md and "GB per device), measured on this machine" not in md
-    assert json.loads((out / "summary.json").read_text())["config"]["oracle"] == "emulated:h200"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["oracle"] == "emulated:h200"
+    # the learned method's margin below lookup-greedy and its gap above the table-wise search, per set
+    assert "## Learned methods against greedy and the table-wise optimum" in md
+    gaps = {(g["task_set"], g["alg"]): g for g in summary["learned_gaps"]}
+    assert set(gaps) == {(s, a) for s in ("DLRM-6 (2)", "DLRM-10 (2)") for a in ("dreamshard", "shardkit-tw")}
+    for st in summary["task_sets"]:
+        means = {a: s["mean_ms"] for a, s in st["algorithms"].items()}
+        g = gaps[(st["task_set"], "dreamshard")]
+        assert g["below_greedy_pct"] == pytest.approx(100 * (1 - means["dreamshard"] / means["lookup_greedy"]), abs=0.01)
+        assert g["above_tw_optimum_pct"] == pytest.approx(100 * (means["dreamshard"] / means["shardkit-tw"] - 1), abs=0.01)
+        assert gaps[(st["task_set"], "shardkit-tw")]["above_tw_optimum_pct"] == 0
+    tw = df[df.alg == "shardkit-tw"]    # table-wise only: every table whole on one device
+    assert all(sh["type"] == "table_wise" and len(sh["devices"]) == 1
+               for cell in tw.shardings for sh in json.loads(cell))
 
 
 def test_bench_planning_tiny(tiny, capsys):
@@ -255,7 +269,7 @@ def test_config_errors():
     small = config.SCALES["small"]
     assert [t.name for t in small.task_sets] == ["DLRM-20 (4)", "DLRM-50 (4)", "DLRM-40 (8)", "DLRM-80 (8)"]
     assert small.num_test == 5 and small.train_sets == (config.TaskSetDef(50, 4),)
-    assert config.all_algs()[-4:] == ("autoshard", "dreamshard", "neuroshard", "shardkit")   # ours last
+    assert config.all_algs()[-5:] == ("autoshard", "dreamshard", "neuroshard", "shardkit-tw", "shardkit")   # ours last
     assert config.label("shardkit") == "shardkit" and config.label("torchrec-tw") == "TorchRec (TW)"
     assert config.label("neuroshard") == "NeuroShard" and config.label("size_greedy") == "Size-based"
     # a noisy measured oracle repeats every plan, an emulated one answers once; the judge is held out

@@ -149,8 +149,13 @@ def test_the_planner_plugins_are_declared_at_the_top_level_and_resolve():
     from shardcore.cli import algorithms
 
     assert registry.planner_plugins() == {"shardkit": "shardkit_planner.sharder",
+                                          "shardkit-tw": "shardkit_planner.sharder:load_sharder_tw",
                                           "torchrec-emu": "shardkit_torchrec.sharder"}
     assert type(algorithms.resolve("shardkit", oracle="emulated:h200")).__module__ == "shardkit_planner.sharder"
+    # the second entry point: the same planner, table-wise only, under its own name, sharing shardkit's flags
+    tw = algorithms.resolve("shardkit-tw", oracle="emulated:h200", shardkit_time=0.5)
+    assert tw.name == "shardkit-tw" and tw.types == ("table_wise",) and tw.time_budget_s == 0.5
+    assert set(algorithms._plugin_configs()) == {"shardkit"} | ({"torchrec-emu"} & set(algorithms._plugin_configs()))
 
 
 # -- the module graph: every import of every module, read from the sources ------------------------

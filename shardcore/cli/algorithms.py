@@ -32,14 +32,15 @@ def _plugin_configs() -> dict[str, Any]:
     """``{name: CONFIG}`` of the declared planners whose module states its settings as a
     :class:`~shardcore.config.Config` instance named ``CONFIG`` (a planner that is not installed has none)."""
     out = {}
-    for name, target in plugins().items():
+    # a planner's main entry point (module only) before its second ones (module:function) that share its flags
+    for name, target in sorted(plugins().items(), key=lambda kv: ":" in kv[1]):
         try:
             mod = importlib.import_module(target.partition(":")[0])
         except ModuleNotFoundError:
             continue
         cfg = getattr(mod, "CONFIG", None)
-        if isinstance(cfg, Config):
-            out[name] = cfg
+        if isinstance(cfg, Config) and not any(c is cfg for c in out.values()):
+            out[name] = cfg    # a second entry point of one planner (shardkit-tw) shares its flags
     return out
 
 
