@@ -23,185 +23,23 @@ factor per device), a hardware-free proxy. --out writes the plan as JSON; --torc
 """
 
 import argparse
-import csv
 import dataclasses
-import json
-import math
 from pathlib import Path
 
 
 from shardcore.cli import algorithms
+from shardcore.data.user_tables import read_batch_size, read_tables
 from shardcore.cli.common import add_device_args, add_memory_args, device_ids, num_devices, run_main
 from shardcore.argtypes import name_list, nonnegative_float, positive_float, positive_int
 from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
 from shardcore.errors import ShardError
 from shardcore.evaluation.compare import lookup_load
-from shardcore.io import check_output_file, read_text, write_json
+from shardcore.io import check_output_file, write_json
 from shardcore.evaluation.report import format_table
-from shardcore.tables import BIN_NAMES, NUM_BINS, TableConfig, dim_problem
 from shardcore.interop.plan_export import plan_json, torchrec_path_for, torchrec_plan_json
 from shardcore.cli import common as cli
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import seed_int
-
-REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
-
-
-def _number(text, kind, what, where):
-    """Parse one cell; ``kind`` is int or float. Raises a one-line ShardError."""
-    s = "" if text is None else str(text).strip()
-    if s == "":
-        raise ShardError(f"{where}: empty {what}")
-    try:
-        v = float(s)
-    except ValueError:
-        raise ShardError(f"{where}: non-numeric {what} {s!r}") from None
-    if not math.isfinite(v):
-        raise ShardError(f"{where}: non-numeric {what} {s!r}")
-    if kind is int:
-        if v != int(v):
-            raise ShardError(f"{where}: {what} must be a whole number, got {s!r}")
-        v = int(v)
-    return v
-
-
-def _make_table(index, rows, dim, pf, bins, where):
-    if rows <= 0 or dim <= 0:
-        raise ShardError(f"{where}: rows and dim must be positive (got rows={rows}, dim={dim})")
-    if pf < 0:
-        raise ShardError(f"{where}: pooling_factor must be >= 0, got {pf}")
-    if dim_problem(dim):
-        raise ShardError(f"{where}: {dim_problem(dim)}")
-    return TableConfig(index=index, row=rows, dim=dim, pooling_factor=float(pf), bins=tuple(bins))
-
-
-def _check_duplicates(names, wheres):
-    seen = {}
-    for n, w in zip(names, wheres):
-        if n in seen:
-            raise ShardError(f"{w}: duplicate table name {n!r} (first at {seen[n]})")
-        seen[n] = w
-
-
-def read_tables_csv(path: Path):
-    """``name, rows, dim, pooling_factor[, bin_0 .. bin_16]`` -> (tables, names)."""
-    text = read_text(path, "CSV or JSON tables file")
-    if not text.strip():
-        raise ShardError(f"{path}: empty file (expected a header: {', '.join(REQUIRED_COLUMNS)})")
-    reader = csv.DictReader([line for line in text.splitlines() if not line.lstrip().startswith("#")])
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    reader.fieldnames = header
-    aliases = {"row": "rows"}
-    cols = {aliases.get(h, h): h for h in header}
-    missing = [c for c in REQUIRED_COLUMNS if c not in cols]
-    if missing:
-        raise ShardError(f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header)}; "
-                         f"required: {', '.join(REQUIRED_COLUMNS)})")
-    bin_cols = [b for b in BIN_NAMES if b in cols]
-    tables, names, wheres = [], [], []
-    for lineno, row in enumerate(reader, start=2):
-        if all((v is None or str(v).strip() == "") for v in row.values()):
-            continue
-        where = f"{path}:{lineno}"
-        if None in row:  # more cells than header columns
-            raise ShardError(f"{where}: {len(header) + len(row[None])} values for {len(header)} columns")
-        name = (row[cols["name"]] or "").strip()
-        if not name:
-            raise ShardError(f"{where}: empty table name")
-        where = f"{where} (table {name!r})"
-        rows = _number(row[cols["rows"]], int, "rows", where)
-        dim = _number(row[cols["dim"]], int, "dim", where)
-        pf = _number(row[cols["pooling_factor"]], float, "pooling_factor", where)
-        bins = [0.0] * NUM_BINS
-        for b in bin_cols:
-            cell = row[cols[b]]
-            if cell is not None and str(cell).strip() != "":
-                bins[BIN_NAMES.index(b)] = _number(cell, float, b, where)
-        tables.append(_make_table(len(tables), rows, dim, pf, bins, where))
-        names.append(name)
-        wheres.append(f"{path}:{lineno}")
-    if not tables:
-        raise ShardError(f"{path}: no tables (only a header)")
-    _check_duplicates(names, wheres)
-    return tables, names
-
-
-def read_tables_json(path: Path):
-    """A table_configs.json; each entry may carry a ``name`` (default ``table_<index>``) and may use
-    ``rows`` for ``row``; a missing ``index`` is the entry's position."""
-    text = read_text(path, "CSV or JSON tables file")
-    if not text.strip():
-        raise ShardError(f"{path}: empty file (expected {{\"tables\": [...]}})")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    entries = obj.get("tables") if isinstance(obj, dict) else obj
-    if not isinstance(entries, list):
-        raise ShardError(f'{path}: expected an object with a "tables" list')
-    if not entries:
-        raise ShardError(f"{path}: no tables")
-    tables, names, wheres = [], [], []
-    for k, entry in enumerate(entries):
-        where = f"{path}: tables[{k}]"
-        if not isinstance(entry, dict):
-            raise ShardError(f"{where}: expected an object, got {type(entry).__name__}")
-        entry = dict(entry)
-        if "row" not in entry and "rows" in entry:
-            entry["row"] = entry["rows"]
-        entry.setdefault("index", k)
-        missing = [c for c in ("row", "dim", "pooling_factor") if c not in entry]
-        if missing:
-            raise ShardError(f"{where}: missing field(s) {', '.join(missing)}")
-        index = _number(entry["index"], int, "index", where)
-        rows = _number(entry["row"], int, "row", where)
-        dim = _number(entry["dim"], int, "dim", where)
-        pf = _number(entry["pooling_factor"], float, "pooling_factor", where)
-        bins = [_number(entry.get(b, 0.0), float, b, where) for b in BIN_NAMES]
-        tables.append(_make_table(index, rows, dim, pf, bins, where))
-        names.append(str(entry.get("name", f"table_{index}")))
-        wheres.append(where)
-    _check_duplicates(names, wheres)
-    return tables, names
-
-
-def read_tables(path):
-    path = Path(path)
-    if not path.is_file():
-        raise ShardError(f"tables file not found: {path}")
-    if path.suffix.lower() == ".json":
-        return read_tables_json(path)
-    return read_tables_csv(path)
-
-
-def read_batch_size(path) -> int | None:
-    """The batch the tables' statistics were taken at, as the tables file states it: a JSON's top-level
-    ``batch_size``, or a CSV line ``# batch_size: B``; None when the file does not say."""
-    path = Path(path)
-    text = read_text(path, "CSV or JSON tables file")
-    if path.suffix.lower() == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError:
-            return None   # read_tables reports it
-        value = obj.get("batch_size") if isinstance(obj, dict) else None
-        if value is None:
-            return None
-        where = f"{path}: batch_size"
-    else:
-        value = None
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            body = line.strip().lstrip("#").strip() if line.lstrip().startswith("#") else ""
-            key, sep, rest = body.replace("=", ":").partition(":")
-            if sep and key.strip().lower() in ("batch_size", "batch size", "batch"):
-                value, where = rest.strip(), f"{path}:{lineno}: batch_size"
-        if value is None:
-            return None
-    batch = _number(value, int, "batch_size", where)
-    if batch < 1:
-        raise ShardError(f"{where} must be a positive integer, got {value!r}")
-    return batch
-
 
 def check_fits(tables, names, max_memory_gb, precision):
     for t, n in zip(tables, names):

@@ -32,7 +32,7 @@ def user_collection(tables_file: str, device: torch.device):
     """Your model's EmbeddingBagCollection; here built from the tables file (name, rows, dim)."""
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
-    from plan import read_tables
+    from shardcore.data.user_tables import read_tables
 
     tables, names = read_tables(tables_file)
     return EmbeddingBagCollection(

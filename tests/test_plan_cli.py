@@ -110,10 +110,12 @@ def test_table_configs_json_and_bins(tmp_path):
     ("\n  \n", r"empty file"),
     ("name,rows,dim,pooling_factor\n", r"no tables"),
     ("name,rows,dim,pooling_factor\na,10,4,1\nb,10,4,1\na,20,4,1\n", r":4: duplicate table name 'a' \(first at .*:2\)"),
-    ("name,rows,dim,pooling_factor\na,0,4,1\n", r"rows and dim must be positive"),
-    ("name,rows,dim,pooling_factor\na,10,4,-1\n", r"pooling_factor must be >= 0"),
+    ("name,rows,dim,pooling_factor\na,0,4,1\n", r":2 \(table 'a'\): row and dim must be positive"),
+    ("name,rows,dim,pooling_factor\na,10,4,-1\n", r"pooling_factor >= 0 \(got .*pooling_factor=-1.0\)"),
     ("name,rows,dim,pooling_factor\na,10.5,4,1\n", r"rows must be a whole number"),
     ("name,rows,dim,pooling_factor\na,10,4,1,7\n", r"5 values for 4 columns"),
+    ("name,rows,dim,pooling_factor,bin_0\na,10,4,1,-0.5\n", r"\(table 'a'\): reuse bin bin_0 = -0.5 is negative"),
+    ("name,rows,dim,pooling_factor\na,,4,1\n", r"\(table 'a'\): empty rows"),
 ])
 def test_one_line_errors(tmp_path, text, pattern):
     path = write(tmp_path, "t.csv", text)
