@@ -75,9 +75,12 @@ class GuardedSharder(Sharder):
         """The inner planner's statistics of its last plan (TorchRec's types and configuration...)."""
         return self.inner.plan_stats() if self.failure is None else {}
 
+    def attach_oracle(self, oracle) -> None:
+        self.inner.attach_oracle(oracle)
+
     @property
     def measures_candidates(self) -> bool:
-        return bool(getattr(self.inner, "measures_candidates", False))
+        return bool(self.inner.measures_candidates)
 
 
 def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: int | None,
@@ -204,12 +207,10 @@ def measure_set(cfg: ExperimentConfig, ts: TaskSetDef, tasks, dataset_tables, sh
         print(f"{ts.name}: {len(tasks)} tasks x {len(sharders)} algorithms; workers up in "
               f"{ev.info.startup_s:.1f} s on {ev.info.device_type} (batch {ev.batch_size})")
         for alg, sharder in sharders.items():   # a planner that measures (shardkit calibrating) uses this session
-            inner = getattr(sharder, "inner", sharder)
-            if hasattr(inner, "attach_oracle"):
-                try:
-                    inner.attach_oracle(ev)
-                except ShardError as exc:   # it then fails task by task, like any planner that cannot plan
-                    print(f"{ts.name}: {alg}: {exc}")
+            try:
+                sharder.attach_oracle(ev)
+            except ShardError as exc:   # it then fails task by task, like any planner that cannot plan
+                print(f"{ts.name}: {alg}: {exc}")
         def on_result(result: TaskResult, task):
             if result.measured is not None:
                 result.extra["from_cache"] = bool(result.measured.from_cache)

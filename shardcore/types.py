@@ -90,6 +90,10 @@ class Sharder(abc.ABC):
         reads into the result. None by default."""
         return {}
 
+    def attach_oracle(self, oracle) -> None:
+        """Given the oracle that will judge its plans, before its workers start: a planner that measures
+        on it (shardkit) checks here what it needs and raises a one-line ShardError. Nothing by default."""
+
     def shard_on(self, tables: Sequence[TableConfig], topology: Topology) -> "Plan":
         """:meth:`shard` on a :class:`Topology`."""
         return self.shard(tables, topology.ndevices, topology.max_memory_gb, topology.precision)

@@ -218,7 +218,7 @@ def test_cache_layer_measure_shards(tiny, tmp_path):
     assert layer.cache.counts()["shards"] == 2 and layer.stats["shard_misses"] == 2   # a given twice: stored once
     again = layer.measure_shards([b, a])
     assert again == [first[1], first[0]] and layer.stats["shard_hits"] == 2
-    assert layer.measure_shard(b) == first[1]
+    assert layer.measure_shards([b]) == [first[1]]
     # an error names the shard by its position in the call, cached shards counted
     with pytest.raises(ShardError, match=r"^shard 2: table id 99 out of range"):
         layer.measure_shards([a, b, [TableConfig(99, 10, 4, 1.0)]])

@@ -114,14 +114,13 @@ def resolve(name: str, seed: int = 0, **kwargs) -> Sharder:
 
 
 def attach_oracle(sharders, oracle) -> None:
-    """Hand ``oracle`` to the planners that measure on it (``attach_oracle``: shardkit's refinement and
+    """Hand ``oracle`` to every planner (:meth:`Sharder.attach_oracle`; shardkit's refinement and
     calibration) before its workers start: each checks there what it needs (a cost model, cost data),
     so a missing one stops the command before anything is measured. On such an error the oracle is
     closed (it was never entered)."""
     try:
         for sharder in sharders:
-            if hasattr(sharder, "attach_oracle"):
-                sharder.attach_oracle(oracle)
+            sharder.attach_oracle(oracle)
     except BaseException:
         oracle.__exit__(None, None, None)
         raise

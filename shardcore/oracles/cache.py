@@ -618,9 +618,6 @@ class CachedOracle:
                     self.cache.put_shard(ctx, shards[k], measured[k].fw_ms, measured[k].bw_ms, bench, warmup)
         return out
 
-    def measure_shard(self, tables, no_cache: bool | None = None):
-        return self.measure_shards([tables], no_cache=no_cache)[0]
-
 
 def measurement_store(oracle) -> CostCache | None:
     """The store behind ``oracle``: the cache layer's :class:`CostCache`, None for a bare oracle

@@ -168,9 +168,6 @@ class EmulatedOracle:
         pred = predict_devices(model, shards, self.batch_size, cv_of)
         return [ComputeCost(float(fw), float(bw)) for fw, bw in pred]
 
-    def measure_shard(self, tables: Sequence[TableConfig], no_cache: bool | None = None) -> ComputeCost:
-        return self.measure_shards([tables])[0]
-
     def measure_comm(self, layout: CommLayout, delays_ms: Sequence[float] | None = None
                      ) -> tuple[list[tuple[float, float]], list[CommSplits]]:
         """Per device ``(fw_ms, bw_ms)`` of the pooled all-to-all of ``layout.dim_sums`` and the split

@@ -845,9 +845,6 @@ class PlanEvaluator:
                 out[k] = out[first_of[shard_key(s)]]
         return out  # type: ignore[return-value]
 
-    def measure_shard(self, tables: Sequence[TableConfig], no_cache: bool | None = None) -> ComputeCost:
-        return self.measure_shards([tables], no_cache=no_cache)[0]
-
     # -- the oracle interface (shardcore.types.ShardCostOracle) --------------------------------
     @property
     def comm_measured(self) -> bool:
