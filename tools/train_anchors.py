@@ -79,19 +79,20 @@ def build_parser():
     p.add_argument("--seed", type=nonnegative_int, default=0,
                    help="seed of every training and collection (default 0; the tasks use gen_tasks.py's "
                         "default seed, which the expected test file fixes)")
-    g = p.add_argument_group("DreamShard")
-    g.add_argument("--ds-iterations", type=positive_int, default=10,
-                   help="train_dreamshard.py --num-iterations (default 10; the checkpoint kept is the last)")
-    g.add_argument("--ds-bench-steps", type=positive_int, default=10,
-                   help="train_dreamshard.py --bench-steps (default 10)")
-    g = p.add_argument_group("AutoShard")
-    g.add_argument("--as-steps", type=positive_int, default=33800,
-                   help="train_autoshard.py --total-steps (default 33800)")
-    g.add_argument("--as-time-limit", type=positive_float, default=10.0,
-                   help="train_autoshard.py --time-limit in minutes (default 10; the manifest records the steps "
-                        "reached)")
-    g.add_argument("--as-actors", type=positive_int, default=2,
-                   help="train_autoshard.py --num-actors (default 2)")
+    # each method's own flags: left out (None) the training script's default applies, as a user runs it
+    g = p.add_argument_group("DreamShard (each flag's default: train_dreamshard.py's)")
+    g.add_argument("--ds-iterations", type=positive_int, default=None,
+                   help="train_dreamshard.py --num-iterations (default: the script's; the checkpoint kept is the last)")
+    g.add_argument("--ds-bench-steps", type=positive_int, default=None,
+                   help="train_dreamshard.py --bench-steps (default: the script's)")
+    g = p.add_argument_group("AutoShard (each flag's default: train_autoshard.py's)")
+    g.add_argument("--as-steps", type=positive_int, default=None,
+                   help="train_autoshard.py --total-steps (default: the script's)")
+    g.add_argument("--as-time-limit", type=positive_float, default=None,
+                   help="train_autoshard.py --time-limit in minutes (default: the script's; the manifest records the "
+                        "steps reached)")
+    g.add_argument("--as-actors", type=positive_int, default=None,
+                   help="train_autoshard.py --num-actors (default: the script's)")
     g = p.add_argument_group("NeuroShard")
     g.add_argument("--ns-compute-samples", type=positive_int, default=2000,
                    help="collect_compute_cost_data.py --data_size (default 2000)")
@@ -206,6 +207,11 @@ class Runner:
                 raise
 
 
+def given(flag: str, value) -> list[str]:
+    """``[flag, value]``, or nothing where the value is None (the training script's default applies)."""
+    return [] if value is None else [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+
+
 def oracle_flags(args) -> list[str]:
     return ["--oracle", args.oracle, "--emulator-fit", args.emulator_fit]
 
@@ -286,11 +292,16 @@ def stage_dreamshard(args, run: Runner, work: Path, train: Path) -> dict:
     ds = work / "dreamshard"
     if ds.exists():
         shutil.rmtree(ds)
-    info = run("dreamshard", ["train_dreamshard.py"] + training_flags(args, train) + [
-        "--num-iterations", str(args.ds_iterations),
-        "--bench-steps", str(args.ds_bench_steps), "--seed", str(args.seed), "--out-dir", rel(ds)]
-        + oracle_flags(args))
-    name = f"{args.ds_iterations - 1}.pt"
+    info = run("dreamshard", ["train_dreamshard.py"] + training_flags(args, train)
+               + given("--num-iterations", args.ds_iterations) + given("--bench-steps", args.ds_bench_steps)
+               + ["--seed", str(args.seed), "--out-dir", rel(ds)] + oracle_flags(args))
+    from shardcore.registry import numbered_checkpoints
+
+    found = numbered_checkpoints(ds)
+    if not found:
+        raise ShardError(f"dreamshard: the stage ended without writing a numbered checkpoint in {rel(ds)}; nothing "
+                         "was written to the output directory")
+    name = found[-1][1].name
     check_checkpoint(ds / name, "dreamshard")
     return {f"dreamshard/{name}": {"source": ds / name, "stages": [info],
                                    "train_log": _csv_tail(ds / "train_log.csv")}}
@@ -300,10 +311,10 @@ def stage_autoshard(args, run: Runner, work: Path, train: Path) -> dict:
     xp = work / "autoshard"
     if xp.exists():
         shutil.rmtree(xp)
-    info = run("autoshard", ["train_autoshard.py"] + training_flags(args, train) + [
-        "--total-steps", str(args.as_steps), "--time-limit", f"{args.as_time_limit:g}",
-        "--num-actors", str(args.as_actors), "--seed", str(args.seed), "--savedir", rel(work), "--xpid", "autoshard"]
-        + oracle_flags(args))
+    info = run("autoshard", ["train_autoshard.py"] + training_flags(args, train)
+               + given("--total-steps", args.as_steps) + given("--time-limit", args.as_time_limit)
+               + given("--num-actors", args.as_actors)
+               + ["--seed", str(args.seed), "--savedir", rel(work), "--xpid", "autoshard"] + oracle_flags(args))
     check_checkpoint(xp / "model.pt", "autoshard")
     import torch
 
@@ -325,7 +336,8 @@ def stage_autoshard(args, run: Runner, work: Path, train: Path) -> dict:
             "full_sha256": sha256(full),
             "why": "the learner's resume state (optimizers, the cost model's shard buffer) is not needed to plan "
                    "and is most of the file; --resume needs the full checkpoint, kept in the work folder"},
-        "budget": f"--total-steps {args.as_steps} or --time-limit {args.as_time_limit:g} min, whichever first",
+        "budget": (f"--total-steps {args.as_steps or 'default'} or --time-limit "
+                   f"{'default' if args.as_time_limit is None else f'{args.as_time_limit:g}'} min, whichever first"),
         "note": "the actor-learner is asynchronous: the steps reached within the time limit and the exact "
                 "weights depend on the machine's speed, so a rerun is comparable, not bit-identical"}}
 
