@@ -59,6 +59,16 @@ class CollectionConfig(Config):
     max_mem_gb: float = 4.0    # --max-memory: total weight memory of a random shard (fp32 by default, as the original)
     max_dim: int = param(128, "largest table dim; dims are max_dim, max_dim/2, .., 4 (default {default})",
                          flags=("--max-dim", "--max_dim"), type=positive_int)
+    group_tables: int = param(0, "draw the shards of each oracle call from a random subset of this many pool tables, "
+                              "0 = from the whole pool, as the original (default {default}); see --group-shards",
+                              flags=("--group-tables", "--group_tables"), type=nonnegative_int, group="compute")
+    group_shards: int = param(256, "with --group-tables: shards measured per table subset, in one oracle call "
+                              "(default {default})", flags=("--group-shards", "--group_shards"), type=positive_int,
+                              group="compute")
+    # ^ the held-out emulated oracle refits its compute model once per call, without the call's tables (as
+    #   it judges a plan without the plan's tables): a call of 16 shards of ~100 random tables costs one
+    #   refit (~0.5 s) for 16 samples; a call of 256 shards of one 100-table subset, one refit for 256.
+    #   On measured hardware the grouping changes only which tables a chunk's shards draw from.
     pool: str = param("train", "tables to draw the random shards from: tools/gen_tasks.py's training pool (default), "
                       "its test pool, or all tables", choices=("train", "test", "all"), group="compute")
     train_fraction: float = param(0.5, "train pool share, as given to tools/gen_tasks.py (default {default})",
@@ -102,8 +112,11 @@ class ModelConfig(Config):
     embed: int = param(64, "pooled representation width (default {default})", type=positive_int)
     # ^ representation summed over a shard (compute) / pooled over devices (comm)
     head_hidden: int = param(128, "head MLP width (default {default})", type=positive_int)
-    pooling: str = "additive"  # compute model: "additive" (sum of per-table costs x a learned shard-level
-                               # correction), "lse" or "sum" (see neuroshard.networks.ComputeCostNet)
+    pooling: str = param("additive", "compute model's pooling: additive (sum of per-table costs x a learned "
+                         "shard-level correction), affine (the same plus a learned per-shard constant: tables' "
+                         "masses are marginal costs), lse, or sum (the paper's plain table MLP, sum, MLP head); "
+                         "ignored by the communication models (default {default})",
+                         choices=("additive", "affine", "lse", "sum"))
     epochs: int = param(300, "training epochs (default {default})", type=positive_int)
     batch_size: int = param(64, "samples per gradient step (default {default})", flags=("--train-batch-size",),
                             dest="train_batch_size", type=positive_int)

@@ -100,3 +100,25 @@ def test_checkpoints_roundtrip_with_weights_only(tmp_path, compute_model, comm_m
     torch.save({"method": "dreamshard"}, tmp_path / "other.pt")
     with pytest.raises(ShardError, match="not a NeuroShard checkpoint"):
         load_model(tmp_path / "other.pt", "compute")
+
+
+def test_affine_pooling_learns_a_shard_constant_and_its_numpy_copy_matches(tmp_path):
+    """``pooling="affine"``: a learned per-shard constant joins the summed per-table costs, so a table's
+    mass is its marginal cost; the NumPy copy (the search's path) and a checkpoint agree with torch."""
+    shards, costs = compute_data(400, seed=0)
+    model, res = fit_compute_model(shards, costs, small_cfg(80, pooling="affine"))
+    assert res.test_mape["total"] < 10.0, res.test_mape
+    const = np.exp(model.net.shard_log_const.detach().double().numpy()) * np.asarray(model.target_scale)
+    assert np.all(const > 0) and model.mass_size == model.cfg.embed + 2
+    test, true = compute_data(60, seed=5, max_tables=12)
+    from neuroshard.fitting import _pad_shards
+    x, m = _pad_shards([model.scaler.transform(s) for s in test])
+    with torch.no_grad():
+        ref = model.net(x, m).double().numpy() * np.asarray(model.target_scale)
+    pred = model.predict_shards(test)
+    assert np.allclose(pred, ref, rtol=1e-4)
+    assert mape(pred.sum(1), true.sum(1)) < 15.0
+    path = tmp_path / "compute.pt"
+    save_model(model, path)
+    back = load_model(path, "compute")
+    assert back.cfg.pooling == "affine" and np.allclose(back.predict_shards(test), pred)
