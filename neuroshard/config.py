@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardcore.argtypes import float_list, fraction, nonnegative_int, positive_float, positive_int, seed_int
+from shardcore.argtypes import float_list, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 from shardcore.cli.common import original_range
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
@@ -121,7 +121,7 @@ class ModelConfig(Config):
     batch_size: int = param(64, "samples per gradient step (default {default})", flags=("--train-batch-size",),
                             dest="train_batch_size", type=positive_int)
     lr: float = param(2e-3, "learning rate (default {default})", type=learning_rate_type)
-    weight_decay: float = 1e-5
+    weight_decay: float = param(1e-5, "Adam's L2 weight decay (default {default})", type=nonnegative_float)
     lr_decay: float = 0.99     # learning rate multiplied by this after every epoch
     val_fraction: float = param(0.1, "share of samples for model selection (default {default})", type=fraction)
     test_fraction: float = param(0.1, "share of samples held out for the test MAPE (default {default})", type=fraction)

@@ -122,3 +122,17 @@ def test_affine_pooling_learns_a_shard_constant_and_its_numpy_copy_matches(tmp_p
     save_model(model, path)
     back = load_model(path, "compute")
     assert back.cfg.pooling == "affine" and np.allclose(back.predict_shards(test), pred)
+
+
+def test_learning_curve_is_written_beside_the_model(tmp_path, compute_model):
+    from neuroshard.curve import write_curve
+
+    _, res = compute_model
+    paths = write_curve({"compute": res}, tmp_path / "train_log.csv", tmp_path / "train_curve.png")
+    import pandas as pd
+
+    df = pd.read_csv(paths[0])
+    assert len(df) == len(res.history) == 80 and df["best"].sum() == 1
+    assert int(df.loc[df["best"], "epoch"].iloc[0]) == res.best_epoch
+    assert df["val_mape"].min() == pytest.approx(res.val_mape)
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
