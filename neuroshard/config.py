@@ -122,6 +122,9 @@ class ModelConfig(Config):
                             dest="train_batch_size", type=positive_int)
     lr: float = param(2e-3, "learning rate (default {default})", type=learning_rate_type)
     weight_decay: float = param(1e-5, "Adam's L2 weight decay (default {default})", type=nonnegative_float)
+    feature_noise: float = param(0.0, "compute model: std of Gaussian noise added to each table's standardised "
+                                 "features in training, a smoothness prior for tables never seen (0 = off, as the "
+                                 "original; default {default})", type=nonnegative_float)
     lr_decay: float = 0.99     # learning rate multiplied by this after every epoch
     val_fraction: float = param(0.1, "share of samples for model selection (default {default})", type=fraction)
     test_fraction: float = param(0.1, "share of samples held out for the test MAPE (default {default})", type=fraction)

@@ -181,8 +181,16 @@ def fit_compute_model(shards: Sequence[Sequence[TableConfig]], costs: np.ndarray
         return mape(pred.sum(1), true.sum(1))
 
     train = (x[tr], m[tr], y[tr])
+    noise = float(cfg.feature_noise)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+
+    def predict(b):
+        if noise > 0 and net.training:   # per-table jitter of the standardised features (not of the target)
+            return net(b[0] + noise * torch.randn(b[0].shape, generator=gen) * b[1].unsqueeze(-1), b[1])
+        return net(b[0], b[1])
+
     best_epoch, best_val, history = _train_loop(
-        net, cfg, train, predict=lambda b: net(b[0], b[1]), target=lambda b: b[2],
+        net, cfg, train, predict=predict, target=lambda b: b[2],
         weight=lambda b: torch.ones_like(b[2]), val_score=val_score, epochs=cfg.epochs, progress=progress,
         val_count=len(va))
     pred, true = totals(te)
