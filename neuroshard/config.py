@@ -102,6 +102,9 @@ COLLECTION_GROUPS = {"compute": ("data-size", "compute", "pool-split"),
                      "train": ("samples", "compute", "comm")}
 
 
+COMPUTE_ONLY = "compute-only"   # ModelConfig fields the communication models ignore (no --comm- flag)
+
+
 @dataclass
 class ModelConfig(Config):
     """Architecture and training of one cost model (the ``param`` fields are the training scripts'
@@ -114,9 +117,9 @@ class ModelConfig(Config):
     head_hidden: int = param(128, "head MLP width (default {default})", type=positive_int)
     pooling: str = param("additive", "compute model's pooling: additive (sum of per-table costs x a learned "
                          "shard-level correction), affine (the same plus a learned per-shard constant: tables' "
-                         "masses are marginal costs), lse, or sum (the paper's plain table MLP, sum, MLP head); "
-                         "ignored by the communication models (default {default})",
-                         choices=("additive", "affine", "lse", "sum"))
+                         "masses are marginal costs), lse, or sum (the paper's plain table MLP, sum, MLP head) "
+                         "(default {default})",
+                         choices=("additive", "affine", "lse", "sum"), group=COMPUTE_ONLY)
     epochs: int = param(300, "training epochs (default {default})", type=positive_int)
     batch_size: int = param(64, "samples per gradient step (default {default})", flags=("--train-batch-size",),
                             dest="train_batch_size", type=positive_int)
@@ -124,7 +127,7 @@ class ModelConfig(Config):
     weight_decay: float = param(1e-5, "Adam's L2 weight decay (default {default})", type=nonnegative_float)
     feature_noise: float = param(0.0, "compute model: std of Gaussian noise added to each table's standardised "
                                  "features in training, a smoothness prior for tables never seen (0 = off, as the "
-                                 "original; default {default})", type=nonnegative_float)
+                                 "original; default {default})", type=nonnegative_float, group=COMPUTE_ONLY)
     lr_decay: float = 0.99     # learning rate multiplied by this after every epoch
     val_fraction: float = param(0.1, "share of samples for model selection (default {default})", type=fraction)
     test_fraction: float = param(0.1, "share of samples held out for the test MAPE (default {default})", type=fraction)
