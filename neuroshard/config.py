@@ -120,6 +120,10 @@ class ModelConfig(Config):
                          "masses are marginal costs), lse, or sum (the paper's plain table MLP, sum, MLP head) "
                          "(default {default})",
                          choices=("additive", "affine", "lse", "sum"), group=COMPUTE_ONLY)
+    per_lookup: bool = param(False, "compute model (additive, affine): a table's cost is its lookups (1 + pooling "
+                             "factor) times the MLP's cost per lookup, so tables heavier than any seen in training "
+                             "extrapolate in proportion (default: off, the MLP's log cost as the original)",
+                             flags=("--per-lookup",), action="store_true", group=COMPUTE_ONLY)
     epochs: int = param(300, "training epochs (default {default})", type=positive_int)
     batch_size: int = param(64, "samples per gradient step (default {default})", flags=("--train-batch-size",),
                             dest="train_batch_size", type=positive_int)

@@ -30,13 +30,15 @@ from torch import nn
 
 from shardcore.errors import ShardError
 from shardcore.layers import mlp
-from shardcore.tables import NUM_FEATURES, SCALED_FEATURES
+from shardcore.tables import FEATURE_NAMES, NUM_FEATURES, SCALED_FEATURES
 
 from .config import ModelConfig
 
 # The compute model's table features: dim and pooling_factor on a log scale too (as row and size are
 # for every method): a shard's compute is roughly multiplicative in them (lookups x dim).
 LOG_FEATURES = SCALED_FEATURES
+PF_COLUMN = FEATURE_NAMES.index("pooling_factor")
+LN10 = float(np.log(10.0))
 
 
 class ComputeCostNet(nn.Module):
@@ -74,6 +76,13 @@ class ComputeCostNet(nn.Module):
         self.head = mlp([cfg.embed + extra, cfg.head_hidden, cfg.head_hidden, 2], last_act=False)
         if self.pooling == "affine":   # exp(-2): ~0.14 of the mean shard's cost to start with
             self.shard_log_const = nn.Parameter(torch.full((2,), -2.0))
+        # per_lookup (additive poolings): a table's cost masses are (1 + pooling factor) x exp(MLP), the MLP
+        # giving a cost per lookup, so a table heavier than any seen in training extrapolates linearly in its
+        # lookups instead of along the MLP's last linear piece; ``pf_scale`` (log10(1 + pf)'s standardisation
+        # mean and std) is set by the fit from the feature scaler and saved with the weights
+        self.per_lookup = bool(getattr(cfg, "per_lookup", False)) and self.pooling in self.ADDITIVE
+        if self.per_lookup:
+            self.register_buffer("pf_scale", torch.tensor([0.0, 1.0]))
         if self.pooling in self.ADDITIVE:
             nn.init.zeros_(self.head[-1].weight)
             nn.init.zeros_(self.head[-1].bias)
@@ -82,7 +91,10 @@ class ComputeCostNet(nn.Module):
         """``[..., 21]`` standardised features -> ``[..., M]`` non-negative masses (summed over a shard)."""
         z = self.table(x)
         if self.pooling in self.ADDITIVE:
-            return torch.cat([torch.exp(z[..., :2].clamp(-self.CLAMP, self.CLAMP)), torch.relu(z[..., 2:])], -1)
+            s = z[..., :2]
+            if self.per_lookup:   # + ln(1 + pf), from the standardised log10(1 + pf) feature
+                s = s + (x[..., PF_COLUMN:PF_COLUMN + 1] * self.pf_scale[1] + self.pf_scale[0]) * LN10
+            return torch.cat([torch.exp(s.clamp(-self.CLAMP, self.CLAMP)), torch.relu(z[..., 2:])], -1)
         if self.pooling == "lse":
             return torch.exp(z.clamp(-self.CLAMP, self.CLAMP))
         return torch.relu(z)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from .networks import CommCostNet, ComputeCostNet
+from .networks import LN10, PF_COLUMN, CommCostNet, ComputeCostNet
 
 
 class NumpyMLP:
@@ -50,12 +50,17 @@ class NumpyComputeNet:
         self.const = (np.exp(np.clip(net.shard_log_const.detach().double().numpy(), -ComputeCostNet.CLAMP,
                                      ComputeCostNet.CLAMP)) if net.pooling == "affine" else None)
 
+        self.pf_scale = net.pf_scale.detach().double().numpy().copy() if net.per_lookup else None
+
     def masses(self, x: np.ndarray) -> np.ndarray:
         """Standardised table features ``[T, 21]`` -> ``[T, M]`` non-negative masses."""
         z = self.table(x)
         c = ComputeCostNet.CLAMP
         if self.pooling in ComputeCostNet.ADDITIVE:
-            return np.concatenate([np.exp(np.clip(z[:, :2], -c, c)), np.maximum(z[:, 2:], 0.0)], axis=1)
+            s = z[:, :2]
+            if self.pf_scale is not None:
+                s = s + (x[:, PF_COLUMN:PF_COLUMN + 1] * self.pf_scale[1] + self.pf_scale[0]) * LN10
+            return np.concatenate([np.exp(np.clip(s, -c, c)), np.maximum(z[:, 2:], 0.0)], axis=1)
         if self.pooling == "lse":
             return np.exp(np.clip(z, -c, c))
         return np.maximum(z, 0.0)
