@@ -49,7 +49,8 @@ def main(argv=None):
         stats = collect_compute(ev, args.out_dir, args.data_size, max_tables=args.max_tables,
                                 max_mem_gb=args.max_memory, max_dim=args.max_dim, pool=args.pool,
                                 pool_seed=args.pool_seed, train_fraction=args.train_fraction, seed=args.seed,
-                                from_cache=args.from_cache, progress=not args.quiet)
+                                from_cache=args.from_cache, progress=not args.quiet,
+                                group_tables=args.group_tables, group_shards=args.group_shards)
     print(f"{stats.path}: {stats.total} shards ({stats.added} added, {stats.from_cache} of them from the "
           f"measurement cache) in {stats.seconds:.1f} s")
 

@@ -11,6 +11,7 @@ comma-separated). The epoch with the best validation MAPE is kept; held-out test
 """
 
 import argparse
+import os
 
 
 from tqdm import tqdm
@@ -19,6 +20,7 @@ from neuroshard import config
 from neuroshard.cli import check_cost_model_outputs, cost_model_config, cost_model_parser, first_samples
 from neuroshard.collect import load_comm_data
 from neuroshard.checkpoints import save_model
+from neuroshard.curve import write_curve
 from neuroshard.fitting import fit_comm_model
 from shardcore.cli.common import run_main
 
@@ -47,6 +49,9 @@ def train(args) -> None:
         print(f"{what}: best epoch {res.best_epoch} (validation MAPE {res.val_mape:.2f}%), "
               f"held-out test MAPE {res.test_mape['per_device']:.2f}% per device ({res.num_test} samples); "
               f"wrote {path}")
+    stem = os.path.join(os.path.dirname(args.fw_out_path) or ".", "comm")
+    curve = write_curve({kind: res for kind, _, _, res in fitted}, f"{stem}_train_log.csv", f"{stem}_train_curve.png")
+    print(f"learning curves: {', '.join(str(p) for p in curve)}")
 
 
 def main(argv=None):

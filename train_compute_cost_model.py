@@ -11,6 +11,7 @@ takes one or more directories (or CSV files), comma-separated.
 """
 
 import argparse
+import os
 
 
 from tqdm import tqdm
@@ -19,6 +20,7 @@ from neuroshard import config
 from neuroshard.cli import check_cost_model_outputs, cost_model_config, cost_model_parser, first_samples
 from neuroshard.collect import load_compute_data
 from neuroshard.checkpoints import save_model
+from neuroshard.curve import write_curve
 from neuroshard.fitting import fit_compute_model
 from shardcore.cli.common import run_main
 
@@ -39,11 +41,13 @@ def train(args) -> None:
     with tqdm(total=cfg.epochs, desc="compute model", unit="epoch", disable=args.quiet, dynamic_ncols=True) as bar:
         model, res = fit_compute_model(shards, costs, cfg, setting=setting, progress=bar)
     save_model(model, args.out_path)
+    stem = os.path.splitext(args.out_path)[0]
+    curve = write_curve({"compute": res}, f"{stem}_train_log.csv", f"{stem}_train_curve.png")
     t = res.test_mape
     print(f"best epoch {res.best_epoch} (validation MAPE {res.val_mape:.2f}%), {res.seconds:.1f} s")
     print(f"held-out test MAPE ({res.num_test} shards): total {t['total']:.2f}%, forward {t['fw']:.2f}%, "
           f"backward {t['bw']:.2f}%")
-    print(f"wrote {args.out_path}")
+    print(f"wrote {args.out_path}; learning curve {', '.join(str(p) for p in curve)}")
 
 
 def main(argv=None):

@@ -24,6 +24,7 @@ from neuroshard.cli import add_collection_args, add_training_args, training_conf
 from neuroshard.collect import (check_comm_args, check_compute_args, collect_comm, collect_compute, load_comm_data,
                                 load_compute_data)
 from neuroshard.config import SearchConfig
+from neuroshard.curve import write_curve
 from neuroshard.fitting import fit_comm_model, fit_compute_model
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices, open_evaluator
@@ -75,7 +76,8 @@ def main(argv=None):
                   f"({ev.ndevices} devices, batch {ev.batch_size})")
             s = collect_compute(ev, args.compute_data_dir, args.compute_samples, max_tables=args.max_tables,
                                 max_mem_gb=args.max_memory, max_dim=args.max_dim, pool=args.pool, seed=args.seed,
-                                from_cache=args.from_cache, progress=not args.quiet)
+                                from_cache=args.from_cache, progress=not args.quiet,
+                                group_tables=args.group_tables, group_shards=args.group_shards)
             print(f"      {s.path}: {s.total} shards ({s.added} added, {s.from_cache} from the cache) "
                   f"in {s.seconds:.1f} s")
             print("[2/4] communication data")
@@ -89,6 +91,7 @@ def main(argv=None):
               dynamic_ncols=True) as bar:
         compute, res = fit_compute_model(shards, costs, compute_cfg, setting=setting, progress=bar)
     save_model(compute, os.path.join(args.out_dir, "compute.pt"))
+    fits = {"compute": res}
     t = res.test_mape
     print(f"      held-out test MAPE: total {t['total']:.2f}%, forward {t['fw']:.2f}%, backward {t['bw']:.2f}% "
           f"(best epoch {res.best_epoch}, {res.num_test} test shards)")
@@ -99,8 +102,11 @@ def main(argv=None):
         with tqdm(total=comm_cfg.epochs, desc=kind, unit="epoch", disable=args.quiet, dynamic_ncols=True) as bar:
             models[kind], res = fit_comm_model(kind, dims, targets, delays, comm_cfg, setting=setting, progress=bar)
         save_model(models[kind], os.path.join(args.out_dir, f"{kind}.pt"))
+        fits[kind] = res
         print(f"      {kind}: held-out test MAPE {res.test_mape['per_device']:.2f}% per device "
               f"(best epoch {res.best_epoch}, {res.num_test} test samples)")
+    curve = write_curve(fits, os.path.join(args.out_dir, "train_log.csv"), os.path.join(args.out_dir, "train_curve.png"))
+    print(f"      learning curves: {', '.join(str(p) for p in curve)}")
     bundle = os.path.join(args.out_dir, "neuroshard.pt")
     save_bundle(bundle, compute, models["fw_comm"], models["bw_comm"], SearchConfig().to_dict())
     print(f"wrote {args.out_dir}/compute.pt, fw_comm.pt, bw_comm.pt and neuroshard.pt in "

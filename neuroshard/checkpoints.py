@@ -62,7 +62,7 @@ class ComputeCostModel:
 
     @property
     def mass_size(self) -> int:
-        return self.cfg.embed + (2 if self._np.pooling == "additive" else 0)
+        return self.cfg.embed + (2 if self._np.pooling in ComputeCostNet.ADDITIVE else 0)
 
     def table_embeddings(self, tables: Sequence[TableConfig]) -> np.ndarray:
         """``[T, M]``: each table's masses, *summed* over a shard before :meth:`head`."""

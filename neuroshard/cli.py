@@ -103,8 +103,9 @@ def cost_model_config(args: argparse.Namespace, defaults: ModelConfig) -> ModelC
 def add_training_args(p: argparse.ArgumentParser, defaults: ModelConfig, prefix: str = "",
                       what: str = "") -> None:
     """``--epochs``, ``--lr``, sizes ... for one model (``prefix`` e.g. ``comm-`` when a script trains several)."""
+    skip = (config.COMPUTE_ONLY,) if what.startswith("communication") else ()
     add_config_args(p.add_argument_group(f"{what or 'model'} training"), defaults, prefix=prefix,
-                    underscore_aliases=True)
+                    underscore_aliases=True, skip_groups=skip)
 
 
 def training_config(args: argparse.Namespace, defaults: ModelConfig, prefix: str = "", seed: int = 0) -> ModelConfig:

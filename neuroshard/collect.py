@@ -367,8 +367,13 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
                     pool: str = config.COLLECTION.pool, pool_seed: int = config.COLLECTION.pool_seed,
                     train_fraction: float = config.COLLECTION.train_fraction, seed: int = config.COLLECTION.seed,
                     chunk: int = config.COLLECTION.chunk, from_cache: bool = config.COLLECTION.from_cache,
-                    progress: bool = True) -> CollectStats:
-    """Measure random shards until ``out_dir/compute_costs.csv`` holds ``data_size`` of them."""
+                    progress: bool = True, group_tables: int = config.COLLECTION.group_tables,
+                    group_shards: int = config.COLLECTION.group_shards) -> CollectStats:
+    """Measure random shards until ``out_dir/compute_costs.csv`` holds ``data_size`` of them.
+
+    ``group_tables > 0``: each oracle call measures ``group_shards`` shards drawn from one random
+    subset of ``group_tables`` pool tables (a fresh subset per call), instead of ``chunk`` shards
+    from the whole pool."""
     from tqdm import tqdm
 
 
@@ -380,6 +385,10 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
     out_dir = Path(out_dir)
     params = {"max_tables": max_tables, "max_mem_gb": max_mem_gb, "max_dim": max_dim, "pool": pool,
               "pool_seed": pool_seed, "train_fraction": train_fraction, "seed": seed}
+    if group_tables < 0 or group_shards < 1:
+        raise ShardError(f"--group-tables must be >= 0 and --group-shards >= 1, got {group_tables}, {group_shards}")
+    if group_tables:
+        params.update(group_tables=int(group_tables), group_shards=int(group_shards))
     rows = _prepare(out_dir, config.COMPUTE_CSV, "compute", evaluator_setting(ev), params)
     csv_path = out_dir / config.COMPUTE_CSV
     added = hits = 0
@@ -403,8 +412,14 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
               disable=not progress, dynamic_ncols=True) as bar:
         while todo > 0:
             batch = []
-            while len(batch) < min(chunk, todo):
-                s = random_shard(rng, tables, ids, max_tables, max_mem_gb, dims, precision)
+            draw_from = ids
+            size = chunk
+            if group_tables:
+                draw_from = sorted(int(i) for i in rng.choice(np.asarray(ids), size=min(int(group_tables), len(ids)),
+                                                                replace=False))
+                size = int(group_shards)
+            while len(batch) < min(size, todo):
+                s = random_shard(rng, tables, draw_from, max_tables, max_mem_gb, dims, precision)
                 if s:
                     batch.append(s)
             cached = [store is not None and ev.is_stored(s) for s in batch]

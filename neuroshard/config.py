@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardcore.argtypes import float_list, fraction, nonnegative_int, positive_float, positive_int, seed_int
+from shardcore.argtypes import float_list, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 from shardcore.cli.common import original_range
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
@@ -59,6 +59,16 @@ class CollectionConfig(Config):
     max_mem_gb: float = 4.0    # --max-memory: total weight memory of a random shard (fp32 by default, as the original)
     max_dim: int = param(128, "largest table dim; dims are max_dim, max_dim/2, .., 4 (default {default})",
                          flags=("--max-dim", "--max_dim"), type=positive_int)
+    group_tables: int = param(0, "draw the shards of each oracle call from a random subset of this many pool tables, "
+                              "0 = from the whole pool, as the original (default {default}); see --group-shards",
+                              flags=("--group-tables", "--group_tables"), type=nonnegative_int, group="compute")
+    group_shards: int = param(256, "with --group-tables: shards measured per table subset, in one oracle call "
+                              "(default {default})", flags=("--group-shards", "--group_shards"), type=positive_int,
+                              group="compute")
+    # ^ the held-out emulated oracle refits its compute model once per call, without the call's tables (as
+    #   it judges a plan without the plan's tables): a call of 16 shards of ~100 random tables costs one
+    #   refit (~0.5 s) for 16 samples; a call of 256 shards of one 100-table subset, one refit for 256.
+    #   On measured hardware the grouping changes only which tables a chunk's shards draw from.
     pool: str = param("train", "tables to draw the random shards from: tools/gen_tasks.py's training pool (default), "
                       "its test pool, or all tables", choices=("train", "test", "all"), group="compute")
     train_fraction: float = param(0.5, "train pool share, as given to tools/gen_tasks.py (default {default})",
@@ -92,6 +102,9 @@ COLLECTION_GROUPS = {"compute": ("data-size", "compute", "pool-split"),
                      "train": ("samples", "compute", "comm")}
 
 
+COMPUTE_ONLY = "compute-only"   # ModelConfig fields the communication models ignore (no --comm- flag)
+
+
 @dataclass
 class ModelConfig(Config):
     """Architecture and training of one cost model (the ``param`` fields are the training scripts'
@@ -102,13 +115,23 @@ class ModelConfig(Config):
     embed: int = param(64, "pooled representation width (default {default})", type=positive_int)
     # ^ representation summed over a shard (compute) / pooled over devices (comm)
     head_hidden: int = param(128, "head MLP width (default {default})", type=positive_int)
-    pooling: str = "additive"  # compute model: "additive" (sum of per-table costs x a learned shard-level
-                               # correction), "lse" or "sum" (see neuroshard.networks.ComputeCostNet)
+    pooling: str = param("additive", "compute model's pooling: additive (sum of per-table costs x a learned "
+                         "shard-level correction), affine (the same plus a learned per-shard constant: tables' "
+                         "masses are marginal costs), lse, or sum (the paper's plain table MLP, sum, MLP head) "
+                         "(default {default})",
+                         choices=("additive", "affine", "lse", "sum"), group=COMPUTE_ONLY)
+    per_lookup: bool = param(False, "compute model (additive, affine): a table's cost is its lookups (1 + pooling "
+                             "factor) times the MLP's cost per lookup, so tables heavier than any seen in training "
+                             "extrapolate in proportion (default: off, the MLP's log cost as the original)",
+                             flags=("--per-lookup",), action="store_true", group=COMPUTE_ONLY)
     epochs: int = param(300, "training epochs (default {default})", type=positive_int)
     batch_size: int = param(64, "samples per gradient step (default {default})", flags=("--train-batch-size",),
                             dest="train_batch_size", type=positive_int)
     lr: float = param(2e-3, "learning rate (default {default})", type=learning_rate_type)
-    weight_decay: float = 1e-5
+    weight_decay: float = param(1e-5, "Adam's L2 weight decay (default {default})", type=nonnegative_float)
+    feature_noise: float = param(0.0, "compute model: std of Gaussian noise added to each table's standardised "
+                                 "features in training, a smoothness prior for tables never seen (0 = off, as the "
+                                 "original; default {default})", type=nonnegative_float, group=COMPUTE_ONLY)
     lr_decay: float = 0.99     # learning rate multiplied by this after every epoch
     val_fraction: float = param(0.1, "share of samples for model selection (default {default})", type=fraction)
     test_fraction: float = param(0.1, "share of samples held out for the test MAPE (default {default})", type=fraction)

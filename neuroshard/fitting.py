@@ -22,7 +22,7 @@ from torch import nn
 
 from shardcore import io
 from shardcore.errors import ShardError
-from shardcore.tables import NUM_FEATURES, FeatureScaler, Standardiser, TableConfig
+from shardcore.tables import NUM_FEATURES, SCALED_FEATURES, FeatureScaler, Standardiser, TableConfig
 
 from .checkpoints import CommCostModel, ComputeCostModel
 from .config import ModelConfig, comm_model_config, compute_model_config
@@ -165,7 +165,11 @@ def fit_compute_model(shards: Sequence[Sequence[TableConfig]], costs: np.ndarray
     scaler = scaler or FeatureScaler.fit([t for k in tr for t in shards[k]], LOG_FEATURES)
     scale = tuple(float(v) for v in costs[tr].mean(0))
     torch.manual_seed(cfg.seed)
-    model = ComputeCostModel(cfg, scaler, ComputeCostNet(cfg), scale, setting=dict(setting or {}))
+    net = ComputeCostNet(cfg)
+    if net.per_lookup:   # log10(1 + pf)'s standardisation, to undo it inside the network
+        k = list(SCALED_FEATURES).index("pooling_factor")
+        net.pf_scale.copy_(torch.tensor([float(scaler.mean[k]), float(scaler.std[k])]))
+    model = ComputeCostModel(cfg, scaler, net, scale, setting=dict(setting or {}))
     feats = [scaler.transform(s, dtype=np.float64) for s in shards]
     x, m = _pad_shards(feats)
     y = torch.from_numpy((costs / np.asarray(scale)).astype(np.float32))
@@ -181,8 +185,16 @@ def fit_compute_model(shards: Sequence[Sequence[TableConfig]], costs: np.ndarray
         return mape(pred.sum(1), true.sum(1))
 
     train = (x[tr], m[tr], y[tr])
+    noise = float(cfg.feature_noise)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+
+    def predict(b):
+        if noise > 0 and net.training:   # per-table jitter of the standardised features (not of the target)
+            return net(b[0] + noise * torch.randn(b[0].shape, generator=gen) * b[1].unsqueeze(-1), b[1])
+        return net(b[0], b[1])
+
     best_epoch, best_val, history = _train_loop(
-        net, cfg, train, predict=lambda b: net(b[0], b[1]), target=lambda b: b[2],
+        net, cfg, train, predict=predict, target=lambda b: b[2],
         weight=lambda b: torch.ones_like(b[2]), val_score=val_score, epochs=cfg.epochs, progress=progress,
         val_count=len(va))
     pred, true = totals(te)

@@ -30,13 +30,15 @@ from torch import nn
 
 from shardcore.errors import ShardError
 from shardcore.layers import mlp
-from shardcore.tables import NUM_FEATURES, SCALED_FEATURES
+from shardcore.tables import FEATURE_NAMES, NUM_FEATURES, SCALED_FEATURES
 
 from .config import ModelConfig
 
 # The compute model's table features: dim and pooling_factor on a log scale too (as row and size are
 # for every method): a shard's compute is roughly multiplicative in them (lookups x dim).
 LOG_FEATURES = SCALED_FEATURES
+PF_COLUMN = FEATURE_NAMES.index("pooling_factor")
+LN10 = float(np.log(10.0))
 
 
 class ComputeCostNet(nn.Module):
@@ -51,38 +53,59 @@ class ComputeCostNet(nn.Module):
       ``exp(r)`` (fusion, cache and memory effects of the shard as a whole): cost = base x exp(r).
       The correction starts at 1 (zero-initialised last layer), so a table's cost is learned from
       every shard it appears in, and a table alone is predicted as well as in company.
+    - ``"affine"``: as ``"additive"`` plus a learned per-shard constant ``c`` (fw, bw): the base is
+      ``exp(c) + sum(exp(s))``, so a table's mass is its *marginal* cost in a shard (what the
+      search's greedy compares) rather than its cost alone, which also pays the shard's fixed
+      costs (kernel launches, the output write: on the emulated H200 ~0.46 ms of a 12-table
+      shard's ~3 ms). The masses, and so the search's running sums, are the same as ``"additive"``'s.
     - ``"lse"``: log-masses ``z``, pooled as ``log(sum(exp(z)))`` per channel, a head predicting log costs.
     - ``"sum"``: ReLU representations summed, a softplus head (the plain DeepSets form).
     """
 
     CLAMP = 30.0
-    POOLINGS = ("additive", "lse", "sum")
+    POOLINGS = ("additive", "affine", "lse", "sum")
+    ADDITIVE = ("additive", "affine")   # per-table log costs + a representation, a multiplicative head
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.pooling = cfg.pooling
         if self.pooling not in self.POOLINGS:
             raise ShardError(f"unknown compute model pooling {self.pooling!r} ({', '.join(self.POOLINGS)})")
-        extra = 2 if self.pooling == "additive" else 0
+        extra = 2 if self.pooling in self.ADDITIVE else 0
         self.table = mlp([NUM_FEATURES, cfg.hidden, cfg.hidden, cfg.embed + extra], last_act=False)
         self.head = mlp([cfg.embed + extra, cfg.head_hidden, cfg.head_hidden, 2], last_act=False)
-        if self.pooling == "additive":
+        if self.pooling == "affine":   # exp(-2): ~0.14 of the mean shard's cost to start with
+            self.shard_log_const = nn.Parameter(torch.full((2,), -2.0))
+        # per_lookup (additive poolings): a table's cost masses are (1 + pooling factor) x exp(MLP), the MLP
+        # giving a cost per lookup, so a table heavier than any seen in training extrapolates linearly in its
+        # lookups instead of along the MLP's last linear piece; ``pf_scale`` (log10(1 + pf)'s standardisation
+        # mean and std) is set by the fit from the feature scaler and saved with the weights
+        self.per_lookup = bool(getattr(cfg, "per_lookup", False)) and self.pooling in self.ADDITIVE
+        if self.per_lookup:
+            self.register_buffer("pf_scale", torch.tensor([0.0, 1.0]))
+        if self.pooling in self.ADDITIVE:
             nn.init.zeros_(self.head[-1].weight)
             nn.init.zeros_(self.head[-1].bias)
 
     def mass(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., 21]`` standardised features -> ``[..., M]`` non-negative masses (summed over a shard)."""
         z = self.table(x)
-        if self.pooling == "additive":
-            return torch.cat([torch.exp(z[..., :2].clamp(-self.CLAMP, self.CLAMP)), torch.relu(z[..., 2:])], -1)
+        if self.pooling in self.ADDITIVE:
+            s = z[..., :2]
+            if self.per_lookup:   # + ln(1 + pf), from the standardised log10(1 + pf) feature
+                s = s + (x[..., PF_COLUMN:PF_COLUMN + 1] * self.pf_scale[1] + self.pf_scale[0]) * LN10
+            return torch.cat([torch.exp(s.clamp(-self.CLAMP, self.CLAMP)), torch.relu(z[..., 2:])], -1)
         if self.pooling == "lse":
             return torch.exp(z.clamp(-self.CLAMP, self.CLAMP))
         return torch.relu(z)
 
     def cost(self, m: torch.Tensor) -> torch.Tensor:
         """Summed masses ``[..., M]`` (a non-empty shard) -> ``[..., 2]`` costs in target units."""
-        if self.pooling == "additive":
-            base = m[..., :2].clamp_min(1e-30)
+        if self.pooling in self.ADDITIVE:
+            base = m[..., :2]
+            if self.pooling == "affine":
+                base = base + torch.exp(self.shard_log_const.clamp(-self.CLAMP, self.CLAMP))
+            base = base.clamp_min(1e-30)
             r = self.head(torch.cat([m[..., 2:], torch.log(base)], -1))
             return base * torch.exp(r.clamp(-self.CLAMP, self.CLAMP))
         if self.pooling == "lse":

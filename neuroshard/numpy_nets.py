@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from .networks import CommCostNet, ComputeCostNet
+from .networks import LN10, PF_COLUMN, CommCostNet, ComputeCostNet
 
 
 class NumpyMLP:
@@ -47,13 +47,20 @@ class NumpyComputeNet:
         self.pooling = net.pooling
         self.table = NumpyMLP(net.table)
         self.head = NumpyMLP(net.head)
+        self.const = (np.exp(np.clip(net.shard_log_const.detach().double().numpy(), -ComputeCostNet.CLAMP,
+                                     ComputeCostNet.CLAMP)) if net.pooling == "affine" else None)
+
+        self.pf_scale = net.pf_scale.detach().double().numpy().copy() if net.per_lookup else None
 
     def masses(self, x: np.ndarray) -> np.ndarray:
         """Standardised table features ``[T, 21]`` -> ``[T, M]`` non-negative masses."""
         z = self.table(x)
         c = ComputeCostNet.CLAMP
-        if self.pooling == "additive":
-            return np.concatenate([np.exp(np.clip(z[:, :2], -c, c)), np.maximum(z[:, 2:], 0.0)], axis=1)
+        if self.pooling in ComputeCostNet.ADDITIVE:
+            s = z[:, :2]
+            if self.pf_scale is not None:
+                s = s + (x[:, PF_COLUMN:PF_COLUMN + 1] * self.pf_scale[1] + self.pf_scale[0]) * LN10
+            return np.concatenate([np.exp(np.clip(s, -c, c)), np.maximum(z[:, 2:], 0.0)], axis=1)
         if self.pooling == "lse":
             return np.exp(np.clip(z, -c, c))
         return np.maximum(z, 0.0)
@@ -61,8 +68,11 @@ class NumpyComputeNet:
     def cost(self, emb_sum: np.ndarray) -> np.ndarray:
         """Summed masses ``[..., M]`` of a non-empty shard -> ``[..., 2]`` (fw, bw) in target units."""
         c = ComputeCostNet.CLAMP
-        if self.pooling == "additive":
-            base = np.maximum(emb_sum[..., :2], 1e-30)
+        if self.pooling in ComputeCostNet.ADDITIVE:
+            base = emb_sum[..., :2]
+            if self.const is not None:
+                base = base + self.const
+            base = np.maximum(base, 1e-30)
             r = self.head(np.concatenate([emb_sum[..., 2:], np.log(base)], axis=-1))
             return base * np.exp(np.clip(r, -c, c))
         if self.pooling == "lse":

@@ -96,3 +96,32 @@ def test_script_flags_accept_original_and_dashed_spellings():
     assert (f.comm_epochs, f.epochs, f.max_memory) == (4, 5, 1.0)
     with pytest.raises(ShardError, match="no cost data"):
         train_compute_cost_model.main(["--data_dir", "/nonexistent/dir", "--quiet"])
+
+
+def test_grouped_collection_draws_each_call_from_one_table_subset(tmp_path):
+    """``group_tables``: every oracle call measures ``group_shards`` shards whose tables all come from
+    one random subset of that many pool tables (one held-out refit of the emulated card per call)."""
+    from neuroshard.collect import table_pool
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
+
+    calls = []
+
+    class Recording(EmulatedOracle):
+        def measure_shards(self, shards, no_cache=None, **kw):
+            calls.append([list(s) for s in shards])
+            return super().measure_shards(shards, no_cache, **kw)
+
+    ev = Recording("data/gpu_measurements/dlrm_b65536", 1)
+    out = tmp_path / "compute"
+    s = collect_compute(ev, out, 50, max_tables=6, max_mem_gb=5.0, max_dim=64, pool="train", progress=False,
+                        group_tables=20, group_shards=20)
+    assert (s.total, s.added) == (50, 50)
+    assert [len(c) for c in calls] == [20, 20, 10]
+    pool = set(table_pool(len(ev.dataset.tables), "train"))
+    subsets = [{t.index for sh in c for t in sh} for c in calls]
+    assert all(len(u) <= 20 and u <= pool for u in subsets)
+    assert len(subsets[0] | subsets[1]) > 20          # a fresh subset per call
+    shards, costs, _ = load_compute_data(out)
+    assert len(shards) == 50 and (costs > 0).all()
+    with pytest.raises(ShardError):
+        collect_compute(ev, tmp_path / "bad", 5, pool="train", progress=False, group_tables=-1)

@@ -100,3 +100,66 @@ def test_checkpoints_roundtrip_with_weights_only(tmp_path, compute_model, comm_m
     torch.save({"method": "dreamshard"}, tmp_path / "other.pt")
     with pytest.raises(ShardError, match="not a NeuroShard checkpoint"):
         load_model(tmp_path / "other.pt", "compute")
+
+
+def test_affine_pooling_learns_a_shard_constant_and_its_numpy_copy_matches(tmp_path):
+    """``pooling="affine"``: a learned per-shard constant joins the summed per-table costs, so a table's
+    mass is its marginal cost; the NumPy copy (the search's path) and a checkpoint agree with torch."""
+    shards, costs = compute_data(400, seed=0)
+    model, res = fit_compute_model(shards, costs, small_cfg(80, pooling="affine"))
+    assert res.test_mape["total"] < 10.0, res.test_mape
+    const = np.exp(model.net.shard_log_const.detach().double().numpy()) * np.asarray(model.target_scale)
+    assert np.all(const > 0) and model.mass_size == model.cfg.embed + 2
+    test, true = compute_data(60, seed=5, max_tables=12)
+    from neuroshard.fitting import _pad_shards
+    x, m = _pad_shards([model.scaler.transform(s) for s in test])
+    with torch.no_grad():
+        ref = model.net(x, m).double().numpy() * np.asarray(model.target_scale)
+    pred = model.predict_shards(test)
+    assert np.allclose(pred, ref, rtol=1e-4)
+    assert mape(pred.sum(1), true.sum(1)) < 15.0
+    path = tmp_path / "compute.pt"
+    save_model(model, path)
+    back = load_model(path, "compute")
+    assert back.cfg.pooling == "affine" and np.allclose(back.predict_shards(test), pred)
+
+
+def test_learning_curve_is_written_beside_the_model(tmp_path, compute_model):
+    from neuroshard.curve import write_curve
+
+    _, res = compute_model
+    paths = write_curve({"compute": res}, tmp_path / "train_log.csv", tmp_path / "train_curve.png")
+    import pandas as pd
+
+    df = pd.read_csv(paths[0])
+    assert len(df) == len(res.history) == 80 and df["best"].sum() == 1
+    assert int(df.loc[df["best"], "epoch"].iloc[0]) == res.best_epoch
+    assert df["val_mape"].min() == pytest.approx(res.val_mape)
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
+
+
+def test_per_lookup_extrapolates_to_heavier_tables_than_seen(tmp_path):
+    """``per_lookup``: a table's cost is (1 + pf) x a learned cost per lookup; trained on tables of
+    pooling factor <= 20, it errs less than the plain log-cost MLP on tables 4x heavier (the head's
+    correction still extrapolates: 34% vs 42% here); NumPy copy and checkpoint agree."""
+    from shardcore.tables import TableConfig
+
+    from test_neuroshard_helpers import synthetic_tables
+
+    light = [t for t in synthetic_tables(120, seed=3) if t.pooling_factor <= 20][:60]
+    heavy = [TableConfig(1000 + k, t.row, 16, t.pooling_factor * 4 + 60, t.bins) for k, t in enumerate(light[:20])]
+    shards, costs = compute_data(400, seed=0, tables=light)
+    test, true = compute_data(60, seed=9, tables=light[20:] + heavy, max_tables=6)
+    errs = {}
+    for flag in (False, True):
+        model, _ = fit_compute_model(shards, costs, small_cfg(80, per_lookup=flag))
+        errs[flag] = mape(model.predict_shards(test).sum(1), true.sum(1))
+    assert errs[True] < 0.9 * errs[False], errs
+    from neuroshard.fitting import _pad_shards
+    x, m = _pad_shards([model.scaler.transform(s) for s in test])
+    with torch.no_grad():
+        ref = model.net(x, m).double().numpy() * np.asarray(model.target_scale)
+    assert np.allclose(model.predict_shards(test), ref, rtol=1e-4)
+    save_model(model, tmp_path / "c.pt")
+    back = load_model(tmp_path / "c.pt", "compute")
+    assert back.cfg.per_lookup and np.allclose(back.predict_shards(test), model.predict_shards(test))
