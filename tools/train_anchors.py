@@ -11,9 +11,10 @@ Stages, each a subprocess of this interpreter with its output in <work-dir>/logs
     test.txt must equal --expected-test (the shipped DLRM-50 test tasks), else one line and stop;
 (2) NeuroShard: collect_compute_cost_data.py, collect_comm_cost_data.py (on the training pool of the
     same table split), train_compute_cost_model.py, train_comm_cost_model.py;
-(3) DreamShard: train_dreamshard.py on the training tasks (--ds-iterations iterations);
-(4) AutoShard: train_autoshard.py on the training tasks (--as-steps steps or --as-time-limit minutes,
-    whichever comes first; the steps reached are in the manifest). The anchor keeps what planning
+(3) DreamShard: train_dreamshard.py on the training tasks;
+(4) AutoShard: train_autoshard.py on the training tasks (the steps reached are in the manifest).
+Every method runs with its scripts' default flags (the method as a user trains it) plus the task, data,
+device, cap, seed and oracle flags; --ds-*, --as-*, --ns-* override one flag each. The anchor keeps what planning
     needs; the learner's resume state (optimizers, cost-model buffer: 95% of the file) stays in the
     full checkpoint in <work-dir>/autoshard/model.pt.
 
@@ -93,17 +94,17 @@ def build_parser():
                         "steps reached)")
     g.add_argument("--as-actors", type=positive_int, default=None,
                    help="train_autoshard.py --num-actors (default: the script's)")
-    g = p.add_argument_group("NeuroShard")
-    g.add_argument("--ns-compute-samples", type=positive_int, default=2000,
-                   help="collect_compute_cost_data.py --data_size (default 2000)")
-    g.add_argument("--ns-comm-samples", type=positive_int, default=300,
-                   help="collect_comm_cost_data.py --data_size (default 300)")
-    g.add_argument("--ns-max-tables", type=positive_int, default=15,
-                   help="collect_compute_cost_data.py --max_tables (default 15)")
-    g.add_argument("--ns-epochs", type=positive_int, default=300,
-                   help="train_compute_cost_model.py --epochs (default 300)")
-    g.add_argument("--ns-comm-epochs", type=positive_int, default=400,
-                   help="train_comm_cost_model.py --epochs (default 400)")
+    g = p.add_argument_group("NeuroShard (each flag's default: its script's)")
+    g.add_argument("--ns-compute-samples", type=positive_int, default=None,
+                   help="collect_compute_cost_data.py --data_size (default: the script's)")
+    g.add_argument("--ns-comm-samples", type=positive_int, default=None,
+                   help="collect_comm_cost_data.py --data_size (default: the script's)")
+    g.add_argument("--ns-max-tables", type=positive_int, default=None,
+                   help="collect_compute_cost_data.py --max_tables (default: the script's)")
+    g.add_argument("--ns-epochs", type=positive_int, default=None,
+                   help="train_compute_cost_model.py --epochs (default: the script's)")
+    g.add_argument("--ns-comm-epochs", type=positive_int, default=None,
+                   help="train_comm_cost_model.py --epochs (default: the script's)")
     return p
 
 
@@ -255,19 +256,19 @@ def stage_neuroshard(args, run: Runner, work: Path) -> dict:
     n = args.ndevices
     common = oracle_flags(args) + ["--seed", str(args.seed), "--quiet"]
     compute_data = run("neuroshard_compute_data", [
-        "collect_compute_cost_data.py", "--data_size", str(args.ns_compute_samples), "--dataset_dir", args.data_dir,
-        "--max_tables", str(args.ns_max_tables), "--max_dim", "128", "--max-memory", f"{args.max_memory:g}",
+        "collect_compute_cost_data.py", *given("--data_size", args.ns_compute_samples), "--dataset_dir", args.data_dir,
+        *given("--max_tables", args.ns_max_tables), "--max-memory", f"{args.max_memory:g}",
         "--weights-precision", "fp16", "--pool", "train", "--pool-seed", "0",
         "--out_dir", rel(ns / "compute")] + common)
     comm_data = run("neuroshard_comm_data", [
-        "collect_comm_cost_data.py", "--data_size", str(args.ns_comm_samples), "--dataset_dir", args.data_dir,
-        "--gpu-devices", ",".join(str(d) for d in range(n)), "--T_range", "10,60", "--sleep_range", "0,300",
-        "--max_dim", "128", "--weights-precision", "fp16", "--out_dir", rel(ns / f"comm_{n}")] + common)
+        "collect_comm_cost_data.py", *given("--data_size", args.ns_comm_samples), "--dataset_dir", args.data_dir,
+        "--gpu-devices", ",".join(str(d) for d in range(n)), "--weights-precision", "fp16",
+        "--out_dir", rel(ns / f"comm_{n}")] + common)
     compute_model = run("neuroshard_compute_model", [
-        "train_compute_cost_model.py", "--data_dir", rel(ns / "compute"), "--epochs", str(args.ns_epochs),
+        "train_compute_cost_model.py", "--data_dir", rel(ns / "compute"), *given("--epochs", args.ns_epochs),
         "--seed", str(args.seed), "--quiet", "--out_path", rel(ns / "compute.pt")])
     comm_models = run("neuroshard_comm_models", [
-        "train_comm_cost_model.py", "--data_dir", rel(ns / f"comm_{n}"), "--epochs", str(args.ns_comm_epochs),
+        "train_comm_cost_model.py", "--data_dir", rel(ns / f"comm_{n}"), *given("--epochs", args.ns_comm_epochs),
         "--seed", str(args.seed), "--quiet", "--fw_out_path", rel(ns / "fw_comm.pt"),
         "--bw_out_path", rel(ns / "bw_comm.pt")])
     out = {}
