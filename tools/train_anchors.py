@@ -14,9 +14,9 @@ Stages, each a subprocess of this interpreter with its output in <work-dir>/logs
 (3) DreamShard: train_dreamshard.py on the training tasks;
 (4) AutoShard: train_autoshard.py on the training tasks (the steps reached are in the manifest).
 Every method runs with its scripts' default flags (the method as a user trains it) plus the task, data,
-device, cap, seed and oracle flags; --ds-*, --as-*, --ns-* override one flag each. The anchor keeps what planning
-    needs; the learner's resume state (optimizers, cost-model buffer: 95% of the file) stays in the
-    full checkpoint in <work-dir>/autoshard/model.pt.
+device, cap, seed and oracle flags; --ds-*, --as-*, --ns-* override one flag each. AutoShard's anchor
+keeps what planning needs; the learner's resume state (optimizers, cost-model buffer: 95% of the file)
+stays in the full checkpoint in <work-dir>/autoshard/model.pt.
 
 Outputs (<out-dir>, default models/anchors/h200): dreamshard/<N-1>.pt, autoshard/model.pt,
 neuroshard/{compute,fw_comm,bw_comm}.pt, train_tasks.txt and MANIFEST.json (per checkpoint: the
