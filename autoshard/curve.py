@@ -103,3 +103,24 @@ def plot_curve(episodes_csv: str | os.PathLike, out_png: str | os.PathLike, wind
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
     return out_png
+
+
+def main(argv=None) -> int:
+    """``python -m autoshard.curve RUN_DIR [--reference REF.jsonl]``: redraw RUN_DIR/train_curve.png."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="Redraw <RUN_DIR>/train_curve.png from its episodes.csv and "
+                                            "policy_eval.csv.")
+    p.add_argument("run_dir", help="a training's <savedir>/<xpid> folder")
+    p.add_argument("--reference", default=None, metavar="REF.jsonl",
+                   help="eval.py --out file with lookup_greedy and shardkit (--shardkit-types tw) plans of the "
+                        "same training tasks: draws the table-wise optimum's cost over the lookup greedy's")
+    p.add_argument("--window", type=int, default=50, help="episodes in the moving average (default %(default)s)")
+    args = p.parse_args(argv)
+    run = Path(args.run_dir)
+    print(plot_curve(run / "episodes.csv", run / "train_curve.png", args.window, reference_jsonl=args.reference))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
