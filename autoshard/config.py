@@ -35,7 +35,9 @@ class AutoShardConfig(Config):
     lstm_hidden: int = 64        # LSTM core width
     cost_hidden: int = 64        # cost model: table MLP hidden width and head width
     # actor-learner (IMPALA)
-    total_steps: int = param(30_000, "environment steps to train for, one step = one table placed (default {default})",
+    total_steps: int = param(60_000, "environment steps to train for, one step = one table placed; the greedy "
+                                     "policy levels off at the lookup greedy's cost after about 25,000 steps on the "
+                                     "emulated H200 (default {default})",
                              type=positive_int)
     num_actors: int = param(help="actor processes (default: one per CPU core, at least 2, at most 8; here "
                                  "{default})", default_factory=default_num_actors, type=positive_int, cli_default=None)
@@ -43,6 +45,9 @@ class AutoShardConfig(Config):
     unroll_length: int = param(25, "steps per unroll (default {default})", type=positive_int)
     replay_ratio: int = param(16, "extra learner updates on replayed recent unrolls per fresh batch "
                                   "(default {default})", type=nonnegative_int)
+    num_buffers: int = param(0, "unrolls that may wait for the learner (torchbeast's --num_buffers); actors ahead "
+                                "of the learner wait. 0: max(2 x actors, batch size) (default {default})",
+                             type=nonnegative_int)
     replay_size: int = 200       # unrolls kept for replay (the most recent)
     learning_rate: float = param(1e-3, "Adam learning rate of policy and value (default {default})",
                                  type=learning_rate_type)
@@ -67,8 +72,24 @@ class AutoShardConfig(Config):
                                     "(default {default})", flags=("--num-min-buf-size",), type=nonnegative_int)
     # rewards
     overflow_penalty: float = 1.0   # reward of an over-cap plan: -penalty x overflow / cap
+    reward: str = param("balance", "final reward of a plan within the cap: balance = min/max of the devices' measured "
+                                   "costs (the paper's); speedup = the task's lookup-greedy plan cost (measured "
+                                   "once per task) over the plan's measured cost (default {default})",
+                        choices=["balance", "speedup"])
     reward_clipping: str = param("none", "abs_one clips each step's reward to [-1, 1] (default {default})",
                                  choices=["none", "abs_one"])
     shaping: float = param(2.0, "weight of potential-based reward shaping from the cost model's predicted loads; "
                                 "0 gives the paper's final reward only (default {default})", type=nonnegative_float)
+    eval_interval: int = param(2000, "environment steps between checks of the greedy (argmax) policy on up to 10 "
+                                     "training tasks against the lookup greedy, written to policy_eval.csv and "
+                                     "the curve; 0: none (default {default})", type=nonnegative_int)
+    # inference
+    decode_samples: int = param(16, "at inference, also sample this many plans from the policy and keep the one "
+                                   "whose slowest device the cost model predicts fastest (the greedy plan is "
+                                   "always a candidate); 0: the paper's greedy argmax only (default {default})",
+                                type=nonnegative_int)
     seed: int = param(0, "random seed (default {default})", type=seed_int, group="general")
+
+    def buffers(self, num_actors: int) -> int:
+        """How many unrolls may wait for the learner (``num_buffers``, 0: max(2 x actors, batch))."""
+        return self.num_buffers or max(2 * int(num_actors), self.batch_size)

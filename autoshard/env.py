@@ -9,7 +9,8 @@ and after (over the cap). Devices without room for the current table are masked;
 room every device is allowed and the plan ends over the cap.
 
 The reward arrives at the end (:func:`final_reward`): the measured balance min/max over the devices'
-costs, or ``-penalty x overflow / cap`` for an over-cap plan (which is never measured).
+costs (the paper's), or optionally the plan's speed-up over the task's lookup-greedy plan (the measured
+cost itself), or ``-penalty x overflow / cap`` for an over-cap plan (which is never measured).
 """
 
 from __future__ import annotations
@@ -129,14 +130,18 @@ def balance(device_costs: Sequence[float]) -> float:
     return float(min(device_costs) / hi) if hi > 0 else 1.0
 
 
-def final_reward(env: ShardingEnv, oracle: CostOracle, overflow_penalty: float = 1.0) -> tuple[float, dict]:
+def final_reward(env: ShardingEnv, oracle: CostOracle, overflow_penalty: float = 1.0,
+                 reference_ms: float | None = None) -> tuple[float, dict]:
     """The episode's reward and what was learnt: ``{"overflow_gb", "device_costs", "cost_ms"}``
-    (``device_costs``: each device's total cost in ms, as the ``oracle`` judged the plan)."""
+    (``device_costs``: each device's total cost in ms, as the ``oracle`` judged the plan). The reward of
+    a plan within the cap is its balance min/max, or with ``reference_ms`` (a reference plan's cost on the
+    same task) the speed-up ``reference_ms / cost``: the plan's cost itself, on one scale for every task."""
     over = env.overflow_gb()
     if over > 0:
         return -overflow_penalty * over / env.cap, {"overflow_gb": over, "device_costs": None, "cost_ms": None}
     costs = oracle.evaluate(env.shards()).device_totals_ms
-    return balance(costs), {"overflow_gb": 0.0, "device_costs": costs, "cost_ms": max(costs)}
+    reward = balance(costs) if reference_ms is None else float(reference_ms) / max(max(costs), EPS)
+    return reward, {"overflow_gb": 0.0, "device_costs": costs, "cost_ms": max(costs)}
 
 
 def stack_obs(obs: Sequence[dict]) -> dict:

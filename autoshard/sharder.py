@@ -1,4 +1,5 @@
-"""AutoShard checkpoints and inference (greedy: the highest-scoring legal device at every step).
+"""AutoShard checkpoints and inference (greedy: the highest-scoring legal device at every step; with
+``decode_samples`` N, the best by the cost model of the greedy plan and N plans sampled from the policy).
 
 A checkpoint is a dict of plain tensors, numbers and strings (loads with ``weights_only=True``):
 ``method`` ("autoshard"), ``version``, ``config``, ``scaler`` (feature standardisation fitted on the
@@ -68,19 +69,50 @@ class AutoShardModel:
 
     @torch.no_grad()
     def place(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-              precision: str = "fp16") -> tuple[list[int], float]:
-        """Greedy placement; returns the allocation and the memory overflow in GB (0 if feasible)."""
-        env = self.env(ndevices, max_memory_gb, precision)
-        obs = env.reset(tables)
-        state = self.net.initial_state(1)
-        done = torch.tensor([[True]])
-        while obs is not None:
-            inputs = stack_obs([obs])
+              precision: str = "fp16", samples: int | None = None, seed: int = 0) -> tuple[list[int], float]:
+        """The greedy plan (argmax at every step), or with ``samples`` > 0 (default: the config's
+        ``decode_samples``) the best of it and ``samples`` plans sampled from the policy, best by the
+        cost model's predicted slowest device (feasible plans first). Returns the allocation and the
+        memory overflow in GB (0 if feasible)."""
+        samples = self.cfg.decode_samples if samples is None else int(samples)
+        if samples <= 0 or not self.cfg.use_cost_model:
+            allocs, overs = self.rollouts(tables, ndevices, max_memory_gb, precision, 0, seed)
+            return allocs[0], overs[0]
+        allocs, overs = self.rollouts(tables, ndevices, max_memory_gb, precision, samples, seed)
+        scores = [(over > 0, over, self.predicted_plan_cost(tables, a, ndevices), k)
+                  for k, (a, over) in enumerate(zip(allocs, overs))]
+        best = min(scores)[3]
+        return allocs[best], overs[best]
+
+    @torch.no_grad()
+    def rollouts(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float, precision: str,
+                 samples: int, seed: int = 0) -> tuple[list[list[int]], list[float]]:
+        """1 + ``samples`` episodes run side by side: the first argmax, the others sampled from the
+        policy (a generator seeded with ``seed``, so a plan is reproducible)."""
+        gen = torch.Generator().manual_seed(int(seed))
+        envs = [self.env(ndevices, max_memory_gb, precision) for _ in range(1 + samples)]
+        obs = [e.reset(tables) for e in envs]
+        state = self.net.initial_state(len(envs))
+        done = torch.ones(1, len(envs), dtype=torch.bool)
+        while obs[0] is not None:
+            inputs = {k: torch.stack([o[k] for o in obs]).unsqueeze(0) for k in ("table", "frac", "action", "mask")}
             inputs["done"] = done
             logits, _, state = self.net(inputs, state)
-            done = torch.tensor([[False]])
-            obs = env.step(int(logits[0, 0].argmax()))
-        return list(env.allocation), env.overflow_gb()
+            done = torch.zeros(1, len(envs), dtype=torch.bool)
+            acts = [int(logits[0, 0].argmax())]
+            if samples:
+                acts += torch.multinomial(torch.softmax(logits[0, 1:], -1), 1, generator=gen).squeeze(-1).tolist()
+            obs = [e.step(a) for e, a in zip(envs, acts)]
+        return [list(e.allocation) for e in envs], [e.overflow_gb() for e in envs]
+
+    @torch.no_grad()
+    def predicted_plan_cost(self, tables: Sequence[TableConfig], allocation: Sequence[int], ndevices: int) -> float:
+        """The cost model's predicted cost (ms) of the plan's slowest device."""
+        emb = self.cost_model.embed(torch.from_numpy(self.scaler.transform(list(tables))).float())
+        summed = torch.zeros(ndevices, emb.shape[1]).index_add_(0, torch.tensor(list(allocation)), emb)
+        used = torch.zeros(ndevices, dtype=torch.bool)
+        used[list(allocation)] = True
+        return float((self.cost_model.cost(summed) * used.float()).max()) * self.cost_scale
 
 
 @dataclass

@@ -52,7 +52,9 @@ from .networks import AutoShardNet, CostModel
 from .sharder import AutoShardModel
 
 LOG_FIELDS = ["update", "step", "episodes", "mean_return", "mean_cost_ms", "cost_model_mape", "pg_loss",
-              "baseline_loss", "entropy", "sps", "elapsed_s"]
+              "baseline_loss", "entropy", "policy_lag", "plans_measured", "sps", "elapsed_s"]
+EVAL_FIELDS = ["step", "elapsed_s", "task", "alg", "cost_ms", "overflow_gb"]
+EVAL_TASKS = 10   # training tasks the greedy policy is checked on during training
 EPISODE_FIELDS = ["episode", "step", "actor", "task", "return", "cost_ms", "overflow_gb"]
 ARRAY_KEYS = ("table", "frac", "action", "mask", "done", "reward", "act", "logits")
 
@@ -68,16 +70,17 @@ class ActorSpec:
     ndevices: int
     max_memory_gb: float
     precision: str
+    references: list | None = None   # per task, the reference plan's cost (ms) of the speedup reward
 
 
 def actor_main(actor_id: int, spec: ActorSpec, shared_net: AutoShardNet, shared_cost: CostModel,
-               req_q, resp_q, out_q, stop) -> None:
+               req_q, resp_q, out_q, stop, version=None) -> None:
     """Entry point of an actor process (errors are reported to the learner, never raised)."""
     set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the learner handles Ctrl-C and stops us
     torch.set_num_threads(1)
     try:
-        _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, stop)
+        _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, stop, version)
     except _Stopped:
         pass
     except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
@@ -123,7 +126,18 @@ class _ServerOracle:
             raise _Stopped  # the server failed; it reports the error itself
 
 
-def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, stop) -> None:
+def _put(q, item, stop) -> None:
+    """``q.put`` on a bounded queue that gives up (raises :class:`_Stopped`) once ``stop`` is set."""
+    while True:
+        try:
+            q.put(item, timeout=0.5)
+            return
+        except queue.Full:
+            if stop.is_set():
+                raise _Stopped from None
+
+
+def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, stop, version=None) -> None:
     cfg = AutoShardConfig.from_dict(spec.cfg)
     net, cost = AutoShardNet(cfg), CostModel(cfg)
     env = ShardingEnv(FeatureScaler.from_state(spec.scaler), cost if cfg.use_cost_model else None,
@@ -132,7 +146,11 @@ def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, s
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
 
+    synced = [0]
+
     def sync() -> None:
+        # the version is read before the weights: a lag counted from it is never under-stated
+        synced[0] = int(version.value) if version is not None else 0
         net.load_state_dict(shared_net.state_dict())
         cost.load_state_dict(shared_cost.state_dict())
 
@@ -168,7 +186,8 @@ def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, s
             # an episode's shaped return is its measured reward minus phi(s_0): the optimum is unchanged
             shaped = cfg.shaping * (cfg.discounting * env.potential() - before)
             if obs is None:
-                final, info = final_reward(env, oracle, cfg.overflow_penalty)
+                final, info = final_reward(env, oracle, cfg.overflow_penalty,
+                                           spec.references[task] if spec.references is not None else None)
                 episodes.append({"actor": actor_id, "task": task, "return": final, "cost_ms": info["cost_ms"],
                                  "overflow_gb": info["overflow_gb"]})
                 task, obs = new_episode()
@@ -181,7 +200,9 @@ def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, s
             logits, action, state = act(obs, done, state)
             current = (obs, reward, done, action, logits)
             steps.append(current)
-        out_q.put(("unroll", actor_id, _pack(steps, h0, c0), episodes))
+        unroll = _pack(steps, h0, c0)
+        unroll["version"] = synced[0]
+        _put(out_q, ("unroll", actor_id, unroll, episodes), stop)
 
 
 def _pack(steps, h0, c0) -> dict:
@@ -202,9 +223,10 @@ def _pack(steps, h0, c0) -> dict:
 class MeasurementServer(threading.Thread):
     """Measures the actors' plans one at a time with the shared evaluator (and its cache)."""
 
-    def __init__(self, oracle: CostOracle, req_q, resp_qs, on_measured: Callable):
+    def __init__(self, oracle: CostOracle, req_q, resp_qs, on_measured: Callable, lock: threading.Lock | None = None):
         super().__init__(name="autoshard-measure", daemon=True)
         self.oracle, self.req_q, self.resp_qs, self.on_measured = oracle, req_q, resp_qs, on_measured
+        self.lock = lock or threading.Lock()   # the learner's policy checks share the oracle
         self.stop_event = threading.Event()
         self.error: str | None = None
         self.plans = 0
@@ -216,7 +238,8 @@ class MeasurementServer(threading.Thread):
             except queue.Empty:
                 continue
             try:
-                device_costs = self.oracle.evaluate(shards).device_costs_ms
+                with self.lock:
+                    device_costs = self.oracle.evaluate(shards).device_costs_ms
             except BaseException as exc:  # noqa: BLE001 - the learner raises it
                 self.error = str(exc) if isinstance(exc, ShardError) else f"{type(exc).__name__}: {exc}"
                 self.resp_qs[actor].put(("error",))
@@ -325,6 +348,7 @@ class AutoShardTrainer:
             self.cost_opt.load_state_dict(extra["cost_optimizer"])
             self.buffer.load_state(extra["cost_buffer"])
         self.have_scale = resumed and len(self.buffer) > 0
+        self._greedy_costs: list[float] = []
         self.interrupted = False
         self.replay: list[dict] = []
         self.timed_out = False
@@ -373,6 +397,59 @@ class AutoShardTrainer:
             self.cost_opt.step()
         return mape
 
+    def reference_costs(self) -> list[float]:
+        """Per training task, the cost (ms) of its lookup-greedy plan (the size greedy's where that one
+        is over the cap), judged by the training oracle: the speedup reward's reference."""
+        from shardcore.baselines import make_baseline
+        from shardcore.errors import InfeasibleError
+
+        out = []
+        for tables in self.task_tables:
+            try:
+                plan = make_baseline("lookup_greedy").shard(tables, self.ndevices, self.cap, self.precision)
+            except InfeasibleError:
+                plan = make_baseline("size_greedy").shard(tables, self.ndevices, self.cap, self.precision)
+            out.append(self._plan_cost(tables, plan.allocation, threading.Lock()))
+        return out
+
+    # -- policy checks (the learning curve against the lookup greedy) -------------------------
+    def _plan_cost(self, tables: Sequence[TableConfig], allocation: Sequence[int], lock: threading.Lock) -> float:
+        shards: list[list[TableConfig]] = [[] for _ in range(self.ndevices)]
+        for t, d in zip(tables, allocation):
+            shards[d].append(t)
+        with lock:
+            return max(self.oracle.evaluate(shards).device_totals_ms)
+
+    def check_policy(self, writer, lock: threading.Lock, elapsed_s: float, reference: bool = False) -> float | None:
+        """Plan the first ``EVAL_TASKS`` training tasks with the greedy (argmax) policy, judge them with the
+        training oracle and log them (with ``reference``, the lookup greedy's plans first). Returns the
+        policy's mean cost over the greedy's, or None when a plan went over the cap."""
+        from shardcore.baselines import make_baseline
+
+        tasks = self.task_tables[:EVAL_TASKS]
+        if reference or not self._greedy_costs:
+            greedy = make_baseline("lookup_greedy")
+            self._greedy_costs = []
+            for k, tables in enumerate(tasks):
+                alloc = greedy.shard(tables, self.ndevices, self.cap, self.precision).allocation
+                self._greedy_costs.append(self._plan_cost(tables, alloc, lock))
+                writer.writerow({"step": self.model.steps, "elapsed_s": round(elapsed_s, 2), "task": k,
+                                 "alg": "lookup_greedy", "cost_ms": round(self._greedy_costs[-1], 5),
+                                 "overflow_gb": 0.0})
+        self.model.net.eval()
+        ratios = []
+        try:
+            for k, tables in enumerate(tasks):
+                alloc, over = self.model.place(tables, self.ndevices, self.cap, self.precision, samples=0)
+                cost = self._plan_cost(tables, alloc, lock) if over <= 0 else None
+                writer.writerow({"step": self.model.steps, "elapsed_s": round(elapsed_s, 2), "task": k,
+                                 "alg": "policy", "cost_ms": "" if cost is None else round(cost, 5),
+                                 "overflow_gb": round(over, 5)})
+                ratios.append(None if cost is None else cost / self._greedy_costs[k])
+        finally:
+            self.model.net.train()
+        return None if any(r is None for r in ratios) else float(np.mean(ratios))
+
     # -- policy ------------------------------------------------------------------------------
     def learn(self, unrolls: Sequence[dict]) -> dict:
         """One V-trace update on ``batch_size`` unrolls of ``unroll_length + 1`` steps."""
@@ -410,7 +487,8 @@ class AutoShardTrainer:
     def _open_logs(self, fresh: bool):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         files = {}
-        for name, fields in (("train_log.csv", LOG_FIELDS), ("episodes.csv", EPISODE_FIELDS)):
+        for name, fields in (("train_log.csv", LOG_FIELDS), ("episodes.csv", EPISODE_FIELDS),
+                             ("policy_eval.csv", EVAL_FIELDS)):
             path = self.out_dir / name
             new = fresh or not path.exists()
             f = open(path, "w" if new else "a", newline="")
@@ -436,10 +514,16 @@ class AutoShardTrainer:
         shared_net.share_memory()
         shared_cost.share_memory()
         spec = ActorSpec(cfg.to_dict(), self.model.scaler.to_state(), self.task_tables, self.ndevices, self.cap,
-                         self.precision)
-        req_q, out_q, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+                         self.precision, self.reference_costs() if cfg.reward == "speedup" else None)
+        # the unrolls waiting for the learner are bounded (torchbeast's --num_buffers): an actor that is
+        # ahead waits, rather than the learner learning from a policy many updates old
+        req_q, out_q, stop = ctx.Queue(), ctx.Queue(maxsize=cfg.buffers(num_actors)), ctx.Event()
+        version = ctx.Value("l", self.updates, lock=False)
         resp_qs = [ctx.Queue() for _ in range(num_actors)]
-        server = MeasurementServer(self.oracle, req_q, resp_qs, self._on_measured)
+        oracle_lock = threading.Lock()
+        server = MeasurementServer(self.oracle, req_q, resp_qs, self._on_measured, oracle_lock)
+        next_check = self.model.steps if cfg.eval_interval else None
+        vs_greedy = None
         actors = []
         t_start = time.perf_counter()
         last_ckpt = t_start
@@ -461,7 +545,7 @@ class AutoShardTrainer:
             try:
                 for a in range(num_actors):
                     p = ctx.Process(target=actor_main, name=f"autoshard-actor-{a}", daemon=True,
-                                    args=(a, spec, shared_net, shared_cost, req_q, resp_qs[a], out_q, stop))
+                                    args=(a, spec, shared_net, shared_cost, req_q, resp_qs[a], out_q, stop, version))
                     p.start()
                     actors.append(p)
             finally:
@@ -482,6 +566,7 @@ class AutoShardTrainer:
                     msg = self._next(out_q, server, actors)
                     unrolls.append(msg[2])
                     episodes.extend(msg[3])
+                lag = float(np.mean([self.updates - u.pop("version", self.updates) for u in unrolls]))
                 stats = self.learn(unrolls)
                 self.replay.extend(unrolls)
                 self.replay = self.replay[-cfg.replay_size:]
@@ -492,6 +577,7 @@ class AutoShardTrainer:
                 self._check_finite_weights(stats)
                 shared_net.load_state_dict(self.model.net.state_dict())
                 shared_cost.load_state_dict(self.model.cost_model.state_dict())
+                version.value = self.updates + 1
                 steps = cfg.batch_size * cfg.unroll_length
                 self.model.steps += steps
                 self.updates += 1
@@ -508,7 +594,8 @@ class AutoShardTrainer:
                        "mean_cost_ms": round(float(np.mean([e["cost_ms"] for e in episodes if e["cost_ms"] is not None])), 4)
                        if any(e["cost_ms"] is not None for e in episodes) else "",
                        "cost_model_mape": round(m, 5) if m is not None else "",
-                       **{k: round(v, 6) for k, v in stats.items()},
+                       **{k: round(v, 6) for k, v in stats.items()}, "policy_lag": round(lag, 2),
+                       "plans_measured": server.plans,
                        "sps": round((self.model.steps - start_steps) / max(time.perf_counter() - t_start, 1e-9), 2),
                        "elapsed_s": round(elapsed, 2)}
                 logs["train_log.csv"][1].writerow(row)
@@ -519,7 +606,12 @@ class AutoShardTrainer:
                     progress.set_postfix_str(
                         f"return {np.mean(recent) if recent else float('nan'):.3f} "
                         f"cost {np.mean(recent_cost) if recent_cost else float('nan'):.1f} ms "
-                        f"model-err {100 * mape if mape is not None else float('nan'):.0f}% eps {self.episodes}")
+                        f"model-err {100 * mape if mape is not None else float('nan'):.0f}% eps {self.episodes}"
+                        + (f" argmax/greedy {vs_greedy:.3f}" if vs_greedy is not None else ""))
+                if next_check is not None and (self.model.steps >= next_check or self.model.steps >= total_steps):
+                    vs_greedy = self.check_policy(logs["policy_eval.csv"][1], oracle_lock, elapsed)
+                    logs["policy_eval.csv"][0].flush()
+                    next_check = self.model.steps + cfg.eval_interval
                 if time.perf_counter() - last_ckpt >= self.checkpoint_interval_s:
                     self.save(elapsed)
                     last_ckpt = time.perf_counter()

@@ -174,3 +174,29 @@ def test_run_autoshard_with_more_plan_devices_than_listed_devices(tiny):
     assert ckpt["method"] == "autoshard" and ckpt["steps"] == 40
     episodes = list(csv.DictReader(open(d / "models8" / "default" / "episodes.csv")))
     assert episodes and all(float(e["cost_ms"]) > 0 for e in episodes)
+
+
+def test_speedup_reward_bounded_queue_and_policy_checks_in_process(tiny):
+    """The learner's queue is bounded (the actors never run far ahead: few plans measured beyond those
+    learned from, policy lag of a few updates), the speedup reward is the lookup greedy's cost over the
+    plan's, and the greedy policy is checked against the lookup greedy into policy_eval.csv."""
+    d = tiny
+    ds = load_dataset(d / "ds", with_lookups=False)
+    tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)]
+    cfg = AutoShardConfig(unroll_length=10, batch_size=2, replay_ratio=1, reward="speedup", eval_interval=40)
+    with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1), d / "c3.sqlite") as ev:
+        trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, ev, d / "speedup", log=lambda *_: None)
+        summary = trainer.run(100, num_actors=2)
+        refs = trainer.reference_costs()
+    assert summary["steps"] == 100 and len(refs) == 4 and all(r > 0 for r in refs)
+    episodes = list(csv.DictReader(open(d / "speedup" / "episodes.csv")))
+    for e in episodes:   # every reward is its task's reference cost over the plan's cost
+        assert float(e["return"]) == pytest.approx(refs[int(e["task"])] / float(e["cost_ms"]), rel=1e-3)
+    rows = list(csv.DictReader(open(d / "speedup" / "train_log.csv")))
+    assert all(float(r["policy_lag"]) <= 2 * cfg.buffers(2) for r in rows)
+    # unrolls of 10 steps hold at most 2 episodes of 6 tables; the bounded queue holds buffers(2) of them
+    assert summary["plans_measured"] <= summary["episodes"] + 2 * (cfg.buffers(2) + 2) + 2
+    checks = list(csv.DictReader(open(d / "speedup" / "policy_eval.csv")))
+    assert {r["alg"] for r in checks} == {"lookup_greedy", "policy"}
+    assert sorted({int(r["step"]) for r in checks if r["alg"] == "policy"}) == [20, 60, 100]
+    assert all(float(r["cost_ms"]) > 0 for r in checks)

@@ -220,3 +220,78 @@ def test_stack_obs_batches_steps():
     o2 = env.step(0)
     s = stack_obs([o1, o2])
     assert s["action"].shape == (2, 1, 3, NUM_ACTION_FEATURES) and s["mask"].dtype == torch.bool
+
+
+# -- issue #24: the speedup reward, decoding by sampling, the bounded actor queue, the curve ----------
+def test_speedup_reward_is_the_reference_cost_over_the_plan_cost():
+    ts = tables(6)
+    env = make_env(ts, ndevices=2)
+    obs = env.reset(ts)
+    while obs is not None:
+        obs = env.step(0 if env.pos < 2 else 1)
+    oracle = FnOracle(lambda shards: [[10.0 * len(s), 0.0, 0.0, 1.0] for s in shards])
+    reward, info = final_reward(env, oracle, reference_ms=30.5)   # slowest device: 4 tables, 41 ms
+    assert reward == pytest.approx(30.5 / 41.0) and info["cost_ms"] == pytest.approx(41.0)
+    assert final_reward(env, oracle)[0] == pytest.approx(21 / 41)   # the paper's balance stays the default
+
+
+def test_sampled_decoding_keeps_the_plan_the_cost_model_rates_best():
+    ts = tables(12)
+    model = AutoShardModel.new(AutoShardConfig(seed=1, decode_samples=0), FeatureScaler.fit(ts))
+    greedy, over = model.place(ts, 3, 5.0)
+    assert over == 0 and (greedy, over) == model.place(ts, 3, 5.0, samples=0)
+    allocs, overs = model.rollouts(ts, 3, 5.0, "fp16", samples=8, seed=0)
+    assert len(allocs) == 9 and allocs[0] == greedy and all(o == 0 for o in overs)
+    assert len({tuple(a) for a in allocs}) > 1            # the untrained policy's samples differ
+    best, _ = model.place(ts, 3, 5.0, samples=8)
+    costs = [model.predicted_plan_cost(ts, a, 3) for a in allocs]
+    assert best in allocs and model.predicted_plan_cost(ts, best, 3) == pytest.approx(min(costs))
+    assert model.place(ts, 3, 5.0, samples=8) == (best, 0.0)          # reproducible
+    # the predicted plan cost is the slowest device's predicted cost, in ms
+    model.cost_scale = 2.0
+    alloc = [i % 2 for i in range(12)]            # device 2 stays empty: it costs nothing
+    with torch.no_grad():
+        emb = model.cost_model.embed(torch.from_numpy(model.scaler.transform(ts)).float())
+        want = max(float(model.cost_model.cost(emb[d::2].sum(0))) for d in range(2)) * 2.0
+    assert model.predicted_plan_cost(ts, alloc, 3) == pytest.approx(want, rel=1e-5)
+    model.cost_scale = 1.0
+    # the config's decode_samples is what a checkpoint decodes with
+    model.cfg.decode_samples = 8
+    assert model.place(ts, 3, 5.0) == (best, 0.0)
+
+
+def test_sampled_decoding_prefers_plans_within_the_cap():
+    ts = [TableConfig(i, gb_rows(0.3), 64, 1.0 + i) for i in range(6)]
+    model = AutoShardModel.new(AutoShardConfig(seed=0, decode_samples=16), FeatureScaler.fit(ts))
+    alloc, over = model.place(ts, 2, 1.0)
+    assert over == 0 and sorted(alloc.count(d) for d in range(2)) == [3, 3]
+
+
+def test_actor_queue_is_bounded():
+    assert AutoShardConfig().buffers(2) == 4 and AutoShardConfig(batch_size=8).buffers(2) == 8
+    assert AutoShardConfig(num_buffers=3).buffers(8) == 3
+
+
+def test_curve_ratios_against_greedy_and_the_table_wise_reference(tmp_path):
+    import json
+
+    from autoshard.curve import plot_curve, policy_ratios, reference_ratio
+
+    rows = ["step,elapsed_s,task,alg,cost_ms,overflow_gb",
+            "10,1,0,lookup_greedy,2.0,0", "10,1,1,lookup_greedy,4.0,0",
+            "10,1,0,policy,3.0,0", "10,1,1,policy,4.0,0",
+            "20,2,0,policy,2.0,0", "20,2,1,policy,2.0,0",
+            "30,3,0,policy,,0.5", "30,3,1,policy,4.0,0"]
+    (tmp_path / "policy_eval.csv").write_text("\n".join(rows) + "\n")
+    r = policy_ratios(tmp_path / "policy_eval.csv")
+    assert r["step"].tolist() == [10, 20, 30]
+    assert r["ratio"].tolist()[:2] == pytest.approx([1.25, 0.75]) and math.isnan(r["ratio"].tolist()[2])
+    ref = tmp_path / "ref.jsonl"
+    ref.write_text("\n".join(json.dumps({"task": k, "alg": a, "cost_ms": c}) for k, a, c in
+                             [(0, "lookup_greedy", 2.0), (1, "lookup_greedy", 4.0), (0, "shardkit", 1.8),
+                              (1, "shardkit", 3.0), (2, "shardkit", 1.0)]) + "\n")
+    assert reference_ratio(ref, [0, 1]) == pytest.approx((0.9 + 0.75) / 2)
+    (tmp_path / "episodes.csv").write_text("episode,step,actor,task,return,cost_ms,overflow_gb\n"
+                                           "1,10,0,0,0.8,3.0,0\n2,20,0,1,0.9,2.5,0\n")
+    png = plot_curve(tmp_path / "episodes.csv", tmp_path / "c.png", reference_jsonl=ref)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
