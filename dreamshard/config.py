@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardcore.argtypes import finite_float, positive_float, positive_int, seed_int
+from shardcore.argtypes import finite_float, nonnegative_int, positive_float, positive_int, seed_int
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 
@@ -38,3 +38,13 @@ class DreamShardConfig(Config):
     grad_clip: float = 1.0
     infeasible_penalty: float = 2.0   # an episode that runs out of memory gets this x its predicted cost
     seed: int = param(0, "random seed (default {default})", type=seed_int)
+    # inference
+    decode_samples: int = param(0, "plans sampled from the policy at inference; the best by the model's own cost "
+                                   "network (the greedy plan among them) is kept. 0: the policy's greedy plan, "
+                                   "as the paper (default {default}; stored in the checkpoint)",
+                                type=nonnegative_int)
+    # monitoring
+    curve_tasks: int = param(50, "after every iteration, judge the greedy (and decoded) plans of the first N "
+                                 "training tasks with the oracle beside lookup-greedy: learning_curve.csv/.png "
+                                 "in --out-dir; these plans are not added to the buffer. 0: no curve "
+                                 "(default {default})", type=nonnegative_int)
