@@ -7,7 +7,10 @@
    communication costs and on the plan cost);
 3. train the policy with REINFORCE in the estimated MDP (returns normalised per batch, entropy bonus);
    decay its learning rate;
-4. save ``<out_dir>/<iteration>.pt`` and append a row to ``<out_dir>/train_log.csv``.
+4. save ``<out_dir>/<iteration>.pt`` and append a row to ``<out_dir>/train_log.csv``;
+5. the learning curve (``curve_tasks``): judge the policy's greedy and decoded plans of training tasks
+   beside lookup-greedy, append to ``<out_dir>/learning_curve.csv`` and draw ``learning_curve.png``
+   (these plans are a monitor, not training data).
 """
 
 from __future__ import annotations
