@@ -57,7 +57,9 @@ class DreamShardModel:
     def load(cls, path: str | os.PathLike) -> "DreamShardModel":
         obj = io.load_checkpoint(path, METHOD, VERSION, "a DreamShard")
         with io.checkpoint_contents(path):
-            cfg = DreamShardConfig.from_dict(obj["config"])
+            stored = dict(obj["config"])
+            stored.setdefault("decode_samples", 0)   # a checkpoint from before decoding by sampling: greedy
+            cfg = DreamShardConfig.from_dict(stored)
             model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), CostNet(cfg), PolicyNet(cfg),
                         float(obj["cost_scale"]), int(obj["iteration"]), obj.get("extra", {}))
             model.cost_net.load_state_dict(obj["cost_net"])
@@ -97,17 +99,35 @@ class DreamShardModel:
             obs, _, _, info = env.step(action)
         return env.allocations(), info["predicted_cost"] * self.cost_scale, info["infeasible"]
 
+    @torch.no_grad()
+    def decode(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
+               precision: str = "fp16", samples: int | None = None, seed: int = 0) -> tuple[list[int], float, bool]:
+        """The plan inference gives: the policy's greedy (argmax) plan when ``samples`` is 0 (the paper's
+        decoding), otherwise the best by this model's own cost network (its predicted plan cost) of the
+        greedy plan and ``samples`` plans sampled from the policy. Sampling uses a generator seeded with
+        ``seed``, so a task always gets the same plan. ``samples`` defaults to ``cfg.decode_samples``.
+        Returns ``(allocation, predicted cost ms, infeasible)``; a feasible plan is preferred."""
+        n = self.cfg.decode_samples if samples is None else int(samples)
+        alloc, pred, infeasible = self.place(tables, ndevices, max_memory_gb, precision)
+        if n > 0:
+            gen = torch.Generator().manual_seed(int(seed))
+            a, p, i = self.place(tables, ndevices, max_memory_gb, precision, sample=True, batch=n, generator=gen)
+            alloc, pred, infeasible = torch.cat([alloc, a]), torch.cat([pred, p]), torch.cat([infeasible, i])
+        score = pred.masked_fill(infeasible, float("inf"))
+        k = int(score.argmin()) if bool((~infeasible).any()) else 0   # ties: the first (the greedy plan)
+        return [int(d) for d in alloc[k]], float(pred[k]), bool(infeasible[k])
+
 
 @dataclass
 class DreamShardSharder(Sharder):
     model: DreamShardModel = None
 
     def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
-        alloc, _, infeasible = self.model.place(tables, ndevices, max_memory_gb, precision)
-        if bool(infeasible[0]):
+        alloc, _, infeasible = self.model.decode(tables, ndevices, max_memory_gb, precision)
+        if infeasible:
             raise InfeasibleError(f"infeasible: the DreamShard policy found no device with room for some "
                                   f"table under the {max_memory_gb:g} GB cap")
-        return Plan(tuple(int(d) for d in alloc[0]), ndevices)
+        return Plan(tuple(alloc), ndevices)
 
 
 def load_sharder(path, **_) -> DreamShardSharder:

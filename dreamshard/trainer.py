@@ -7,7 +7,10 @@
    communication costs and on the plan cost);
 3. train the policy with REINFORCE in the estimated MDP (returns normalised per batch, entropy bonus);
    decay its learning rate;
-4. save ``<out_dir>/<iteration>.pt`` and append a row to ``<out_dir>/train_log.csv``.
+4. save ``<out_dir>/<iteration>.pt`` and append a row to ``<out_dir>/train_log.csv``;
+5. the learning curve (``curve_tasks``): judge the policy's greedy and decoded plans of training tasks
+   beside lookup-greedy, append to ``<out_dir>/learning_curve.csv`` and draw ``learning_curve.png``
+   (these plans are a monitor, not training data).
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ import torch
 from torch.distributions import Categorical
 
 from shardcore import io
-from shardcore.errors import ShardError
+from shardcore.baselines import make_baseline
+from shardcore.errors import InfeasibleError, ShardError
 from shardcore.oracles.factory import check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
 from shardcore.types import CostOracle
 
 from .config import DreamShardConfig
+from .curve import CURVE_FIELDS, plot_curve
 from .env import EstimatedMDP
 from .sharder import DreamShardModel
 
@@ -80,6 +85,8 @@ class DreamShardTrainer:
         self.cost_opt = torch.optim.Adam(model.cost_net.parameters(), lr=cfg.cost_lr)
         lr = cfg.rl_lr * cfg.lr_decay ** (model.iteration + 1)
         self.policy_opt = torch.optim.Adam(model.policy.parameters(), lr=lr)
+        self._lookup = make_baseline("lookup_greedy")
+        self._lookup_cost: dict[int, float] = {}
 
     def _provenance(self) -> dict:
         """What this training's measurements depend on: a resumed run must match it."""
@@ -87,22 +94,28 @@ class DreamShardTrainer:
 
     # -- 1. measure plans sampled by the policy -------------------------------------------------
     def collect(self) -> list[Measured]:
+        """``bench_steps`` plans: a random training task for each, sampled in one batch per task."""
+        picks = [self.rng.randrange(len(self.tasks)) for _ in range(self.cfg.bench_steps)]
         new = []
-        for _ in range(self.cfg.bench_steps):
-            k = self.rng.randrange(len(self.tasks))
+        for k in sorted(set(picks)):
             alloc, _, infeasible = self.model.place(self.task_tables[k], self.ndevices, self.cap, self.precision,
-                                                    sample=True, generator=self.gen)
-            if bool(infeasible[0]):
-                continue
-            allocation = [int(d) for d in alloc[0]]
-            shards = [[] for _ in range(self.ndevices)]
-            for t, d in zip(self.task_tables[k], allocation):
-                shards[d].append(t)
-            answer = self.oracle.evaluate(shards)
-            cost, device_costs = answer.cost_ms, answer.device_costs_ms
-            new.append(Measured(k, allocation, self.ndevices, [list(map(float, c)) for c in device_costs], float(cost)))
+                                                    sample=True, batch=picks.count(k), generator=self.gen)
+            for b in range(alloc.shape[0]):
+                if bool(infeasible[b]):
+                    continue
+                allocation = [int(d) for d in alloc[b]]
+                answer = self.judge(k, allocation)
+                new.append(Measured(k, allocation, self.ndevices, [list(map(float, c)) for c in answer.device_costs_ms],
+                                    float(answer.cost_ms)))
         self.buffer.extend(new)
         return new
+
+    def judge(self, k: int, allocation: Sequence[int]):
+        """The oracle's answer for a plan of training task ``k``."""
+        shards = [[] for _ in range(self.ndevices)]
+        for t, d in zip(self.task_tables[k], allocation):
+            shards[d].append(t)
+        return self.oracle.evaluate(shards)
 
     # -- 2. fit the cost network ----------------------------------------------------------------
     def _batch(self, entries: Sequence[Measured]):
@@ -183,6 +196,52 @@ class DreamShardTrainer:
         policy.eval()
         return float(np.mean(rewards))
 
+    # -- learning curve ---------------------------------------------------------------------------
+    def curve_row(self, it: int) -> dict | None:
+        """Judge the greedy and decoded plans of the first ``curve_tasks`` training tasks beside
+        lookup-greedy (computed once); the plans are not added to the buffer."""
+        n = min(self.cfg.curve_tasks, len(self.tasks))
+        if n == 0:
+            return None
+        self.model.cost_net.eval()
+        self.model.policy.eval()
+        lookup, greedy, decoded, ape = [], [], [], []
+        for k in range(n):
+            if k not in self._lookup_cost:
+                try:
+                    plan = self._lookup.shard(self.task_tables[k], self.ndevices, self.cap, self.precision)
+                    self._lookup_cost[k] = float(self.judge(k, plan.allocation).cost_ms)
+                except InfeasibleError:
+                    self._lookup_cost[k] = float("nan")
+            alloc, pred, infeasible = self.model.decode(self.task_tables[k], self.ndevices, self.cap,
+                                                        self.precision, samples=0)
+            if infeasible or self._lookup_cost[k] != self._lookup_cost[k]:
+                continue
+            g = float(self.judge(k, alloc).cost_ms)
+            lookup.append(self._lookup_cost[k])
+            greedy.append(g)
+            ape.append(abs(pred - g) / g)
+            if self.cfg.decode_samples > 0:
+                alloc, _, infeasible = self.model.decode(self.task_tables[k], self.ndevices, self.cap, self.precision)
+                decoded.append(float(self.judge(k, alloc).cost_ms) if not infeasible else float("nan"))
+        if not lookup:
+            return None
+        lk = float(np.mean(lookup))
+        gr = float(np.mean(greedy))
+        de = float(np.mean(decoded)) if decoded else float("nan")
+        return {"iteration": it, "tasks": len(lookup), "lookup_greedy_ms": round(lk, 4), "greedy_ms": round(gr, 4),
+                "decoded_ms": round(de, 4), "greedy_vs_lookup_pct": round(100 * (gr / lk - 1), 3),
+                "decoded_vs_lookup_pct": round(100 * (de / lk - 1), 3),
+                "cost_net_mape_pct": round(100 * float(np.mean(ape)), 3), "buffer": len(self.buffer)}
+
+    def _write_curve(self, row: dict) -> None:
+        path = self.out_dir / "learning_curve.csv"
+        self._append_csv(path, CURVE_FIELDS, row)
+        try:
+            plot_curve(path, self.out_dir / "learning_curve.png")
+        except ImportError as exc:   # matplotlib is optional: the CSV is the record
+            self.log(f"learning curve not drawn ({exc})")
+
     # -- the loop --------------------------------------------------------------------------------
     def run(self, num_iterations: int, progress=None) -> list[dict]:
         rows = []
@@ -201,19 +260,25 @@ class DreamShardTrainer:
                    "cost_mape": round(mape, 4), "rl_reward_ms": round(reward, 4), "buffer": len(self.buffer),
                    "seconds": round(time.perf_counter() - t0, 2)}
             rows.append(row)
-            self._append_log(row)
+            self._append_csv(self.out_dir / "train_log.csv", LOG_FIELDS, row)
             self.log(f"iteration {it}: measured cost {measured:.2f} ms, cost-net loss {loss:.4f} "
                      f"(train MAPE {100 * mape:.1f}%), RL reward {reward:.2f} ms, {row['seconds']:.0f} s")
+            curve = self.curve_row(it)
+            if curve is not None:
+                self._write_curve(curve)
+                dec = (f", decoded {curve['decoded_vs_lookup_pct']:+.2f}%" if self.cfg.decode_samples > 0 else "")
+                self.log(f"  training tasks vs lookup greedy: greedy {curve['greedy_vs_lookup_pct']:+.2f}%{dec}; "
+                         f"cost net error on those plans {curve['cost_net_mape_pct']:.1f}%")
             if progress is not None:
                 progress.update(1)
         return rows
 
-    def _append_log(self, row: dict) -> None:
-        path = self.out_dir / "train_log.csv"
+    @staticmethod
+    def _append_csv(path: Path, fields: Sequence[str], row: dict) -> None:
         old = path.read_text() if path.exists() else ""
         lines = old.splitlines(keepends=True)
         if not lines:
-            lines = [",".join(LOG_FIELDS) + "\n"]
+            lines = [",".join(fields) + "\n"]
         # keep rows of earlier iterations only (a resumed run rewrites from its start)
         kept = [lines[0]] + [ln for ln in lines[1:] if int(ln.split(",")[0]) < row["iteration"]]
-        io.write_text(path, "".join(kept) + ",".join(str(row[f]) for f in LOG_FIELDS) + "\n")
+        io.write_text(path, "".join(kept) + ",".join(str(row[f]) for f in fields) + "\n")

@@ -24,13 +24,16 @@ def test_train_and_eval_end_to_end(tmp_path):
               "--bench-iters", 2, "--warmup-iters", 1]
     cmd = [sys.executable, os.path.join(ROOT, "train_dreamshard.py"), "--task-path", tmp_path / "train.txt",
            "--out-dir", out, "--num-iterations", 2, "--bench-steps", 3, "--bench-training-steps", 20,
-           "--rl-num-batches", 3, "--rl-batch-size", 4] + common
+           "--rl-num-batches", 3, "--rl-batch-size", 4, "--curve-tasks", 1, "--decode-samples", 4] + common
     proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, cwd=ROOT, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "0.pt").exists() and (out / "1.pt").exists()
     rows = list(csv.DictReader(open(out / "train_log.csv")))
     assert [int(r["iteration"]) for r in rows] == [0, 1]
     assert all(float(r["measured_cost_ms"]) > 0 and float(r["cost_loss"]) >= 0 for r in rows)
+    curve = list(csv.DictReader(open(out / "learning_curve.csv")))   # judged beside lookup greedy, drawn
+    assert [int(r["iteration"]) for r in curve] == [0, 1] and float(curve[-1]["lookup_greedy_ms"]) > 0
+    assert (out / "learning_curve.png").exists()
     ckpt = torch.load(out / "1.pt", weights_only=True)
     assert ckpt["method"] == "dreamshard" and len(ckpt["extra"]["buffer"]) >= 1
     # --resume continues from the newest checkpoint
