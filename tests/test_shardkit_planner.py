@@ -547,6 +547,13 @@ def test_compare_tool_prints_margin_interval_and_repeatability(tmp_path):
     assert 5.0 <= lo <= 11.7 <= hi <= 20.0
     assert "9 plan measurements" in text and "(0.0% below the best anchor)" in text
     assert "repeatability" in text and "largest 10.0%" in text
+    # shardkit's own table-wise variant is a reference, not an anchor: listed, never "the best anchor"
+    for t, ours in enumerate([90.0, 95.0, 80.0]):
+        recs.append({"task": t, "alg": "shardkit-tw", "cost_ms": ours - 1, "device_costs_ms": [[ours - 1, 0, 0, 0]]})
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    text = shardkit_compare.summarize(str(path), "shardkit", None)
+    assert "11.7% below the best anchor (size_lookup_greedy)" in text and "shardkit-tw" not in text
+    assert "shardkit-tw" in shardkit_compare.summarize(str(path), "shardkit", ["shardkit-tw"])
 
 
 def test_expected_slowest_device_under_model_error():

@@ -31,11 +31,15 @@ from shardcore.errors import ShardError
 DEFAULT_DATA_DIR = str(MEASUREMENTS_DIR / "dlrm_b65536")
 
 
+
+NOT_ANCHORS = ("shardkit-tw",)
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="eval.py --out files (measured or emulated)")
     p.add_argument("--alg", default="shardkit", help="the algorithm compared (default shardkit)")
-    p.add_argument("--anchors", default=None, help="comma-separated anchors (default: every other algorithm)")
+    p.add_argument("--anchors", default=None, help="comma-separated anchors (default: every other algorithm but "
+                                                   "shardkit-tw, shardkit's own table-wise variant)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, metavar="DIR",
                    help="the records' dataset (its table configs), to find the tables the emulated judge's "
                         "held-out error is taken from (default %(default)s)")
@@ -82,7 +86,9 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
         by.setdefault(r["alg"], {})[int(r["task"])] = r
     if alg not in by:
         raise ShardError(f"{path}: no {alg} records")
-    algs = [a for a in by if a == alg or anchors is None or a in anchors]
+    # default anchors: every other algorithm but shardkit's own restricted variant (shardkit-tw, the
+    # learned methods' table-wise reference), which is shardkit, not an anchor
+    algs = [a for a in by if a == alg or (a in anchors if anchors is not None else a not in NOT_ANCHORS)]
     tasks = set.intersection(*({t for t, r in by[a].items() if r.get("cost_ms") is not None} for a in algs))
     if not tasks:
         raise ShardError(f"{path}: no task every algorithm planned and measured")
