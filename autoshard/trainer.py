@@ -417,8 +417,11 @@ class AutoShardTrainer:
         shards: list[list[TableConfig]] = [[] for _ in range(self.ndevices)]
         for t, d in zip(tables, allocation):
             shards[d].append(t)
-        with lock:
-            return max(self.oracle.evaluate(shards).device_totals_ms)
+        try:
+            with lock:
+                return max(self.oracle.evaluate(shards).device_totals_ms)
+        except ShardError as exc:   # reported as an actor's failed measurement is (the policy check measures too)
+            raise ShardError(f"measurement failed: {exc}") from None
 
     def check_policy(self, writer, lock: threading.Lock, elapsed_s: float, reference: bool = False) -> float | None:
         """Plan the first ``EVAL_TASKS`` training tasks with the greedy (argmax) policy, judge them with the
