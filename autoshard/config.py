@@ -80,9 +80,11 @@ class AutoShardConfig(Config):
                                  choices=["none", "abs_one"])
     shaping: float = param(2.0, "weight of potential-based reward shaping from the cost model's predicted loads; "
                                 "0 gives the paper's final reward only (default {default})", type=nonnegative_float)
-    eval_interval: int = param(2000, "environment steps between checks of the greedy (argmax) policy on up to 10 "
-                                     "training tasks against the lookup greedy, written to policy_eval.csv and "
-                                     "the curve; 0: none (default {default})", type=nonnegative_int)
+    eval_interval: int | None = param(None, "environment steps between checks of the greedy (argmax) policy on up "
+                                            "to 10 training tasks against the lookup greedy, written to "
+                                            "policy_eval.csv and the curve; 0: none (default: 2000 on an emulated "
+                                            "oracle, 10000 on a measured one, where each check measures 10 plans)",
+                                      type=nonnegative_int)
     # inference
     decode_samples: int = param(16, "at inference, also sample this many plans from the policy and keep the one "
                                    "whose slowest device the cost model predicts fastest (the greedy plan is "

@@ -61,6 +61,9 @@ class DreamShardTrainer:
     def __init__(self, cfg: DreamShardConfig, dataset_tables: Sequence[TableConfig], tasks: Sequence[Task],
                  ndevices: int, max_memory_gb: float, oracle: CostOracle, out_dir: str | os.PathLike,
                  precision: str = "fp16", model: DreamShardModel | None = None, log: Callable[[str], None] = print):
+        # the oracle-dependent defaults filled in (and stored in the checkpoint); an oracle's hardware line
+        # starts with "emulated" where its costs are modelled (shardcore.oracles.emulated.oracle)
+        cfg = cfg.for_oracle(str(oracle.hardware).lower().startswith("emulated"))
         self.cfg = cfg
         self.tasks = list(tasks)
         self.task_tables = [t.tables(dataset_tables) for t in self.tasks]

@@ -93,3 +93,19 @@ def test_the_trainer_writes_a_learning_curve_against_lookup_greedy(tmp_path):
         assert lk > 0 and gr > 0 and float(r["decoded_ms"]) > 0
         assert float(r["greedy_vs_lookup_pct"]) == pytest.approx(100 * (gr / lk - 1), abs=2e-3)
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+
+
+def test_defaults_depend_on_the_oracle(tmp_path):
+    """200 measured plans per iteration and a 50-task curve where labels cost milliseconds (an emulated
+    oracle), the paper's 10 and a 5-task curve on a measured one; given values are kept, and the
+    checkpoint stores the values used."""
+    assert DreamShardConfig().for_oracle(True).bench_steps == 200
+    assert DreamShardConfig().for_oracle(True).curve_tasks == 50
+    assert (DreamShardConfig().for_oracle(False).bench_steps, DreamShardConfig().for_oracle(False).curve_tasks) == (10, 5)
+    assert DreamShardConfig(bench_steps=7, curve_tasks=0).for_oracle(True).bench_steps == 7
+    ts = tables(20, seed=5)
+    oracle = FnOracle(lambda shards: [[sum(t.dim for t in s) / 100, 0.0, 0.0, 0.0] for s in shards])
+    trainer = DreamShardTrainer(DreamShardConfig(hidden=8, embed=8, head_hidden=8), ts, [Task(tuple(range(10)))], 2,
+                                100.0, oracle, tmp_path, log=lambda _: None)
+    assert (trainer.cfg.bench_steps, trainer.cfg.curve_tasks) == (10, 5)   # "a test function": not emulated
+    assert (trainer.model.cfg.bench_steps, trainer.model.cfg.curve_tasks) == (10, 5)
