@@ -242,6 +242,16 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
                         out.append(("row-wise", {pos: row_wise([m] + order[: k - 1])}))
             if dp and t.memory_gb(st.precision) <= dp_max_gb:
                 out.append(("replicate", {pos: data_parallel(n)}))
+        if dp:
+            # small tables of m (not only its heaviest): a replica's lookups spread over every device and
+            # its pooled outputs leave the all-to-all, for an all-reduce of its small weights (measured on
+            # an H200: TorchRec's plans gain most of their lead this way); one at a time, and all at once
+            small = [pos for pos in ranked if st.shardings[pos].type == TABLE_WISE and pos not in heavy
+                     and st.tables[pos].memory_gb(st.precision) <= dp_max_gb]
+            for pos in small[:max_pieces]:
+                out.append(("replicate", {pos: data_parallel(n)}))
+            if len(small) > 1:
+                out.append(("replicate", {pos: data_parallel(n) for pos in small}))
     return out
 
 

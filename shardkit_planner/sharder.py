@@ -34,7 +34,7 @@ from shardcore.oracles.cache import measurement_store
 from shardcore.oracles.commmodel import CommModel
 from shardcore import io
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.plan import Plan, table_wise
+from shardcore.plan import DATA_PARALLEL, Plan, data_parallel, table_wise
 from shardcore.tables import TableConfig
 
 from .costmodel import EMULATED, MEASURED, CostModel, emulated_model
@@ -74,6 +74,44 @@ def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int,
     return Plan.from_shardings(tables, [table_wise(d) for d in alloc], ndevices)
 
 
+REPLICATE_MAX_GB = 0.05   # the search's own bound on a replicated table (search.local_search's dp_max_gb)
+
+
+def replicate_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
+                     precision: str, deadline: float | None = None) -> Plan:
+    """The smallest tables data-parallel, the rest by :func:`model_greedy`: of the tables of at most
+    :data:`REPLICATE_MAX_GB`, by rows, all, seven eighths, ... or one eighth of them replicated (none
+    is model_greedy itself), whichever the model prices lowest (a replica spreads its lookups over
+    every device and leaves the all-to-all for an all-reduce of its weights: TorchRec's plans, measured
+    on an H200, win this way). After ``deadline`` (``time.perf_counter``) no further share is tried
+    once one placed the task."""
+    small = sorted((i for i, t in enumerate(tables) if t.memory_gb(precision) <= REPLICATE_MAX_GB),
+                   key=lambda i: (tables[i].row, i))
+    best: tuple[float, Plan] | None = None
+    for k in sorted({j * len(small) // 8 for j in range(1, 9)} - {0}, reverse=True):
+        if best is not None and deadline is not None and time.perf_counter() > deadline:
+            break
+        rep = set(small[:k])
+        rest = [i for i in range(len(tables)) if i not in rep]
+        rep_gb = sum(tables[i].memory_gb(precision) for i in rep)
+        if not rest or rep_gb > max_memory_gb:
+            continue
+        try:
+            part = model_greedy(model, [tables[i] for i in rest], ndevices, max_memory_gb - rep_gb, precision)
+        except InfeasibleError:
+            continue
+        shardings = [data_parallel(ndevices)] * len(tables)
+        for i, sh in zip(rest, part.table_shardings([tables[i] for i in rest])):
+            shardings[i] = sh
+        plan = Plan.from_shardings(tables, shardings, ndevices)
+        cost = float(model.device_costs(tables, plan).max())
+        if best is None or cost < best[0]:
+            best = (cost, plan)
+    if best is None:
+        raise InfeasibleError("infeasible: no small table to replicate, or no device has room for the rest")
+    return best[1]
+
+
 @dataclass
 class ShardkitConfig(Config):
     """shardkit's own settings, stated once: ``eval.py``, ``eval_simulator.py`` and ``plan.py`` get
@@ -87,10 +125,12 @@ class ShardkitConfig(Config):
                         metavar="S", cli_default=None)
     model: str | None = param(None, "shardkit's cost model file (default: models/shardkit/cpu_cost_model.json for the "
                               "measured oracle, the emulator's own for emulated:h200)", type=str, metavar="JSON")
-    starts: tuple = param(("model_greedy", "size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy"),
-                          "comma-separated plans shardkit starts from: model_greedy, the greedy "
+    starts: tuple = param(("model_greedy", "replicate_greedy", "size_lookup_greedy", "lookup_greedy", "size_greedy",
+                           "dim_greedy"),
+                          "comma-separated plans shardkit starts from: model_greedy, replicate_greedy (the smallest "
+                          "tables data-parallel, where data-parallel is among the types), the greedy "
                           "baselines, torchrec, neuroshard or other --alg names / checkpoints (default "
-                          "model_greedy and the four greedy baselines)", type=name_list, metavar="ALGS",
+                          "model_greedy, replicate_greedy and the four greedy baselines)", type=name_list, metavar="ALGS",
                           cli_default=None)
     types: tuple | None = param(None, "sharding types shardkit's search may create: tw, cw, rw, dp (default all "
                                 "four for emulated:h200, tw,cw for the measured oracle)", type=name_list,
@@ -170,7 +210,7 @@ class ShardkitSharder(Sharder):
         a missing checkpoint stops the command before any worker starts. A start whose package is not
         installed (TorchRec) is skipped per task, as before."""
         for name in self.starts:
-            if name != "model_greedy" and name not in GREEDY_KEYS:
+            if name not in ("model_greedy", "replicate_greedy") and name not in GREEDY_KEYS:
                 try:
                     self._start_sharder(name)
                 except ImportError:
@@ -234,6 +274,10 @@ class ShardkitSharder(Sharder):
             try:
                 if name == "model_greedy":
                     plan = model_greedy(model, tables, ndevices, max_memory_gb, precision)
+                elif name == "replicate_greedy":
+                    if DATA_PARALLEL not in self.types or ndevices < 2:
+                        continue
+                    plan = replicate_greedy(model, tables, ndevices, max_memory_gb, precision, deadline)
                 elif name in GREEDY_KEYS:
                     plan = greedy_plan(tables, ndevices, max_memory_gb, GREEDY_KEYS[name], precision)
                 else:

@@ -392,3 +392,44 @@ def test_cpu_feature_family_scales_every_per_lookup_term_with_the_dim():
     cv2 = float(np.mean(np.asarray(CPU_SPEC["cv_prior"]) ** 2))
     i = names.index("lookups_x_dim_x_cv2")
     assert Xu[0, i] == pytest.approx(X[0, names.index("lookups_x_dim")] * cv2)
+
+
+def test_replica_kernels_rest_on_the_h200_measurements_held_out_by_task(model):
+    """Data-parallel replicas (measured on an H200, 2026-11-27, in TorchRec's plans): the scale is
+    fitted on the measured devices, each device predicted by a judge that never saw its own task."""
+    from shardcore.oracles.emulated.emulator import (fit_replica_scale, heldout_model, predict_devices,
+                                                     replica_devices)
+    from shardcore.plan import device_kernels
+
+    ((fw_fixed, fw_factor), (bw_fixed, bw_factor)), n = fit_replica_scale(model)
+    assert n == len(replica_devices()) == 52
+    assert 0.1 < fw_fixed < bw_fixed < 0.6 and 0 <= fw_factor < 1 and 0 <= bw_factor < 1   # about a launch
+    task_sets = []
+    for name in ("dlrm_tasks_50_test.txt", "dlrm_tasks_100_test.txt"):
+        with open(os.path.join(MEASUREMENTS_DIR, "tasks", name)) as fh:
+            task_sets += [frozenset(int(v) for v in line.split()[0].split(",")) for line in fh if line.strip()]
+    new, old = [], []
+    for pieces, fw, bw in replica_devices():
+        measured = fw + bw
+        own = [t for t in task_sets if {p.index for p in pieces} <= t]
+        assert len(own) == 1
+        judge = heldout_model(own[0])
+        assert fit_replica_scale(judge, own[0])[1] < n            # its own task's devices left out
+        new.append(abs(predict_devices(judge, [list(pieces)], 65536)[0].sum() - measured) / measured)
+        plain = sum(judge.predict_many([ks], b)[0].sum() for b, ks in device_kernels(list(pieces), 65536))
+        old.append(abs(plain - measured) / measured)
+    assert np.mean(new) < 0.06 < 0.5 < np.mean(old)
+
+
+def test_piece_lines_are_read_back_as_pieces(tables):
+    from shardcore.oracles.emulated.emulator import piece_of
+
+    t = tables[100]
+    rw = piece_of({"index": 100, "dim": 16, "kind": "row_wise", "rows": t.row // 2, "row_start": 0,
+                   "full_row": t.row}, tables)
+    dp = piece_of({"index": 100, "dim": 16, "kind": "data_parallel", "rows": t.row, "batch_part": [1, 4]}, tables)
+    assert rw.kind == "row_wise" and rw.row == t.row // 2 and rw.pooling_factor == pytest.approx(t.pooling_factor * (t.row // 2) / t.row)
+    assert dp.batch_part == (1, 4) and dp.row == t.row
+    assert piece_of({"index": 100, "dim": 8, "kind": "column_wise", "rows": t.row}, tables).dim == 8
+    with pytest.raises(ShardError, match="not a measured piece"):
+        piece_of({"index": 100, "dim": 16, "kind": "grid", "rows": 3}, tables)

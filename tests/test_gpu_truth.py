@@ -14,6 +14,7 @@ from helpers import make_dataset
 from shardcore.evaluation import report
 from shardcore.oracles.commmodel import CommModel, fit_comm_model, remote_bytes
 from shardcore.errors import ShardError
+from shardcore.tables import TableConfig
 from shardcore.evaluation.compare import TaskResult
 from shardcore.oracles.commmodel import comm_splits
 from shardcore.oracles.measured.driver import PlanEvaluator
@@ -194,7 +195,7 @@ def test_gpu_check_cpu(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu",
                            "--work-dir", str(work), "--alg", "random,lookup_greedy,torchrec",
                            "--compare", str(cmp_file), "--noise-repeats", "3", "--bench-iters", "2",
-                           "--random-shards", "4",
+                           "--random-shards", "4", "--special-shards", "4",
                            "--time-budget", "400"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -213,6 +214,29 @@ def test_gpu_check_cpu(tmp_path):
     assert lines and all(set(x) >= {"tables", "fw_ms", "bw_ms", "batch_size", "hardware", "date"} for x in lines)
     assert all(x["fw_ms"] > 0 and x["bw_ms"] > 0 for x in lines)
     assert sum(x.get("kind") == "random" for x in lines) == 4
+    # row-wise blocks and data-parallel replicas go to a file of their own, each piece described
+    pieces = [json.loads(x) for x in (work / "measured_shards_pieces.jsonl").read_text().splitlines()]
+    assert sum(x.get("kind") == "random_pieces" for x in pieces) == 4
+    assert all(len(x["pieces"]) == len(x["tables"]) and x["fw_ms"] > 0 for x in pieces)
+    assert {p["kind"] for x in pieces for p in x["pieces"]} >= {"row_wise", "data_parallel"}
+    assert summary["special_shards"]["shards"] == 4
+
+
+def test_special_shards_are_shaped_like_a_plan_device():
+    from shardcore.plan import DATA_PARALLEL, ROW_WISE
+    from tools.gpu_check_lib import shard_class, shard_line, special_shards
+
+    tables = [TableConfig(i, 1000 + 10 * i, 16, 2.0 + i % 5) for i in range(40)]
+    shards = special_shards(tables, 12)
+    assert [shard_class(s) for s in shards[:2]] == ["rw", "dp"]
+    for k, s in enumerate(shards):
+        kinds = {getattr(t, "kind", "table_wise") for t in s}
+        assert kinds <= ({"table_wise", ROW_WISE} if k % 2 == 0 else {"table_wise", DATA_PARALLEL})
+        assert len({t.batch_part for t in s if getattr(t, "kind", None) == DATA_PARALLEL}) <= 1   # one slice
+    line = shard_line(shards[1], 1.0, 2.0, batch_size=64)
+    assert line["tables"] == [[t.index, t.dim] for t in shards[1]] and line["batch_size"] == 64
+    assert [p["kind"] for p in line["pieces"]] == [getattr(t, "kind", "table_wise") for t in shards[1]]
+    assert "pieces" not in shard_line(tables[:3], 1.0, 2.0)
 
 
 def test_gpu_check_bad_input(tmp_path):

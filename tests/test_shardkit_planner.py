@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 
 import numpy as np
@@ -15,10 +16,10 @@ import pytest
 from shardcore.cli import algorithms
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.oracles.measured.driver import PlanResult
-from shardcore.plan import column_wise, data_parallel, row_wise, table_wise
+from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise
 from shardkit_planner.costmodel import CostModel, emulated_model
 from shardkit_planner.search import State, candidate_moves, local_search
-from shardkit_planner.sharder import ShardkitSharder, load_sharder, model_greedy
+from shardkit_planner.sharder import ShardkitSharder, load_sharder, model_greedy, replicate_greedy
 from helpers import FnOracle, make_dataset
 
 B = 64
@@ -235,6 +236,32 @@ def test_model_greedy_and_cost_model_file_round_trip(data, model, tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ShardError, match="not a shardkit cost model"):
         CostModel.load(tmp_path / "bad.json")
+
+
+def test_replicate_greedy_start_is_the_best_replication_of_the_smallest_tables(data, model):
+    _, tables = data
+    task = tables[:16]
+    plan = replicate_greedy(model, task, 4, 10.0, "fp16")
+    assert plan.is_feasible(task, 10.0)
+    kinds = [s.type for s in plan.table_shardings(task)]
+    assert set(kinds) <= {"table_wise", "data_parallel"}
+    rep = [t for t, k in zip(task, kinds) if k == "data_parallel"]
+    assert rep   # every table here is small: at least an eighth of them replicated, the smallest by rows
+    assert max(t.row for t in rep) <= min((t.row for t, k in zip(task, kinds) if k == "table_wise"), default=1 << 62)
+    # the cheapest share under the model: no other share of the smallest tables prices lower
+    small = sorted(range(len(task)), key=lambda i: (task[i].row, i))
+    for k in (len(task) // 8, len(task) // 2):
+        rest = [i for i in range(len(task)) if i not in small[:k]]
+        part = model_greedy(model, [task[i] for i in rest], 4, 10.0 - sum(task[i].memory_gb() for i in small[:k]), "fp16")
+        sh = [data_parallel(4)] * len(task)
+        for i, x in zip(rest, part.table_shardings([task[i] for i in rest])):
+            sh[i] = x
+        other = Plan.from_shardings(task, sh, 4)
+        assert model.plan_cost(task, plan) <= model.plan_cost(task, other) + 1e-9
+    # a start of shardkit's by default, left out where data-parallel is not among the types
+    assert "replicate_greedy" in {n for n, _ in _sharder(model).start_plans(task, 4, 10.0, "fp16")}
+    tw = _sharder(model, types=("table_wise",))
+    assert "replicate_greedy" not in {n for n, _ in tw.start_plans(task, 4, 10.0, "fp16")}
 
 
 def test_resolved_by_name_and_used_by_eval_and_plan(data, tmp_path, capsys):
@@ -633,3 +660,16 @@ def test_robust_objective_never_worse_than_its_starts_under_the_models_error(dat
     shards = plan.shard_tables(task)
     comp = m.shard_compute(shards)
     assert got >= float((comp * draws.mean(axis=0) + m.shard_costs(shards) - comp).max()) - 1e-9
+
+
+def test_compare_tool_reads_a_gpu_check_summary():
+    """The shipped H200 run of 2026-11-27: each task set in turn, the judge's noise named."""
+    from tools import shardkit_compare
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "gpu_measurements",
+                        "h200_gpucheck3_2026-11-27.json")
+    text = shardkit_compare.summarize(path, "shardkit", None)
+    assert "[DLRM-50 (4)]: 5 tasks, 1 x NVIDIA H200" in text and "cut short by the time budget" in text
+    assert "ABOVE the best anchor (torchrec)" in text and "CV 0.12%" in text
+    with pytest.raises(ShardError, match="not a readable gpu_check.json"):
+        shardkit_compare.gpu_check_sets(os.path.join(os.path.dirname(path), "h200_emulator.json"))

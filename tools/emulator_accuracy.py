@@ -155,6 +155,44 @@ def _plan_row(res, name, land, source, rhos, plan_mape, nplans):
             "per_task": [float(r) for r in rhos]}
 
 
+def piece_rows(res: dict, directory=MEASUREMENTS_DIR) -> None:
+    """(d) the devices with row-wise blocks or data-parallel replicas (gpu_check run 3): each predicted
+    by a judge that never saw its tables (row-wise) or its own task (replicas: every measured replica
+    device shares tables with nearly every task; the replica factor is refitted without the task)."""
+    import json
+
+    from shardcore.oracles.emulated.emulator import PIECE_FILES, heldout_model, piece_of, predict_devices
+
+    tables = load_table_configs(os.path.join(directory, "dlrm_b65536", "table_configs.json"))
+    tasks = []
+    for name in ("dlrm_tasks_50_test.txt", "dlrm_tasks_100_test.txt"):
+        with open(os.path.join(directory, "tasks", name)) as fh:
+            tasks += [frozenset(int(v) for v in line.split()[0].split(",")) for line in fh if line.strip()]
+    rows: dict[str, list] = {"data-parallel": [], "row-wise": []}
+    for fname in PIECE_FILES[65536]:
+        path = os.path.join(directory, fname)
+        if not os.path.isfile(path):
+            continue
+        with open(path) as fh:
+            for k, line in enumerate(fh, 1):
+                obj = json.loads(line)
+                pieces = [piece_of(p, tables, f"{fname}:{k}") for p in obj["pieces"]]
+                ids = frozenset(t.index for t in pieces)
+                dp = any(getattr(t, "kind", None) == "data_parallel" for t in pieces)
+                own = [t for t in tasks if ids <= t] if dp else []
+                judge = heldout_model(own[0] if own else ids)
+                pred = predict_devices(judge, [pieces], 65536)[0]
+                rows["data-parallel" if dp else "row-wise"].append((pred, obj["fw_ms"], obj["bw_ms"]))
+    for cls, got in rows.items():
+        if not got:
+            continue
+        pred = np.array([g[0] for g in got])
+        fw, bw = np.array([g[1] for g in got]), np.array([g[2] for g in got])
+        held = "task held out" if cls == "data-parallel" else "tables held out"
+        res["shard_rows"].append(shard_row(f"b65536 devices with {cls} pieces, {held}", pred, fw, bw))
+        res["figures"][f"b65536_pieces_{class_slug(cls)}"] = _mapes(pred, fw, bw)
+
+
 def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> dict:
     """Every figure of the report, as a dict (rows of the printed tables included)."""
     spec = dict(DEFAULT_SPEC)
@@ -207,6 +245,8 @@ def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> d
             continue
         rhos, pm, n = big.plan_scores(source, lambda key: allcost)
         fig[f"b65536_original_only_spearman_{source}"] = _plan_row(res, "b65536 original files only", big, source, rhos, pm, n)
+
+    piece_rows(res, directory)
 
     # the shipped parameters: in-sample, and batch 65536's set extrapolated to batch 4096
     model = GpuComputeModel(read_params(params_path or model_path("h200")))

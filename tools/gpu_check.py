@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-shards", type=int, default=0, metavar="N",
                    help="also measure N random shards (1-60 tables of the whole dataset, half with dims 4-128) "
                         "and append them to --shards-out, as cost-model data (default 0)")
+    p.add_argument("--special-shards", type=int, default=0, metavar="N",
+                   help="also measure N random shards of row-wise blocks and data-parallel replicas (with some "
+                        "whole tables), compare the emulated H200 on them per class and append them to "
+                        "SHARDS_OUT's _pieces file (default 0)")
     p.add_argument("--shards-out", type=Path, default=None,
                    help="append every measured shard here, one JSON line each (default WORK_DIR/measured_shards.jsonl)")
     p.add_argument("--time-budget", type=positive_float, default=450.0, metavar="S",
@@ -71,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.random_shards < 0:
-        raise ShardError(f"--random-shards must be >= 0, got {args.random_shards}")
+    for flag, n in (("--random-shards", args.random_shards), ("--special-shards", args.special_shards)):
+        if n < 0:
+            raise ShardError(f"{flag} must be >= 0, got {n}")
     for sname in args.sets:
         if sname not in ("DLRM-50", "DLRM-100"):
             raise ShardError(f"--sets: unknown task set {sname!r} (DLRM-50 or DLRM-100)")
@@ -91,7 +96,8 @@ def main(argv=None):
     cfg = CheckConfig(device=args.device, work_dir=args.work_dir, data_dir=args.data_dir,
                       batch_size=args.batch_size, algs=tuple(args.alg), checkpoints=tuple(args.checkpoint),
                       max_memory=args.max_memory, noise_repeats=args.noise_repeats, bench_iters=args.bench_iters,
-                      compare=tuple(args.compare), plans=tuple(args.plans), random_shards=args.random_shards, shards_out=args.shards_out, time_budget_s=args.time_budget,
+                      compare=tuple(args.compare), plans=tuple(args.plans), random_shards=args.random_shards,
+                      special_shards=args.special_shards, shards_out=args.shards_out, time_budget_s=args.time_budget,
                       sets=tuple(args.sets), max_tasks=args.max_tasks, gpus=tuple(args.gpu_devices) if args.gpu_devices else None)
     summary = run_check(cfg)
     return 1 if summary.get("stopped") else 0

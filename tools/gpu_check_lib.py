@@ -13,7 +13,10 @@ On a machine with a CUDA GPU and fbgemm-gpu it
 4. prints the side-by-side table per task set, with the emulated-H200 oracle's prediction of the
    same plans beside it (its shard error and within-task rank agreement on these new measurements);
 5. appends every measured shard to ``--shards-out`` in the format of
-   ``data/gpu_measurements/*_shards.jsonl`` (plus the hardware, batch and date);
+   ``data/gpu_measurements/*_shards.jsonl`` (plus the hardware, batch and date; a plan's device also
+   its task and algorithm), and every device with row-wise blocks or data-parallel replicas, each piece
+   described, to ``<shards-out>_pieces.jsonl`` (``--special-shards N`` adds N random such devices and
+   prints the emulated H200's error on them per class);
 6. given ``--compare [SET=]FILE`` (an ``eval.py --out`` file measured elsewhere, same tasks),
    prints the rank correlations of its costs with this run's;
 7. writes everything to ``WORK_DIR/gpu_check.json``.
@@ -67,6 +70,7 @@ class CheckConfig:
     compare: tuple[str, ...] = ()
     plans: tuple[str, ...] = ()
     random_shards: int = 0
+    special_shards: int = 0
     shards_out: Path | None = None
     time_budget_s: float = 450.0
     sets: tuple[str, ...] = ("DLRM-50", "DLRM-100")
@@ -169,6 +173,57 @@ def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60) -> list:
             shard = [t.with_dim(int(rng.choice(dims))) for t in shard]
         out.append(shard)
     return out
+
+
+def special_shards(tables, n: int, seed: int = 1, max_tables: int = 30) -> list:
+    """``n`` random shards of row-wise blocks and data-parallel replicas, the pieces no GPU had measured
+    before, shaped as a real plan's device: 1..max_tables distinct tables of the whole dataset, the
+    even shards row-wise (each table, at random, one row block of it split over 2, 4 or 8 devices, or
+    the whole table), the odd ones data-parallel (each table the replica of one batch slice ``(j, n)``,
+    the same for the shard, n 4 or 8, or the whole table); 60% pieces, 40% whole tables."""
+    import numpy as np
+
+    from shardcore.plan import DATA_PARALLEL, ROW_WISE, Sharding
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        n_dp = int(rng.choice((4, 8)))
+        j = int(rng.integers(n_dp))
+        shard = []
+        for i in rng.choice(len(tables), size=int(rng.integers(1, max_tables + 1)), replace=False):
+            t = tables[int(i)]
+            if rng.random() < 0.6:
+                if k % 2 == 0:
+                    blocks = int(rng.choice((2, 4, 8)))
+                    pieces = Sharding(ROW_WISE, tuple(range(blocks))).pieces(t, blocks)
+                    t = pieces[int(rng.integers(len(pieces)))][1]
+                else:
+                    t = Sharding(DATA_PARALLEL, tuple(range(n_dp))).pieces(t, n_dp)[j][1]
+            shard.append(t)
+        out.append(shard)
+    return out
+
+
+def shard_class(tables) -> str:
+    """``dp`` (holds a data-parallel replica), ``rw`` (a row-wise block) or ``tw/cw``."""
+    kinds = {getattr(t, "kind", "table_wise") for t in tables}
+    return "dp" if "data_parallel" in kinds else ("rw" if "row_wise" in kinds else "tw/cw")
+
+
+def shard_line(tables, fw: float, bw: float, **extra) -> dict:
+    """A measured shard as a JSON line; a shard with row-wise or data-parallel pieces also lists each
+    piece (``pieces``: kind, rows, first row, the table's rows, batch slice ``[j, n]``), and goes to its
+    own file: ``tables`` alone would read as whole tables."""
+    from shardcore.plan import has_pieces
+
+    line = {"tables": [[int(t.index), int(t.dim)] for t in tables], "fw_ms": fw, "bw_ms": bw, **extra}
+    if has_pieces(tables):
+        line["pieces"] = [{"index": int(t.index), "dim": int(t.dim), "kind": getattr(t, "kind", "table_wise"),
+                           "rows": int(t.row), "row_start": int(getattr(t, "row_start", 0)),
+                           "full_row": int(getattr(t, "full_row", 0) or t.row),
+                           "batch_part": list(getattr(t, "batch_part", None) or ()) or None} for t in tables]
+    return line
 
 
 def measure_noise(cfg: CheckConfig, ev, tables) -> dict:
@@ -362,10 +417,11 @@ def run_check(cfg: CheckConfig) -> dict:
         sets = task_sets(cfg, data_dir)
         names = [s.name for s in sets]
         compares = [_load_compare(c, names) for c in cfg.compare]
-        tasks_of = {ts.name: load_tasks(ts.task_path, num_tables=ds.num_tables)[: cfg.max_tasks] for ts in sets}
+        all_tasks = {ts.name: load_tasks(ts.task_path, num_tables=ds.num_tables) for ts in sets}
+        tasks_of = {name: tasks[: cfg.max_tasks] for name, tasks in all_tasks.items()}
         elsewhere: dict[str, dict[str, PlannedElsewhere]] = {}
-        for spec in cfg.plans:
-            name, got = _load_plans(spec, names, tasks_of)
+        for spec in cfg.plans:   # a --plans file is checked against the whole set, --max-tasks or not
+            name, got = _load_plans(spec, names, all_tasks)
             elsewhere.setdefault(name, {}).update(got)
             _say(cfg, f"{name}: plans made elsewhere for {', '.join(got)} ({spec})")
         algs = list(cfg.algs) + list(cfg.checkpoints)
@@ -408,11 +464,13 @@ def run_check(cfg: CheckConfig) -> dict:
                     for i in range(0, len(shards), 10):   # in chunks, so a budget cut keeps what was measured
                         costs = ev.measure_shards(shards[i:i + 10], no_cache=True)
                         for sh, c in zip(shards[i:i + 10], costs):
-                            shard_lines.append({"tables": [[t.index, t.dim] for t in sh], "fw_ms": c.fw_ms,
-                                                "bw_ms": c.bw_ms, "batch_size": ev.batch_size, "kind": "random",
-                                                "hardware": ev.hardware, "date": now})
+                            shard_lines.append(shard_line(sh, c.fw_ms, c.bw_ms, batch_size=ev.batch_size, kind="random",
+                                                          hardware=ev.hardware, date=now))
                     _say(cfg, f"   {len(shards)} random shards (1-60 tables, dims 4-128) measured in "
                               f"{time.perf_counter() - t1:.0f} s")
+                if k == 0 and cfg.special_shards:
+                    summary["special_shards"] = measure_special(cfg, ev, ds.tables, data_dir, batch, emu_ok,
+                                                                shard_lines, now)
                 plans = {}
 
                 def keep(result, task):
@@ -420,9 +478,9 @@ def run_check(cfg: CheckConfig) -> dict:
                         shard_tables = result.plan().shard_tables(task.tables(ds.tables))
                         for tables, (fw, _fc, _bc, bw) in zip(shard_tables, result.device_costs_ms):
                             if tables:
-                                shard_lines.append({"tables": [[t.index, t.dim] for t in tables], "fw_ms": fw,
-                                                    "bw_ms": bw, "batch_size": ev.batch_size,
-                                                    "hardware": ev.hardware, "date": now})
+                                shard_lines.append(shard_line(tables, fw, bw, batch_size=ev.batch_size,
+                                                              hardware=ev.hardware, date=now,
+                                                              task=result.task, alg=result.alg))
                     if result.cost_ms is not None:
                         plans[(result.task, result.alg)] = (task.tables(ds.tables), result)
                         entry["plans"].append({"task": result.task, "alg": result.alg, "cost_ms": result.cost_ms,
@@ -459,11 +517,16 @@ def run_check(cfg: CheckConfig) -> dict:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
         if "shard_lines" in locals() and shard_lines:
-            shards_out.parent.mkdir(parents=True, exist_ok=True)
-            with open(shards_out, "a", encoding="utf-8") as fh:
-                for line in shard_lines:
-                    fh.write(json.dumps(line) + "\n")
-            _say(cfg, f"appended {len(shard_lines)} measured shards to {shards_out}")
+            # shards with row-wise / data-parallel pieces go to a file of their own (see shard_line)
+            special_out = shards_out.with_name(shards_out.stem + "_pieces" + shards_out.suffix)
+            for path, lines in ((shards_out, [x for x in shard_lines if "pieces" not in x]),
+                                (special_out, [x for x in shard_lines if "pieces" in x])):
+                if lines:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(path, "a", encoding="utf-8") as fh:
+                        for line in lines:
+                            fh.write(json.dumps(line) + "\n")
+                    _say(cfg, f"appended {len(lines)} measured shards to {path}")
         summary["seconds"] = time.monotonic() - t_start
         summary["log"] = cfg.log
         write_json(cfg.work_dir / "gpu_check.json", summary)
@@ -478,7 +541,7 @@ def emulator_agreement(cfg: CheckConfig, oracle_cls, data_dir: Path, ndevices: i
     except ShardError as exc:
         _say(cfg, f"   emulated:h200 not compared: {exc}")
         return {"error": str(exc)}
-    shard_err, predicted, measured = [], {}, {}
+    shard_err, predicted, measured, by_class = [], {}, {}, {}
     for key, (tables, r) in plans.items():
         plan = r.plan()
         shards = plan.shard_tables(tables)
@@ -487,6 +550,7 @@ def emulator_agreement(cfg: CheckConfig, oracle_cls, data_dir: Path, ndevices: i
             m = dev_m[0] + dev_m[3]
             if s and m > 0:
                 shard_err.append(abs(dev_e[0] + dev_e[3] - m) / m)
+                by_class.setdefault(shard_class(s), []).append((dev_e[0] + dev_e[3] - m) / m)
         # compare compute only: the one-GPU run models its all-to-all the same way as the emulator
         predicted[key] = max(d[0] + d[3] for d in e.device_costs_ms)
         measured[key] = max(d[0] + d[3] for d in r.device_costs_ms)
@@ -495,4 +559,45 @@ def emulator_agreement(cfg: CheckConfig, oracle_cls, data_dir: Path, ndevices: i
     _say(cfg, f"   emulated:h200 vs measured (compute of the slowest device): shard MAPE {mape:.1f}% over "
               f"{len(shard_err)} shards; Spearman over plans {agr['overall']:.3f}, within a task "
               f"{agr['within_task']:.3f}")
-    return {"shard_mape_pct": mape, **agr}
+    classes = class_errors(by_class)
+    _say(cfg, "   by shard class: " + "; ".join(f"{c} {v['shards']} shards, MAPE {v['mape_pct']:.1f}%, "
+                                                  f"bias {v['bias_pct']:+.1f}%" for c, v in classes.items()))
+    return {"shard_mape_pct": mape, "by_class": classes, **agr}
+
+
+def class_errors(by_class: dict) -> dict:
+    """Per shard class: count, MAPE and mean signed error (%) of the emulator against the measurement."""
+    return {c: {"shards": len(v), "mape_pct": 100.0 * statistics.fmean(abs(x) for x in v),
+                "bias_pct": 100.0 * statistics.fmean(v)} for c, v in sorted(by_class.items()) if v}
+
+
+def measure_special(cfg: CheckConfig, ev, tables, data_dir: Path, batch: int, emu_ok: bool,
+                    shard_lines: list, now: str) -> dict:
+    """Measure ``cfg.special_shards`` random shards of row-wise blocks and data-parallel replicas
+    (:func:`special_shards`), append them to ``shard_lines`` and compare the emulated H200 on them."""
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
+
+    shards = special_shards(tables, cfg.special_shards)
+    t1 = time.perf_counter()
+    measured = []
+    for i in range(0, len(shards), 10):   # in chunks, so a budget cut keeps what was measured
+        costs = ev.measure_shards(shards[i:i + 10], no_cache=True)
+        for sh, c in zip(shards[i:i + 10], costs):
+            measured.append(c.fw_ms + c.bw_ms)
+            shard_lines.append(shard_line(sh, c.fw_ms, c.bw_ms, batch_size=ev.batch_size, kind="random_pieces",
+                                          hardware=ev.hardware, date=now))
+    _say(cfg, f"   {len(shards)} random shards of row-wise blocks and data-parallel replicas measured in "
+              f"{time.perf_counter() - t1:.0f} s")
+    out: dict = {"shards": len(shards)}
+    if emu_ok:
+        emu = EmulatedOracle(data_dir, ev.ndevices, batch_size=batch)
+        by_class: dict = {}
+        for sh, m in zip(shards, measured):
+            e = emu.measure_shards([sh])[0]
+            if m > 0:
+                by_class.setdefault(shard_class(sh), []).append((e.fw_ms + e.bw_ms - m) / m)
+        out["emulated_h200"] = class_errors(by_class)
+        _say(cfg, "   emulated:h200 on them (held out): " + "; ".join(
+            f"{c} {v['shards']} shards, MAPE {v['mape_pct']:.1f}%, bias {v['bias_pct']:+.1f}%"
+            for c, v in out["emulated_h200"].items()))
+    return out

@@ -2,6 +2,7 @@
 """shardkit against the best anchor of an eval.py --out file (one run, plans side by side).
 
   python tools/shardkit_compare.py results/shardkit/emu_dlrm50.jsonl [more.jsonl ...]
+  python tools/shardkit_compare.py data/gpu_measurements/h200_gpucheck3_2026-11-27.json   # measured on a GPU
 
 Per file: every algorithm's mean plan cost over the tasks all of them planned feasibly, its mean
 imbalance (max / mean of the devices' costs), and shardkit's margin below the best other algorithm's
@@ -36,7 +37,8 @@ NOT_ANCHORS = ("shardkit-tw",)
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="+", help="eval.py --out files (measured or emulated)")
+    p.add_argument("files", nargs="+", help="eval.py --out files (measured or emulated), or tools/gpu_check.py "
+                                            "summaries (gpu_check.json: each task set in turn)")
     p.add_argument("--alg", default="shardkit", help="the algorithm compared (default shardkit)")
     p.add_argument("--anchors", default=None, help="comma-separated anchors (default: every other algorithm but "
                                                    "shardkit-tw, shardkit's own table-wise variant)")
@@ -71,16 +73,50 @@ def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int) -> dic
     return out
 
 
+def gpu_check_sets(path: str) -> list[tuple[str, list[dict], str]]:
+    """The task sets of a ``tools/gpu_check.py`` summary (``gpu_check.json``) as eval-like records:
+    ``(label, records, note)`` per set, the note naming the GPU and the micro-benchmark's noise."""
+    try:
+        with open(path, "rb") as fh:
+            obj = json.loads(fh.read().decode("utf-8"))
+        out = []
+        noise = obj.get("noise") or {}
+        note = (f"  judge: {obj.get('gpu', '?')} measured {obj.get('date', '')} (compute measured, all-to-alls modelled); "
+                f"its noise: one {noise.get('tables', '?')}-table shard measured {noise.get('repeats', '?')} times afresh, "
+                f"CV {noise.get('cv_pct', float('nan')):.2f}%") if noise else ""
+        for ts in obj["sets"]:
+            recs = [{"task": int(p["task"]), "alg": str(p["alg"]), "cost_ms": float(p["cost_ms"]),
+                     "device_costs_ms": p["device_costs_ms"], "hardware": ts["hardware"]}
+                    for p in ts["plans"] if p.get("cost_ms") is not None]
+            if recs:
+                out.append((f"{path} [{ts['name']}{'' if ts.get('finished') else ', cut short by the time budget'}]",
+                            recs, note))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ShardError(f"{path}: not a readable gpu_check.json ({io.first_line(exc, 200)})") from None
+    if not out:
+        raise ShardError(f"{path}: no measured plans in it")
+    return out
+
+
 def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DEFAULT_DATA_DIR,
               draws: int = 1000) -> str:
+    """The comparison of one eval.py --out file, or of each task set of a gpu_check.json."""
     from shardcore.evaluation.compare import check_record
 
+    if path.endswith(".json"):
+        return "\n\n".join(summarize_records(label, recs, alg, anchors, data_dir, draws) + ("\n" + note if note else "")
+                           for label, recs, note in gpu_check_sets(path))
     try:
         with open(path, "rb") as fh:
             lines = fh.read().decode("utf-8").splitlines()
         recs = [check_record(json.loads(x), f"{path}:{k}") for k, x in enumerate(lines, 1) if x.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ShardError(f"{path}: not a readable eval.py --out file ({io.first_line(exc, 200)})") from None
+    return summarize_records(path, recs, alg, anchors, data_dir, draws)
+
+
+def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] | None,
+                      data_dir: str = DEFAULT_DATA_DIR, draws: int = 1000) -> str:
     by: dict[str, dict[int, dict]] = {}
     for r in recs:
         by.setdefault(r["alg"], {})[int(r["task"])] = r
@@ -107,7 +143,7 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
     best = min((a for a in algs if a != alg), key=lambda a: mean[a])
     margin = 100.0 * (1 - mean[alg] / mean[best])
     wins = sum(by[alg][t]["cost_ms"] <= min(by[a][t]["cost_ms"] for a in algs if a != alg) for t in tasks)
-    lines.append(f"{alg}: {margin:.1f}% below the best anchor ({best}); best on {wins}/{len(tasks)} tasks; "
+    lines.append(f"{alg}: {abs(margin):.1f}% {'below' if margin >= 0 else 'ABOVE'} the best anchor ({best}); best on {wins}/{len(tasks)} tasks; "
                  f"target >= 5%: {'met' if margin >= 5.0 else 'NOT met'}")
     order = sorted(tasks)
     lo, hi = margin_interval([by[alg][t]["cost_ms"] for t in order], [by[best][t]["cost_ms"] for t in order])

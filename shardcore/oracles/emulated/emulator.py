@@ -59,6 +59,13 @@ gives). A prediction is the larger of the batch-65536 set at the batch and the b
 min(batch, 4096): the launch-bound floor below and around 4096, the bandwidth model above; both
 terms grow with the batch, so costs are non-decreasing in the batch and in the lookups, always
 >= the fitted constant (> 0). An empty shard costs (0.0, 0.0).
+
+**A device's pieces** (:func:`predict_devices`): its whole tables, column and row-wise pieces are one
+kernel at the batch (a row block: its rows, the table's lookups in proportion, the same features);
+its data-parallel replicas a second kernel over its batch slice, priced by
+:meth:`GpuComputeModel.predict_replicas` — a fixed cost plus a factor times the batch-65536 set at
+the slice without its intercept, per direction, fitted on the devices with replicas measured on an
+H200 (``*_pieces.jsonl``, :func:`fit_replica_scale`; the plain shard model put them at 2-3x their cost).
 """
 
 from __future__ import annotations
@@ -326,6 +333,41 @@ class GpuComputeModel:
                 raise ShardError(f"GPU emulator parameters for batch {b}: expected {nf} weights")
         self.default_cv = float(params.get("default_cv", 0.7))
         self._known = known_index(params.get("known_tables"))
+        self._replica_scale = params.get("replica_scale")
+
+    @property
+    def replica_scale(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The (fw, bw) ``(fixed ms, factor)`` of a data-parallel kernel (:meth:`predict_replicas`): the
+        parameter file's, else fitted on the measured devices with replicas (:func:`fit_replica_scale`),
+        without those of a held-out model's own task."""
+        if self._replica_scale is None:
+            held = (self.params.get("heldout") or {}).get("tables")
+            self._replica_scale = fit_replica_scale(self, frozenset(held or ()))[0]
+        (af, bf), (ab, bb) = self._replica_scale
+        return (float(af), float(bf)), (float(ab), float(bb))
+
+    def predict_replicas(self, kernels: Sequence[Sequence[TableConfig]], batch_size: int,
+                         length_cv: Sequence[Sequence[float]] | None = None,
+                         scale: tuple[tuple[float, float], tuple[float, float]] | None = None) -> np.ndarray:
+        """``[len(kernels), 2]`` (fw_ms, bw_ms) of data-parallel kernels, each a device's replicas over
+        its batch slice ``batch_size``: per direction, a fixed cost plus a factor times the largest
+        batch's parameter set at the slice without its per-shard intercept (:attr:`replica_scale`).
+        Measured on an H200 (2026-11-27), the shard model alone (the launch-bound small batch's set
+        binding at a slice) put such kernels at 2-3x their cost: a replica kernel of 30 small tables
+        costs about its fixed 0.2 + 0.35 ms whatever the slice."""
+        kernels = [list(k) for k in kernels]
+        out = np.zeros((len(kernels), 2))
+        if not kernels:
+            return out
+        ta, shard_of = self._arrays(kernels, length_cv)
+        X = shard_features(ta, shard_of, len(kernels), int(batch_size), self.spec)
+        X[:, 0] = 0.0
+        wf, wb = self.weights[self.batches[-1]]
+        (af, kf), (ab, kb) = self.replica_scale if scale is None else scale
+        out[:, 0] = af + np.maximum(X @ wf, 0.0) * kf
+        out[:, 1] = ab + np.maximum(X @ wb, 0.0) * kb
+        out[np.array([len(x) == 0 for x in kernels])] = 0.0
+        return out
 
     # -- the bag-length CV of a table ----------------------------------------------------------
     def table_cv(self, t: TableConfig) -> float:
@@ -392,13 +434,15 @@ class GpuComputeModel:
 
 
 def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfig]], batch_size: int,
-                    cv_of=None) -> np.ndarray:
+                    cv_of=None, replica_scale=None) -> np.ndarray:
     """``[len(shards), 2]`` (fw_ms, bw_ms) of devices holding ``shards[d]``: the sum of ``model``'s
     predictions of each device's kernels (:func:`shardcore.plan.device_kernels`: its model-parallel
     pieces fused at ``batch_size``, its data-parallel replicas fused at its batch slice), one
-    :meth:`~GpuComputeModel.predict_many` per distinct batch. ``cv_of(t)``: a table's bag-length CV
-    (default: the model's known tables' CV, else unknown: see :meth:`~GpuComputeModel.predict_many`). A replica keeps its table's reuse
-    statistics, taken at the full batch (the slice's are not known from the configs)."""
+    :meth:`~GpuComputeModel.predict_many` per distinct batch (a GPU model's replica kernels by
+    :meth:`~GpuComputeModel.predict_replicas`, ``replica_scale`` overriding its factor). ``cv_of(t)``: a
+    table's bag-length CV (default: the model's known tables' CV, else unknown: see
+    :meth:`~GpuComputeModel.predict_many`). A replica keeps its table's reuse statistics, taken at the full
+    batch (the slice's are not known from the configs)."""
     from shardcore.plan import device_kernels
 
     cv_of = cv_of or (lambda t: known_cv(model._known, t, math.nan))
@@ -410,9 +454,84 @@ def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfi
     for b, kernels in groups.items():
         if b < 1:      # an empty batch slice (fewer samples than devices): nothing to look up
             continue
-        pred = model.predict_many([k for _, k in kernels], b, length_cv=[[cv_of(t) for t in k] for _, k in kernels])
+        cvs = [[cv_of(t) for t in k] for _, k in kernels]
+        if b < batch_size and not _is_cpu(model.spec):   # a GPU's replica kernels: see predict_replicas
+            pred = model.predict_replicas([k for _, k in kernels], b, length_cv=cvs, scale=replica_scale)
+        else:
+            pred = model.predict_many([k for _, k in kernels], b, length_cv=cvs)
         np.add.at(out, [d for d, _ in kernels], pred)
     return out
+
+
+PIECE_FILES = {65536: ("h200_b65536_gpucheck3_pieces.jsonl",), 4096: ()}
+MIN_REPLICA_DEVICES = 8
+
+
+def piece_of(obj: Mapping, tables: Sequence[TableConfig], where: str = "piece") -> TableConfig:
+    """A measured device's piece from its JSON (``tools/gpu_check_lib.shard_line``'s ``pieces``)."""
+    from shardcore.plan import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, TABLE_WISE, ShardPiece
+
+    try:
+        t = tables[int(obj["index"])]
+        kind, rows, dim = str(obj["kind"]), int(obj["rows"]), int(obj["dim"])
+        if kind in (TABLE_WISE, COLUMN_WISE):
+            return t if dim == t.dim else t.with_dim(dim)
+        if kind not in (ROW_WISE, DATA_PARALLEL):
+            raise ValueError(kind)
+        part = tuple(int(v) for v in obj["batch_part"]) if obj.get("batch_part") else None
+        pf = t.pooling_factor * (rows / t.row if kind == ROW_WISE and t.row else 1.0)
+        return ShardPiece(t.index, rows, dim, pf, t.bins, kind=kind, row_start=int(obj.get("row_start", 0)),
+                          full_row=int(obj.get("full_row") or t.row), batch_part=part)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ShardError(f"{where}: not a measured piece ({type(exc).__name__}: {exc})") from None
+
+
+@functools.lru_cache(maxsize=None)
+def replica_devices(card: str = "h200", batch: int = 65536) -> tuple:
+    """The measured devices holding data-parallel replicas: ``(pieces, fw_ms, bw_ms)`` each."""
+    from shardcore.dataset import load_table_configs
+
+    if card != "h200" or not PIECE_FILES.get(batch):
+        return ()
+    tables = load_table_configs(MEASUREMENTS_DIR / f"dlrm_b{batch}" / "table_configs.json")
+    out = []
+    for name in PIECE_FILES.get(batch, ()):
+        with open(MEASUREMENTS_DIR / name) as fh:
+            for k, line in enumerate(fh, 1):
+                if line.strip():
+                    obj = json.loads(line)
+                    pieces = tuple(piece_of(p, tables, f"{name}:{k}") for p in obj["pieces"])
+                    if any(getattr(t, "kind", None) == "data_parallel" for t in pieces):
+                        out.append((pieces, float(obj["fw_ms"]), float(obj["bw_ms"])))
+    return tuple(out)
+
+
+def fit_replica_scale(model: GpuComputeModel, exclude: frozenset = frozenset(), card: str = "h200",
+                      batch: int = 65536) -> tuple[tuple[tuple[float, float], tuple[float, float]], int]:
+    """``(((fw_fixed, fw_factor), (bw_fixed, bw_factor)), devices)``: non-negative least squares, forward
+    and backward apart, over the measured devices with replicas of ``measured = model's other kernel +
+    fixed + factor x model.predict_replicas(fixed 0, factor 1)``, leaving out the devices of the held-out
+    task (every table in ``exclude``; a device of another task shares some tables with nearly every
+    task, so a table-level hold-out would leave none). ``(0, 1)`` each with fewer than
+    :data:`MIN_REPLICA_DEVICES` devices (the shard model's own extrapolation, without its intercept)."""
+    from shardcore.plan import device_kernels
+
+    rows = [r for r in replica_devices(model.card if model.card != "?" else card, batch)
+            if not (exclude and {t.index for t in r[0]} <= exclude)]
+    if len(rows) < MIN_REPLICA_DEVICES:
+        return ((0.0, 1.0), (0.0, 1.0)), len(rows)
+    resid, base = np.zeros((len(rows), 2)), np.zeros((len(rows), 2))
+    for i, (pieces, fw, bw) in enumerate(rows):
+        other = np.zeros(2)
+        for b, ks in device_kernels(list(pieces), batch):
+            cv = [[known_cv(model._known, t, math.nan) for t in ks]]
+            if b < batch:
+                base[i] += model.predict_replicas([ks], b, cv, scale=((0.0, 1.0), (0.0, 1.0)))[0]
+            else:
+                other += model.predict_many([ks], b, cv)[0]
+        resid[i] = np.array([fw, bw]) - other
+    fit = [nnls(np.stack([np.ones(len(rows)), base[:, j]], 1), resid[:, j]) for j in (0, 1)]
+    return tuple((float(w[0]), float(w[1])) for w in fit), len(rows)
 
 
 def model_path(card: str) -> Path:

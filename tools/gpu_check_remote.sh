@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# A GPU check on a lent GPU machine (torch 2.11 + CUDA, no fbgemm-gpu, no network), in three calls.
+#
+# The repository (about 5.5 MB tracked) plus one half of ../shared/tools/stage-fbgemm-gpu.sh's archive
+# (about 59 MiB) no longer fit one call's 64 MiB, so the archive travels in three parts, one per call,
+# gathered in /tmp there; the first call also starts the batch-65536 dataset in the background.
+#
+#   here, once (about 3 minutes):
+#     echo /.gpu/ >> .git/info/exclude
+#     ../shared/tools/stage-fbgemm-gpu.sh .gpu && bash tools/gpu_check_remote.sh split .gpu
+#     cp my_plans.jsonl .gpu/p3/            # eval.py --out files whose plans the GPU should measure
+#   there, three calls made one after another (the machine goes back 30 s after a call):
+#     call 1, carry .gpu/p1:  bash tools/gpu_check_remote.sh part 1
+#     call 2, carry .gpu/p2:  bash tools/gpu_check_remote.sh part 2
+#     call 3, carry .gpu/p3:  bash tools/gpu_check_remote.sh run --plans DLRM-50=.gpu/p3/my_plans.jsonl ...
+#
+# "run" waits for the dataset (by its pid: never `pgrep -f`, which matches the waiting shell itself),
+# unpacks FBGEMM into /tmp/site, runs tools/gpu_check.py --work-dir /tmp/gc with the flags given and
+# copies gpu_check.json, its log and the measured shard files to $OUT. Set the check's --time-budget
+# well inside the call's timeout. See docs/oracles.md ("GPU checks").
+set -u
+mode=${1:-}
+case "$mode" in
+  split)
+    dir=${2:?usage: gpu_check_remote.sh split DIR (the folder stage-fbgemm-gpu.sh wrote)}
+    [ -f "$dir/a/part.00" ] && [ -f "$dir/b/part.01" ] || { echo "error: $dir/a/part.00 and $dir/b/part.01 not found (run stage-fbgemm-gpu.sh $dir first)" >&2; exit 2; }
+    tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
+    cat "$dir/a/part.00" "$dir/b/part.01" > "$tmp/all" && (cd "$tmp" && split -n 3 -d all fbx.) || exit 1
+    mkdir -p "$dir/p1" "$dir/p2" "$dir/p3"
+    mv "$tmp/fbx.00" "$dir/p1/" && mv "$tmp/fbx.01" "$dir/p2/" && mv "$tmp/fbx.02" "$dir/p3/" || exit 1
+    rm -rf "$dir/a" "$dir/b"
+    ls -l "$dir"/p1 "$dir"/p2 "$dir"/p3
+    ;;
+  part)
+    n=${2:?usage: gpu_check_remote.sh part 1|2}
+    mkdir -p /tmp/fb /tmp/gc && cp .gpu/p"$n"/fbx.* /tmp/fb/ || { echo "error: .gpu/p$n not carried" >&2; exit 2; }
+    if [ "$n" = 1 ] && [ ! -f /tmp/gc/data_b65536/data.pt ]; then
+      PYTHONPATH=$PWD setsid bash -c 'echo $$ > /tmp/gen.pid; exec python3 tools/gen_dlrm_data.py --synthetic \
+        --out-dir /tmp/gc/data_b65536 --batch-size 65536 --quiet' > /tmp/gen.log 2>&1 < /dev/null &
+    fi
+    nvidia-smi -L 2>/dev/null; ls -l /tmp/fb
+    ;;
+  run)
+    shift
+    if [ -f /tmp/gen.pid ]; then
+      while kill -0 "$(cat /tmp/gen.pid)" 2>/dev/null; do sleep 1; done
+      cat /tmp/gen.log
+    fi
+    if [ ! -f /tmp/site/fbgemm_gpu/__init__.py ]; then
+      mkdir -p /tmp/site
+      cat /tmp/fb/fbx.00 /tmp/fb/fbx.01 .gpu/p3/fbx.02 | xz -dc -T0 | tar x -C /tmp/site || { echo "error: unpacking FBGEMM failed" >&2; exit 3; }
+    fi
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
+    # FBGEMM 1.6 warns in every worker that its compatibility table has no 1.6 entry: left out of the log
+    python3 tools/gpu_check.py --work-dir /tmp/gc "$@" 2>&1 \
+      | grep -v -F -e "_fbgemm_torch_compat_table" -e "cannot determine compatibility" -e "WARNING:root:" -e $'\e[' \
+      | tee "${OUT:-/tmp}/gpu_check.log"
+    rc=${PIPESTATUS[0]}
+    for f in /tmp/gc/gpu_check.json /tmp/gc/measured_shards*.jsonl; do [ -f "$f" ] && cp "$f" "${OUT:-/tmp}/"; done
+    exit "$rc"
+    ;;
+  *)
+    echo "usage: gpu_check_remote.sh split DIR | part 1|2 | run [tools/gpu_check.py flags]" >&2
+    exit 2
+    ;;
+esac
