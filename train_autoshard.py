@@ -26,6 +26,7 @@ from shardcore.argtypes import positive_float
 from shardcore.dataset import load_dataset
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.tasks import load_tasks
+from shardcore.types import Topology
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.config import add_config_args, config_from_args
 from shardcore.io import check_output_dir
@@ -78,9 +79,10 @@ def learner_threads(text: str) -> int:
 def check_tasks(tasks, dataset, ndevices: int, cap: float, precision: str) -> None:
     """Every training task must have a feasible plan (found by the size greedy), or training is moot."""
     greedy = make_baseline("size_greedy")
+    topology = Topology(ndevices, cap, precision)
     for k, task in enumerate(tasks):
         try:
-            greedy.shard(task.tables(dataset.tables), ndevices, cap, precision)
+            greedy.shard(task.tables(dataset.tables), topology)
         except InfeasibleError:
             raise ShardError(f"training task {k} does not fit on {ndevices} devices under the {cap:g} GB cap "
                              "(raise --max-memory or use more devices)") from None

@@ -23,7 +23,7 @@ from shardcore.plan import Plan
 from shardcore.tables import FeatureScaler, TableConfig
 
 from .config import AutoShardConfig
-from .env import ShardingEnv, stack_obs
+from .env import ShardingEnv
 from .networks import AutoShardNet, CostModel
 
 METHOD = "autoshard"
@@ -119,7 +119,8 @@ class AutoShardModel:
 class AutoShardSharder(Sharder):
     model: AutoShardModel = None
 
-    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+    def shard(self, tables, topology):
+        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         alloc, over = self.model.place(tables, ndevices, max_memory_gb, precision)
         if over > 0:
             raise InfeasibleError(f"infeasible: the AutoShard policy ran out of room under the "

@@ -43,7 +43,7 @@ from shardcore.errors import set_parent_death_signal
 from shardcore.oracles.factory import check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
-from shardcore.types import CostOracle, PlanResult
+from shardcore.types import CostOracle, PlanResult, Topology
 
 from . import vtrace
 from .config import AutoShardConfig
@@ -404,11 +404,12 @@ class AutoShardTrainer:
         from shardcore.errors import InfeasibleError
 
         out = []
+        topology = Topology(self.ndevices, self.cap, self.precision)
         for tables in self.task_tables:
             try:
-                plan = make_baseline("lookup_greedy").shard(tables, self.ndevices, self.cap, self.precision)
+                plan = make_baseline("lookup_greedy").shard(tables, topology)
             except InfeasibleError:
-                plan = make_baseline("size_greedy").shard(tables, self.ndevices, self.cap, self.precision)
+                plan = make_baseline("size_greedy").shard(tables, topology)
             out.append(self._plan_cost(tables, plan.allocation, threading.Lock()))
         return out
 
@@ -434,7 +435,7 @@ class AutoShardTrainer:
             greedy = make_baseline("lookup_greedy")
             self._greedy_costs = []
             for k, tables in enumerate(tasks):
-                alloc = greedy.shard(tables, self.ndevices, self.cap, self.precision).allocation
+                alloc = greedy.shard(tables, Topology(self.ndevices, self.cap, self.precision)).allocation
                 self._greedy_costs.append(self._plan_cost(tables, alloc, lock))
                 writer.writerow({"step": self.model.steps, "elapsed_s": round(elapsed_s, 2), "task": k,
                                  "alg": "lookup_greedy", "cost_ms": round(self._greedy_costs[-1], 5),

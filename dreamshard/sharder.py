@@ -122,7 +122,8 @@ class DreamShardModel:
 class DreamShardSharder(Sharder):
     model: DreamShardModel = None
 
-    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+    def shard(self, tables, topology):
+        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         alloc, _, infeasible = self.model.decode(tables, ndevices, max_memory_gb, precision)
         if infeasible:
             raise InfeasibleError(f"infeasible: the DreamShard policy found no device with room for some "

@@ -32,7 +32,7 @@ from shardcore.errors import InfeasibleError, ShardError
 from shardcore.oracles.factory import check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
-from shardcore.types import CostOracle
+from shardcore.types import CostOracle, Topology
 
 from .config import DreamShardConfig
 from .curve import CURVE_FIELDS, plot_curve
@@ -212,7 +212,7 @@ class DreamShardTrainer:
         for k in range(n):
             if k not in self._lookup_cost:
                 try:
-                    plan = self._lookup.shard(self.task_tables[k], self.ndevices, self.cap, self.precision)
+                    plan = self._lookup.shard(self.task_tables[k], Topology(self.ndevices, self.cap, self.precision))
                     self._lookup_cost[k] = float(self.judge(k, plan.allocation).cost_ms)
                 except InfeasibleError:
                     self._lookup_cost[k] = float("nan")

@@ -55,10 +55,10 @@ class GuardedSharder(Sharder):
     inner: Sharder = None
     failure: str | None = None
 
-    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+    def shard(self, tables, topology):
         self.failure = None
         try:
-            return self.inner.shard(tables, ndevices, max_memory_gb, precision)
+            return self.inner.shard(tables, topology)
         except InfeasibleError:
             raise
         except KeyboardInterrupt:

@@ -32,6 +32,7 @@ from shardcore.evaluation import report
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.io import write_text
 from shardcore.tables import TableConfig, total_memory_gb
+from shardcore.types import Topology
 
 from .config import PLUGINS, all_algs, known_algs, label, learned_methods, order_algs, planners
 from .facts import machine_info, now, software_versions
@@ -155,8 +156,8 @@ def _bench_child_main() -> None:
         # warm-up on a small task: lazy initialisation is not charged to the first size
         warm = tables[: min(8, len(tables))]
         try:
-            sharder.shard(warm, 2, bench_cap(warm, 2, spec["max_memory"], spec["headroom"], spec["precision"]),
-                          spec["precision"])
+            sharder.shard(warm, Topology(2, bench_cap(warm, 2, spec["max_memory"], spec["headroom"], spec["precision"]),
+                                         spec["precision"]))
         except ShardError:
             pass
     except Exception as exc:
@@ -178,23 +179,24 @@ def _bench_child_main() -> None:
         mem_mb = None
         status, error = "ok", ""
         try:
+            topology = Topology(d, cap, spec["precision"])
             gc.collect()
             if rss_ok:
                 _reset_peak()
                 before = _read_status()["VmRSS"]
                 t0 = time.perf_counter()
-                sharder.shard(task, d, cap, spec["precision"])
+                sharder.shard(task, topology)
                 times.append(time.perf_counter() - t0)
                 mem_mb = max(0, _read_status()["VmHWM"] - before) / 1024.0
             else:
                 import tracemalloc
                 tracemalloc.start()
-                sharder.shard(task, d, cap, spec["precision"])
+                sharder.shard(task, topology)
                 mem_mb = tracemalloc.get_traced_memory()[1] / 2 ** 20
                 tracemalloc.stop()
             while len(times) < spec["repeats"] and sum(times) < spec["time_limit_s"]:
                 t0 = time.perf_counter()
-                sharder.shard(task, d, cap, spec["precision"])
+                sharder.shard(task, topology)
                 times.append(time.perf_counter() - t0)
         except InfeasibleError as exc:
             status, error = "infeasible", str(exc)

@@ -45,7 +45,8 @@ class NeuroShardSharder(Sharder):
                     precision: str = "fp16") -> SearchResult:
         return search(self.simulator, tables, ndevices, max_memory_gb, precision, self.search)
 
-    def shard(self, tables, ndevices, max_memory_gb, precision="fp16") -> Plan:
+    def shard(self, tables, topology) -> Plan:
+        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         if not tables:
             return Plan((), ndevices)
         result = self.search_plan(tables, ndevices, max_memory_gb, precision)

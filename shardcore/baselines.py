@@ -100,8 +100,9 @@ GREEDY_KEYS: dict[str, Callable[[TableConfig], float]] = {
 
 @dataclass
 class GreedySharder(Sharder):
-    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
-        return greedy_plan(tables, ndevices, max_memory_gb, GREEDY_KEYS[self.name], precision)
+    def shard(self, tables, topology):
+        return greedy_plan(tables, topology.ndevices, topology.max_memory_gb, GREEDY_KEYS[self.name],
+                           topology.precision)
 
 
 @dataclass
@@ -112,7 +113,8 @@ class RandomSharder(Sharder):
     def __post_init__(self):
         self.rng = np.random.default_rng(self.seed)
 
-    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+    def shard(self, tables, topology):
+        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         mem = [0.0] * ndevices
         alloc = []
         for i, t in enumerate(tables):
@@ -128,7 +130,8 @@ class RandomSharder(Sharder):
 
 @dataclass
 class NaiveSharder(Sharder):
-    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+    def shard(self, tables, topology):
+        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         mem = [0.0] * ndevices
         alloc = []
         for i, t in enumerate(tables):

@@ -68,7 +68,7 @@ class Topology:
 
 @dataclass
 class Sharder(abc.ABC):
-    """A placement algorithm: ``sharder.shard(tables, ndevices, max_memory_gb, precision) -> Plan``.
+    """A placement algorithm: ``sharder.shard(tables, topology) -> Plan``, on a :class:`Topology`.
 
     The core's baselines (:mod:`shardcore.baselines`) and every method package subclass it."""
 
@@ -80,9 +80,9 @@ class Sharder(abc.ABC):
     measures_candidates = False
 
     @abc.abstractmethod
-    def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-              precision: str = "fp16") -> "Plan":
-        """Place ``tables`` on ``ndevices`` devices; raise :class:`InfeasibleError` if impossible."""
+    def shard(self, tables: Sequence[TableConfig], topology: Topology) -> "Plan":
+        """Place ``tables`` on ``topology.ndevices`` devices of ``topology.max_memory_gb`` each (weights
+        at ``topology.precision``); raise :class:`InfeasibleError` if impossible."""
 
     def plan_stats(self) -> dict:
         """What the last :meth:`shard` call records beside its plan (a planner's search statistics,
@@ -93,10 +93,6 @@ class Sharder(abc.ABC):
     def attach_oracle(self, oracle) -> None:
         """Given the oracle that will judge its plans, before its workers start: a planner that measures
         on it (shardkit) checks here what it needs and raises a one-line ShardError. Nothing by default."""
-
-    def shard_on(self, tables: Sequence[TableConfig], topology: Topology) -> "Plan":
-        """:meth:`shard` on a :class:`Topology`."""
-        return self.shard(tables, topology.ndevices, topology.max_memory_gb, topology.precision)
 
 
 class DeviceCost(NamedTuple):

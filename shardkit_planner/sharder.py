@@ -36,6 +36,7 @@ from shardcore import io
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import DATA_PARALLEL, Plan, data_parallel, table_wise
 from shardcore.tables import TableConfig
+from shardcore.types import Topology
 
 from .costmodel import EMULATED, MEASURED, CostModel, emulated_model
 from .refine import refine
@@ -281,7 +282,7 @@ class ShardkitSharder(Sharder):
                 elif name in GREEDY_KEYS:
                     plan = greedy_plan(tables, ndevices, max_memory_gb, GREEDY_KEYS[name], precision)
                 else:
-                    plan = self._start_sharder(name).shard(tables, ndevices, max_memory_gb, precision)
+                    plan = self._start_sharder(name).shard(tables, Topology(ndevices, max_memory_gb, precision))
             except (InfeasibleError, ImportError) as exc:
                 why[name] = io.first_line(exc, 120)
                 continue
@@ -297,7 +298,8 @@ class ShardkitSharder(Sharder):
                                   f"({reasons})")
         return out
 
-    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+    def shard(self, tables, topology):
+        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         tables = list(tables)
         model = self.task_model(tables)
         # the budget covers everything after the task's model is fitted: the starts, their evaluation,

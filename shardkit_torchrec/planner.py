@@ -62,6 +62,7 @@ from shardcore.errors import ShardError
 from shardcore.plan import ROW_WISE, Plan, ShardPiece, Sharding
 from shardcore.interop.plan_export import sharding_plan_from_json, torchrec_plan_json
 from shardcore.tables import GB
+from shardcore.types import Topology as ShardTopology
 from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
 from shardkit_planner.sharder import CONFIG as SHARDKIT_CONFIG, ShardkitSharder
 from shardkit_planner.search import ALL_TYPES
@@ -237,7 +238,7 @@ class ShardkitPlanner(ShardingPlanner):
         sharder = ShardkitSharder(name="shardkit", model=model, time_budget_s=self.time_budget_s,
                                   starts=self.starts, types=self._types_allowed(stats),
                                   start_kwargs={"batch_size": self.global_batch})
-        plan = sharder.shard(tables, self.world, self.cap_gb(), precision)
+        plan = sharder.shard(tables, ShardTopology(self.world, self.cap_gb(), precision))
         shardings = plan.table_shardings(tables)
         for s, sh in zip(stats, shardings):
             problem = expressible_problem(sh, self.world)

@@ -14,6 +14,7 @@ from autoshard.vtrace import from_importance_weights, from_logits
 from shardcore.cli import algorithms
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.types import Topology
 
 from helpers import FnOracle
 
@@ -189,9 +190,9 @@ def test_checkpoint_round_trip_and_resolve(tmp_path):
         assert torch.equal(a, b)
     assert model.place(ts, 3, 5.0) == back.place(ts, 3, 5.0)
     sharder = algorithms.resolve(str(path))
-    plan = sharder.shard(ts, 4, 5.0)
+    plan = sharder.shard(ts, Topology(4, 5.0))
     assert plan.ndevices == 4 and len(plan.allocation) == 12
-    assert load_sharder(None, checkpoint=str(path)).shard(ts, 4, 5.0) == plan
+    assert load_sharder(None, checkpoint=str(path)).shard(ts, Topology(4, 5.0)) == plan
 
 
 def test_inference_reports_infeasible_tasks(tmp_path):
@@ -199,7 +200,7 @@ def test_inference_reports_infeasible_tasks(tmp_path):
     model = AutoShardModel.new(AutoShardConfig(), FeatureScaler.fit(ts))
     model.save(tmp_path / "model.pt")
     with pytest.raises(InfeasibleError):
-        load_sharder(tmp_path / "model.pt").shard(ts, 2, 1.0)
+        load_sharder(tmp_path / "model.pt").shard(ts, Topology(2, 1.0))
 
 
 def test_bad_checkpoints_give_clear_errors(tmp_path):

@@ -12,6 +12,7 @@ from dreamshard.trainer import DreamShardTrainer
 from helpers import FnOracle
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
+from shardcore.types import Topology
 
 
 def tables(n, seed=0):
@@ -59,14 +60,14 @@ def test_the_checkpoint_carries_the_decoding_and_old_ones_decode_greedily(model,
         model.cfg.decode_samples = 0
     sharder = load_sharder(path)
     assert sharder.model.cfg.decode_samples == 16
-    assert list(sharder.shard(ts, 4, 100.0).allocation) == model.decode(ts, 4, 100.0, samples=16)[0]
+    assert list(sharder.shard(ts, Topology(4, 100.0)).allocation) == model.decode(ts, 4, 100.0, samples=16)[0]
     # a checkpoint written before decode_samples existed keeps the greedy decoding it was evaluated with
     obj = torch.load(path, weights_only=True)
     del obj["config"]["decode_samples"]
     torch.save(obj, tmp_path / "old.pt")
     old = load_sharder(tmp_path / "old.pt")
     assert old.model.cfg.decode_samples == 0
-    assert list(old.shard(ts, 4, 100.0).allocation) == model.place(ts, 4, 100.0)[0][0].tolist()
+    assert list(old.shard(ts, Topology(4, 100.0)).allocation) == model.place(ts, 4, 100.0)[0][0].tolist()
 
 
 def test_the_trainer_writes_a_learning_curve_against_lookup_greedy(tmp_path):

@@ -7,6 +7,7 @@ from dreamshard.sharder import DreamShardModel, load_sharder
 from shardcore.cli.algorithms import resolve
 from shardcore.errors import InfeasibleError
 from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.types import Topology
 
 
 def tables(n, seed=0):
@@ -91,7 +92,7 @@ def test_infeasible_task_is_reported(model):
     ts = [TableConfig(0, 1 << 29, 4, 1.0)]  # 4 GB
     from dreamshard.sharder import DreamShardSharder
     with pytest.raises(InfeasibleError):
-        DreamShardSharder(name="d", model=sharder_model).shard(ts, 2, 1.0)
+        DreamShardSharder(name="d", model=sharder_model).shard(ts, Topology(2, 1.0))
 
 
 def test_checkpoint_round_trip(model, tmp_path):
@@ -111,5 +112,5 @@ def test_checkpoint_round_trip(model, tmp_path):
     b = again.model.place(ts, 4, 100.0)[0]
     assert torch.equal(a, b)
     # and through the --alg resolution used by eval.py
-    plan = resolve(str(path)).shard(ts, 4, 100.0)
+    plan = resolve(str(path)).shard(ts, Topology(4, 100.0))
     assert list(plan.allocation) == model.decode(ts, 4, 100.0)[0]

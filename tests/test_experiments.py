@@ -16,6 +16,7 @@ from experiments import config, training
 from shardcore import registry
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks
+from shardcore.types import Topology
 
 from helpers import load_tool, make_dataset
 
@@ -318,7 +319,7 @@ def test_torchrec_column_is_configured_for_the_judged_hardware():
     kwargs = {"oracle": "emulated:h200", "comm_bandwidth": 123.0, "comm_latency": 7.0, "data_dir": None}
     sharders, _ = build_sharders(["torchrec"], 2, 0, 65536, {}, planner_kwargs=kwargs)
     tables = [TableConfig(i, 1000 * (i + 1), 16, 2.0 + i) for i in range(4)]
-    sharders["torchrec"].shard(tables, 2, 1.0)
+    sharders["torchrec"].shard(tables, Topology(2, 1.0))
     cfg = sharders["torchrec"].plan_stats()["torchrec_config"]
     assert cfg["compute_device"] == "cuda" and cfg["intra_host_bw_gbps"] == 123.0 and cfg["batch_per_rank"] == 32768
 

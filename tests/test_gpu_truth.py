@@ -18,6 +18,7 @@ from shardcore.tables import TableConfig
 from shardcore.evaluation.compare import TaskResult
 from shardcore.oracles.commmodel import comm_splits
 from shardcore.oracles.measured.driver import PlanEvaluator
+from shardcore.types import Topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -323,10 +324,10 @@ def test_plans_made_elsewhere_are_measured_as_given(tmp_path):
     name, got = _load_plans(str(f), ["A (2)"], tasks)
     assert name == "A (2)" and list(got) == ["torchrec"]
     tables = [TableConfig(i, 100, 16, 2.0) for i in (3, 5, 7)]
-    assert got["torchrec"].shard(tables, 2, 5.0).allocation == (1, 0, 1)
-    assert got["torchrec"].shard([TableConfig(1, 10, 8, 1.0), TableConfig(2, 10, 8, 1.0)], 2, 5.0).splits == (1, 2)
+    assert got["torchrec"].shard(tables, Topology(2, 5.0)).allocation == (1, 0, 1)
+    assert got["torchrec"].shard([TableConfig(1, 10, 8, 1.0), TableConfig(2, 10, 8, 1.0)], Topology(2, 5.0)).splits == (1, 2)
     with pytest.raises(InfeasibleError, match="no plan for this task"):
-        got["torchrec"].shard([TableConfig(9, 10, 8, 1.0)], 2, 5.0)
+        got["torchrec"].shard([TableConfig(9, 10, 8, 1.0)], Topology(2, 5.0))
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"task": 0, "alg": "x", "feasible": True, "allocation": [0, 1], "ndevices": 2}) + "\n")
     with pytest.raises(ShardError, match="does not fit task 0"):

@@ -17,6 +17,7 @@ from shardcore.oracles.cache import CostCache
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.types import PlanResult
+from shardcore.types import Topology
 
 from helpers import small_base
 from test_hardening import copy_ds, run_script
@@ -387,5 +388,5 @@ def test_shardkit_falls_back_to_torchrec_where_greedy_cannot_place():
 
     tables = [TableConfig(0, 4_000_000, 128, 2.0), TableConfig(1, 1000, 16, 1.0), TableConfig(2, 5000, 32, 3.0)]
     sharder = algorithms.resolve("shardkit", oracle="emulated:h200", time=0.2)
-    plan = sharder.shard(tables, 4, 0.6, "fp16")
+    plan = sharder.shard(tables, Topology(4, 0.6, "fp16"))
     assert plan.is_feasible(tables, 0.6, "fp16")

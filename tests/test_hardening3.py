@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from shardcore.errors import ShardError
+from shardcore.types import Topology
 
 from helpers import make_dataset, small_base
 from test_hardening import run_script
@@ -131,7 +132,7 @@ def test_past_the_deadline_one_start_is_made():
     model = sk.task_model(tables)
     assert [n for n, _ in sk.start_plans(tables, 4, 10.0, "fp16", model, deadline=0.0)] == ["model_greedy"]
     assert len(sk.start_plans(tables, 4, 10.0, "fp16", model)) == 6   # model_greedy, replicate_greedy, four greedy
-    sk.shard(tables, 4, 10.0)
+    sk.shard(tables, Topology(4, 10.0))
     assert sk.last_info["shardkit_stopped"] == "time budget" and sk.last_info["shardkit_searched"]
 
 

@@ -17,6 +17,7 @@ from shardcore.errors import ShardError
 from shardcore.oracles.cache import CachedOracle
 from shardcore.oracles.measured.driver import PlanEvaluator
 from shardcore.tasks import Task, save_tasks
+from shardcore.types import Topology
 
 from helpers import make_dataset
 
@@ -62,7 +63,7 @@ def test_collect_train_search_measure(tmp_path, capsys):
         cap = max(0.6 * big.memory_gb(), max(t.memory_gb() for t in task_tables[:-1]),
                   sum(t.memory_gb() for t in task_tables) / 2 * 1.1)
         assert big.memory_gb() > cap
-        plan = sharder.shard(task_tables, 2, cap)
+        plan = sharder.shard(task_tables, Topology(2, cap))
         assert plan.is_feasible(task_tables, cap) and plan.splits is not None and plan.splits[-1] >= 2
         measured = ev.evaluate(plan.shard_tables(task_tables))   # split tables measured as split
         assert measured.cost_ms > 0 and len(measured.device_costs_ms) == 2

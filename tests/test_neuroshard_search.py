@@ -66,11 +66,11 @@ def test_memory_cap_is_never_exceeded_and_infeasible_is_reported(sim):
     for seed in range(4):
         tables = task(30, 10 + seed)
         cap = max(max(t.memory_gb() for t in tables), sum(t.memory_gb() for t in tables) / 4 * 1.02)
-        plan = NeuroShardSharder("neuroshard", sim, SearchConfig(max_length=3)).shard(tables, 4, cap)
+        plan = NeuroShardSharder("neuroshard", sim, SearchConfig(max_length=3)).shard(tables, Topology(4, cap))
         assert plan.is_feasible(tables, cap)
     big = [TableConfig(0, 10_000_000, 4, 1.0), TableConfig(1, 100, 4, 1.0)]   # dim 4 cannot be split
     with pytest.raises(InfeasibleError, match="infeasible"):
-        NeuroShardSharder("neuroshard", sim).shard(big, 2, big[0].memory_gb() / 2)
+        NeuroShardSharder("neuroshard", sim).shard(big, Topology(2, big[0].memory_gb() / 2))
 
 
 def test_column_split_halves_memory_and_keeps_lookups(sim):
@@ -80,9 +80,9 @@ def test_column_split_halves_memory_and_keeps_lookups(sim):
     cap = huge.memory_gb() * 0.6   # the whole table fits no device: only a column split can place it
     assert max(t.memory_gb() for t in tables[:-1]) < cap
     with pytest.raises(InfeasibleError):
-        NeuroShardSharder("t", sim, SearchConfig(column_wise=False)).shard(tables, 4, cap)
+        NeuroShardSharder("t", sim, SearchConfig(column_wise=False)).shard(tables, Topology(4, cap))
     sharder = NeuroShardSharder("neuroshard", sim, SearchConfig(k=2, n=4, max_length=4))
-    plan = sharder.shard(tables, 4, cap)
+    plan = sharder.shard(tables, Topology(4, cap))
     assert plan.splits is not None and plan.splits[-1] >= 2
     assert plan.is_feasible(tables, cap)
     k = plan.splits[-1]
@@ -128,14 +128,14 @@ def test_load_sharder_paths_bundle_and_resolve(tmp_path, sim):
               bw_comm_model=str(tmp_path / "bw_comm.pt"))
     tables = task(15, 5)
     s1 = algorithms.resolve("neuroshard", seed=0, batch_size=None, **kw)
-    p1 = s1.shard(tables, 3, 10.0)
+    p1 = s1.shard(tables, Topology(3, 10.0))
     # a single model's checkpoint: the others are found beside it; the search settings pass through
     s2 = algorithms.resolve(str(tmp_path / "compute.pt"), seed=1, max_length=0, unrelated=1)
-    assert s2.search.max_length == 0 and s2.shard(tables, 3, 10.0).splits is None
+    assert s2.search.max_length == 0 and s2.shard(tables, Topology(3, 10.0)).splits is None
     save_bundle(tmp_path / "neuroshard.pt", sim.compute, sim.fw_comm, sim.bw_comm, {"k": 2})
     s3 = load_sharder(str(tmp_path / "neuroshard.pt"))
     assert s3.search.k == 2
-    assert s3.shard(tables, 3, 10.0) == p1
+    assert s3.shard(tables, Topology(3, 10.0)) == p1
     with pytest.raises(ShardError, match="not found"):
         load_sharder(None, compute_model=str(tmp_path / "nope.pt"))
     with pytest.raises(ShardError, match="k, n"):

@@ -12,7 +12,7 @@ from shardcore.oracles.measured.benchmark import build_operator, shard_lookups
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.evaluation.compare import TaskResult, plan_task
-from shardcore.types import Topology
+from shardcore.types import Sharder, Topology
 from shardcore.baselines import make_baseline
 from shardcore.plan import (Plan, ShardPiece, column_wise, data_parallel, row_blocks, row_wise,
                             shardings_from_json, shardings_to_json, table_wise)
@@ -130,7 +130,7 @@ def test_json_round_trip_of_every_type():
     class Fixed:
         name = "fixed"
 
-        def shard(self, tables, ndevices, cap, precision="fp16"):
+        def shard(self, tables, topology):
             return plan
     result, _ = plan_task(0, "fixed", Fixed(), TASK, Topology(3, 1.0, "fp16"))
     rec = json.loads(json.dumps(result.to_json()))
@@ -266,13 +266,14 @@ def test_gpu_check_reads_row_wise_and_data_parallel_plans_from_an_eval_file(tmp_
     class Fixed:
         name = "fixed"
 
-        def shard(self, tables, ndevices, cap, precision="fp16"):
+        def shard(self, tables, topology):
             return plan
     result, _ = plan_task(0, "fixed", Fixed(), TASK, Topology(3, 1.0, "fp16"))
     path = tmp_path / "eval.jsonl"
     path.write_text(json.dumps(result.to_json()) + "\n")
     name, sharders = _load_plans(f"S={path}", ["S"], {"S": [Task(tuple(t.index for t in TASK))]})
-    assert name == "S" and sharders["fixed"].shard(TASK, 3, 1.0) == plan
+    assert name == "S" and sharders["fixed"].shard(TASK, Topology(3, 1.0)) == plan
+    assert isinstance(sharders["fixed"], Sharder)
 
 
 def test_gen_hot_tasks_puts_the_hot_table_first(data, tmp_path):

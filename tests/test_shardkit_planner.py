@@ -17,6 +17,7 @@ from shardcore.cli import algorithms
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.oracles.measured.driver import PlanResult
 from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise
+from shardcore.types import Topology
 from shardkit_planner.costmodel import CostModel, emulated_model
 from shardkit_planner.search import State, candidate_moves, local_search
 from shardkit_planner.sharder import ShardkitSharder, load_sharder, model_greedy, replicate_greedy
@@ -49,7 +50,7 @@ def test_respects_a_binding_memory_cap(data, model):
     total = sum(t.memory_gb() for t in task)
     cap = max(1.05 * total / 4, 1.01 * max(t.memory_gb() for t in task))
     sk = _sharder(model)
-    plan = sk.shard(task, 4, cap)
+    plan = sk.shard(task, Topology(4, cap))
     assert plan.is_feasible(task, cap)
     assert max(plan.device_memory_gb(task)) <= cap + 1e-12
     # every candidate move the search scores from this plan keeps the cap too
@@ -61,14 +62,14 @@ def test_respects_a_binding_memory_cap(data, model):
             assert all(sum(p.memory_gb() for p in ps) <= cap + 1e-9 for ps in shards.values())
     # a cap no table fits: one-line infeasible error
     with pytest.raises(InfeasibleError):
-        sk.shard(task, 4, 1e-9)
+        sk.shard(task, Topology(4, 1e-9))
 
 
 def test_never_worse_than_its_starts_under_its_model(data, model):
     _, tables = data
     task = tables[5:25]
     sk = _sharder(model, robust=False)
-    plan = sk.shard(task, 4, 10.0)
+    plan = sk.shard(task, Topology(4, 10.0))
     starts = sk.start_plans(task, 4, 10.0, "fp16")
     assert {n for n, _ in starts} >= {"model_greedy", "size_lookup_greedy"}
     best_start = min(model.plan_cost(task, p) for _, p in starts)
@@ -112,7 +113,7 @@ def test_time_budget_is_honoured(data, model):
     _, tables = data
     sk = _sharder(model, time_budget_s=0.05)
     t0 = time.perf_counter()
-    sk.shard(tables, 8, 10.0)
+    sk.shard(tables, Topology(8, 10.0))
     took = time.perf_counter() - t0
     # the budget is checked between search rounds: one round over it at most
     assert sk.last_info["shardkit_stopped"] in ("time budget", "local optimum", "no feasible move")
@@ -139,10 +140,10 @@ def test_refinement_counts_measurements_and_keeps_the_fastest(data, model):
     task = tables[:16]
     sk = _sharder(model, refine_k=3)
     with pytest.raises(ShardError, match="oracle"):
-        sk.shard(task, 4, 10.0)
+        sk.shard(task, Topology(4, 10.0))
     oracle = CountingOracle(model)
     sk.attach_oracle(oracle)
-    plan = sk.shard(task, 4, 10.0)
+    plan = sk.shard(task, Topology(4, 10.0))
     info = sk.last_info
     assert info["shardkit_measurements"] == oracle.calls and 1 <= oracle.calls <= 3
     assert len(info["shardkit_measured_ms"]) == oracle.calls
@@ -192,12 +193,11 @@ def test_refinement_corrects_a_wrong_model_and_is_measured_afresh(data, model):
     the cache bypassed (its kept measurement is the smallest of several)."""
     from shardcore.evaluation.compare import evaluate
     from shardcore.tasks import Task
-    from shardcore.types import Topology
 
     _, tables = data
     task = tables[:16]
     plain = _sharder(model, starts=("model_greedy",))
-    first = plain.shard(task, 4, 10.0)
+    first = plain.shard(task, Topology(4, 10.0))
     crowded = max(first.shard_tables(task), key=len)      # two tables the model put together
     slow = {crowded[0].index, crowded[1].index}
     oracle = _skewed_oracle(model, slow)
@@ -205,7 +205,7 @@ def test_refinement_corrects_a_wrong_model_and_is_measured_afresh(data, model):
     sk = _sharder(model, starts=("model_greedy",), refine_k=4)
     sk.attach_oracle(oracle)
     assert sk.measures_candidates and not plain.measures_candidates
-    plan = sk.shard(task, 4, 10.0)
+    plan = sk.shard(task, Topology(4, 10.0))
     info = sk.last_info
     assert info["shardkit_measurements"] == oracle.calls <= 4
     assert info["shardkit_model_choice_ms"] == pytest.approx(truth(first), abs=1e-3)
@@ -643,7 +643,7 @@ def test_robust_objective_never_worse_than_its_starts_under_the_models_error(dat
     m = dataclasses.replace(model, error=ratios)
     sk = _sharder(m, robust=True)
     sk.task_model = lambda _tables: m            # the data set's tables are not the card's: plan with m
-    plan = sk.shard(task, 4, 10.0)
+    plan = sk.shard(task, Topology(4, 10.0))
     draws = m.error_draws(4)
     assert draws.shape == (64, 4) and set(np.unique(draws)) <= set(ratios)
 

@@ -28,6 +28,7 @@ from shardcore.oracles.emulated.emulator import load_gpu_model  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.plan import column_wise, data_parallel, row_wise, table_wise  # noqa: E402
 from shardcore.tables import TableConfig  # noqa: E402
+from shardcore.types import Topology  # noqa: E402
 from shardkit_planner.costmodel import emulated_model  # noqa: E402
 from shardkit_torchrec import stats as st  # noqa: E402
 from shardkit_torchrec.estimator import EmulatedPerfEstimator  # noqa: E402
@@ -206,6 +207,6 @@ def test_alg_torchrec_emu_is_a_declared_plugin_and_plans():
     sharder = algorithms.resolve("torchrec-emu", batch_size=65536, oracle="emulated:h200")
     assert isinstance(sharder, EmulatedTorchRecSharder) and sharder.name == "torchrec-emu"
     tables = [TableConfig(i, r, d, pf) for i, ((r, d), pf) in enumerate(zip(SPEC, PFS))]
-    plan = sharder.shard(tables, 4, 0.5)
+    plan = sharder.shard(tables, Topology(4, 0.5))
     assert plan.is_feasible(tables, 0.5)
     assert len(sharder.last_info["torchrec_types"]) == len(tables)

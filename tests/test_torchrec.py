@@ -24,6 +24,7 @@ from shardcore.interop import torchrec_planner as trp  # noqa: E402
 from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
 from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise  # noqa: E402
 from shardcore.tables import TableConfig  # noqa: E402
+from shardcore.types import Topology  # noqa: E402
 
 # A small task: rows from 10 to 2M, dims 4..128, pooling factors 0..60 (fp16: 0.53 GB in all).
 TASK = [TableConfig(i, row, dim, pf) for i, (row, dim, pf) in enumerate([
@@ -37,7 +38,7 @@ def test_alg_torchrec_tw_gives_feasible_table_wise_plans():
     assert isinstance(sharder, trp.TorchRecSharder) and sharder.batch_size == 1024
     assert sharder.name == "torchrec-tw" and sharder.types_for(4) == ["table_wise"]
     for ndevices, cap in [(2, 0.5), (4, 0.25), (4, 5.0)]:
-        plan = sharder.shard(TASK, ndevices, cap)
+        plan = sharder.shard(TASK, Topology(ndevices, cap))
         assert len(plan.allocation) == len(TASK) and plan.ndevices == ndevices
         assert plan.is_feasible(TASK, cap)
         # the translation is faithful to TorchRec's own plan
@@ -50,8 +51,8 @@ def test_alg_torchrec_tw_gives_feasible_table_wise_plans():
 def test_alg_torchrec_default_batch_and_seed_kwarg_ignored():
     sharder = trp.load_sharder(None, seed=3)
     assert sharder.batch_size == trp.DEFAULT_BATCH_SIZE
-    assert sharder.shard(TASK[:3], 1, 1.0).allocation == (0, 0, 0)
-    assert sharder.shard([], 2, 1.0).allocation == ()
+    assert sharder.shard(TASK[:3], Topology(1, 1.0)).allocation == (0, 0, 0)
+    assert sharder.shard([], Topology(2, 1.0)).allocation == ()
     with pytest.raises(ShardError, match="memory_model"):
         trp.load_sharder(None, memory_model="vibes")
 
@@ -60,12 +61,12 @@ def test_alg_torchrec_infeasible_raises():
     sharder = trp.load_sharder_tw(None)
     big = TASK[1].memory_gb()  # the largest table, 0.24 GB
     with pytest.raises(InfeasibleError, match="TorchRec's planner found no plan.*table 1"):
-        sharder.shard(TASK, 4, big * 0.9)  # a table larger than the cap, table-wise
-    full = trp.load_sharder(None).shard(TASK, 4, big * 0.9)   # the full planner splits it by rows
+        sharder.shard(TASK, Topology(4, big * 0.9))  # a table larger than the cap, table-wise
+    full = trp.load_sharder(None).shard(TASK, Topology(4, big * 0.9))   # the full planner splits it by rows
     assert full.is_feasible(TASK, big * 0.9) and full.table_shardings(TASK)[1].type in ("row_wise", "column_wise")
     sharder = trp.load_sharder(None)
     with pytest.raises(InfeasibleError, match="TorchRec's planner found no plan"):
-        sharder.shard(TASK, 2, 0.2)  # 0.5 GB does not fit in 2 x 0.2 GB
+        sharder.shard(TASK, Topology(2, 0.2))  # 0.5 GB does not fit in 2 x 0.2 GB
 
 
 def test_memory_models_differ_by_torchrecs_io_buffers():
@@ -73,13 +74,13 @@ def test_memory_models_differ_by_torchrecs_io_buffers():
     # training estimate (weights + input/output buffers of a batch) does not.
     tables = [TableConfig(0, 1 << 20, 64, 10.0), TableConfig(1, 1 << 20, 64, 10.0)]
     cap = tables[0].memory_gb("fp16")  # 0.125 GB exactly
-    plan = trp.load_sharder_tw(None, memory_model="weights").shard(tables, 2, cap)
+    plan = trp.load_sharder_tw(None, memory_model="weights").shard(tables, Topology(2, cap))
     assert sorted(plan.allocation) == [0, 1] and plan.is_feasible(tables, cap)
     with pytest.raises(InfeasibleError):
-        trp.load_sharder_tw(None).shard(tables, 2, cap)
+        trp.load_sharder_tw(None).shard(tables, Topology(2, cap))
     # fp32 weights count 4 bytes: the same cap cannot hold them
     with pytest.raises(InfeasibleError):
-        trp.load_sharder_tw(None, memory_model="weights").shard(tables, 2, cap, precision="fp32")
+        trp.load_sharder_tw(None, memory_model="weights").shard(tables, Topology(2, cap, "fp32"))
 
 
 def _ebc(tables, names, device="meta"):
@@ -93,7 +94,7 @@ def _ebc(tables, names, device="meta"):
 def test_exported_plan_loads_into_torchrec_sharding_plan(tmp_path):
     from torchrec.distributed.types import ShardingPlan
 
-    plan = trp.load_sharder_tw(None).shard(TASK, 4, 0.25)
+    plan = trp.load_sharder_tw(None).shard(TASK, Topology(4, 0.25))
     names = [f"emb_{t.index}" for t in TASK]
     plain, trec = pe.export_plan(tmp_path, "task", TASK, plan, 0.25, names=names, module_path="sparse.ebc")
     assert json.loads(plain.read_text())["feasible"]
@@ -254,7 +255,7 @@ def test_full_planner_plans_are_torchrecs_exactly():
     assert trp.load_sharder(None, local_world_size=2).types_for(4) == list(trp.ALL_TYPES) + ["table_row_wise"]
     seen = set()
     for ndevices, cap in [(4, 0.25), (4, 5.0), (2, 0.5)]:
-        plan = sharder.shard(TASK, ndevices, cap)
+        plan = sharder.shard(TASK, Topology(ndevices, cap))
         assert plan.is_feasible(TASK, cap)
         module_plan = sharder.last_plan.plan[""]
         assert sharder.last_info["torchrec_types"] == [module_plan[f"t{i}"].sharding_type for i in range(len(TASK))]
@@ -418,7 +419,7 @@ def test_records_carry_the_planner_configuration(tmp_path):
     # measured on this machine's CPU: TorchRec plans for host memory, not a GPU
     sharder = algorithms.resolve("torchrec", oracle="measured", batch_size=64, comm_bandwidth=50.0,
                                  **({"device_type": "cpu"} if torch.cuda.is_available() else {}))
-    sharder.shard(TASK, 2, 1.0)
+    sharder.shard(TASK, Topology(2, 1.0))
     cfg = sharder.last_info["torchrec_config"]
     assert cfg["compute_device"] == "cpu" and cfg["intra_host_bw_gbps"] == 50.0 and cfg["batch_per_rank"] == 32
     assert cfg["ddr_bw_gbps"] == pytest.approx(trp.ASSUMED_CPU_DDR_BANDWIDTH_GBPS, abs=1e-3)

@@ -41,6 +41,7 @@ from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.io import atomic_open  # noqa: E402
 from shardcore.tasks import Task  # noqa: E402
+from shardcore.types import Topology  # noqa: E402
 
 GOALS = {"mean_dev_pct": 1.5, "p90_maxmin": 1.05, "spearman": 0.8}
 
@@ -104,7 +105,8 @@ def main(argv=None) -> None:
     for t, task in enumerate(tasks):
         tables = task.tables(ds.tables)
         for a in args.algs:
-            plans[(t, a)] = make_baseline(a, seed=args.seed).shard(tables, ndevices, float("inf")).shard_tables(tables)
+            plan = make_baseline(a, seed=args.seed).shard(tables, Topology(ndevices, float("inf")))
+            plans[(t, a)] = plan.shard_tables(tables)
     args.no_cache = True
     costs: dict[tuple[int, str], list[float]] = {k: [] for k in plans}
     records = []

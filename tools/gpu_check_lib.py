@@ -42,6 +42,7 @@ from typing import Sequence
 
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
+from shardcore.types import Sharder
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"
@@ -269,17 +270,18 @@ def _load_compare(spec: str, names: Sequence[str]) -> tuple[str, dict, str]:
     return name, costs, path
 
 
-class PlannedElsewhere:
-    """A "sharder" that returns the plans of an ``eval.py --out`` file (made on another machine, e.g.
+class PlannedElsewhere(Sharder):
+    """A sharder that returns the plans of an ``eval.py --out`` file (made on another machine, e.g.
     TorchRec's where TorchRec imports), matched to a task by its table ids."""
 
     def __init__(self, alg: str, plans: dict):
         self.name = alg
         self.plans = plans   # tuple of table ids -> Plan
 
-    def shard(self, tables, ndevices, max_memory_gb, precision="fp16"):
+    def shard(self, tables, topology):
         from shardcore.errors import InfeasibleError
 
+        ndevices = topology.ndevices
         plan = self.plans.get(tuple(t.index for t in tables))
         if plan is None:
             raise InfeasibleError(f"{self.name}: the --plans file has no plan for this task")

@@ -97,7 +97,7 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
     ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
     start = time.perf_counter()
     try:
-        plan = sharder.shard(tables, ndevices, max_memory_gb, precision)
+        plan = sharder.shard(tables, topology)
         error = None
     except InfeasibleError as exc:
         plan, error = None, str(exc)

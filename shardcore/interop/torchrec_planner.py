@@ -74,6 +74,7 @@ from shardcore.baselines import Sharder
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan, Sharding, column_wise, data_parallel, row_blocks, row_wise, table_wise
 from shardcore.tables import GB, TableConfig
+from shardcore.types import Topology
 
 DEFAULT_BATCH_SIZE = 4096
 MEMORY_MODELS = ("torchrec", "weights")
@@ -495,8 +496,7 @@ class TorchRecSharder(Sharder):
                 EmbeddingStorageEstimator(topology=topology, constraints=constraints,
                                           is_inference=self.memory_model == "weights")]
 
-    def shard(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-              precision: str = "fp16") -> Plan:
+    def shard(self, tables: Sequence[TableConfig], topology: Topology) -> Plan:
         import torch
 
         _torchrec()
@@ -508,6 +508,7 @@ class TorchRecSharder(Sharder):
         from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
         from torchrec.distributed.planner.types import PlannerError
 
+        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         if ndevices < 1:
             raise ShardError(f"torchrec: need at least one device, got {ndevices}")
         if not tables:
@@ -524,13 +525,13 @@ class TorchRecSharder(Sharder):
                                                   pooling_factors=[float(t.pooling_factor)])
                        for name, t in zip(names, tables)}
         lws = self.local_world_size if self.local_world_size and ndevices % self.local_world_size == 0 else None
-        topology = _topology(ndevices, int(math.floor(max_memory_gb * GB)), self.hardware, lws)
+        tr_topology = _topology(ndevices, int(math.floor(max_memory_gb * GB)), self.hardware, lws)
         local_batch = max(1, int(round(int(self.batch_size) / ndevices)))
-        enumerator = EmbeddingEnumerator(topology=topology, batch_size=local_batch, constraints=constraints,
-                                         estimator=self.estimators(topology, constraints, tables, names,
+        enumerator = EmbeddingEnumerator(topology=tr_topology, batch_size=local_batch, constraints=constraints,
+                                         estimator=self.estimators(tr_topology, constraints, tables, names,
                                                                    local_batch * ndevices))
         planner = EmbeddingShardingPlanner(
-            topology=topology, batch_size=local_batch, enumerator=enumerator, constraints=constraints,
+            topology=tr_topology, batch_size=local_batch, enumerator=enumerator, constraints=constraints,
             storage_reservation=FixedPercentageStorageReservation(float(self.reserve)),
             stats=NoopEmbeddingStats(), debug=False)
         try:
