@@ -116,12 +116,18 @@ def test_full_devices_are_masked_and_memory_features_track_use():
     assert obs["mask"].tolist() == [False, False, True]
 
 
-def test_reward_is_the_measured_balance():
-    ts = tables(6)
+def placed_env(ts):
+    """A 2-device environment that has placed the six tables ``ts``: two on device 0, four on device 1."""
     env = make_env(ts, ndevices=2)
     obs = env.reset(ts)
     while obs is not None:
         obs = env.step(0 if env.pos < 2 else 1)
+    return env
+
+
+def test_reward_is_the_measured_balance():
+    ts = tables(6)
+    env = placed_env(ts)
     oracle = FnOracle(lambda shards: [[10.0 * len(s), 0.0, 0.0, 0.0] for s in shards])  # 10 ms a table
 
     reward, info = final_reward(env, oracle)
@@ -226,10 +232,7 @@ def test_stack_obs_batches_steps():
 # -- issue #24: the speedup reward, decoding by sampling, the bounded actor queue, the curve ----------
 def test_speedup_reward_is_the_reference_cost_over_the_plan_cost():
     ts = tables(6)
-    env = make_env(ts, ndevices=2)
-    obs = env.reset(ts)
-    while obs is not None:
-        obs = env.step(0 if env.pos < 2 else 1)
+    env = placed_env(ts)
     oracle = FnOracle(lambda shards: [[10.0 * len(s), 0.0, 0.0, 1.0] for s in shards])
     reward, info = final_reward(env, oracle, reference_ms=30.5)   # slowest device: 4 tables, 41 ms
     assert reward == pytest.approx(30.5 / 41.0) and info["cost_ms"] == pytest.approx(41.0)
