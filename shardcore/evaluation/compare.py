@@ -162,7 +162,7 @@ def evaluate(tasks: Sequence[Task], dataset_tables: Sequence[TableConfig], shard
 
     def measure(sharder, plan, tables, fresh):
         shards = plan.shard_tables(tables)
-        fresh = fresh or bool(getattr(sharder, "measures_candidates", False))
+        fresh = fresh or bool(sharder.measures_candidates)
         return oracle.evaluate(shards, no_cache=True) if fresh else oracle.evaluate(shards)
 
     def record(result, answer, task):
