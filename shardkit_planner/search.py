@@ -25,6 +25,10 @@ the start under the model, and the search cannot cycle.
 * *replicate*: a small hot table of ``m`` made data-parallel (a replica on every device);
 * *gather*: a row-wise or data-parallel table touching ``m`` made table-wise on ``e``.
 
+A local optimum of these moves is left by a *kick* (:func:`kick`: a few random moves, taken whatever
+they cost) and a new search from there -- an iterated local search, run by the sharder while its
+budget lasts, keeping the best plan found.
+
 Each round scores the candidate moves in chunks (one batched compute prediction for every changed
 device shard of a chunk, remembered by shard contents; the exchanges of every candidate in one
 array operation) and takes the best. The search stops at a local optimum, after ``max_rounds`` or
@@ -90,6 +94,17 @@ class State:
             return costs.max(axis=-1)
         comm = costs - comp
         return (comp[..., None, :] * self.draws + comm[..., None, :]).max(axis=-1).mean(axis=-1)
+
+    def copy(self) -> "State":
+        """An independent copy (the model, its error draws and the remembered shard costs shared)."""
+        new = object.__new__(State)
+        new.__dict__.update(self.__dict__)
+        new.shardings = list(self.shardings)
+        new.pieces = [list(ps) for ps in self.pieces]
+        new.pos_devices = [set(ds) for ds in self.pos_devices]
+        for name in ("mem", "comp", "dims", "extra", "ids", "costs"):
+            setattr(new, name, getattr(self, name).copy())
+        return new
 
     def piece_mem(self, p: TableConfig) -> float:
         return p.row * p.dim * self.bpe
@@ -253,6 +268,40 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
             if len(small) > 1:
                 out.append(("replicate", {pos: data_parallel(n) for pos in small}))
     return out
+
+
+def kick(st: State, rng: np.random.Generator, k: int, dp_max_gb: float = 0.05,
+         types: Sequence[str] = ALL_TYPES) -> int:
+    """Apply ``k`` random feasible changes to ``st`` (the perturbation of an iterated local search:
+    the search's moves only ever improve, so it stops in the first local optimum it reaches): a
+    table of the most expensive device (half the draws) or of any device is put table-wise on another
+    device, or, where data-parallel is allowed and the table is small, made data-parallel; a row-wise,
+    column-wise or data-parallel table is gathered table-wise. Returns how many were applied."""
+    applied = 0
+    dp = DATA_PARALLEL in types and st.n >= 2
+    for _ in range(8 * k):
+        if applied >= k:
+            break
+        m = int(np.argmax(st.costs))
+        if rng.random() < 0.5 and st.pieces[m]:
+            pos = st.pieces[m][int(rng.integers(len(st.pieces[m])))][0]
+        else:
+            pos = int(rng.integers(len(st.tables)))
+        s, t = st.shardings[pos], st.tables[pos]
+        if s.type == TABLE_WISE and dp and t.memory_gb(st.precision) <= dp_max_gb and rng.random() < 0.3:
+            new = data_parallel(st.n)
+        elif s.type == TABLE_WISE:
+            e = int(rng.integers(st.n - 1)) if st.n > 1 else 0
+            new = table_wise(e + (e >= s.devices[0]))
+        else:
+            new = table_wise(int(rng.integers(st.n)))
+        shards = st.changed_shards({pos: new})
+        if shards is None or new == s:
+            continue
+        comp = st.compute_many(list(shards.values()))
+        st.apply({pos: new}, shards, {d: float(v) for d, v in zip(shards, comp)})
+        applied += 1
+    return applied
 
 
 CHUNK_PIECES = 20000   # candidates scored together hold about this many pieces per touched device, at most

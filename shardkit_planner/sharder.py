@@ -2,14 +2,18 @@
 model, optionally let the oracle pick among the best candidates.
 
 1. **Starts**: every name in ``starts`` that plans the task: ``model_greedy`` (largest model cost
-   first, each table to the device whose modelled cost stays lowest among those with room), the
+   first, each table to the device whose modelled cost stays lowest among those with room),
+   ``hybrid_greedy`` (the heaviest tables row-wise, the smallest replicated, the rest by
+   model_greedy: the shape of TorchRec's plans, chosen by the model), ``replicate_greedy``, the
    greedy baselines, ``torchrec`` (TorchRec's full planner, every sharding type) and any other
    ``--alg`` name or checkpoint (resolved through :func:`shardcore.cli.algorithms.resolve`, so a DreamShard
    or AutoShard checkpoint can seed the search without this package importing theirs). Starts that
    cannot place the task are skipped; none at all: :class:`~shardcore.errors.InfeasibleError`.
 2. **Search** (:func:`~shardkit_planner.search.local_search`) from the best starts in turn, by the
-   model, until the time budget is spent (``time_budget_s``, planning of the starts included once the
-   first start is in).
+   model, then, while the time budget lasts, an iterated local search from the best local optimum
+   (:func:`~shardkit_planner.search.kick` it, search again, keep the better; the kicks' generator is
+   seeded by ``seed`` and the task's tables); the budget is ``time_budget_s``, planning of the starts
+   included once the first start is in.
 3. **Choice**: the best plan by the model; with ``refine_k > 0`` and an oracle attached
    (:meth:`ShardkitSharder.attach_oracle`, done by ``eval.py --shardkit-refine K``), up to ``k``
    measurements that each correct the model and search again (:mod:`shardkit_planner.refine`), and
@@ -23,9 +27,12 @@ import dataclasses
 import heapq
 import os
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+import numpy as np
 
 from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
 from shardcore.argtypes import name_list, nonnegative_float, nonnegative_int, positive_float
@@ -34,13 +41,13 @@ from shardcore.oracles.cache import measurement_store
 from shardcore.oracles.commmodel import CommModel
 from shardcore import io
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.plan import DATA_PARALLEL, Plan, data_parallel, table_wise
+from shardcore.plan import DATA_PARALLEL, ROW_WISE, Plan, data_parallel, row_wise, table_wise
 from shardcore.tables import TableConfig
 from shardcore.types import Topology
 
 from .costmodel import EMULATED, MEASURED, CostModel, emulated_model
 from .refine import refine
-from .search import ALL_TYPES, SearchStats, State, local_search
+from .search import ALL_TYPES, SearchStats, State, kick, local_search
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CPU_MODEL = ROOT / "models" / "shardkit" / "cpu_cost_model.json"
@@ -49,10 +56,11 @@ HELDOUT_SUBSET = "drop:0/5"    # shardkit's held-out emulator: one fifth of the 
 
 
 def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                 precision: str) -> Plan:
-    """Tables by standalone modelled cost, largest first, each on the device with the lowest load
-    (summed standalone costs) among those with room; table-wise."""
-    alone = model.shard_compute([[t] for t in tables])
+                 precision: str, alone: Sequence[float] | None = None) -> Plan:
+    """Tables by standalone modelled cost (``alone``, computed when not given), largest first, each on
+    the device with the lowest load (summed standalone costs) among those with room; table-wise."""
+    if alone is None:
+        alone = model.shard_compute([[t] for t in tables])
     order = sorted(range(len(tables)), key=lambda i: (-alone[i], -tables[i].size, i))
     load = [0.0] * ndevices
     mem = [0.0] * ndevices
@@ -76,41 +84,69 @@ def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int,
 
 
 REPLICATE_MAX_GB = 0.05   # the search's own bound on a replicated table (search.local_search's dp_max_gb)
+SPREAD_COUNTS = (0, 1, 2, 3, 4, 6, 8)   # hybrid_greedy: how many of the heaviest tables it tries row-wise
+KICK_PATIENCE = 40         # the iterated search stops after this many kicks in a row gain nothing
+OWN_STARTS = ("model_greedy", "hybrid_greedy", "replicate_greedy")   # starts this module makes itself
+
+
+def hybrid_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
+                  precision: str, deadline: float | None = None, spread: Sequence[int] = SPREAD_COUNTS,
+                  replicate: bool = True) -> Plan:
+    """The shape of TorchRec's plans on an H200, chosen by the model: a share of the small tables (of
+    at most :data:`REPLICATE_MAX_GB`, fewest rows per lookup first: all, seven eighths, ... one eighth,
+    none) data-parallel when ``replicate``; of the others the ``k`` heaviest by standalone modelled
+    cost (``k`` in ``spread``) row-wise over every device; the rest by :func:`model_greedy`; the
+    variant the model prices lowest (none replicated and none spread is model_greedy, a start of its
+    own, not tried). A row-wise table spreads its lookups over every device; a replica spreads them
+    too and leaves the all-to-all for an all-reduce of its small weights. After ``deadline``
+    (``time.perf_counter``) no further variant is tried once one placed the task."""
+    alone = [float(v) for v in model.shard_compute([[t] for t in tables])]
+    # replicas first where they cost least for what they spread: rows (the all-reduce) per lookup
+    small = sorted((i for i, t in enumerate(tables) if t.memory_gb(precision) <= REPLICATE_MAX_GB),
+                   key=lambda i: (tables[i].row / max(tables[i].pooling_factor, 0.01), i))
+    shares = sorted({j * len(small) // 8 for j in range(9)}, reverse=True) if replicate else [0]
+    best: tuple[float, Plan] | None = None
+    for k in sorted({min(int(k), len(tables)) for k in spread} if ndevices > 1 else {0}):
+        for share in shares:
+            if best is not None and deadline is not None and time.perf_counter() > deadline:
+                return best[1]
+            if k == 0 and share == 0:   # model_greedy itself, a start of its own
+                continue
+            rep = set(small[:share])
+            heavy = set(sorted((i for i in range(len(tables)) if i not in rep), key=lambda i: (-alone[i], i))[:k])
+            rest = [i for i in range(len(tables)) if i not in rep and i not in heavy]
+            fixed_gb = (sum(tables[i].memory_gb(precision) for i in rep)
+                        + sum(tables[i].memory_gb(precision) for i in heavy) / ndevices)
+            if not rest or fixed_gb > max_memory_gb:
+                continue
+            try:
+                part = model_greedy(model, [tables[i] for i in rest], ndevices, max_memory_gb - fixed_gb,
+                                    precision, [alone[i] for i in rest])
+            except InfeasibleError:
+                continue
+            shardings = [data_parallel(ndevices) if i in rep else row_wise(range(ndevices))
+                         for i in range(len(tables))]
+            for i, sh in zip(rest, part.table_shardings([tables[i] for i in rest])):
+                shardings[i] = sh
+            plan = Plan.from_shardings(tables, shardings, ndevices)
+            if not plan.is_feasible(tables, max_memory_gb, precision):   # row blocks round up
+                continue
+            cost = float(model.device_costs(tables, plan).max())
+            if best is None or cost < best[0]:
+                best = (cost, plan)
+    if best is None:
+        raise InfeasibleError("infeasible: no spread or replicated share leaves room for the rest")
+    return best[1]
 
 
 def replicate_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
                      precision: str, deadline: float | None = None) -> Plan:
-    """The smallest tables data-parallel, the rest by :func:`model_greedy`: of the tables of at most
-    :data:`REPLICATE_MAX_GB`, by rows, all, seven eighths, ... or one eighth of them replicated (none
-    is model_greedy itself), whichever the model prices lowest (a replica spreads its lookups over
-    every device and leaves the all-to-all for an all-reduce of its weights: TorchRec's plans, measured
-    on an H200, win this way). After ``deadline`` (``time.perf_counter``) no further share is tried
-    once one placed the task."""
-    small = sorted((i for i, t in enumerate(tables) if t.memory_gb(precision) <= REPLICATE_MAX_GB),
-                   key=lambda i: (tables[i].row, i))
-    best: tuple[float, Plan] | None = None
-    for k in sorted({j * len(small) // 8 for j in range(1, 9)} - {0}, reverse=True):
-        if best is not None and deadline is not None and time.perf_counter() > deadline:
-            break
-        rep = set(small[:k])
-        rest = [i for i in range(len(tables)) if i not in rep]
-        rep_gb = sum(tables[i].memory_gb(precision) for i in rep)
-        if not rest or rep_gb > max_memory_gb:
-            continue
-        try:
-            part = model_greedy(model, [tables[i] for i in rest], ndevices, max_memory_gb - rep_gb, precision)
-        except InfeasibleError:
-            continue
-        shardings = [data_parallel(ndevices)] * len(tables)
-        for i, sh in zip(rest, part.table_shardings([tables[i] for i in rest])):
-            shardings[i] = sh
-        plan = Plan.from_shardings(tables, shardings, ndevices)
-        cost = float(model.device_costs(tables, plan).max())
-        if best is None or cost < best[0]:
-            best = (cost, plan)
-    if best is None:
-        raise InfeasibleError("infeasible: no small table to replicate, or no device has room for the rest")
-    return best[1]
+    """:func:`hybrid_greedy` without row-wise tables: the smallest tables data-parallel (a share of
+    them, at least one eighth), the rest by :func:`model_greedy`."""
+    small = [t for t in tables if t.memory_gb(precision) <= REPLICATE_MAX_GB]
+    if not small:
+        raise InfeasibleError("infeasible: no small table to replicate")
+    return hybrid_greedy(model, tables, ndevices, max_memory_gb, precision, deadline, spread=(0,))
 
 
 @dataclass
@@ -119,19 +155,21 @@ class ShardkitConfig(Config):
     ``--shardkit-<field>`` flags from these fields (through :func:`shardcore.cli.algorithms.add_plugin_args`;
     ``refine`` only where plans are measured)."""
 
-    time: float = param(1.0, "shardkit's planning time budget per task in seconds (default "
+    time: float = param(3.0, "shardkit's planning time budget per task in seconds (default "
                         "{default}): its starts, their evaluation, the search and the choice, once the task's model "
                         "is fitted; the first start that places the task is always made (at 100k tables about 4 s); "
                         "measured refinement's rounds each search this long again", type=positive_float,
                         metavar="S", cli_default=None)
     model: str | None = param(None, "shardkit's cost model file (default: models/shardkit/cpu_cost_model.json for the "
                               "measured oracle, the emulator's own for emulated:h200)", type=str, metavar="JSON")
-    starts: tuple = param(("model_greedy", "replicate_greedy", "size_lookup_greedy", "lookup_greedy", "size_greedy",
-                           "dim_greedy"),
-                          "comma-separated plans shardkit starts from: model_greedy, replicate_greedy (the smallest "
-                          "tables data-parallel, where data-parallel is among the types), the greedy "
-                          "baselines, torchrec, neuroshard or other --alg names / checkpoints (default "
-                          "model_greedy, replicate_greedy and the four greedy baselines)", type=name_list, metavar="ALGS",
+    starts: tuple = param(("model_greedy", "hybrid_greedy", "replicate_greedy", "size_lookup_greedy", "lookup_greedy",
+                           "size_greedy", "dim_greedy"),
+                          "comma-separated plans shardkit starts from: model_greedy, hybrid_greedy (the heaviest "
+                          "tables row-wise over every device, the smallest data-parallel, the rest by the model, "
+                          "where those types are allowed), replicate_greedy (the smallest tables data-parallel), the "
+                          "greedy baselines, torchrec, neuroshard or other --alg names / checkpoints (default "
+                          "model_greedy, hybrid_greedy, replicate_greedy and the four greedy baselines)",
+                          type=name_list, metavar="ALGS",
                           cli_default=None)
     types: tuple | None = param(None, "sharding types shardkit's search may create: tw, cw, rw, dp (default all "
                                 "four for emulated:h200, tw,cw for the measured oracle)", type=name_list,
@@ -189,6 +227,7 @@ class ShardkitSharder(Sharder):
     oracle: Any = None
     emulator_fit: str = "heldout"             # on an emulated landscape: plan each task with a held-out fit
     robust: bool = CONFIG.robust              # minimise the expected slowest device under the model's error
+    seed: int = 0                             # the kicks' generator (with the task's tables)
     last_info: dict = field(default_factory=dict)
     _start_sharders: dict = field(default_factory=dict, repr=False)
 
@@ -211,7 +250,7 @@ class ShardkitSharder(Sharder):
         a missing checkpoint stops the command before any worker starts. A start whose package is not
         installed (TorchRec) is skipped per task, as before."""
         for name in self.starts:
-            if name not in ("model_greedy", "replicate_greedy") and name not in GREEDY_KEYS:
+            if name not in OWN_STARTS and name not in GREEDY_KEYS:
                 try:
                     self._start_sharder(name)
                 except ImportError:
@@ -279,6 +318,11 @@ class ShardkitSharder(Sharder):
                     if DATA_PARALLEL not in self.types or ndevices < 2:
                         continue
                     plan = replicate_greedy(model, tables, ndevices, max_memory_gb, precision, deadline)
+                elif name == "hybrid_greedy":
+                    if ROW_WISE not in self.types or ndevices < 2:
+                        continue
+                    plan = hybrid_greedy(model, tables, ndevices, max_memory_gb, precision, deadline,
+                                         replicate=DATA_PARALLEL in self.types)
                 elif name in GREEDY_KEYS:
                     plan = greedy_plan(tables, ndevices, max_memory_gb, GREEDY_KEYS[name], precision)
                 else:
@@ -328,6 +372,26 @@ class ShardkitSharder(Sharder):
             local_search(st, deadline, types=self.types, stats=stats)
             searched.append(name)
             pool.append((st.score, f"{name}+search", st.plan()))
+        # the budget left: iterated local search from the best local optimum (kick, search again, keep
+        # the better), with a generator seeded by the task's tables, so a run repeats where it has time
+        searched_states = sorted((st for _, _, st, _ in states[:len(searched)]), key=lambda x: x.score)
+        kicks = gains = 0
+        if searched_states and time.perf_counter() < deadline:
+            best_st = searched_states[0]
+            best_name = min((x for x in pool if x[1].endswith("+search")), key=lambda x: x[0])[1]
+            rng = np.random.default_rng([int(self.seed), zlib.crc32(",".join(str(t.index) for t in tables).encode())])
+            since = 0   # kicks since the last gain: after KICK_PATIENCE of them the search ends early
+            while time.perf_counter() < deadline and since < KICK_PATIENCE:
+                st = best_st.copy()
+                kick(st, rng, int(rng.integers(2, 5)), types=self.types)
+                local_search(st, deadline, types=self.types, stats=stats)
+                kicks, since = kicks + 1, since + 1
+                if st.score < best_st.score:
+                    best_st, gains, since = st, gains + 1, 0
+            if since >= KICK_PATIENCE:
+                stats.stopped = f"no gain in {KICK_PATIENCE} kicks"
+            if gains:
+                pool.append((best_st.score, f"{best_name}+kicks", best_st.plan()))
         pool.sort(key=lambda x: x[0])
         distinct, seen = [], set()
         for score, name, plan in (pool if self.refine_k > 0 else pool[:1]):   # refinement measures distinct ones
@@ -340,6 +404,7 @@ class ShardkitSharder(Sharder):
         info = {"shardkit_start": best_name, "shardkit_model_ms": round(point, 4),
                 "shardkit_start_ms": round(states[0][0][0], 4), "shardkit_searched": searched,
                 "shardkit_moves": dict(stats.accepted), "shardkit_rounds": stats.rounds,
+                "shardkit_kicks": kicks, "shardkit_kick_gains": gains,
                 "shardkit_stopped": stats.stopped, "shardkit_measurements": 0,
                 "shardkit_refine_k": self.refine_k if self.measures_candidates else 0,
                 "shardkit_model": model.source}
@@ -470,7 +535,7 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
         raise ShardError(f"shardkit: emulator fit must be heldout or full, got {emulator_fit!r}")
     sharder = ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
                               refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit,
-                              robust=bool(cfg.robust))
+                              robust=bool(cfg.robust), seed=int(seed))
     sharder.resolve_starts()
     return sharder
 

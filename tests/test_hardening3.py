@@ -131,7 +131,7 @@ def test_past_the_deadline_one_start_is_made():
     sk = algorithms.resolve("shardkit", oracle="emulated:h200", shardkit_time=0.01)
     model = sk.task_model(tables)
     assert [n for n, _ in sk.start_plans(tables, 4, 10.0, "fp16", model, deadline=0.0)] == ["model_greedy"]
-    assert len(sk.start_plans(tables, 4, 10.0, "fp16", model)) == 6   # model_greedy, replicate_greedy, four greedy
+    assert len(sk.start_plans(tables, 4, 10.0, "fp16", model)) == 7   # model_, hybrid_, replicate_greedy, four greedy
     sk.shard(tables, Topology(4, 10.0))
     assert sk.last_info["shardkit_stopped"] == "time budget" and sk.last_info["shardkit_searched"]
 

@@ -19,8 +19,8 @@ from shardcore.oracles.measured.driver import PlanResult
 from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise
 from shardcore.types import Topology
 from shardkit_planner.costmodel import CostModel, emulated_model
-from shardkit_planner.search import State, candidate_moves, local_search
-from shardkit_planner.sharder import ShardkitSharder, load_sharder, model_greedy, replicate_greedy
+from shardkit_planner.search import State, candidate_moves, kick, local_search
+from shardkit_planner.sharder import ShardkitSharder, hybrid_greedy, load_sharder, model_greedy, replicate_greedy
 from helpers import FnOracle, make_dataset
 
 B = 64
@@ -238,6 +238,16 @@ def test_model_greedy_and_cost_model_file_round_trip(data, model, tmp_path):
         CostModel.load(tmp_path / "bad.json")
 
 
+def _share_plan(model, task, rep):
+    """``rep`` replicated, the rest by model_greedy (replicate_greedy's variants)."""
+    rest = [i for i in range(len(task)) if i not in rep]
+    part = model_greedy(model, [task[i] for i in rest], 4, 10.0 - sum(task[i].memory_gb() for i in rep), "fp16")
+    sh = [data_parallel(4)] * len(task)
+    for i, x in zip(rest, part.table_shardings([task[i] for i in rest])):
+        sh[i] = x
+    return Plan.from_shardings(task, sh, 4)
+
+
 def test_replicate_greedy_start_is_the_best_replication_of_the_smallest_tables(data, model):
     _, tables = data
     task = tables[:16]
@@ -245,23 +255,83 @@ def test_replicate_greedy_start_is_the_best_replication_of_the_smallest_tables(d
     assert plan.is_feasible(task, 10.0)
     kinds = [s.type for s in plan.table_shardings(task)]
     assert set(kinds) <= {"table_wise", "data_parallel"}
-    rep = [t for t, k in zip(task, kinds) if k == "data_parallel"]
-    assert rep   # every table here is small: at least an eighth of them replicated, the smallest by rows
-    assert max(t.row for t in rep) <= min((t.row for t, k in zip(task, kinds) if k == "table_wise"), default=1 << 62)
-    # the cheapest share under the model: no other share of the smallest tables prices lower
-    small = sorted(range(len(task)), key=lambda i: (task[i].row, i))
-    for k in (len(task) // 8, len(task) // 2):
-        rest = [i for i in range(len(task)) if i not in small[:k]]
-        part = model_greedy(model, [task[i] for i in rest], 4, 10.0 - sum(task[i].memory_gb() for i in small[:k]), "fp16")
-        sh = [data_parallel(4)] * len(task)
-        for i, x in zip(rest, part.table_shardings([task[i] for i in rest])):
-            sh[i] = x
-        other = Plan.from_shardings(task, sh, 4)
-        assert model.plan_cost(task, plan) <= model.plan_cost(task, other) + 1e-9
+    rep = [i for i, k in enumerate(kinds) if k == "data_parallel"]
+    assert rep   # every table here is small: at least an eighth of them replicated
+    # the replicas are those with the fewest rows (the all-reduce) per lookup (what they spread)
+    per_lookup = [t.row / max(t.pooling_factor, 0.01) for t in task]
+    assert max(per_lookup[i] for i in rep) <= min((per_lookup[i] for i, k in enumerate(kinds) if k == "table_wise"),
+                                                 default=float("inf"))
+    # the cheapest share under the model: no other share prices lower
+    small = sorted(range(len(task)), key=lambda i: (per_lookup[i], i))
+    for k in (len(task) // 8, len(task) // 2, len(task)):
+        if k < len(task):
+            assert model.plan_cost(task, plan) <= model.plan_cost(task, _share_plan(model, task, set(small[:k]))) + 1e-9
     # a start of shardkit's by default, left out where data-parallel is not among the types
     assert "replicate_greedy" in {n for n, _ in _sharder(model).start_plans(task, 4, 10.0, "fp16")}
     tw = _sharder(model, types=("table_wise",))
     assert "replicate_greedy" not in {n for n, _ in tw.start_plans(task, 4, 10.0, "fp16")}
+
+
+def test_hybrid_greedy_spreads_the_heaviest_tables_row_wise_and_prices_no_worse_than_replication(data, model):
+    _, tables = data
+    task = tables[:16]
+    plan = hybrid_greedy(model, task, 4, 10.0, "fp16")
+    assert plan.is_feasible(task, 10.0)
+    kinds = [s.type for s in plan.table_shardings(task)]
+    assert set(kinds) <= {"table_wise", "data_parallel", "row_wise"}
+    # the row-wise tables are the heaviest by standalone modelled cost among those not replicated
+    alone = model.shard_compute([[t] for t in task])
+    rw = [i for i, k in enumerate(kinds) if k == "row_wise"]
+    tw = [i for i, k in enumerate(kinds) if k == "table_wise"]
+    if rw and tw:
+        assert min(alone[i] for i in rw) >= max(alone[i] for i in tw) - 1e-12
+    for s in plan.table_shardings(task):
+        if s.type == "row_wise":
+            assert s.devices == (0, 1, 2, 3)   # over every device
+    # its variants include replicate_greedy's: never priced above it
+    assert model.plan_cost(task, plan) <= model.plan_cost(task, replicate_greedy(model, task, 4, 10.0, "fp16")) + 1e-9
+    # only the spread, no replicas: the heaviest table row-wise
+    one = hybrid_greedy(model, task, 4, 10.0, "fp16", spread=(1,), replicate=False)
+    kinds = [s.type for s in one.table_shardings(task)]
+    assert kinds.count("row_wise") == 1 and kinds.index("row_wise") == int(np.argmax(alone))
+    assert "data_parallel" not in kinds
+    # a default start, left out where row-wise is not among the types
+    assert "hybrid_greedy" in {n for n, _ in _sharder(model).start_plans(task, 4, 10.0, "fp16")}
+    assert "hybrid_greedy" not in {n for n, _ in _sharder(model, types=("table_wise", "data_parallel")).start_plans(
+        task, 4, 10.0, "fp16")}
+
+
+def test_kick_changes_a_copy_only_and_keeps_its_bookkeeping_exact(data, model):
+    _, tables = data
+    task = tables[:16]
+    start = model_greedy(model, task, 4, 10.0, "fp16")
+    st = State(model, task, start.table_shardings(task), 4, 10.0, "fp16")
+    before = (list(st.shardings), st.costs.copy())
+    other = st.copy()
+    applied = kick(other, np.random.default_rng(0), 3)
+    assert applied == 3 and other.shardings != before[0]
+    assert st.shardings == before[0] and np.array_equal(st.costs, before[1])   # the original untouched
+    fresh = State(model, task, other.shardings, 4, 10.0, "fp16")   # the copy's books match a fresh state
+    assert np.allclose(fresh.costs, other.costs) and np.allclose(fresh.mem, other.mem)
+    assert other.plan().is_feasible(task, 10.0)
+    # the same generator seed kicks the same way
+    again = st.copy()
+    kick(again, np.random.default_rng(0), 3)
+    assert again.shardings == other.shardings
+
+
+def test_iterated_search_kicks_while_the_budget_lasts_and_keeps_the_best(data, model):
+    _, tables = data
+    task = tables[:24]
+    sk = _sharder(model, time_budget_s=1.0)
+    plan = sk.shard(task, Topology(4, 10.0, "fp16"))
+    info = sk.plan_stats()
+    assert info["shardkit_kicks"] >= 1 and 0 <= info["shardkit_kick_gains"] <= info["shardkit_kicks"]
+    # the kept plan scores no worse under the sharder's objective than any start
+    tm = sk.task_model(task)
+    kept = State(tm, task, plan.table_shardings(task), 4, 10.0, "fp16").score
+    for _, start in sk.start_plans(task, 4, 10.0, "fp16", tm):
+        assert kept <= State(tm, task, start.table_shardings(task), 4, 10.0, "fp16").score
 
 
 def test_resolved_by_name_and_used_by_eval_and_plan(data, tmp_path, capsys):

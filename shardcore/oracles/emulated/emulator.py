@@ -1004,14 +1004,18 @@ def model_error(exclude: frozenset, card: str = "h200", subset: str = "all", fol
     know of its model's error without looking at the tables it plans."""
     land = measured_landscapes(card)[0]
     idx = np.flatnonzero(_fit_rows(land, exclude, subset))
+    X = land.X
+    if (folds - 1) * len(idx) // folds < 2 * X.shape[1]:   # too few shards per fold: the core features
+        spec = read_params(model_path(card)).get("spec") or DEFAULT_SPEC   # (as heldout_model falls back)
+        X = X[:, :len(feature_names({k: v for k, v in spec.items() if k not in OPTIONAL_TERMS}))]
     fold = np.array([_fold_of(land.tables[i] | {-1}, folds) for i in idx])   # a split unlike the subset's
     ratio = np.zeros(len(idx))
     for k in range(folds):
         test = fold == k
-        if not test.any() or (~test).sum() < 2 * land.X.shape[1]:
+        if not test.any() or (~test).sum() < 2 * X.shape[1]:
             continue
-        wf, wb = land.fit(idx[~test])
-        pred = land.X[idx[test]] @ wf + land.X[idx[test]] @ wb
+        wf, wb = land.fit(idx[~test], X.shape[1])
+        pred = X[idx[test]] @ wf + X[idx[test]] @ wb
         ratio[test] = (land.fw[idx[test]] + land.bw[idx[test]]) / pred
     big = np.array([len(land.tables[i]) >= MIN_PLAN_TABLES for i in idx])   # shards shaped like plan devices
     keep = (ratio > 0) & big if ((ratio > 0) & big).sum() >= 30 else ratio > 0
