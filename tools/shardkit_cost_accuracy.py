@@ -23,6 +23,7 @@ from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
 from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
+from shardcore.oracles.setting import refuse_predictions
 from shardcore.plan import Plan, shardings_from_json
 from shardcore.tasks import load_tasks
 
@@ -69,6 +70,7 @@ def main(argv=None):
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 raise ShardError(f"--records {path}: line {k} is not JSON") from None
+            refuse_predictions(rec, f"--records {path}:{k}", "an oracle's costs (eval.py --out)")
             if rec.get("cost_ms") is not None and rec.get("feasible"):
                 recs.append(rec)
     if args.algs:

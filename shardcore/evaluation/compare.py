@@ -207,6 +207,7 @@ def check_record(obj, where: str) -> dict:
     import math
 
     from shardcore.errors import ShardError
+    from shardcore.oracles.setting import refuse_predictions
 
     def finite(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
@@ -216,6 +217,7 @@ def check_record(obj, where: str) -> dict:
     for key in ("alg", "task"):
         if key not in obj:
             raise ShardError(f"{where}: not an eval.py --out record (no {key!r})")
+    refuse_predictions(obj, where, "an oracle's costs (eval.py --out)")   # e.g. eval_simulator.py's records
     if not isinstance(obj["alg"], str) or not obj["alg"]:
         raise ShardError(f"{where}: 'alg' must be a name, got {obj['alg']!r}")
     task = obj["task"]
