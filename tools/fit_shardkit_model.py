@@ -16,7 +16,7 @@ import collections
 import os
 
 
-from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
+from shardcore.cli.common import ArgumentParser as OneLineParser, check_out_file, run_main
 from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_out_file(args, args.out)   # never the cache or a task file it reads
     from shardcore.oracles.cache import CostCache
     from shardcore.oracles.setting import dataset_digest
     from shardkit_planner.costmodel import fit_cost_model
