@@ -19,10 +19,10 @@ import numpy as np
 
 from shardcore import io
 from shardcore.cli.common import check_outputs, make_parser, run_main
-from shardcore.argtypes import positive_int
 from shardcore.dataset import load_table_configs
 from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines
 from shardcore.errors import ShardError
+from shardcore.oracles.factory import batch_size_int
 from shardcore.oracles.setting import PRODUCED_BY, produced_by
 
 DEFAULT_CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
@@ -48,7 +48,7 @@ def main(argv=None):
     p.add_argument("--table-configs", default=DEFAULT_CONFIGS, metavar="PATH",
                    help="table_configs.json the table ids refer to; its pooling factors and reuse bins "
                         "should be taken at --batch-size (default %(default)s)")
-    p.add_argument("--batch-size", type=positive_int, default=65536, metavar="B",
+    p.add_argument("--batch-size", type=batch_size_int, default=65536, metavar="B",
                    help="samples per iteration: lookups = B x pooling factor (default %(default)s)")
     p.add_argument("--allow-wider-dims", action="store_true",
                    help="accept dims above a table's own dim (the shipped random shards re-dim tables up to "

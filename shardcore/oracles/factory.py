@@ -43,6 +43,19 @@ EMULATED_PREFIX = "emulated:"
 ORACLE_CHOICES = (MEASURED,) + tuple(EMULATED_PREFIX + c for c in EMULATED_CARDS)
 
 
+MAX_BATCH = 2 ** 31 - 1   # samples per iteration; beyond, lookups overflow the kernels' 32-bit offsets
+
+
+def batch_size_int(text: str) -> int:
+    """argparse type for a batch size: an integer in 1 .. :data:`MAX_BATCH`."""
+    import argparse
+
+    v = positive_int(text)
+    if v > MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"expected a batch size <= {MAX_BATCH}, got {text!r}")
+    return v
+
+
 @dataclass
 class OracleConfig(Config):
     """The cost oracle's settings, stated once: every script's oracle flags
@@ -50,7 +63,7 @@ class OracleConfig(Config):
 
     batch_size: int | None = param(None, "samples per benchmark iteration, the first B of the dataset's batch "
                                          "(default: the dataset's whole batch)",
-                                   type=positive_int, metavar="B", group="batch")
+                                   type=batch_size_int, metavar="B", group="batch")
     bench_iters: int | None = param(None, "timed iterations per measurement; the median is kept (default: the "
                                           "evaluator's)", type=positive_int, metavar="N", group="oracle")
     warmup_iters: int | None = param(None, "untimed iterations before timing (default: the evaluator's)",
