@@ -116,8 +116,8 @@ class TableConfig:
         pf = _number(obj["pooling_factor"], "pooling_factor", where)
         bins = tuple(_number(obj.get(name, 0.0), name, where) for name in BIN_NAMES)
         if not (0 < row <= MAX_ROWS and dim > 0 and 0 <= pf <= MAX_POOLING):   # beyond: the cost models overflow
-            raise ShardError(f"{where}: row must be in 1..2**40, dim positive and pooling_factor in [0, "
-                             f"{MAX_POOLING:g}] (got row={row}, dim={dim}, pooling_factor={pf})")
+            raise ShardError(f"{where}: row and dim must be positive and pooling_factor >= 0 (got row={row}, dim={dim}, "
+                             f"pooling_factor={pf}) (at most 2**40 rows and pooling factor {MAX_POOLING:g})")
         problem = dim_problem(dim)
         if problem:
             raise ShardError(f"{where}: {problem}")

@@ -53,8 +53,8 @@ def records(tmp_path_factory):
 
 # -- class 1: numbers ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("row, pattern", [
-    ("a,1000000000000000000000000000000,8,1", r"row must be in 1\.\.2\*\*40,.*row=\d{31},"),     # crashed in C
-    ("a,100,8,1e300", r"row must be .* pooling_factor in \[0, 100000\] .*pooling_factor=1e\+300"),                       # costs of 1e300 ms, exit 0
+    ("a,1000000000000000000000000000000,8,1", r"row=\d{31},.*\) \(at most 2\*\*40 rows"),     # crashed in C
+    ("a,100,8,1e300", r"pooling_factor=1e\+300\) \(at most 2\*\*40 rows and pooling factor 100000"),                       # costs of 1e300 ms, exit 0
 ])
 def test_table_numbers_bounded(row, pattern, tmp_path, capsys):
     csv = tmp_path / "t.csv"
@@ -62,7 +62,7 @@ def test_table_numbers_bounded(row, pattern, tmp_path, capsys):
     code, _, err = run_script("plan.py", ["--tables", csv, "--ndevices", 2, "--max-memory", 5, "--alg",
                                           "lookup_greedy,shardkit", "--oracle", "emulated:h200", "--batch-size", 64],
                               capsys)
-    one_line_error(code, err, r"t\.csv:2 \(table 'a'\): " + pattern)
+    one_line_error(code, err, r"t\.csv:2 \(table 'a'\): .*" + pattern)
 
 
 @pytest.mark.parametrize("rel, argv", [
