@@ -31,6 +31,7 @@ from shardcore.errors import ShardError
 from shardcore.evaluation.compare import evaluate
 from shardcore.types import Topology
 from shardcore.io import atomic_open
+from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.oracles.measured.shardings import type_counts_text
 from shardcore.tasks import load_tasks
 from shardcore.cli.common import ArgumentParser as OneLineParser
@@ -226,9 +227,10 @@ def main(argv=None):
         paths = export_plans(args.export_torchrec, records, args.max_memory, args.weights_precision)
         print(f"exported {len(paths) - 1} plan files to {args.export_torchrec}/ (index.json lists them)")
     if args.out:
+        stamp = produced_by("eval.py", None if args.plan_only else hardware)   # an oracle's costs, never predicted
         with atomic_open(args.out) as fh:
             for r in results:
-                fh.write(json.dumps(r.to_json()) + "\n")
+                fh.write(json.dumps({**r.to_json(), PRODUCED_BY: stamp}) + "\n")
         print(f"wrote {len(results)} records to {args.out}")
 
 

@@ -24,7 +24,7 @@ from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, searc
 from neuroshard.simulator import Simulator
 from shardcore.cli import algorithms
 from shardcore.evaluation import report
-from shardcore.cli.common import serve_if_torchrun_rank
+from shardcore.cli.common import check_outputs, serve_if_torchrun_rank
 from shardcore.argtypes import seed_int
 from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
@@ -33,6 +33,7 @@ from shardcore.errors import ShardError
 from shardcore.evaluation.compare import evaluate
 from shardcore.types import Topology
 from shardcore.io import atomic_open
+from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.tasks import load_tasks
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import positive_int
@@ -90,6 +91,7 @@ def main(argv=None):
         return served
     if args.out:
         check_output_file(args.out, "--out")
+        check_outputs(args, {"--out": args.out})   # never the task file, the dataset or a model it reads
     devices = device_ids(args)
     ndevices = num_devices(args)
     names = [a.strip() for a in args.alg.split(",") if a.strip()]
@@ -169,9 +171,12 @@ def main(argv=None):
         print()
         print(report.paper_table(results, task_set))
     if args.out:
+        # without --measure every cost is the simulator's prediction: stamped so, never read as measured
+        stamp = produced_by("eval_simulator.py", ev.hardware if args.measure else "NeuroShard's simulator",
+                            predicted=not args.measure)
         with atomic_open(args.out) as fh:
             for r in results:
-                obj = r.to_json()
+                obj = {**r.to_json(), PRODUCED_BY: stamp}
                 if not args.measure and r.cost_ms is not None:
                     obj["simulated_cost_ms"] = obj.pop("cost_ms")
                     obj["simulated_device_costs_ms"] = obj.pop("device_costs_ms")

@@ -30,9 +30,10 @@ from pathlib import Path
 from shardcore.cli import algorithms
 from shardcore.data.user_tables import read_batch_size, read_tables
 from shardcore.cli.common import add_device_args, add_memory_args, device_ids, num_devices, run_main
-from shardcore.argtypes import name_list, nonnegative_float, positive_float, positive_int
+from shardcore.argtypes import name_list, nonnegative_float, positive_float
 from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
 from shardcore.errors import ShardError
+from shardcore.oracles.factory import batch_size_int
 from shardcore.evaluation.compare import lookup_load
 from shardcore.io import check_output_file, write_json
 from shardcore.evaluation.report import format_table
@@ -94,7 +95,7 @@ def build_parser():
                         "model and local search), shardkit-tw (its search, table-wise only), a learned method's name or a trained checkpoint (default "
                         "lookup_greedy)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random baseline (default 0)")
-    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+    p.add_argument("--batch-size", type=batch_size_int, default=None, metavar="B",
                    help="the global batch the plans are made and priced for (default: the tables file's batch_size; "
                         f"without --oracle, {DEFAULT_PLAN_BATCH} for the planners that need one, said in a note). "
                         "With an --oracle it must be known: from the file or this flag")

@@ -23,6 +23,7 @@ from neuroshard.checkpoints import save_model
 from neuroshard.curve import write_curve
 from neuroshard.fitting import fit_comm_model
 from shardcore.cli.common import run_main
+from shardcore.io import check_finite
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +44,8 @@ def train(args) -> None:
         with tqdm(total=cfg.epochs, desc=kind, unit="epoch", disable=args.quiet, dynamic_ncols=True) as bar:
             fitted.append((kind, path, *fit_comm_model(kind, dims, targets, delays, cfg, setting=setting,
                                                        progress=bar)))
+    for kind, path, model, _ in fitted:   # both checked finite before either is written
+        check_finite(model.state(), f"{path}: not saved", "training diverged; lower the learning rate")
     for kind, path, model, res in fitted:
         save_model(model, path)
         what = "forward" if kind == "fw_comm" else "backward"

@@ -30,7 +30,7 @@ from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices, open_evaluator
 from shardcore.cli.common import run_main, serve_if_torchrun_rank
 from shardcore.errors import ShardError
-from shardcore.io import check_output_dir
+from shardcore.io import check_finite, check_output_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +90,6 @@ def main(argv=None):
     with tqdm(total=compute_cfg.epochs, desc="compute model", unit="epoch", disable=args.quiet,
               dynamic_ncols=True) as bar:
         compute, res = fit_compute_model(shards, costs, compute_cfg, setting=setting, progress=bar)
-    save_model(compute, os.path.join(args.out_dir, "compute.pt"))
     fits = {"compute": res}
     t = res.test_mape
     print(f"      held-out test MAPE: total {t['total']:.2f}%, forward {t['fw']:.2f}%, backward {t['bw']:.2f}% "
@@ -101,10 +100,17 @@ def main(argv=None):
     for kind, targets in (("fw_comm", fw), ("bw_comm", bw)):
         with tqdm(total=comm_cfg.epochs, desc=kind, unit="epoch", disable=args.quiet, dynamic_ncols=True) as bar:
             models[kind], res = fit_comm_model(kind, dims, targets, delays, comm_cfg, setting=setting, progress=bar)
-        save_model(models[kind], os.path.join(args.out_dir, f"{kind}.pt"))
         fits[kind] = res
         print(f"      {kind}: held-out test MAPE {res.test_mape['per_device']:.2f}% per device "
               f"(best epoch {res.best_epoch}, {res.num_test} test samples)")
+    # the three models are written only once all three were fitted and kept (a refused communication
+    # model leaves compute.pt as it was), each checked finite before the first is written
+    fitted = {"compute": compute, **models}
+    for kind, model in fitted.items():
+        check_finite(model.state(), f"{os.path.join(args.out_dir, kind + '.pt')}: not saved",
+                     "training diverged; lower the learning rate")
+    for kind, model in fitted.items():
+        save_model(model, os.path.join(args.out_dir, f"{kind}.pt"))
     curve = write_curve(fits, os.path.join(args.out_dir, "train_log.csv"), os.path.join(args.out_dir, "train_curve.png"))
     print(f"      learning curves: {', '.join(str(p) for p in curve)}")
     bundle = os.path.join(args.out_dir, "neuroshard.pt")

@@ -39,10 +39,13 @@ def reference_ratio(reference_jsonl: str | os.PathLike, tasks, alg: str = "shard
     """Mean over ``tasks`` of ``alg``'s cost over the lookup greedy's in an ``eval.py --out`` file."""
     import json
 
+    from shardcore.oracles.setting import refuse_predictions
+
     cost: dict = {}
     with open(reference_jsonl) as f:
-        for line in f:
+        for k, line in enumerate(f, 1):
             r = json.loads(line)
+            refuse_predictions(r, f"{reference_jsonl}:{k}", "an oracle's costs (eval.py --out)")
             if r.get("cost_ms") is not None:
                 cost[(r["alg"], r["task"])] = float(r["cost_ms"])
     ratios = [cost[(alg, k)] / cost[("lookup_greedy", k)] for k in tasks

@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 
 from shardcore import io
+from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.baselines import Sharder
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan
@@ -54,7 +55,9 @@ class AutoShardModel:
         io.save_checkpoint({"method": METHOD, "version": VERSION, "config": self.cfg.to_dict(),
                        "scaler": self.scaler.to_state(), "cost_scale": float(self.cost_scale),
                        "net": self.net.state_dict(), "cost_model": self.cost_model.state_dict(),
-                       "steps": int(self.steps), "extra": self.extra}, path)
+                       "steps": int(self.steps), "extra": self.extra,
+                       PRODUCED_BY: produced_by("train_autoshard.py", (self.extra.get("provenance") or {}).get("hardware"))},
+                      path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "AutoShardModel":

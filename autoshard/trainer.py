@@ -17,7 +17,11 @@ Logs: ``train_log.csv`` (one row per learner update), ``episodes.csv`` (one row 
 ``train_curve.png``; checkpoint ``model.pt`` every ``checkpoint_interval_s`` and at the end. Ctrl-C only
 raises a flag, checked between steps; the checkpoint is then written first, while further Ctrl-Cs are
 answered with a note and otherwise ignored. When an actor dies (checked about once a second) or a
-measurement fails, the checkpoint is saved and the failure reported in one line.
+measurement fails, the checkpoint is saved and the failure reported in one line. A run that ends (its
+steps done or its time up) saves its model only if the model's plans beat the untrained model's on the
+first ``EVAL_TASKS`` training tasks (judged by the oracle where there are at least ``MIN_JUDGED_TASKS``;
+the untrained plans are judged once, before the first actor starts); the periodic and interrupted
+checkpoints are training state for ``--resume`` and are not judged.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import torch.multiprocessing as tmp
 from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.errors import set_parent_death_signal
-from shardcore.oracles.factory import check_resume, training_provenance
+from shardcore.oracles.factory import MIN_JUDGED_TASKS, check_beats_untrained, check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, PlanResult, Topology
@@ -348,6 +352,9 @@ class AutoShardTrainer:
             self.cost_opt.load_state_dict(extra["cost_optimizer"])
             self.buffer.load_state(extra["cost_buffer"])
         self.have_scale = resumed and len(self.buffer) > 0
+        # the untrained model's plans on the validation tasks (judged before the first update, kept in the
+        # checkpoint): the bar the model of a completed run must clear (check_beats_untrained)
+        self.untrained_ms = extra.get("untrained_ms")
         self._greedy_costs: list[float] = []
         self.interrupted = False
         self.replay: list[dict] = []
@@ -454,6 +461,19 @@ class AutoShardTrainer:
             self.model.net.train()
         return None if any(r is None for r in ratios) else float(np.mean(ratios))
 
+    def validation_costs(self, lock: threading.Lock) -> list[float | None]:
+        """Per validation task (the first ``EVAL_TASKS`` training tasks) the training oracle's cost (ms)
+        of the plan the model gives at inference (:meth:`AutoShardModel.place`), None over the cap."""
+        self.model.net.eval()
+        try:
+            out = []
+            for tables in self.task_tables[:EVAL_TASKS]:
+                alloc, over = self.model.place(tables, self.ndevices, self.cap, self.precision)
+                out.append(self._plan_cost(tables, alloc, lock) if over <= 0 else None)
+            return out
+        finally:
+            self.model.net.train()
+
     # -- policy ------------------------------------------------------------------------------
     def learn(self, unrolls: Sequence[dict]) -> dict:
         """One V-trace update on ``batch_size`` unrolls of ``unroll_length + 1`` steps."""
@@ -483,7 +503,8 @@ class AutoShardTrainer:
                             "cost_buffer": self.buffer.to_state(), "updates": self.updates,
                             "episodes": self.episodes, "elapsed_s": float(elapsed_s),
                             "tasks": [t.to_line() for t in self.tasks], "ndevices": self.ndevices,
-                            "max_memory_gb": self.cap, "provenance": self._provenance()}
+                            "max_memory_gb": self.cap, "provenance": self._provenance(),
+                            "untrained_ms": self.untrained_ms}
         path = self.out_dir / "model.pt"
         self.model.save(path)
         return path
@@ -525,6 +546,9 @@ class AutoShardTrainer:
         version = ctx.Value("l", self.updates, lock=False)
         resp_qs = [ctx.Queue() for _ in range(num_actors)]
         oracle_lock = threading.Lock()
+        if fresh and self.untrained_ms is None and len(self.tasks) >= MIN_JUDGED_TASKS:
+            self.untrained_ms = self.validation_costs(oracle_lock)   # before any actor starts or update is made
+        self._refused = False
         server = MeasurementServer(self.oracle, req_q, resp_qs, self._on_measured, oracle_lock)
         interval = cfg.eval_interval
         if interval is None:   # checks measure plans: rarer where a measurement takes a second or more
@@ -622,6 +646,13 @@ class AutoShardTrainer:
                 if time.perf_counter() - last_ckpt >= self.checkpoint_interval_s:
                     self.save(elapsed)
                     last_ckpt = time.perf_counter()
+            if self.untrained_ms is not None:   # the trained model (steps done or time up) must beat its untrained self
+                costs = self.validation_costs(oracle_lock)
+                try:
+                    check_beats_untrained(costs, self.untrained_ms, str(self.out_dir / "model.pt"))
+                except ShardError:
+                    self._refused = True
+                    raise
         except KeyboardInterrupt:
             self.interrupted = True
         except ShardError as exc:
@@ -633,8 +664,8 @@ class AutoShardTrainer:
             # below is written before a second Ctrl-C can cut it short
             self._stopping = True
             try:
-                if self._saved_path is None and (self.interrupted or self.timed_out
-                                                 or self.model.steps >= total_steps):
+                if self._saved_path is None and not self._refused and (self.interrupted or self.timed_out
+                                                                       or self.model.steps >= total_steps):
                     try:
                         self._saved_path = self.save(self.elapsed_before + time.perf_counter() - t_start)
                     except Exception as exc:  # noqa: BLE001 - said in one line, never silently skipped
@@ -679,6 +710,8 @@ class AutoShardTrainer:
     def _save_after_failure(self, start_steps: int, t_start: float) -> str:
         """Save what this run learned before a failure is reported; the words for the error line."""
         self._stopping = True
+        if getattr(self, "_refused", False):
+            return f"{self.out_dir / 'model.pt'} keeps what it held"
         if getattr(self, "_diverged", False):
             return f"nothing saved from the diverged network ({self.out_dir / 'model.pt'} keeps the last finite checkpoint)"
         if self.model.steps <= start_steps:

@@ -16,6 +16,17 @@ from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 
 
+def _episodes(text: str) -> int:
+    """argparse type of ``--rl-batch-size``: an integer >= 2 (one episode's returns have no spread to
+    normalise by: the policy loss would be NaN)."""
+    import argparse
+
+    v = positive_int(text)
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {text!r}")
+    return v
+
+
 @dataclass
 class DreamShardConfig(Config):
     # networks
@@ -37,8 +48,8 @@ class DreamShardConfig(Config):
     cost_lr: float = param(1e-3, "cost network learning rate (default {default})", type=learning_rate_type)
     # policy (REINFORCE in the estimated MDP)
     rl_num_batches: int = param(100, "policy updates per iteration (default {default})", type=positive_int)
-    rl_batch_size: int = param(16, "episodes per policy update, run in lockstep on one task (default {default})",
-                               type=positive_int)
+    rl_batch_size: int = param(16, "episodes per policy update, run in lockstep on one task; at least 2 (the "
+                                   "returns are normalised by their spread) (default {default})", type=_episodes)
     rl_lr: float = param(5e-4, "policy learning rate (default {default})", type=learning_rate_type)
     lr_decay: float = 0.9        # policy learning rate multiplied by this after every iteration
     entropy_weight: float = param(1e-3, "entropy bonus of the policy loss (default {default})", type=finite_float)

@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from shardcore import io
+from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.baselines import Sharder
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan
@@ -50,7 +51,8 @@ class DreamShardModel:
         obj = {"method": METHOD, "version": VERSION, "config": self.cfg.to_dict(),
                "scaler": self.scaler.to_state(), "cost_scale": float(self.cost_scale),
                "cost_net": self.cost_net.state_dict(), "policy": self.policy.state_dict(),
-               "iteration": int(self.iteration), "extra": self.extra}
+               "iteration": int(self.iteration), "extra": self.extra,
+               PRODUCED_BY: produced_by("train_dreamshard.py", (self.extra.get("provenance") or {}).get("hardware"))}
         io.save_checkpoint(obj, path)
 
     @classmethod

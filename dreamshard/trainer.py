@@ -7,7 +7,9 @@
    communication costs and on the plan cost);
 3. train the policy with REINFORCE in the estimated MDP (returns normalised per batch, entropy bonus);
    decay its learning rate;
-4. save ``<out_dir>/<iteration>.pt`` and append a row to ``<out_dir>/train_log.csv``;
+4. save ``<out_dir>/<iteration>.pt`` and append a row to ``<out_dir>/train_log.csv`` (the run's last
+   iteration only if its plans beat the untrained model's on the first ``VALIDATION_TASKS`` training
+   tasks, judged by the oracle where there are at least ``MIN_JUDGED_TASKS``; non-finite weights never);
 5. the learning curve (``curve_tasks``): judge the policy's greedy and decoded plans of training tasks
    beside lookup-greedy, append to ``<out_dir>/learning_curve.csv`` and draw ``learning_curve.png``
    (these plans are a monitor, not training data).
@@ -29,7 +31,7 @@ from torch.distributions import Categorical
 from shardcore import io
 from shardcore.baselines import make_baseline
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.oracles.factory import check_resume, training_provenance
+from shardcore.oracles.factory import MIN_JUDGED_TASKS, check_beats_untrained, check_resume, training_provenance
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, Topology
@@ -39,6 +41,7 @@ from .curve import CURVE_FIELDS, plot_curve
 from .env import EstimatedMDP
 from .sharder import DreamShardModel
 
+VALIDATION_TASKS = 10   # training tasks a run's final model is judged on against its untrained self
 LOG_FIELDS = ["iteration", "measured_cost_ms", "cost_loss", "cost_mape", "rl_reward_ms", "buffer", "seconds"]
 
 
@@ -90,6 +93,11 @@ class DreamShardTrainer:
         self.policy_opt = torch.optim.Adam(model.policy.parameters(), lr=lr)
         self._lookup = make_baseline("lookup_greedy")
         self._lookup_cost: dict[int, float] = {}
+        # the untrained model's plans on the validation tasks, judged once (kept in the checkpoints): the
+        # bar the model a run hands over must clear (check_beats_untrained)
+        self.untrained_ms = model.extra.get("untrained_ms")
+        if self.untrained_ms is None and model.iteration < 0 and len(self.tasks) >= MIN_JUDGED_TASKS:
+            self.untrained_ms = self.validation_costs()
 
     def _provenance(self) -> dict:
         """What this training's measurements depend on: a resumed run must match it."""
@@ -199,6 +207,18 @@ class DreamShardTrainer:
         policy.eval()
         return float(np.mean(rewards))
 
+    # -- the validation: the plans the sharder makes, on the first VALIDATION_TASKS training tasks -----------
+    def validation_costs(self) -> list[float | None]:
+        """Per validation task the training oracle's cost (ms) of the plan the model gives at inference
+        (:meth:`DreamShardModel.decode`), None where it is over the cap."""
+        self.model.cost_net.eval()
+        self.model.policy.eval()
+        out = []
+        for k in range(min(VALIDATION_TASKS, len(self.tasks))):
+            alloc, _, infeasible = self.model.decode(self.task_tables[k], self.ndevices, self.cap, self.precision)
+            out.append(None if infeasible else float(self.judge(k, alloc).cost_ms))
+        return out
+
     # -- learning curve ---------------------------------------------------------------------------
     def curve_row(self, it: int) -> dict | None:
         """Judge the greedy and decoded plans of the first ``curve_tasks`` training tasks beside
@@ -257,7 +277,9 @@ class DreamShardTrainer:
             reward = self.train_policy()
             self.model.iteration = it
             self.model.extra = {"buffer": [vars(e) for e in self.buffer], "tasks": [t.to_line() for t in self.tasks],
-                                "provenance": self._provenance()}
+                                "provenance": self._provenance(), "untrained_ms": self.untrained_ms}
+            if it == num_iterations - 1 and self.untrained_ms is not None:   # the model this run hands over
+                check_beats_untrained(self.validation_costs(), self.untrained_ms, str(self.out_dir / f"{it}.pt"))
             self.model.save(self.out_dir / f"{it}.pt")
             row = {"iteration": it, "measured_cost_ms": round(measured, 4), "cost_loss": round(loss, 6),
                    "cost_mape": round(mape, 4), "rl_reward_ms": round(reward, 4), "buffer": len(self.buffer),

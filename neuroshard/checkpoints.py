@@ -23,6 +23,7 @@ import numpy as np
 
 from shardcore import io
 from shardcore.errors import ShardError
+from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.tables import FeatureScaler, Standardiser, TableConfig
 
 from .config import ModelConfig
@@ -95,7 +96,7 @@ class ComputeCostModel:
         return {"method": METHOD, "kind": self.kind, "version": VERSION, "config": self.cfg.to_dict(),
                 "scaler": self.scaler.to_state(), "target_scale": [float(v) for v in self.target_scale],
                 "state_dict": self.net.state_dict(), "metrics": _plain(self.metrics),
-                "setting": _plain(self.setting)}
+                "setting": _plain(self.setting), PRODUCED_BY: _produced_by(self)}
 
     @classmethod
     def from_state(cls, obj: dict, where: str = "checkpoint") -> "ComputeCostModel":
@@ -144,7 +145,7 @@ class CommCostModel:
                 "features": list(FW_FEATURES if self.with_delays else BW_FEATURES),
                 "feature_mean": list(self.scaler.mean), "feature_std": list(self.scaler.std),
                 "target_scale": float(self.target_scale), "state_dict": self.net.state_dict(),
-                "metrics": _plain(self.metrics), "setting": _plain(self.setting)}
+                "metrics": _plain(self.metrics), "setting": _plain(self.setting), PRODUCED_BY: _produced_by(self)}
 
     @classmethod
     def from_state(cls, obj: dict, kind: str | None = None, where: str = "checkpoint") -> "CommCostModel":
@@ -163,6 +164,11 @@ class CommCostModel:
         net.load_state_dict(obj["state_dict"])
         return cls(kind, cfg, scaler, net, float(obj["target_scale"]), dict(obj.get("metrics", {})),
                    dict(obj.get("setting", {})))
+
+
+def _produced_by(model) -> dict:
+    """The stamp of a cost model: fitted by NeuroShard's training on the costs of its setting's hardware."""
+    return produced_by(f"neuroshard ({model.kind} model)", (model.setting or {}).get("hardware"))
 
 
 def _plain(obj):

@@ -50,6 +50,7 @@ import pandas as pd
 from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.oracles.cache import measurement_store, shard_key
+from shardcore.oracles.setting import PRODUCED_BY, produced_by, refuse_predictions
 from shardcore.tables import NUM_BINS, TableConfig
 from shardcore.types import CommLayout
 from shardcore.data.taskgen import halving_dims, split_pools
@@ -269,6 +270,7 @@ def load_compute_data(paths) -> tuple[list[list[TableConfig]], np.ndarray, dict]
                 shards.append(row_tables(row))
                 costs.append((_cost(row["fw_ms"], "fw_ms"), _cost(row["bw_ms"], "bw_ms")))
         metas.append(read_meta(f))
+        refuse_predictions(metas[-1], str(f.parent / config.META_JSON), f"{f.name}'s measured costs")
     return shards, np.asarray(costs, dtype=np.float64).reshape(-1, 2), common_setting(metas)
 
 
@@ -298,6 +300,7 @@ def load_comm_data(paths) -> tuple[list[np.ndarray], list[np.ndarray], list[np.n
                 for arr, v in zip((dims, delays, fw, bw), got):
                     arr.append(v)
         metas.append(read_meta(f))
+        refuse_predictions(metas[-1], str(f.parent / config.META_JSON), f"{f.name}'s measured costs")
     return dims, delays, fw, bw, common_setting(metas)
 
 
@@ -332,6 +335,7 @@ def _prepare(out_dir: Path, csv_name: str, kind: str, setting: dict, params: dic
                 if c in r:
                     r[c] = str(r[c])
     io.write_json(meta_path, {"kind": kind, "setting": setting, "params": params,
+                              PRODUCED_BY: produced_by(f"neuroshard.collect ({kind})", setting.get("hardware")),
                               "updated": time.strftime("%Y-%m-%d %H:%M:%S")})
     return rows
 

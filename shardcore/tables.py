@@ -38,6 +38,9 @@ def bytes_per_element(precision: str) -> int:
         ) from None
 
 
+MAX_ROWS, MAX_POOLING = 2 ** 40, 1e5   # beyond any real table (a table's own numbers, validated on entry)
+
+
 def dim_problem(dim: int) -> str | None:
     """Why ``dim`` cannot be an embedding table's dim (``None`` when it can)."""
     if dim <= 0:
@@ -112,10 +115,9 @@ class TableConfig:
         dim = _number(obj["dim"], "dim", where, integer=True)
         pf = _number(obj["pooling_factor"], "pooling_factor", where)
         bins = tuple(_number(obj.get(name, 0.0), name, where) for name in BIN_NAMES)
-        if row <= 0 or dim <= 0 or pf < 0:
-            raise ShardError(
-                f"{where}: row and dim must be positive and pooling_factor >= 0 "
-                f"(got row={row}, dim={dim}, pooling_factor={pf})")
+        if not (0 < row <= MAX_ROWS and dim > 0 and 0 <= pf <= MAX_POOLING):   # beyond: the cost models overflow
+            raise ShardError(f"{where}: row and dim must be positive and pooling_factor >= 0 (got row={row}, dim={dim}, "
+                             f"pooling_factor={pf}) (at most 2**40 rows and pooling factor {MAX_POOLING:g})")
         problem = dim_problem(dim)
         if problem:
             raise ShardError(f"{where}: {problem}")

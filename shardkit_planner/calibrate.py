@@ -68,13 +68,10 @@ def _fit(oracle, dataset, data_dir, exclude) -> CostModel:
                           comm_fallback=fallback, min_shards=MIN_SHARDS)
 
 
-def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None, budget_s: float,
-                     seed: int = 0, progress: bool = True) -> CostModel:
-    """The measured landscape's model of ``oracle``'s machine: fitted on its cache when that holds enough,
-    else after measuring plans and shards of the tables outside ``exclude_task_files`` for at most
-    ``budget_s`` seconds (a one-line :class:`ShardError` when that is not enough)."""
-    from tqdm import tqdm
-
+def check_calibration(oracle, data_dir, exclude_task_files: Sequence[str] | None):
+    """What calibration needs, checked before the oracle's workers start (nothing is measured): the
+    cache, and enough tables outside the tasks for one per device unless the cache already holds enough
+    usable shards. Returns (dataset, excluded tables, the tasks' mean size, usable shards stored)."""
     from shardcore.dataset import load_dataset
 
     if measurement_store(oracle) is None:
@@ -83,14 +80,26 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
     dataset = load_dataset(data_dir)   # memory-mapped; the cache keys its measurements by this digest
     exclude, task_size = _task_stats(exclude_task_files, dataset.num_tables)
     have = _usable(oracle, dataset, exclude)
+    outside, n = dataset.num_tables - len(exclude & set(range(dataset.num_tables))), int(oracle.ndevices)
+    if have < ENOUGH_SHARDS and outside < n:
+        raise ShardError(f"shardkit cannot calibrate: only {outside} tables of {data_dir} lie outside the tasks it "
+                         f"plans ({', '.join(map(str, exclude_task_files or []))}), fewer than the {n} devices; "
+                         "generate tasks over part of the tables (tools/gen_tasks.py) or give --shardkit-model")
+    return dataset, exclude, task_size, have
+
+
+def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None, budget_s: float,
+                     seed: int = 0, progress: bool = True) -> CostModel:
+    """The measured landscape's model of ``oracle``'s machine: fitted on its cache when that holds enough,
+    else after measuring plans and shards of the tables outside ``exclude_task_files`` for at most
+    ``budget_s`` seconds (a one-line :class:`ShardError` when that is not enough)."""
+    from tqdm import tqdm
+
+    dataset, exclude, task_size, have = check_calibration(oracle, data_dir, exclude_task_files)
     if have >= ENOUGH_SHARDS:   # calibrated before (or measured by other runs): fit on what is there
         return _fit(oracle, dataset, data_dir, exclude)
     pool = [i for i in range(dataset.num_tables) if i not in exclude]
     n = int(oracle.ndevices)
-    if len(pool) < n:
-        raise ShardError(f"shardkit cannot calibrate: only {len(pool)} tables of {data_dir} lie outside the tasks it "
-                         f"plans ({', '.join(map(str, exclude_task_files or []))}), fewer than the {n} devices; "
-                         "generate tasks over part of the tables (tools/gen_tasks.py) or give --shardkit-model")
     rng = np.random.default_rng(seed)
     tables = dataset.tables
     # shards shaped like the plans' ones: up to twice the tasks' tables per device, some column pieces

@@ -484,6 +484,9 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
         """Before ``oracle``'s workers start: the model itself where it needs no measuring (or the
         one-line error saying what is missing); None where it calibrates through the oracle's cache."""
         if calibrates(oracle) and measurement_store(oracle) is not None:
+            from .calibrate import check_calibration
+
+            check_calibration(oracle, data_dir, exclude_task_files)   # enough tables outside the tasks
             return None
         return make(oracle)
 

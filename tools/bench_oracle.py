@@ -36,14 +36,14 @@ from shardcore.oracles.setting import EXACT_SGD, OPTIMIZERS
 from shardcore.oracles.cache import CostCache
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
-from shardcore.oracles.factory import open_oracle
+from shardcore.oracles.factory import batch_size_int, open_oracle
 
 
 def parse_args(argv):
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"dataset directory (default {DEFAULT_DATA_DIR})")
     cli.add_device_args(p)
-    p.add_argument("--batch-size", type=argtypes.positive_int, default=4096, help="batch size (default 4096)")
+    p.add_argument("--batch-size", type=batch_size_int, default=4096, help="batch size (default 4096)")
     p.add_argument("--num-tables", type=argtypes.positive_int, default=50, help="tables in the plan (default 50)")
     p.add_argument("--repeats", type=argtypes.positive_int, default=5, help="evaluations for the noise figure (default 5)")
     p.add_argument("--bench-iters", type=argtypes.positive_int, default=DEFAULT_BENCH_ITERS,

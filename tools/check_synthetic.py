@@ -28,6 +28,7 @@ import torch
 from shardcore.data import dlrm
 from shardcore.argtypes import int_list, positive_int, seed_int
 from shardcore.cli.common import run_main
+from shardcore.oracles.factory import batch_size_int
 from shardcore.tables import NUM_BINS
 from shardcore.cli.common import ArgumentParser as OneLineParser
 
@@ -237,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--num-tables", type=positive_int, default=dlrm.PUBLISHED_NUM_TABLES,
                    help="tables of the generated data (the published file's count)")
-    p.add_argument("--batch-size", type=positive_int, default=dlrm.PUBLISHED_BATCH_SIZE,
+    p.add_argument("--batch-size", type=batch_size_int, default=dlrm.PUBLISHED_BATCH_SIZE,
                    help="samples per table of the generated data (the published file's batch)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the measured data")
     p.add_argument("--expected", action="store_true", help="closed-form expected histograms only (for --seeds)")

@@ -89,6 +89,7 @@ def parse_args(argv):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    cli.check_out_file(args, args.out)   # before any measuring, never an input
     if args.oracle != "measured":
         raise ShardError("cpu_repeatability.py measures the measured oracle: drop --oracle")
     if args.rounds < 2:

@@ -21,6 +21,7 @@ from dreamshard.sharder import DreamShardModel
 from shardcore.cli.common import run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
+from shardcore.oracles.setting import refuse_predictions
 from shardcore.plan import Plan
 from shardcore.evaluation.report import format_table
 from shardcore.tasks import load_tasks
@@ -53,6 +54,7 @@ def main(argv=None):
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise ShardError(f"{args.results}:{lineno}: malformed JSON ({exc.msg})") from None
+            refuse_predictions(rows[-1], f"{args.results}:{lineno}", "measured plans (eval.py --out)")
     rows = [r for r in rows if isinstance(r, dict) and r.get("cost_ms") is not None]
     if not rows:
         raise ShardError(f"{args.results}: no measured plans (run eval.py without --plan-only)")

@@ -37,7 +37,7 @@ import os
 import numpy as np
 
 from shardcore import io
-from shardcore.cli.common import make_parser, run_main
+from shardcore.cli.common import check_out_file, make_parser, run_main
 from shardcore.evaluation.report import spearman
 from shardcore.dataset import load_table_configs
 from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, GpuComputeModel, default_cv_of,
@@ -272,6 +272,7 @@ def main(argv=None):
                    help="parameter file for the in-sample rows (default the shipped h200_emulator.json)")
     p.add_argument("--out", default=None, metavar="FILE", help="also write every figure as JSON (atomically)")
     args = p.parse_args(argv)
+    check_out_file(args, args.out)   # before the figures are computed; never --params nor a measurement file
     if not os.path.isdir(args.measurements):
         raise ShardError(f"measurement folder not found: {args.measurements}")
     res = evaluate(args.measurements, args.params)

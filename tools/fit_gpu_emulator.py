@@ -17,7 +17,7 @@ import os
 
 
 from shardcore import io
-from shardcore.cli.common import make_parser, run_main
+from shardcore.cli.common import check_out_file, make_parser, run_main
 from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, SHARD_FILES, default_cv_of, fit_params,
                                 known_index, load_measurements, measurement_features, model_path,
                                 synthetic_length_cv)
@@ -67,6 +67,7 @@ def main(argv=None):
     p.add_argument("--out", default=str(model_path(CARD)), metavar="FILE",
                    help="parameter file to write, atomically (default %(default)s)")
     args = p.parse_args(argv)
+    check_out_file(args, args.out)   # before the fit; never a measurement file it reads
     if not os.path.isdir(args.measurements):
         raise ShardError(f"measurement folder not found: {args.measurements}")
     params = fit_from_measurements(args.measurements)

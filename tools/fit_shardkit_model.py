@@ -16,10 +16,10 @@ import collections
 import os
 
 
-from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
-from shardcore.argtypes import positive_int
+from shardcore.cli.common import ArgumentParser as OneLineParser, check_out_file, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
+from shardcore.oracles.factory import batch_size_int
 from shardcore.oracles.setting import EXACT_SGD
 from shardcore.tasks import load_tasks
 
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"dataset measured (default {DEFAULT_DATA_DIR})")
     p.add_argument("--cache-path", default="data/cost_cache.sqlite", help="measurement cache (default data/cost_cache.sqlite)")
-    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+    p.add_argument("--batch-size", type=batch_size_int, default=None, metavar="B",
                    help="batch of the measurements (default: the dataset's)")
     p.add_argument("--weights-precision", choices=["fp16", "fp32"], default="fp16", help="weights precision (default fp16)")
     p.add_argument("--optimizer", default=EXACT_SGD, help=f"sparse optimizer of the measurements (default {EXACT_SGD})")
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_out_file(args, args.out)   # never the cache or a task file it reads
     from shardcore.oracles.cache import CostCache
     from shardcore.oracles.setting import dataset_digest
     from shardkit_planner.costmodel import fit_cost_model

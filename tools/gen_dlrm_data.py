@@ -30,6 +30,7 @@ from shardcore.argtypes import int_list, positive_int, fraction, nonnegative_int
 from shardcore.cli.common import original_range, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
+from shardcore.oracles.factory import batch_size_int
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.io import check_output_dir, check_output_file
 from shardcore.tables import dim_problem
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "with --seed), e.g. 4,8,16,32,64,128; --dim-range is AutoShard's spelling")
     p.add_argument("--seed", type=seed_int, default=0,
                    help="random seed of the synthetic data and of the --dims draw (default 0)")
-    p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
+    p.add_argument("--batch-size", type=batch_size_int, default=None, metavar="N",
                    help="samples per table to keep: with --data the first N of the file (default: all of "
                         f"them); synthetic: the batch generated (default {dlrm.DEFAULT_SYNTHETIC_BATCH}). "
                         "For GPUs generate --batch-size 65536 (the real dataset's, the papers'): at 4096 a "

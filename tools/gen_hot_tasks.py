@@ -14,7 +14,7 @@ small table) is there to break.
 import argparse
 
 
-from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
+from shardcore.cli.common import ArgumentParser as OneLineParser, check_out_file, run_main
 from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
@@ -45,6 +45,7 @@ def main(argv=None) -> None:
     if problem:
         raise ShardError(f"--hot-dim: {problem}")
     check_output_file(args.out, "--out")
+    check_out_file(args, args.out)   # never --tasks, the file it starts from
     dataset = load_dataset(args.data_dir, with_lookups=False)
     tables = dataset.tables
     if args.hot_table is None:

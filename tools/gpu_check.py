@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tools.gpu_ch
 from shardcore.argtypes import int_list, name_list, positive_float, positive_int  # noqa: E402
 from shardcore.cli.common import make_parser, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
+from shardcore.oracles.factory import batch_size_int  # noqa: E402
 from tools.gpu_check_lib import DEFAULT_ALGS, CheckConfig, run_check  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, default=None,
                    help="use this processed dataset instead of generating one (default: generate the "
                         "synthetic dataset at batch 65536 on cuda, a tiny one on cpu)")
-    p.add_argument("--batch-size", type=positive_int, default=None,
+    p.add_argument("--batch-size", type=batch_size_int, default=None,
                    help="measure at this batch (default: the dataset's whole batch)")
     p.add_argument("--alg", type=name_list, default=DEFAULT_ALGS,
                    help=f"algorithms to plan with (default {','.join(DEFAULT_ALGS)}; one that cannot be "

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Sequence
 
 from shardcore.errors import ShardError
+from shardcore.oracles.setting import refuse_predictions
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 from shardcore.types import Sharder
 
@@ -248,7 +249,9 @@ def _eval_records(path: str, flag: str, use) -> None:
             lines = fh.read().decode("utf-8").splitlines()
         for k, line in enumerate(lines, 1):
             if line.strip():
-                use(k, json.loads(line))
+                rec = json.loads(line)
+                refuse_predictions(rec, f"{flag} {path}:{k}", "an oracle's costs (eval.py --out)")
+                use(k, rec)
     except OSError as exc:
         raise ShardError(f"{flag} {path}: {exc.strerror}") from None
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

@@ -18,11 +18,12 @@ import os
 import numpy as np
 
 from shardcore import io
-from shardcore.cli.common import make_parser, run_main
-from shardcore.argtypes import positive_int
+from shardcore.cli.common import check_outputs, make_parser, run_main
 from shardcore.dataset import load_table_configs
 from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines
 from shardcore.errors import ShardError
+from shardcore.oracles.factory import batch_size_int
+from shardcore.oracles.setting import PRODUCED_BY, produced_by
 
 DEFAULT_CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
 ORACLES = tuple(f"emulated:{card}" for card in MODEL_FILES)
@@ -47,12 +48,14 @@ def main(argv=None):
     p.add_argument("--table-configs", default=DEFAULT_CONFIGS, metavar="PATH",
                    help="table_configs.json the table ids refer to; its pooling factors and reuse bins "
                         "should be taken at --batch-size (default %(default)s)")
-    p.add_argument("--batch-size", type=positive_int, default=65536, metavar="B",
+    p.add_argument("--batch-size", type=batch_size_int, default=65536, metavar="B",
                    help="samples per iteration: lookups = B x pooling factor (default %(default)s)")
     p.add_argument("--allow-wider-dims", action="store_true",
                    help="accept dims above a table's own dim (the shipped random shards re-dim tables up to "
                         "128); by default such a dim is an error")
     args = p.parse_args(argv)
+    io.check_output_file(args.out, "--out")
+    check_outputs(args, {"--out": args.out})   # never the shard file it reads (measurements lost)
     card = parse_oracle(args.oracle).split(":", 1)[1]
     tables = load_table_configs(args.table_configs)
     lines = read_shard_lines(args.shards, tables, allow_wider=args.allow_wider_dims)
@@ -70,6 +73,7 @@ def main(argv=None):
                     out["measured_" + key] = out.pop(key)
             out["fw_ms"], out["bw_ms"], out["oracle"] = round(float(fw), 6), round(float(bw), 6), args.oracle
             out["predicted"] = True   # what produced it: never read back as a measurement
+            out[PRODUCED_BY] = produced_by("tools/predict_shard_costs.py", args.oracle, predicted=True)
             fh.write(json.dumps(out) + "\n")
     print(f"{len(lines)} shards predicted by {args.oracle} at batch {args.batch_size}; wrote {args.out}")
     m = np.array([r for r in measured if r[0] > 0 and r[1] > 0], dtype=float).reshape(-1, 4)

@@ -31,6 +31,7 @@ from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_memory_args, add_oracle_args, run_main
 from shardcore.config import config_from_args
 from shardcore.errors import ShardError
+from shardcore.io import check_output_dir
 
 DEFAULTS = ExperimentConfig()
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_output_dir(args.out_dir, "--out-dir")   # before any task is written or anything trained
     if args.breakdown_set is not None and len(args.breakdown_set) != 1:
         raise ShardError("--breakdown-set takes one T:D")
     if args.num_train is not None and args.num_train < 0:

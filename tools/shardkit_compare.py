@@ -119,7 +119,14 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
                       data_dir: str = DEFAULT_DATA_DIR, draws: int = 1000) -> str:
     by: dict[str, dict[int, dict]] = {}
     for r in recs:
+        if int(r["task"]) in by.get(r["alg"], {}):   # two runs in one file: which one counts would be silent
+            raise ShardError(f"{path}: {r['alg']} on task {r['task']} appears twice (two eval.py runs "
+                             "concatenated?); compare one run's records")
         by.setdefault(r["alg"], {})[int(r["task"])] = r
+    setting = {(r.get("hardware"), r.get("batch_size")) for r in recs if r.get("cost_ms") is not None}
+    if len(setting) > 1:
+        raise ShardError(f"{path}: records of different oracles or batches "
+                         f"({'; '.join(sorted(f'{h} (batch {b})' for h, b in setting))}): their costs do not compare")
     if alg not in by:
         raise ShardError(f"{path}: no {alg} records")
     # default anchors: every other algorithm but shardkit's own restricted variant (shardkit-tw, the

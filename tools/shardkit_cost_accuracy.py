@@ -20,9 +20,10 @@ import json
 import numpy as np
 
 from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
-from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
+from shardcore.oracles.factory import batch_size_int
+from shardcore.oracles.setting import refuse_predictions
 from shardcore.plan import Plan, shardings_from_json
 from shardcore.tasks import load_tasks
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="JSON", help="a fitted shardkit cost model (measured landscape)")
     p.add_argument("--oracle", default=None, choices=["emulated:h200"],
                    help="use the emulated card's model instead of --model")
-    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+    p.add_argument("--batch-size", type=batch_size_int, default=None, metavar="B",
                    help="batch for --oracle emulated:h200 (default: the records')")
     p.add_argument("--algs", default=None, help="only these algorithms (comma-separated)")
     return p
@@ -69,6 +70,7 @@ def main(argv=None):
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 raise ShardError(f"--records {path}: line {k} is not JSON") from None
+            refuse_predictions(rec, f"--records {path}:{k}", "an oracle's costs (eval.py --out)")
             if rec.get("cost_ms") is not None and rec.get("feasible"):
                 recs.append(rec)
     if args.algs:

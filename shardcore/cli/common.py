@@ -81,7 +81,10 @@ def make_parser(description: str | None = None, **kwargs) -> ArgumentParser:
 _INPUT_FLAGS = (("task_path", "--task-path"), ("tables", "--tables"), ("compute_model", "--compute-model"),
                 ("fw_comm_model", "--fw-comm-model"), ("bw_comm_model", "--bw-comm-model"),
                 ("checkpoint", "--checkpoint"), ("shards", "--shards"), ("table_configs", "--table-configs"),
-                ("data", "--data"), ("shardkit_model", "--shardkit-model"))
+                ("data", "--data"), ("shardkit_model", "--shardkit-model"), ("tasks", "--tasks"),
+                ("params", "--params"), ("exclude_tasks", "--exclude-tasks"), ("results", "--results"),
+                ("records", "--records"), ("model", "--model"))
+_LIST_INPUTS = ("data", "exclude_tasks", "records")   # comma-separated lists of files
 
 
 def command_inputs(args: argparse.Namespace) -> dict:
@@ -95,8 +98,15 @@ def command_inputs(args: argparse.Namespace) -> dict:
     for dest, flag in _INPUT_FLAGS:
         v = getattr(args, dest, None)
         if isinstance(v, (str, os.PathLike)) and str(v):
-            for k, part in enumerate(str(v).split(",") if dest in ("data",) else [v]):
+            for k, part in enumerate(str(v).split(",") if dest in _LIST_INPUTS else [v]):
                 inputs[flag if k == 0 else f"{flag}[{k}]"] = part
+    measurements = getattr(args, "measurements", None)   # a folder of measured shards and plans (emulator tools)
+    if isinstance(measurements, (str, os.PathLike)) and os.path.isdir(measurements):
+        for root, _, files in os.walk(measurements):
+            for name in sorted(files):
+                if name.endswith((".jsonl", ".jsonl.gz", ".txt")) or name == "table_configs.json":
+                    path = os.path.join(root, name)
+                    inputs[f"--measurements ({os.path.relpath(path, measurements)})"] = path
     data_dir = getattr(args, "data_dir", None)
     if data_dir:
         inputs["--data-dir (table_configs.json)"] = os.path.join(data_dir, "table_configs.json")
@@ -109,6 +119,16 @@ def command_inputs(args: argparse.Namespace) -> dict:
             if name.strip() and os.path.isfile(name.strip()):
                 inputs[f"--alg {name.strip()}"] = name.strip()
     return inputs
+
+
+def check_out_file(args: argparse.Namespace, path, flag: str = "--out", kind: str | None = "text") -> None:
+    """Before any work: ``path`` (an output file flag's value; None: not given) can be written, names no
+    input of the command and replaces no file of another kind (:func:`check_outputs`)."""
+    from shardcore import io
+
+    if path:
+        io.check_output_file(path, flag)
+        check_outputs(args, {flag: path}, {flag: kind})
 
 
 def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = None) -> None:

@@ -207,26 +207,28 @@ def check_record(obj, where: str) -> dict:
     import math
 
     from shardcore.errors import ShardError
+    from shardcore.oracles.setting import refuse_predictions
 
-    def finite(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    def finite(v) -> bool:   # at most 1e12 ms: beyond, the statistics' sums overflow (and no plan takes years)
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1e12
 
     if not isinstance(obj, dict):
         raise ShardError(f"{where}: expected a JSON object (an eval.py --out record), got {type(obj).__name__}")
     for key in ("alg", "task"):
         if key not in obj:
             raise ShardError(f"{where}: not an eval.py --out record (no {key!r})")
+    refuse_predictions(obj, where, "an oracle's costs (eval.py --out)")   # e.g. eval_simulator.py's records
     if not isinstance(obj["alg"], str) or not obj["alg"]:
         raise ShardError(f"{where}: 'alg' must be a name, got {obj['alg']!r}")
     task = obj["task"]
     if isinstance(task, bool) or not isinstance(task, int) or task < 0:
         raise ShardError(f"{where}: 'task' must be a whole number >= 0, got {task!r}")
     if obj.get("cost_ms") is not None and not finite(obj["cost_ms"]):
-        raise ShardError(f"{where}: 'cost_ms' must be a finite number >= 0 or null, got {obj['cost_ms']!r}")
+        raise ShardError(f"{where}: 'cost_ms' must be a finite number in [0, 1e12] or null, got {obj['cost_ms']!r}")
     dev = obj.get("device_costs_ms")
     if dev is not None and not (isinstance(dev, list) and all(isinstance(d, list) and len(d) == 4
                                                               and all(finite(x) for x in d) for d in dev)):
-        raise ShardError(f"{where}: 'device_costs_ms' must list four finite costs >= 0 per device")
+        raise ShardError(f"{where}: 'device_costs_ms' must list four finite costs in [0, 1e12] per device")
     if obj.get("cost_ms") is not None and dev is None:
         raise ShardError(f"{where}: a cost without 'device_costs_ms'")
     return obj

@@ -43,6 +43,19 @@ EMULATED_PREFIX = "emulated:"
 ORACLE_CHOICES = (MEASURED,) + tuple(EMULATED_PREFIX + c for c in EMULATED_CARDS)
 
 
+MAX_BATCH = 2 ** 31 - 1   # samples per iteration; beyond, lookups overflow the kernels' 32-bit offsets
+
+
+def batch_size_int(text: str) -> int:
+    """argparse type for a batch size: an integer in 1 .. :data:`MAX_BATCH`."""
+    import argparse
+
+    v = positive_int(text)
+    if v > MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"expected a batch size <= {MAX_BATCH}, got {text!r}")
+    return v
+
+
 @dataclass
 class OracleConfig(Config):
     """The cost oracle's settings, stated once: every script's oracle flags
@@ -50,7 +63,7 @@ class OracleConfig(Config):
 
     batch_size: int | None = param(None, "samples per benchmark iteration, the first B of the dataset's batch "
                                          "(default: the dataset's whole batch)",
-                                   type=positive_int, metavar="B", group="batch")
+                                   type=batch_size_int, metavar="B", group="batch")
     bench_iters: int | None = param(None, "timed iterations per measurement; the median is kept (default: the "
                                           "evaluator's)", type=positive_int, metavar="N", group="oracle")
     warmup_iters: int | None = param(None, "untimed iterations before timing (default: the evaluator's)",
@@ -160,3 +173,26 @@ def open_oracle(data_dir: str | os.PathLike, ndevices: int | None = None, *, ora
     evaluator = PlanEvaluator(data_dir, ndevices, device_ids=device_ids, batch_size=batch_size, optimizer=optimizer,
                               precision=precision, comm_model=comm_model, **measure_kwargs)
     return evaluator if store is None else CachedOracle(evaluator, store, no_cache=no_cache)
+
+
+MIN_JUDGED_TASKS = 5   # validation tasks below which "beats its untrained self" is not judged (too few to tell)
+
+
+def check_beats_untrained(trained: Sequence[float | None], untrained: Sequence[float | None], where: str) -> None:
+    """A trained placement model is saved only if it beats its untrained self on its own validation
+    tasks: ``trained`` and ``untrained`` give per task the oracle's cost (ms) of the plan each model
+    makes, None where the plan is over the cap. Judged on the tasks the untrained model planned, when
+    there are at least :data:`MIN_JUDGED_TASKS` of them (fewer are noise, as NeuroShard's
+    ``MIN_JUDGED_VALIDATION``): a plan over the cap, or a mean cost not below the untrained one, is
+    refused in one line naming ``where`` (the checkpoint not written)."""
+    pairs = [(a, b) for a, b in zip(trained, untrained) if b is not None]
+    if len(pairs) < MIN_JUDGED_TASKS:
+        return
+    over = sum(a is None for a, _ in pairs)
+    mean_t = sum(a for a, _ in pairs if a is not None) / max(len(pairs) - over, 1)
+    mean_u = sum(b for _, b in pairs) / len(pairs)
+    if over or not mean_t < mean_u:
+        how = f"{over} of its plans over the cap" if over else f"mean plan cost {mean_t:.4g} ms vs {mean_u:.4g} ms untrained"
+        raise ShardError(f"{where}: not saved: training did not beat the untrained model on its own validation tasks "
+                         f"({how}, {len(pairs)} training tasks judged by the training oracle); train longer, lower "
+                         "the learning rate or check the oracle")

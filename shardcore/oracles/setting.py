@@ -161,3 +161,34 @@ def dataset_digest(data_dir: "str | os.PathLike | Dataset") -> str:
     else:
         h.update(b"no-lookups")
     return h.hexdigest()[:16]
+
+
+# -- provenance: what produced a file's costs ------------------------------------------------------------
+PRODUCED_BY = "produced_by"   # the key every record, cost-data meta file and checkpoint the tools write carries
+
+
+def produced_by(tool: str, oracle: object = None, predicted: bool = False) -> dict:
+    """The provenance stamp of an output: the ``tool`` (script or trainer) that wrote it, the oracle whose
+    costs it holds (its hardware line) and whether those costs are a model's *predictions* (a cost model,
+    NeuroShard's simulator) rather than an oracle's answers. A reader of costs refuses predictions
+    (:func:`refuse_predictions`)."""
+    out: dict = {"tool": str(tool), "predicted": bool(predicted)}
+    if oracle is not None:
+        out["oracle"] = str(oracle)
+    return out
+
+
+def refuse_predictions(obj: object, where: str, expected: str = "measured costs") -> None:
+    """One line naming ``where`` when ``obj`` (a record, a meta file's dict, a checkpoint) says it holds
+    predictions: its ``produced_by`` stamp has ``predicted`` true, or (tools/predict_shard_costs.py's older
+    lines) a top-level ``predicted``. A stamp that is not an object with a true/false ``predicted`` is
+    refused too. A prediction is never read as a measurement."""
+    if not isinstance(obj, dict):
+        return
+    stamp = obj.get(PRODUCED_BY)
+    if stamp is not None and not (isinstance(stamp, dict) and isinstance(stamp.get("predicted"), bool)):
+        raise ShardError(f"{where}: '{PRODUCED_BY}' must be an object with a true/false 'predicted', got {stamp!r}")
+    if (stamp or {}).get("predicted") or obj.get("predicted"):
+        by = (stamp or {}).get("tool") or obj.get("oracle") or "a cost model"
+        raise ShardError(f"{where}: holds predictions (produced by {by}), not {expected}; "
+                         "give a file an oracle's run wrote")
