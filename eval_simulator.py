@@ -27,8 +27,8 @@ from shardcore.evaluation import report
 from shardcore.cli.common import check_outputs, serve_if_torchrun_rank
 from shardcore.argtypes import seed_int
 from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
-                           open_evaluator, run_main)
-from shardcore.dataset import load_dataset
+                           open_evaluator, oracle_batch_size, run_main)
+from shardcore.dataset import configs_batch_size, load_dataset
 from shardcore.errors import ShardError
 from shardcore.evaluation.compare import evaluate
 from shardcore.types import Topology
@@ -133,9 +133,10 @@ def main(argv=None):
     print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GB "
           f"({args.weights_precision}), {mode}; algorithms: {', '.join(names)}")
     if args.measure:
+        # the models' setting against the batch the plans will run at, said before any worker starts
+        sim.check_setting(batch_size=oracle_batch_size(args) or configs_batch_size(args.data_dir))
         with open_evaluator(args, args.data_dir, devices) as ev:
             print(f"workers up in {ev.info.startup_s:.1f} s on {ev.info.device_type} (batch {ev.batch_size})")
-            sim.check_setting(batch_size=ev.batch_size)
 
             with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:
                 results = evaluate(tasks, dataset.tables, sharders, topology, oracle=ev, on_result=show,

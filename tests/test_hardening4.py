@@ -92,6 +92,21 @@ def test_compare_costs_that_overflow_the_statistics(tmp_path, capsys):
     one_line_error(code, err, r"big\.jsonl:1: 'cost_ms' must be a finite number in \[0, 1e12\]")
 
 
+@pytest.mark.parametrize("where", ["weight", "default_cv", "replica_scale"])
+def test_emulator_parameters_must_be_finite(where, tmp_path, capsys):
+    params = json.loads((GPU / "h200_emulator.json").read_text())
+    if where == "weight":
+        params["sets"][next(iter(params["sets"]))]["fw"][3] = float("nan")
+    elif where == "default_cv":
+        params["default_cv"] = float("inf")
+    else:
+        params["replica_scale"] = [[0.2, float("nan")], [0.3, 0.25]]
+    p = tmp_path / "params.json"
+    p.write_text(json.dumps(params))   # json writes NaN / Infinity, and reads them back
+    code, _, err = run_script("tools/emulator_accuracy.py", ["--params", p], capsys)
+    one_line_error(code, err, r"GPU emulator parameters.*finite")
+
+
 # -- class 2: silent wrong results --------------------------------------------------------------------------
 def test_eval_records_carry_provenance(records):
     for line in records.read_text().splitlines():
@@ -351,3 +366,25 @@ def test_run_experiments_out_dir_checked_first(base, tmp_path, capsys):
                               capsys)
     one_line_error(code, err, r"--out-dir .*a_file: is a file, not a directory")
     assert victim.read_text() == "x\n"
+
+
+def test_simulator_setting_warned_before_workers(tmp_path, capsys, monkeypatch):
+    """eval_simulator.py --measure: NeuroShard models trained at another batch are said so before any
+    measuring worker starts (the warning used to follow the start-up)."""
+    from shardcore.oracles.measured import driver
+
+    def start(self):
+        raise ShardError("no worker may start in this test")
+
+    monkeypatch.setattr(driver.PlanEvaluator, "start", start)
+    make_dataset(tmp_path / "ds", num_tables=12, batch_size=8)
+    (tmp_path / "tasks.txt").write_text("0,1,2,3,4,5\n6,7,8,9,10,11\n")
+    ns = ROOT / "models" / "anchors" / "h200" / "neuroshard"   # trained at batch 65536
+    code, out, err = run_script("eval_simulator.py", [
+        "--task-path", tmp_path / "tasks.txt", "--data-dir", tmp_path / "ds", "--gpu-devices", "0,1",
+        "--max-memory", 5, "--quiet", "--alg", "size_lookup_greedy", "--measure", "--cache-path", tmp_path / "c.sqlite",
+        "--compute-model", ns / "compute.pt", "--fw-comm-model", ns / "fw_comm.pt", "--bw-comm-model", ns / "bw_comm.pt"],
+        capsys)
+    assert code != 0 and "no worker may start" in err
+    warned = err.index("plans will run at 8")
+    assert warned < err.index("no worker may start") and "workers up" not in out

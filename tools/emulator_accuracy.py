@@ -195,6 +195,7 @@ def piece_rows(res: dict, directory=MEASUREMENTS_DIR) -> None:
 
 def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> dict:
     """Every figure of the report, as a dict (rows of the printed tables included)."""
+    model = GpuComputeModel(read_params(params_path or model_path("h200")))   # a bad file stops it first
     spec = dict(DEFAULT_SPEC)
     known = synthetic_length_cv()
     default_cv = default_cv_of(known, load_table_configs(os.path.join(directory, "dlrm_b65536", "table_configs.json")), 65536)
@@ -249,7 +250,6 @@ def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> d
     piece_rows(res, directory)
 
     # the shipped parameters: in-sample, and batch 65536's set extrapolated to batch 4096
-    model = GpuComputeModel(read_params(params_path or model_path("h200")))
     for land, label in ((big, "b65536"), (small, "b4096")):
         pred = model.predict_many([s["configs"] for s in land.meas["shards"]], land.batch)
         res["shard_rows"].append(shard_row(f"{label} shipped fit, in-sample", pred, land.fw, land.bw))

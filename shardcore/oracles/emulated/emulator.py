@@ -331,9 +331,14 @@ class GpuComputeModel:
         for b, (wf, wb) in self.weights.items():
             if wf.shape != (nf,) or wb.shape != (nf,):
                 raise ShardError(f"GPU emulator parameters for batch {b}: expected {nf} weights")
+            if not (np.isfinite(wf).all() and np.isfinite(wb).all()):
+                raise ShardError(f"GPU emulator parameters for batch {b}: every weight must be finite")
         self.default_cv = float(params.get("default_cv", 0.7))
         self._known = known_index(params.get("known_tables"))
         self._replica_scale = params.get("replica_scale")
+        scale = np.asarray(self._replica_scale if self._replica_scale is not None else 0.0, dtype=float)
+        if not (math.isfinite(self.default_cv) and self.default_cv >= 0 and np.isfinite(scale).all()):
+            raise ShardError("GPU emulator parameters: default_cv and replica_scale must be finite (default_cv >= 0)")
 
     @property
     def replica_scale(self) -> tuple[tuple[float, float], tuple[float, float]]:
