@@ -93,27 +93,36 @@ def hybrid_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int
                   precision: str, deadline: float | None = None, spread: Sequence[int] = SPREAD_COUNTS,
                   replicate: bool = True) -> Plan:
     """The shape of TorchRec's plans on an H200, chosen by the model: a share of the small tables (of
-    at most :data:`REPLICATE_MAX_GB`, fewest rows per lookup first: all, seven eighths, ... one eighth,
-    none) data-parallel when ``replicate``; of the others the ``k`` heaviest by standalone modelled
-    cost (``k`` in ``spread``) row-wise over every device; the rest by :func:`model_greedy`; the
-    variant the model prices lowest (none replicated and none spread is model_greedy, a start of its
-    own, not tried). A row-wise table spreads its lookups over every device; a replica spreads them
-    too and leaves the all-to-all for an all-reduce of its small weights. After ``deadline``
-    (``time.perf_counter``) no further variant is tried once one placed the task."""
+    at most :data:`REPLICATE_MAX_GB`, fewest rows per lookup first: none, one eighth, ... all)
+    data-parallel when ``replicate``; of the others the ``k`` heaviest by standalone modelled cost
+    (``k`` in ``spread``) row-wise over every device; the rest by :func:`model_greedy`; the variant
+    the model prices lowest (none replicated and none spread is model_greedy, a start of its own, not
+    tried). A row-wise table spreads its lookups over every device; a replica spreads them too and
+    leaves the all-to-all for an all-reduce of its small weights. With a ``deadline``
+    (``time.perf_counter``) a variant is begun only if it fits by the time per device piece of the one
+    before (a replica is a piece on every device: at 100k tables one variant can take tens of
+    seconds); none fits: :class:`InfeasibleError`, and the start is skipped."""
+    t0 = time.perf_counter()
     alone = [float(v) for v in model.shard_compute([[t] for t in tables])]
+    # seconds per device piece of a variant: a first guess from the standalone costs, then measured
+    rate = 4.0 * (time.perf_counter() - t0) / max(1, len(tables))
     # replicas first where they cost least for what they spread: rows (the all-reduce) per lookup
     small = sorted((i for i, t in enumerate(tables) if t.memory_gb(precision) <= REPLICATE_MAX_GB),
                    key=lambda i: (tables[i].row / max(tables[i].pooling_factor, 0.01), i))
-    shares = sorted({j * len(small) // 8 for j in range(9)}, reverse=True) if replicate else [0]
+    shares = sorted({j * len(small) // 8 for j in range(9)}) if replicate else [0]
     best: tuple[float, Plan] | None = None
     for k in sorted({min(int(k), len(tables)) for k in spread} if ndevices > 1 else {0}):
-        for share in shares:
-            if best is not None and deadline is not None and time.perf_counter() > deadline:
-                return best[1]
+        for share in shares:   # the cheaper variants (fewer replicas, so fewer pieces) first
             if k == 0 and share == 0:   # model_greedy itself, a start of its own
                 continue
             rep = set(small[:share])
             heavy = set(sorted((i for i in range(len(tables)) if i not in rep), key=lambda i: (-alone[i], i))[:k])
+            pieces = len(tables) + (len(rep) + len(heavy)) * (ndevices - 1)
+            if deadline is not None and time.perf_counter() + rate * pieces > deadline:
+                if best is not None:
+                    break   # a larger share with this spread would not fit either
+                raise InfeasibleError(f"no time: a variant of {pieces} device pieces would overrun the budget")
+            tv = time.perf_counter()
             rest = [i for i in range(len(tables)) if i not in rep and i not in heavy]
             fixed_gb = (sum(tables[i].memory_gb(precision) for i in rep)
                         + sum(tables[i].memory_gb(precision) for i in heavy) / ndevices)
@@ -132,6 +141,7 @@ def hybrid_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int
             if not plan.is_feasible(tables, max_memory_gb, precision):   # row blocks round up
                 continue
             cost = float(model.device_costs(tables, plan).max())
+            rate = (time.perf_counter() - tv) / pieces
             if best is None or cost < best[0]:
                 best = (cost, plan)
     if best is None:
