@@ -184,6 +184,10 @@ class ShardkitConfig(Config):
     types: tuple | None = param(None, "sharding types shardkit's search may create: tw, cw, rw, dp (default all "
                                 "four for emulated:h200, tw,cw for the measured oracle)", type=name_list,
                                 metavar="TYPES")
+    kicks: int | None = param(None, "at most N kicks of the iterated local search that follows the starts' searches "
+                              "(default: as many as the budget allows, ending after 40 in a row without a gain); 0: "
+                              "the starts' local optima only, a plan that does not depend on the CPU's speed where "
+                              "those searches end before the budget", type=nonnegative_int, metavar="N")
     robust: bool = param(True, "minimise the cost model's slowest device (a point estimate) instead of the default, "
                          "which plans for the machine rather than the model: the expected slowest device with each "
                          "device's compute off by a draw of the model's own cross-validated error (where the model "
@@ -238,6 +242,7 @@ class ShardkitSharder(Sharder):
     emulator_fit: str = "heldout"             # on an emulated landscape: plan each task with a held-out fit
     robust: bool = CONFIG.robust              # minimise the expected slowest device under the model's error
     seed: int = 0                             # the kicks' generator (with the task's tables)
+    max_kicks: int | None = CONFIG.kicks      # None: until the budget or KICK_PATIENCE kicks without a gain
     last_info: dict = field(default_factory=dict)
     _start_sharders: dict = field(default_factory=dict, repr=False)
 
@@ -386,12 +391,13 @@ class ShardkitSharder(Sharder):
         # the better), with a generator seeded by the task's tables, so a run repeats where it has time
         searched_states = sorted((st for _, _, st, _ in states[:len(searched)]), key=lambda x: x.score)
         kicks = gains = 0
-        if searched_states and time.perf_counter() < deadline:
+        if searched_states and time.perf_counter() < deadline and self.max_kicks != 0:
             best_st = searched_states[0]
             best_name = min((x for x in pool if x[1].endswith("+search")), key=lambda x: x[0])[1]
             rng = np.random.default_rng([int(self.seed), zlib.crc32(",".join(str(t.index) for t in tables).encode())])
             since = 0   # kicks since the last gain: after KICK_PATIENCE of them the search ends early
-            while time.perf_counter() < deadline and since < KICK_PATIENCE:
+            while (time.perf_counter() < deadline and since < KICK_PATIENCE
+                   and (self.max_kicks is None or kicks < self.max_kicks)):
                 st = best_st.copy()
                 kick(st, rng, int(rng.integers(2, 5)), types=self.types)
                 local_search(st, deadline, types=self.types, stats=stats)
@@ -548,7 +554,8 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
         raise ShardError(f"shardkit: emulator fit must be heldout or full, got {emulator_fit!r}")
     sharder = ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
                               refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit,
-                              robust=bool(cfg.robust), seed=int(seed))
+                              robust=bool(cfg.robust), seed=int(seed),
+                              max_kicks=None if cfg.kicks is None else int(cfg.kicks))
     sharder.resolve_starts()
     return sharder
 

@@ -196,13 +196,13 @@ def test_refinement_corrects_a_wrong_model_and_is_measured_afresh(data, model):
 
     _, tables = data
     task = tables[:16]
-    plain = _sharder(model, starts=("model_greedy",))
+    plain = _sharder(model, starts=("model_greedy",), max_kicks=0)   # the local optimum: no kicks, CPU-independent
     first = plain.shard(task, Topology(4, 10.0))
     crowded = max(first.shard_tables(task), key=len)      # two tables the model put together
     slow = {crowded[0].index, crowded[1].index}
     oracle = _skewed_oracle(model, slow)
     truth = lambda plan: max(sum(c) for c in oracle.fn(plan.shard_tables(task)))
-    sk = _sharder(model, starts=("model_greedy",), refine_k=4)
+    sk = _sharder(model, starts=("model_greedy",), refine_k=4, max_kicks=0)
     sk.attach_oracle(oracle)
     assert sk.measures_candidates and not plain.measures_candidates
     plan = sk.shard(task, Topology(4, 10.0))
@@ -332,6 +332,14 @@ def test_iterated_search_kicks_while_the_budget_lasts_and_keeps_the_best(data, m
     kept = State(tm, task, plan.table_shardings(task), 4, 10.0, "fp16").score
     for _, start in sk.start_plans(task, 4, 10.0, "fp16", tm):
         assert kept <= State(tm, task, start.table_shardings(task), 4, 10.0, "fp16").score
+    # --shardkit-kicks 0: the starts' local optima only
+    assert load_sharder(oracle="emulated:h200", shardkit_kicks=0).max_kicks == 0
+    none = _sharder(model, time_budget_s=1.0, max_kicks=0)
+    none.shard(task, Topology(4, 10.0, "fp16"))
+    assert none.plan_stats()["shardkit_kicks"] == 0
+    two = _sharder(model, time_budget_s=1.0, max_kicks=2)
+    two.shard(task, Topology(4, 10.0, "fp16"))
+    assert two.plan_stats()["shardkit_kicks"] <= 2
 
 
 def test_resolved_by_name_and_used_by_eval_and_plan(data, tmp_path, capsys):
