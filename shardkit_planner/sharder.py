@@ -3,7 +3,7 @@ model, optionally let the oracle pick among the best candidates.
 
 1. **Starts**: every name in ``starts`` that plans the task: ``model_greedy`` (largest model cost
    first, each table to the device whose modelled cost stays lowest among those with room),
-   ``hybrid_greedy`` (the heaviest tables row-wise, the smallest replicated, the rest by
+   ``hybrid_greedy`` (the heaviest tables row-wise, small ones replicated, the rest by
    model_greedy: the shape of TorchRec's plans, chosen by the model), ``replicate_greedy``, the
    greedy baselines, ``torchrec`` (TorchRec's full planner, every sharding type) and any other
    ``--alg`` name or checkpoint (resolved through :func:`shardcore.cli.algorithms.resolve`, so a DreamShard
@@ -151,8 +151,8 @@ def hybrid_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int
 
 def replicate_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
                      precision: str, deadline: float | None = None) -> Plan:
-    """:func:`hybrid_greedy` without row-wise tables: the smallest tables data-parallel (a share of
-    them, at least one eighth), the rest by :func:`model_greedy`."""
+    """:func:`hybrid_greedy` without row-wise tables: a share of the small tables (at least one eighth,
+    fewest rows per lookup first) data-parallel, the rest by :func:`model_greedy`."""
     small = [t for t in tables if t.memory_gb(precision) <= REPLICATE_MAX_GB]
     if not small:
         raise InfeasibleError("infeasible: no small table to replicate")
@@ -175,8 +175,8 @@ class ShardkitConfig(Config):
     starts: tuple = param(("model_greedy", "hybrid_greedy", "replicate_greedy", "size_lookup_greedy", "lookup_greedy",
                            "size_greedy", "dim_greedy"),
                           "comma-separated plans shardkit starts from: model_greedy, hybrid_greedy (the heaviest "
-                          "tables row-wise over every device, the smallest data-parallel, the rest by the model, "
-                          "where those types are allowed), replicate_greedy (the smallest tables data-parallel), the "
+                          "tables row-wise over every device, small tables data-parallel, the rest by the model, "
+                          "where those types are allowed), replicate_greedy (small tables data-parallel), the "
                           "greedy baselines, torchrec, neuroshard or other --alg names / checkpoints (default "
                           "model_greedy, hybrid_greedy, replicate_greedy and the four greedy baselines)",
                           type=name_list, metavar="ALGS",
