@@ -248,7 +248,7 @@ def _share_plan(model, task, rep):
     return Plan.from_shardings(task, sh, 4)
 
 
-def test_replicate_greedy_start_is_the_best_replication_of_the_smallest_tables(data, model):
+def test_replicate_greedy_start_is_the_best_replication_of_the_small_tables(data, model):
     _, tables = data
     task = tables[:16]
     plan = replicate_greedy(model, task, 4, 10.0, "fp16")
@@ -263,9 +263,8 @@ def test_replicate_greedy_start_is_the_best_replication_of_the_smallest_tables(d
                                                  default=float("inf"))
     # the cheapest share under the model: no other share prices lower
     small = sorted(range(len(task)), key=lambda i: (per_lookup[i], i))
-    for k in (len(task) // 8, len(task) // 2, len(task)):
-        if k < len(task):
-            assert model.plan_cost(task, plan) <= model.plan_cost(task, _share_plan(model, task, set(small[:k]))) + 1e-9
+    for k in (len(task) // 8, len(task) // 2, 7 * len(task) // 8):   # shares it tries
+        assert model.plan_cost(task, plan) <= model.plan_cost(task, _share_plan(model, task, set(small[:k]))) + 1e-9
     # a start of shardkit's by default, left out where data-parallel is not among the types
     assert "replicate_greedy" in {n for n, _ in _sharder(model).start_plans(task, 4, 10.0, "fp16")}
     tw = _sharder(model, types=("table_wise",))
