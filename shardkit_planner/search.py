@@ -296,7 +296,7 @@ def kick(st: State, rng: np.random.Generator, k: int, dp_max_gb: float = 0.05,
         else:
             new = table_wise(int(rng.integers(st.n)))
         shards = st.changed_shards({pos: new})
-        if shards is None or new == s:
+        if shards is None:
             continue
         comp = st.compute_many(list(shards.values()))
         st.apply({pos: new}, shards, {d: float(v) for d, v in zip(shards, comp)})
