@@ -278,7 +278,9 @@ def kick(st: State, rng: np.random.Generator, k: int, dp_max_gb: float = 0.05,
     device, or, where data-parallel is allowed and the table is small, made data-parallel; a row-wise,
     column-wise or data-parallel table is gathered table-wise. Returns how many were applied."""
     applied = 0
-    dp = DATA_PARALLEL in types and st.n >= 2
+    if st.n < 2:   # one device: nothing to move
+        return 0
+    dp = DATA_PARALLEL in types
     for _ in range(8 * k):
         if applied >= k:
             break
@@ -291,7 +293,7 @@ def kick(st: State, rng: np.random.Generator, k: int, dp_max_gb: float = 0.05,
         if s.type == TABLE_WISE and dp and t.memory_gb(st.precision) <= dp_max_gb and rng.random() < 0.3:
             new = data_parallel(st.n)
         elif s.type == TABLE_WISE:
-            e = int(rng.integers(st.n - 1)) if st.n > 1 else 0
+            e = int(rng.integers(st.n - 1))
             new = table_wise(e + (e >= s.devices[0]))
         else:
             new = table_wise(int(rng.integers(st.n)))

@@ -391,7 +391,7 @@ class ShardkitSharder(Sharder):
         # the better), with a generator seeded by the task's tables, so a run repeats where it has time
         searched_states = sorted((st for _, _, st, _ in states[:len(searched)]), key=lambda x: x.score)
         kicks = gains = 0
-        if searched_states and time.perf_counter() < deadline and self.max_kicks != 0:
+        if searched_states and ndevices > 1 and time.perf_counter() < deadline and self.max_kicks != 0:
             best_st = searched_states[0]
             best_name = min((x for x in pool if x[1].endswith("+search")), key=lambda x: x[0])[1]
             rng = np.random.default_rng([int(self.seed), zlib.crc32(",".join(str(t.index) for t in tables).encode())])

@@ -313,6 +313,8 @@ def test_kick_changes_a_copy_only_and_keeps_its_bookkeeping_exact(data, model):
     fresh = State(model, task, other.shardings, 4, 10.0, "fp16")   # the copy's books match a fresh state
     assert np.allclose(fresh.costs, other.costs) and np.allclose(fresh.mem, other.mem)
     assert other.plan().is_feasible(task, 10.0)
+    one = State(model, task, [table_wise(0)] * len(task), 1, 10.0, "fp16")
+    assert kick(one, np.random.default_rng(0), 3) == 0   # one device: nothing to move
     # the same generator seed kicks the same way
     again = st.copy()
     kick(again, np.random.default_rng(0), 3)
