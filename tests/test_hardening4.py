@@ -92,7 +92,7 @@ def test_compare_costs_that_overflow_the_statistics(tmp_path, capsys):
     one_line_error(code, err, r"big\.jsonl:1: 'cost_ms' must be a finite number in \[0, 1e12\]")
 
 
-@pytest.mark.parametrize("where", ["weight", "default_cv", "replica_scale"])
+@pytest.mark.parametrize("where", ["weight", "default_cv", "replica_weights"])
 def test_emulator_parameters_must_be_finite(where, tmp_path, capsys):
     params = json.loads((GPU / "h200_emulator.json").read_text())
     if where == "weight":
@@ -100,7 +100,7 @@ def test_emulator_parameters_must_be_finite(where, tmp_path, capsys):
     elif where == "default_cv":
         params["default_cv"] = float("inf")
     else:
-        params["replica_scale"] = [[0.2, float("nan")], [0.3, 0.25]]
+        params["replica_weights"] = [[0.1, float("nan"), 0.04], [0.2, 0.05, 0.05]]
     p = tmp_path / "params.json"
     p.write_text(json.dumps(params))   # json writes NaN / Infinity, and reads them back
     code, _, err = run_script("tools/emulator_accuracy.py", ["--params", p], capsys)

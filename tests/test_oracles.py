@@ -391,7 +391,7 @@ def test_emulated_data_parallel_table_adds_its_all_reduce_and_sends_no_outputs(t
         whole = [p for p in shard if getattr(p, "kind", None) != "data_parallel"]
         assert len(rep) == 1 and rep[0].pooling_factor == small.pooling_factor and rep[0].batch_part == (d, n)
         a = emu.model.predict(whole, B, [cv[t.index] for t in whole])
-        # the replica kernel: fixed + factor x the shard model at the slice without its intercept,
+        # the replica kernel: fixed + weights x its lookup and distinct-row traffic at the slice,
         # fitted on the replica devices measured on an H200 (GpuComputeModel.predict_replicas)
         b = emu.model.predict_replicas([[small]], slice_d, [[cv[small.index]]])[0]
         assert dp.device_costs_ms[d][0] == pytest.approx(a[0] + b[0], rel=1e-12)

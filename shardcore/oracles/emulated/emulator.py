@@ -63,9 +63,12 @@ terms grow with the batch, so costs are non-decreasing in the batch and in the l
 **A device's pieces** (:func:`predict_devices`): its whole tables, column and row-wise pieces are one
 kernel at the batch (a row block: its rows, the table's lookups in proportion, the same features);
 its data-parallel replicas a second kernel over its batch slice, priced by
-:meth:`GpuComputeModel.predict_replicas` — a fixed cost plus a factor times the batch-65536 set at
-the slice without its intercept, per direction, fitted on the devices with replicas measured on an
-H200 (``*_pieces.jsonl``, :func:`fit_replica_scale`; the plain shard model put them at 2-3x their cost).
+:meth:`GpuComputeModel.predict_replicas` — per direction a fixed cost plus a weight times the slice's
+lookup traffic (lookups x dim) plus a weight times its distinct-row traffic (at most min(rows, lookups)
+x dim per table), fitted on the devices with replicas measured on an H200 (``*_pieces.jsonl``,
+:func:`fit_replica_weights`). The first such fit (a fixed cost plus a factor times the shard model at the
+slice, on TorchRec's replicas alone) priced a forward replica kernel at ~0.2 ms whatever its lookups;
+shardkit replicated heavy tables into that error and its plans measured 12-25% above their price.
 """
 
 from __future__ import annotations
@@ -335,43 +338,43 @@ class GpuComputeModel:
                 raise ShardError(f"GPU emulator parameters for batch {b}: every weight must be finite")
         self.default_cv = float(params.get("default_cv", 0.7))
         self._known = known_index(params.get("known_tables"))
-        self._replica_scale = params.get("replica_scale")
-        scale = np.asarray(self._replica_scale if self._replica_scale is not None else 0.0, dtype=float)
-        if not (math.isfinite(self.default_cv) and self.default_cv >= 0 and np.isfinite(scale).all()):
-            raise ShardError("GPU emulator parameters: default_cv and replica_scale must be finite (default_cv >= 0)")
+        self._replica_weights = params.get("replica_weights")
+        if self._replica_weights is not None:
+            w = np.asarray(self._replica_weights, dtype=float)
+            if w.shape != (2, len(REPLICA_FEATURES)):
+                raise ShardError(f"GPU emulator parameters: replica_weights must be 2 x {len(REPLICA_FEATURES)} "
+                                 f"(forward, backward: {', '.join(REPLICA_FEATURES)})")
+            self._replica_weights = w
+        w = np.asarray(self._replica_weights if self._replica_weights is not None else 0.0, dtype=float)
+        if not (math.isfinite(self.default_cv) and self.default_cv >= 0 and np.isfinite(w).all()):
+            raise ShardError("GPU emulator parameters: default_cv and replica_weights must be finite (default_cv >= 0)")
 
     @property
-    def replica_scale(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """The (fw, bw) ``(fixed ms, factor)`` of a data-parallel kernel (:meth:`predict_replicas`): the
-        parameter file's, else fitted on the measured devices with replicas (:func:`fit_replica_scale`),
-        without those of a held-out model's own task."""
-        if self._replica_scale is None:
+    def replica_weights(self) -> np.ndarray | None:
+        """``[2, 3]``: per direction (fw, bw) the weights of :data:`REPLICA_FEATURES` of a data-parallel
+        kernel (:meth:`predict_replicas`): the parameter file's, else fitted on the measured devices with
+        replicas (:func:`fit_replica_weights`), without those of a held-out model's own task; None when
+        too few were measured (the shard model at the slice prices them then)."""
+        if self._replica_weights is None:
             held = (self.params.get("heldout") or {}).get("tables")
-            self._replica_scale = fit_replica_scale(self, frozenset(held or ()))[0]
-        (af, bf), (ab, bb) = self._replica_scale
-        return (float(af), float(bf)), (float(ab), float(bb))
+            self._replica_weights = fit_replica_weights(self, frozenset(held or ()))[0]
+        return None if self._replica_weights is False else self._replica_weights
 
     def predict_replicas(self, kernels: Sequence[Sequence[TableConfig]], batch_size: int,
                          length_cv: Sequence[Sequence[float]] | None = None,
-                         scale: tuple[tuple[float, float], tuple[float, float]] | None = None) -> np.ndarray:
+                         weights: np.ndarray | None = None) -> np.ndarray:
         """``[len(kernels), 2]`` (fw_ms, bw_ms) of data-parallel kernels, each a device's replicas over
-        its batch slice ``batch_size``: per direction, a fixed cost plus a factor times the largest
-        batch's parameter set at the slice without its per-shard intercept (:attr:`replica_scale`).
-        Measured on an H200 (2026-11-27), the shard model alone (the launch-bound small batch's set
-        binding at a slice) put such kernels at 2-3x their cost: a replica kernel of 30 small tables
-        costs about its fixed 0.2 + 0.35 ms whatever the slice."""
+        its batch slice ``batch_size``: :func:`replica_features` times :attr:`replica_weights` (or
+        ``weights``). Measured on an H200 (2026-11-27): a kernel of 30-50 replicas at slice 16384 costs
+        0.2-0.6 ms forward, 0.4-0.9 ms backward, growing with the lookups; the shard model alone (the
+        launch-bound small batch's set binding at a slice) puts small ones at 2-3x their cost, and
+        prices them so (``length_cv`` its input) when fewer than :data:`MIN_REPLICA_DEVICES` were measured."""
         kernels = [list(k) for k in kernels]
-        out = np.zeros((len(kernels), 2))
-        if not kernels:
-            return out
-        ta, shard_of = self._arrays(kernels, length_cv)
-        X = shard_features(ta, shard_of, len(kernels), int(batch_size), self.spec)
-        X[:, 0] = 0.0
-        wf, wb = self.weights[self.batches[-1]]
-        (af, kf), (ab, kb) = self.replica_scale if scale is None else scale
-        out[:, 0] = af + np.maximum(X @ wf, 0.0) * kf
-        out[:, 1] = ab + np.maximum(X @ wb, 0.0) * kb
-        out[np.array([len(x) == 0 for x in kernels])] = 0.0
+        w = self.replica_weights if weights is None else np.asarray(weights, dtype=float)
+        if w is None:
+            return self.predict_many(kernels, batch_size, length_cv)
+        out = replica_features(kernels, batch_size) @ w.T
+        out[np.array([len(x) == 0 for x in kernels], dtype=bool)] = 0.0
         return out
 
     # -- the bag-length CV of a table ----------------------------------------------------------
@@ -439,12 +442,12 @@ class GpuComputeModel:
 
 
 def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfig]], batch_size: int,
-                    cv_of=None, replica_scale=None) -> np.ndarray:
+                    cv_of=None) -> np.ndarray:
     """``[len(shards), 2]`` (fw_ms, bw_ms) of devices holding ``shards[d]``: the sum of ``model``'s
     predictions of each device's kernels (:func:`shardcore.plan.device_kernels`: its model-parallel
     pieces fused at ``batch_size``, its data-parallel replicas fused at its batch slice), one
     :meth:`~GpuComputeModel.predict_many` per distinct batch (a GPU model's replica kernels by
-    :meth:`~GpuComputeModel.predict_replicas`, ``replica_scale`` overriding its factor). ``cv_of(t)``: a
+    :meth:`~GpuComputeModel.predict_replicas`). ``cv_of(t)``: a
     table's bag-length CV (default: the model's known tables' CV, else unknown: see
     :meth:`~GpuComputeModel.predict_many`). A replica keeps its table's reuse statistics, taken at the full
     batch (the slice's are not known from the configs)."""
@@ -461,14 +464,15 @@ def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfi
             continue
         cvs = [[cv_of(t) for t in k] for _, k in kernels]
         if b < batch_size and not _is_cpu(model.spec):   # a GPU's replica kernels: see predict_replicas
-            pred = model.predict_replicas([k for _, k in kernels], b, length_cv=cvs, scale=replica_scale)
+            pred = model.predict_replicas([k for _, k in kernels], b, length_cv=cvs)
         else:
             pred = model.predict_many([k for _, k in kernels], b, length_cv=cvs)
         np.add.at(out, [d for d, _ in kernels], pred)
     return out
 
 
-PIECE_FILES = {65536: ("h200_b65536_gpucheck3_pieces.jsonl",), 4096: ()}
+PIECE_FILES = {65536: ("h200_b65536_gpucheck3_pieces.jsonl", "h200_b65536_gpucheck4_pieces.jsonl",
+                       "h200_b65536_gpucheck5_pieces.jsonl"), 4096: ()}
 MIN_REPLICA_DEVICES = 8
 
 
@@ -511,32 +515,48 @@ def replica_devices(card: str = "h200", batch: int = 65536) -> tuple:
     return tuple(out)
 
 
-def fit_replica_scale(model: GpuComputeModel, exclude: frozenset = frozenset(), card: str = "h200",
-                      batch: int = 65536) -> tuple[tuple[tuple[float, float], tuple[float, float]], int]:
-    """``(((fw_fixed, fw_factor), (bw_fixed, bw_factor)), devices)``: non-negative least squares, forward
-    and backward apart, over the measured devices with replicas of ``measured = model's other kernel +
-    fixed + factor x model.predict_replicas(fixed 0, factor 1)``, leaving out the devices of the held-out
-    task (every table in ``exclude``; a device of another task shares some tables with nearly every
-    task, so a table-level hold-out would leave none). ``(0, 1)`` each with fewer than
-    :data:`MIN_REPLICA_DEVICES` devices (the shard model's own extrapolation, without its intercept)."""
+REPLICA_FEATURES = ("1", "lookups x dim / 1e7", "distinct rows x dim / 1e7")
+
+
+def replica_features(kernels: Sequence[Sequence[TableConfig]], batch_size: int) -> np.ndarray:
+    """``[len(kernels), 3]``: per data-parallel kernel over a batch slice of ``batch_size`` samples, 1,
+    its lookups times dim and its distinct rows (at most ``min(rows, lookups)`` per table: a slice has
+    less reuse than the batch whose statistics a table carries) times dim, the last two / 1e7."""
+    X = np.zeros((len(kernels), len(REPLICA_FEATURES)))
+    for i, k in enumerate(kernels):
+        if not k:
+            continue
+        L = np.array([float(batch_size) * t.pooling_factor for t in k])
+        dim = np.array([float(t.dim) for t in k])
+        rows = np.array([float(t.row) for t in k])
+        X[i] = (1.0, float((L * dim).sum()) / 1e7, float((np.minimum(rows, L) * dim).sum()) / 1e7)
+    return X
+
+
+def fit_replica_weights(model: GpuComputeModel, exclude: frozenset = frozenset(), card: str = "h200",
+                        batch: int = 65536) -> tuple[np.ndarray | bool, int]:
+    """``(weights [2, 3] or False, devices)``: non-negative least squares, forward and backward apart, of
+    ``measured - model's other kernel`` on :func:`replica_features` over the measured devices with
+    replicas, leaving out the devices of the held-out task (every table in ``exclude``; a device of
+    another task shares some tables with nearly every task, so a table-level hold-out would leave none;
+    three weights of a traffic law, not a table's cost, are what such a device teaches). False with
+    fewer than :data:`MIN_REPLICA_DEVICES` devices."""
     from shardcore.plan import device_kernels
 
     rows = [r for r in replica_devices(model.card if model.card != "?" else card, batch)
             if not (exclude and {t.index for t in r[0]} <= exclude)]
     if len(rows) < MIN_REPLICA_DEVICES:
-        return ((0.0, 1.0), (0.0, 1.0)), len(rows)
-    resid, base = np.zeros((len(rows), 2)), np.zeros((len(rows), 2))
+        return False, len(rows)
+    resid, X = np.zeros((len(rows), 2)), np.zeros((len(rows), len(REPLICA_FEATURES)))
     for i, (pieces, fw, bw) in enumerate(rows):
         other = np.zeros(2)
         for b, ks in device_kernels(list(pieces), batch):
-            cv = [[known_cv(model._known, t, math.nan) for t in ks]]
             if b < batch:
-                base[i] += model.predict_replicas([ks], b, cv, scale=((0.0, 1.0), (0.0, 1.0)))[0]
+                X[i] += replica_features([ks], b)[0]
             else:
-                other += model.predict_many([ks], b, cv)[0]
+                other += model.predict_many([ks], b, [[known_cv(model._known, t, math.nan) for t in ks]])[0]
         resid[i] = np.array([fw, bw]) - other
-    fit = [nnls(np.stack([np.ones(len(rows)), base[:, j]], 1), resid[:, j]) for j in (0, 1)]
-    return tuple((float(w[0]), float(w[1])) for w in fit), len(rows)
+    return np.stack([nnls(X, resid[:, j]) for j in (0, 1)]), len(rows)
 
 
 def model_path(card: str) -> Path:
