@@ -33,6 +33,7 @@ their JSON form (``eval.py --out``'s ``"shardings"``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -93,8 +94,8 @@ class ShardPiece(TableConfig):
         """Whether the piece's lookups differ from its table's full batch (RW or DP)."""
         return self.kind in (ROW_WISE, DATA_PARALLEL)
 
-    @property
-    def key(self) -> tuple:
+    @functools.cached_property
+    def key(self) -> tuple:   # what the piece is, kept once made (a search asks millions of times)
         return (int(self.index), int(self.row), int(self.dim), self.kind, int(self.row_start),
                 int(self.full_row), tuple(self.batch_part) if self.batch_part else None)
 
@@ -138,9 +139,7 @@ def has_pieces(shard: Sequence[TableConfig]) -> bool:
 
 def piece_key(t: TableConfig) -> tuple:
     """What a device's piece of work is, for operators kept between measurements."""
-    if isinstance(t, ShardPiece):
-        return t.key
-    return (int(t.index), int(t.row), int(t.dim))
+    return t.key   # (index, rows, dim) of a whole table; a ShardPiece's says which part (both kept once made)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ distinct rows looked up in a batch, the fraction looked up (0,1], (1,2], (2,4], 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -80,6 +81,10 @@ class TableConfig:
     dim: int
     pooling_factor: float
     bins: tuple[float, ...] = field(default=(0.0,) * NUM_BINS)
+
+    @functools.cached_property
+    def key(self) -> tuple:   # what a piece of work is (shardcore.plan.piece_key), kept once made
+        return (int(self.index), int(self.row), int(self.dim))
 
     @property
     def size(self) -> int:

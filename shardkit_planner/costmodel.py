@@ -106,7 +106,12 @@ class CostModel:
     def _cv(self, t: TableConfig) -> float:
         if self.length_cv is not None and 0 <= t.index < len(self.length_cv):
             return self.length_cv[t.index]
-        return self.compute.table_cv(t)
+        # remembered by what it depends on (the search asks for it for every piece of every candidate)
+        key = (t.index, t.row, t.pooling_factor, id(self.compute))
+        cv = self._cv_cache.get(key)
+        if cv is None:
+            cv = self._cv_cache[key] = self.compute.table_cv(t)
+        return cv
 
     def shard_compute(self, shards: Sequence[Sequence[TableConfig]]) -> np.ndarray:
         """fw + bw compute (ms) of each shard (an empty shard: 0)."""

@@ -71,6 +71,7 @@ class State:
         self.cap, self.precision = float(max_memory_gb), precision
         self.bpe = bytes_per_element(precision) / GB
         self._comp_cache: dict[tuple, float] = {}
+        self._exch_cache: dict[tuple, tuple[float, float, float]] = {}
         self.shardings = list(shardings)
         self.pieces: list[list[tuple[int, TableConfig]]] = [[] for _ in range(self.n)]
         self.pos_devices: list[set[int]] = [set() for _ in self.tables]
@@ -105,6 +106,21 @@ class State:
         for name in ("mem", "comp", "dims", "extra", "ids", "costs"):
             setattr(new, name, getattr(self, name).copy())
         return new
+
+    def exchange_sums(self, ps: Sequence[TableConfig]) -> tuple[float, float, float]:
+        """A device's pooled width, extra collective bytes and input-id width for pieces ``ps``, each
+        piece's remembered by its key (the search asks for every piece of every candidate device)."""
+        memo = self._exch_cache
+        dim = extra = ids = 0.0
+        for p in ps:
+            k = piece_key(p)
+            v = memo.get(k)
+            if v is None:
+                v = memo[k] = (self.model.pooled_dim(p), self.model.extra_bytes(p, self.n), self.model.id_width(p))
+            dim += v[0]
+            extra += v[1]
+            ids += v[2]
+        return dim, extra, ids
 
     def piece_mem(self, p: TableConfig) -> float:
         return p.row * p.dim * self.bpe
@@ -354,9 +370,7 @@ def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, m
             ids_m = np.tile(st.ids, (C, 1))
             for (c, d), ps, v in zip(owner, flat, comp):
                 comp_m[c, d] = v
-                dims_m[c, d] = sum(model.pooled_dim(p) for p in ps)
-                extra_m[c, d] = sum(model.extra_bytes(p, st.n) for p in ps)
-                ids_m[c, d] = sum(model.id_width(p) for p in ps)
+                dims_m[c, d], extra_m[c, d], ids_m[c, d] = st.exchange_sums(ps)
             costs = comp_m + model.comm_costs(dims_m, extra_m, ids_m)
             mx = st.slowest(comp_m, costs)
             sq = (costs ** 2).sum(axis=1)

@@ -165,7 +165,7 @@ class ShardkitConfig(Config):
     ``--shardkit-<field>`` flags from these fields (through :func:`shardcore.cli.algorithms.add_plugin_args`;
     ``refine`` only where plans are measured)."""
 
-    time: float = param(3.0, "shardkit's planning time budget per task in seconds (default "
+    time: float = param(5.0, "shardkit's planning time budget per task in seconds (default "
                         "{default}): its starts, their evaluation, the search and the choice, once the task's model "
                         "is fitted; the first start that places the task is always made (at 100k tables about 4 s); "
                         "measured refinement's rounds each search this long again", type=positive_float,

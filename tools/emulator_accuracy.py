@@ -21,7 +21,11 @@ plan's measured compute cost being its own run's max device fw+bw.
   runs' shards not in those files and on the new runs' plans;
 - "unknown CV": the same predictions when the bag-length CV of every table is unknown (what any
   dataset other than the default synthetic one gets: its effect averaged over the spec's cv_prior);
-- batch 4096: its own parameter set held out the same way, and the batch-65536 set extrapolated.
+- batch 4096: its own parameter set held out the same way, and the batch-65536 set extrapolated;
+- the judged plans: every plan of the gpu_check runs whose plans are shipped (runs 3-5, 2026-11-27:
+  shardkit's beside the anchors'), re-scored whole (compute and the modelled all-to-alls, as
+  measured) by the emulated H200 with its held-out judge, against its measured cost: per run, set and
+  planner the means and the mean signed and absolute error -- how kind the judge is to each planner.
 
 Held-out rows evaluate one batch's own parameter set alone; the "shipped fit, in-sample" rows use
 the shipped model as the oracle does (the larger of the two sets' predictions, see
@@ -193,6 +197,60 @@ def piece_rows(res: dict, directory=MEASUREMENTS_DIR) -> None:
         res["figures"][f"b65536_pieces_{class_slug(cls)}"] = _mapes(pred, fw, bw)
 
 
+# gpu_check runs whose plans are shipped: (summary, {set name: the eval.py --out plans file})
+JUDGED_RUNS = tuple((f"h200_gpucheck{k}_2026-11-27.json",
+                     {"DLRM-50": f"h200_gpucheck{k}_plans_dlrm50.jsonl.gz", "DLRM-100": f"h200_gpucheck{k}_plans_dlrm100.jsonl.gz"})
+                    for k in (3, 4, 5))
+
+
+def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) -> None:
+    """(e) every measured plan of ``runs`` re-scored by the emulated H200's held-out judge
+    (``--oracle emulated:h200``'s default), plan cost against plan cost."""
+    import gzip
+    import json
+
+    from shardcore.oracles.emulated.emulator import GPUCHECK_SETS, TASK_FILES
+    from shardcore.oracles.factory import open_oracle
+    from shardcore.plan import Plan, shardings_from_json
+    from shardcore.tasks import load_tasks
+
+    data = os.path.join(directory, "dlrm_b65536")
+    tables = load_table_configs(os.path.join(data, "table_configs.json"))
+    for summary_name, plan_files in runs:
+        if not os.path.isfile(os.path.join(directory, summary_name)):
+            continue
+        with open(os.path.join(directory, summary_name)) as fh:
+            summary = json.load(fh)
+        for ts in summary["sets"]:
+            name = ts["name"].split(" ")[0]
+            tasks = load_tasks(os.path.join(directory, TASK_FILES[GPUCHECK_SETS[name]]), num_tables=len(tables))
+            records = {}
+            with gzip.open(os.path.join(directory, plan_files[name]), "rt") as fh:
+                for line in fh:
+                    r = json.loads(line)
+                    records[(r["task"], r["alg"])] = r
+            got: dict[str, list] = {}
+            with open_oracle(data, int(ts["ndevices"]), oracle="emulated:h200") as judge:
+                for p in ts["plans"]:
+                    rec = records.get((p["task"], p["alg"]))
+                    if rec is None or p.get("cost_ms") is None:   # planned on the GPU machine (no record here)
+                        continue
+                    task = tasks[p["task"]].tables(tables)
+                    plan = (shardings_from_json(task, rec["shardings"], ts["ndevices"]) if rec.get("shardings")
+                            else Plan(tuple(rec["allocation"]), ts["ndevices"], tuple(rec["splits"]) if rec.get("splits") else None))
+                    got.setdefault(p["alg"], []).append((p["cost_ms"], judge.evaluate(plan.shard_tables(task)).cost_ms))
+            run = summary_name.split("_")[1]
+            for alg, pairs in got.items():
+                m, j = np.array(pairs).T
+                err = 100.0 * (j / m - 1.0)
+                label = alg.split("/")[-2] if alg.endswith(".pt") else alg
+                res["judged_rows"].append([f"{run} {name}", label, len(m), f"{m.mean():.3f}", f"{j.mean():.3f}",
+                                           f"{err.mean():+.1f}", f"{np.abs(err).mean():.1f}"])
+                res["figures"][f"judged_{run}_{name}_{label}"] = {"plans": len(m), "measured_ms": float(m.mean()),
+                                                                   "judge_ms": float(j.mean()), "bias_pct": float(err.mean()),
+                                                                   "mape_pct": float(np.abs(err).mean())}
+
+
 def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> dict:
     """Every figure of the report, as a dict (rows of the printed tables included)."""
     model = GpuComputeModel(read_params(params_path or model_path("h200")))   # a bad file stops it first
@@ -201,7 +259,7 @@ def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> d
     default_cv = default_cv_of(known, load_table_configs(os.path.join(directory, "dlrm_b65536", "table_configs.json")), 65536)
     big = Landscape(65536, directory, spec, known, default_cv)
     small = Landscape(4096, directory, spec, known, default_cv)
-    res = {"card": CARD_LINE, "shard_rows": [], "plan_rows": [], "figures": {}}
+    res = {"card": CARD_LINE, "shard_rows": [], "plan_rows": [], "judged_rows": [], "figures": {}}
     fig = res["figures"]
 
     for land, label in ((big, "b65536"), (small, "b4096")):
@@ -248,6 +306,7 @@ def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> d
         fig[f"b65536_original_only_spearman_{source}"] = _plan_row(res, "b65536 original files only", big, source, rhos, pm, n)
 
     piece_rows(res, directory)
+    judged_plan_rows(res, directory)
 
     # the shipped parameters: in-sample, and batch 65536's set extrapolated to batch 4096
     for land, label in ((big, "b65536"), (small, "b4096")):
@@ -283,6 +342,12 @@ def main(argv=None):
           f"{CARD_LINE}")
     print(format_table(["split", "plans of", "tasks", "plans", "mean rho", "min rho", "tasks rho>=0.9", "plan MAPE %"],
                        res["plan_rows"]))
+    if res["judged_rows"]:
+        print()
+        print(f"Plans re-scored whole (compute + modelled all-to-alls) by the held-out emulated judge vs measured "
+              f"on the GPU, {CARD_LINE}; error = judge / measured - 1")
+        print(format_table(["run, set", "planner", "plans", "measured ms", "judge ms", "mean error %", "MAPE %"],
+                           res["judged_rows"]))
     if args.out:
         io.write_json(args.out, {"card": res["card"], "figures": res["figures"]})
         print(f"wrote {args.out}")
