@@ -546,7 +546,10 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
     else:
         types = ALL_TYPES if landscape.startswith("emulated") else ("table_wise", "column_wise")
     start_kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    start_kwargs.update(seed=seed, batch_size=batch_size)
+    # a start that is another planner plans for the same landscape as eval.py would have it (TorchRec:
+    # configured for the judged hardware, not for its defaults)
+    start_kwargs.update(seed=seed, batch_size=batch_size, oracle=oracle, data_dir=data_dir,
+                        comm_bandwidth=comm_bandwidth, comm_latency=comm_latency, emulator_fit=emulator_fit)
     factory = _model_factory(landscape, data_dir, batch_size, cfg.model, comm_bandwidth, comm_latency,
                              cache_path, exclude_task_files, float(cfg.calibrate))
     fit = emulator_fit or "heldout"

@@ -752,3 +752,15 @@ def test_compare_tool_reads_a_gpu_check_summary():
     assert "ABOVE the best anchor (torchrec)" in text and "CV 0.12%" in text
     with pytest.raises(ShardError, match="not a readable gpu_check.json"):
         shardkit_compare.gpu_check_sets(os.path.join(os.path.dirname(path), "h200_emulator.json"))
+
+
+def test_a_start_that_is_another_planner_plans_for_the_same_hardware():
+    """shardkit's TorchRec start (or its last-resort fallback) is configured as eval.py configures
+    ``--alg torchrec``: for the judged landscape (the emulated H200's HBM and links), not TorchRec's defaults."""
+    pytest.importorskip("torchrec")
+    from shardkit_planner.sharder import load_sharder
+
+    sk = load_sharder(oracle="emulated:h200", data_dir=None, batch_size=65536, comm_bandwidth=100.0,
+                      shardkit_starts=("torchrec", "lookup_greedy"))
+    hw = sk._start_sharder("torchrec").hardware
+    assert hw.landscape == "emulated:h200" and hw.intra_host_bw_gbps == 100.0 and hw.compute_device == "cuda"

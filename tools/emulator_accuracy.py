@@ -2,11 +2,12 @@
 """How well the emulated-GPU compute model predicts real H200 shards and plans it did not see.
 
 Held-out figures from the shipped measurements (data/gpu_measurements/, NVIDIA H200, measured
-2026-11-26), the model refitted for every split exactly as tools/fit_gpu_emulator.py fits it. At batch
-65536 the shards of all files (shared plan and random shards, the two gpu_check runs) enter once per
-distinct shard, their measurements averaged; plans come from three sources: the shared plans file
-(6 algorithms x 20 tasks), gpu_check run 1 (6 algorithms) and run 2 (7, TorchRec included), each
-plan's measured compute cost being its own run's max device fw+bw.
+2026-11-26 and 27), the model refitted for every split exactly as tools/fit_gpu_emulator.py fits it. At
+batch 65536 the shards of all files (shared plan and random shards, the five gpu_check runs' devices of
+whole tables and column pieces) enter once per distinct shard, their measurements averaged; plans come
+from six sources: the shared plans file (6 algorithms x 20 tasks), gpu_check run 1 (6 algorithms), run 2
+(7, TorchRec included) and runs 3-5 (their plans without row-wise or data-parallel pieces), each plan's
+measured compute cost being its own run's max device fw+bw.
 
 - shard MAPE of fw, bw and fw+bw, 10-fold cross-validation over distinct shards (fixed permutation,
   seed 0), all shards and per class (shard_classes: the widest table's dim <= 16 / 17-64 / >= 128,
@@ -17,8 +18,8 @@ plan's measured compute cost being its own run's max device fw+bw.
   shards' MAPE, and per plan source the within-task Spearman rank correlation between the predicted
   plan cost (max over the plan's devices of predicted fw+bw) and the measured one (mean, min,
   tasks with rho >= 0.9) and the plan-cost MAPE;
-- continuity: fitted on the original files only (shared plan + random shards), tested on the new
-  runs' shards not in those files and on the new runs' plans;
+- continuity: fitted on the original files only (shared plan + random shards), tested on the gpu_check
+  runs' shards not in those files and on their plans;
 - "unknown CV": the same predictions when the bag-length CV of every table is unknown (what any
   dataset other than the default synthetic one gets: its effect averaged over the spec's cv_prior);
 - batch 4096: its own parameter set held out the same way, and the batch-65536 set extrapolated;
@@ -50,7 +51,7 @@ from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR,
 from shardcore.errors import ShardError
 from shardcore.evaluation.report import format_table
 
-CARD_LINE = "NVIDIA H200, measured 2026-11-26"
+CARD_LINE = "NVIDIA H200, measured 2026-11-26/27"
 KFOLD = 10
 
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Refit the emulated-GPU compute model from the shipped shard measurements.
 
-Reads data/gpu_measurements/ (NVIDIA H200, measured 2026-11-26): the batch-65536 shards (the primary
-landscape: the shared plan and random shard files and the two gpu_check runs' shard files; a shard
+Reads data/gpu_measurements/ (NVIDIA H200, measured 2026-11-26/27): the batch-65536 shards (the primary
+landscape: the shared plan and random shard files and the five gpu_check runs' shard files, whole
+tables and column pieces: a device with row-wise or data-parallel pieces is its run's pieces file's,
+which fits the replica kernel instead; a shard
 measured more than once enters once, with the mean of its measurements) and the batch-4096 plan
 shards, fits the forward and backward
 weights of shardcore.oracles.emulated.emulator's features at each batch by non-negative least squares on the
@@ -24,7 +26,7 @@ from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR,
 from shardcore.errors import ShardError
 
 CARD = "h200"
-MEASURED = "NVIDIA H200 (143,771 MiB), measured 2026-11-26, torch 2.11.0+cu130, fbgemm-gpu 1.6.0"
+MEASURED = "NVIDIA H200 (143,771 MiB), measured 2026-11-26/27, torch 2.11.0+cu130, fbgemm-gpu 1.6.0"
 
 
 def fit_from_measurements(directory=MEASUREMENTS_DIR, spec=None) -> dict:

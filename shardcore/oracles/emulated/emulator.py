@@ -705,13 +705,22 @@ def fit_params(sets: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]], sp
 
 # -- the shipped measurements ----------------------------------------------------------------------
 SHARD_FILES = {65536: ("h200_b65536_plan_shards.jsonl", "h200_b65536_random_shards.jsonl",
-                       "h200_b65536_gpucheck1_shards.jsonl", "h200_b65536_gpucheck2_shards.jsonl"),
+                       "h200_b65536_gpucheck1_shards.jsonl", "h200_b65536_gpucheck2_shards.jsonl",
+                       "h200_b65536_gpucheck3_shards.jsonl", "h200_b65536_gpucheck4_shards.jsonl",
+                       "h200_b65536_gpucheck5_shards.jsonl"),
                4096: ("h200_b4096_plan_shards.jsonl",)}
 PLAN_FILES = {65536: "h200_b65536_plans.jsonl", 4096: "h200_b4096_plans.jsonl"}
-# tools/gpu_check.py runs: (name, shard file, summary); the summary's plans (task by task, algorithms in
-# list order, set by set) own the shard file's plan lines in order, one per non-empty device
-GPUCHECK_RUNS = {65536: (("gpucheck1", "h200_b65536_gpucheck1_shards.jsonl", "h200_gpucheck1_2026-11-26.json"),
-                         ("gpucheck2", "h200_b65536_gpucheck2_shards.jsonl", "h200_gpucheck2_2026-11-26.json")),
+# tools/gpu_check.py runs: (name, shard file, summary, pieces file or None); the summary's plans (task by
+# task, algorithms in list order, set by set) own the shard file's plan lines in order, one per non-empty
+# device, except the devices with row-wise or data-parallel pieces: those are the pieces file's lines
+GPUCHECK_RUNS = {65536: (("gpucheck1", "h200_b65536_gpucheck1_shards.jsonl", "h200_gpucheck1_2026-11-26.json", None),
+                         ("gpucheck2", "h200_b65536_gpucheck2_shards.jsonl", "h200_gpucheck2_2026-11-26.json", None),
+                         ("gpucheck3", "h200_b65536_gpucheck3_shards.jsonl", "h200_gpucheck3_2026-11-27.json",
+                          "h200_b65536_gpucheck3_pieces.jsonl"),
+                         ("gpucheck4", "h200_b65536_gpucheck4_shards.jsonl", "h200_gpucheck4_2026-11-27.json",
+                          "h200_b65536_gpucheck4_pieces.jsonl"),
+                         ("gpucheck5", "h200_b65536_gpucheck5_shards.jsonl", "h200_gpucheck5_2026-11-27.json",
+                          "h200_b65536_gpucheck5_pieces.jsonl")),
                  4096: ()}
 TASK_FILES = {"dlrm_tasks_50": "tasks/dlrm_tasks_50_test.txt", "dlrm_tasks_100": "tasks/dlrm_tasks_100_test.txt"}
 GPUCHECK_SETS = {"DLRM-50": "dlrm_tasks_50", "DLRM-100": "dlrm_tasks_100"}
@@ -787,23 +796,41 @@ def load_measurements(batch: int, directory: str | os.PathLike = MEASUREMENTS_DI
             plans.append({"source": "plans", "set": p["set"], "task": p["task"], "alg": p["alg"],
                           "gpu_cost_ms": float(p["gpu_cost_ms"]), "shards": devs})
     # the gpu_check runs
-    for run, shard_name, summary_name in GPUCHECK_RUNS[batch]:
+    partial = []   # plans with a device of pieces: their whole-table devices fit, the plan is not scored
+    for run, shard_name, summary_name, pieces_name in GPUCHECK_RUNS[batch]:
         lines = read_shard_lines(directory / shard_name, tables, allow_wider=True)
         with open(directory / summary_name) as fh:
             summary = json.load(fh)
+        pieces: dict[tuple, int] = {}   # (hardware, task, alg, fw, bw) of a device with pieces -> lines
+        if pieces_name:
+            with open(directory / pieces_name) as fh:
+                for line in fh:
+                    obj = json.loads(line) if line.strip() else {}
+                    if "task" in obj:
+                        key = (obj["hardware"], int(obj["task"]), obj["alg"], round(obj["fw_ms"], 6), round(obj["bw_ms"], 6))
+                        pieces[key] = pieces.get(key, 0) + 1
         pos = 0
+        random = ("random", "random_pieces")   # random_pieces: a special shard that drew whole tables only
         for obj in lines:
-            if obj.get("kind") == "random":
+            if obj.get("kind") in random:
                 add(obj["configs"], run, obj["fw_ms"], obj["bw_ms"], "random")
-        plan_lines = [obj for obj in lines if obj.get("kind") != "random"]
+        plan_lines = [obj for obj in lines if obj.get("kind") not in random]
         for ts in summary["sets"]:
             set_name = GPUCHECK_SETS.get(ts["name"].split(" ")[0])
             if set_name is None:
                 raise ShardError(f"{summary_name}: unknown task set {ts['name']!r}")
             for p in ts["plans"]:
-                devs, cost = [], 0.0
+                if "device_costs_ms" not in p:   # not placed (infeasible)
+                    continue
+                devs, cost, whole = [], 0.0, True
                 for fw, _, _, bw in p["device_costs_ms"]:
                     if not fw > 0:
+                        continue
+                    key = (ts["hardware"], int(p["task"]), p["alg"], round(fw, 6), round(bw, 6))
+                    if pieces.get(key):
+                        pieces[key] -= 1
+                        whole = False
+                        cost = max(cost, fw + bw)
                         continue
                     if pos >= len(plan_lines):
                         raise ShardError(f"{shard_name}: fewer plan shards than the devices of {summary_name}")
@@ -816,11 +843,11 @@ def load_measurements(batch: int, directory: str | os.PathLike = MEASUREMENTS_DI
                         raise ShardError(f"{shard_name}: plan shard {pos} has tables outside task {p['task']}")
                     devs.append(add(obj["configs"], run, fw, bw, "plan"))
                     cost = max(cost, fw + bw)
-                plans.append({"source": run, "set": set_name, "task": int(p["task"]), "alg": p["alg"],
-                              "gpu_cost_ms": cost, "shards": devs})
+                (plans if whole else partial).append({"source": run, "set": set_name, "task": int(p["task"]),
+                                                      "alg": p["alg"], "gpu_cost_ms": cost, "shards": devs})
         if pos != len(plan_lines):
             raise ShardError(f"{shard_name}: {len(plan_lines) - pos} plan shards more than the devices of {summary_name}")
-    for p in plans:
+    for p in plans + partial:
         for k in p["shards"]:
             shards[k]["tasks"].add((p["set"], p["task"]))
     for s in shards:
@@ -965,7 +992,7 @@ def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -
     base = read_params(model_path(card))
     # Two shards per weight at least. Where the largest batch's set has too few for the full feature
     # set, the held-out fit keeps the core features only (the optional terms of DEFAULT_SPEC dropped),
-    # as a parameter file without them would (a DLRM-100 task's tables leave 80 of 1,946 shards).
+    # as a parameter file without them would (a DLRM-100 task's tables leave 133-167 of 2,765 shards).
     spec = dict(base.get("spec") or DEFAULT_SPEC)
     ncols = len(feature_names(spec))
     first = int(_fit_rows(lands[0], exclude, subset).sum())
