@@ -361,16 +361,14 @@ class GpuComputeModel:
         return None if self._replica_weights is False else self._replica_weights
 
     def predict_replicas(self, kernels: Sequence[Sequence[TableConfig]], batch_size: int,
-                         length_cv: Sequence[Sequence[float]] | None = None,
-                         weights: np.ndarray | None = None) -> np.ndarray:
+                         length_cv: Sequence[Sequence[float]] | None = None) -> np.ndarray:
         """``[len(kernels), 2]`` (fw_ms, bw_ms) of data-parallel kernels, each a device's replicas over
-        its batch slice ``batch_size``: :func:`replica_features` times :attr:`replica_weights` (or
-        ``weights``). Measured on an H200 (2026-11-27): a kernel of 30-50 replicas at slice 16384 costs
+        its batch slice ``batch_size``: :func:`replica_features` times :attr:`replica_weights`. Measured on an H200 (2026-11-27): a kernel of 30-50 replicas at slice 16384 costs
         0.2-0.6 ms forward, 0.4-0.9 ms backward, growing with the lookups; the shard model alone (the
         launch-bound small batch's set binding at a slice) puts small ones at 2-3x their cost, and
         prices them so (``length_cv`` its input) when fewer than :data:`MIN_REPLICA_DEVICES` were measured."""
         kernels = [list(k) for k in kernels]
-        w = self.replica_weights if weights is None else np.asarray(weights, dtype=float)
+        w = self.replica_weights
         if w is None:
             return self.predict_many(kernels, batch_size, length_cv)
         out = replica_features(kernels, batch_size) @ w.T
