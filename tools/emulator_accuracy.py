@@ -212,7 +212,7 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
 
     from shardcore.oracles.emulated.emulator import GPUCHECK_SETS, TASK_FILES
     from shardcore.oracles.factory import open_oracle
-    from shardcore.plan import Plan, shardings_from_json
+    from shardcore.evaluation.compare import record_plan
     from shardcore.tasks import load_tasks
 
     data = os.path.join(directory, "dlrm_b65536")
@@ -237,8 +237,7 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
                     if rec is None or p.get("cost_ms") is None:   # planned on the GPU machine (no record here)
                         continue
                     task = tasks[p["task"]].tables(tables)
-                    plan = (shardings_from_json(task, rec["shardings"], ts["ndevices"]) if rec.get("shardings")
-                            else Plan(tuple(rec["allocation"]), ts["ndevices"], tuple(rec["splits"]) if rec.get("splits") else None))
+                    plan = record_plan(rec, task)
                     got.setdefault(p["alg"], []).append((p["cost_ms"], judge.evaluate(plan.shard_tables(task)).cost_ms))
             run = summary_name.split("_")[1]
             for alg, pairs in got.items():

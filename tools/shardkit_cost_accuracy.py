@@ -24,7 +24,7 @@ from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.oracles.factory import batch_size_int
 from shardcore.oracles.setting import refuse_predictions
-from shardcore.plan import Plan, shardings_from_json
+from shardcore.evaluation.compare import record_plan
 from shardcore.tasks import load_tasks
 
 
@@ -86,11 +86,7 @@ def main(argv=None):
         if not 0 <= t < len(tasks):
             raise ShardError(f"record of task {t}: not in {args.task_path} ({len(tasks)} tasks)")
         tables = tasks[t].tables(ds.tables)
-        if r.get("shardings") and r.get("splits") is None and any(s["type"] in ("row_wise", "data_parallel", "column_wise")
-                                                                  for s in r["shardings"]):
-            plan = shardings_from_json(tables, r["shardings"], int(r["ndevices"]))
-        else:
-            plan = Plan(tuple(r["allocation"]), int(r["ndevices"]), tuple(r["splits"]) if r.get("splits") else None)
+        plan = record_plan(r, tables)
         pred = model.device_costs(tables, plan)
         true = np.array([sum(c) for c in r["device_costs_ms"]])
         rows.append((r["alg"], t, float(pred.max()), float(r["cost_ms"]), pred, true))
