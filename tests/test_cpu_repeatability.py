@@ -54,6 +54,52 @@ def test_reference_runner_is_fixed_and_costs_time():
     assert len(fw) == len(bw) == 3 and min(fw) > 0 and min(bw) > 0
 
 
+def test_paired_samples_sit_between_reference_samples(tmp_path):
+    torch.set_num_threads(1)
+    tables = make_data(tmp_path / "ds")
+    ref = ReferenceRunner(64)
+    calls = []
+    real = ref.sample
+
+    def counted(warmup, iters, *a):
+        calls.append((warmup, iters))
+        return real(warmup, iters, *a)
+
+    ref.sample = counted
+    runner = benchmark.ShardRunner(tmp_path / "ds", [tables[0], tables[1]], batch_size=64)
+    fw, bw, refs = runner.sample_paired(ref, 1, 4)
+    assert len(fw) == len(bw) == len(refs) == 4 and min(fw) > 0 and min(bw) > 0 and min(refs) > 0
+    assert calls == [(0, 1)] * 5     # one reference iteration before the first sample and after each
+    empty = benchmark.ShardRunner(tmp_path / "ds", [], batch_size=64)
+    assert empty.sample_paired(ref, 1, 3) == ([0.0] * 3, [0.0] * 3, [1.0] * 3) and len(calls) == 5
+
+
+def test_steady_heap_stops_page_faults_of_repeated_large_buffers():
+    # a fresh process: 64 MB allocated and freed 20 times commits its pages once with the steady heap,
+    # every time without it (glibc maps blocks that large afresh)
+    code = """
+import resource, sys, torch
+from shardcore.oracles.measured.worker import steady_heap
+if sys.argv[1] == "steady":
+    assert steady_heap()
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(3):
+    torch.ones(16 << 20)
+f0 = faults()
+for _ in range(20):
+    torch.ones(16 << 20)
+print(faults() - f0)
+"""
+    got = {}
+    for mode in ("steady", "default"):
+        proc = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got[mode] = int(proc.stdout.strip().splitlines()[-1])
+    pages = (64 << 20) // mmap.PAGESIZE
+    assert got["steady"] < pages // 10 and got["default"] > 10 * pages, got
+
+
 def test_cpu_fingerprint_names_the_protocol():
     assert json.loads(hardware_fingerprint())["protocol"] == CPU_PROTOCOL
     assert "protocol" not in json.loads(hardware_fingerprint("NVIDIA H200"))

@@ -475,6 +475,35 @@ class ShardRunner:
                 gc.enable()
         return fw, bw
 
+    def sample_paired(self, ref: "ShardRunner", warmup_iters: int = DEFAULT_WARMUP_ITERS,
+                      bench_iters: int = DEFAULT_BENCH_ITERS) -> tuple[list[float], list[float], list[float]]:
+        """Like :meth:`sample`, with one timed iteration of ``ref`` (the reference shard, see
+        :class:`ReferenceRunner`) before the first timed iteration and after each: the forward and
+        backward times (ms) of this shard and, third, the mean fw+bw time of the reference iterations
+        just before and just after each. A sample over its reference is a cost at the machine's speed
+        of that moment (the CPU protocol of :mod:`shardcore.oracles.measured.driver`)."""
+        if self.empty:
+            return [0.0] * bench_iters, [0.0] * bench_iters, [1.0] * bench_iters
+        if bench_iters < 1:
+            raise ShardError(f"bench_iters must be at least 1, got {bench_iters}")
+        for _ in range(max(0, warmup_iters)):
+            self.backward(self.forward())
+
+        def one_ref() -> float:
+            rf, rb = ref.sample(0, 1)
+            return rf[0] + rb[0]
+
+        fw, bw, refs = [], [], []
+        before = one_ref()
+        for _ in range(bench_iters):
+            f, b = self.sample(0, 1)
+            after = one_ref()
+            fw.extend(f)
+            bw.extend(b)
+            refs.append((before + after) / 2)
+            before = after
+        return fw, bw, refs
+
     def close(self) -> None:
         self.op = None
         self.kernels = []

@@ -37,32 +37,41 @@ therefore asks for the compute measurements **one device at a time**: worker ``d
 shard's operator, runs warm-up and timed forward/backward iterations (one compute thread, timed by
 the thread's CPU time, see :mod:`shardcore.oracles.measured.benchmark`) and answers; only then is the next worker
 asked, while the others sleep in a blocking pipe read (no CPU used). The timed iterations are
-spread over ``compute_passes`` passes that visit the devices in turn (by default one timed iteration
-per pass: device 0, 1, ..., n-1, then again 0, 1, ...; the operators stay built in between, the
-warm-up runs in the first pass only), so a slow spell falls on all devices alike.
+spread over ``compute_passes`` passes that visit the devices in turn (on the CPU by default one
+pass: each device's samples in one request, since the reference below cancels the machine's drift;
+with more passes the operators stay built in between and the warm-up runs in the first pass only).
 
 **Repeatability on the CPU.** A shared 2-core VM is not a quiet machine: the same shard's samples
 spread by ~14% (relative IQR) within one measurement, and the machine's speed drifts by 20-60% over
 seconds to an hour (other tenants' memory traffic; measured on the dev VM, ``tools/cpu_repeatability.py``).
-Three things make a CPU cost a property of the shard rather than of the moment:
+Four things make a CPU cost a property of the shard rather than of the moment:
 
 - *small pages*: weights live on anonymous mappings advised ``MADV_NOHUGEPAGE``
   (:func:`~shardcore.oracles.measured.benchmark.build_operator`); numpy's default huge-page advice made a shard's
   TLB behaviour depend on how fragmented memory was when it was built;
-- *the lower quartile*: a device's cost is the lower quartile of its timed samples
-  (:func:`low_quantile`), not the median, as is each exchange's (the slow samples are the disturbed
-  ones);
-- *a reference shard*: worker 0 times a fixed synthetic shard (:class:`~shardcore.oracles.measured.benchmark.ReferenceRunner`)
-  before every pass; every cost of the measurement (compute and, in :meth:`evaluate`, the plan's
-  exchange) is multiplied by ``nominal / now``, the reference's nominal cost over its lower quartile
-  during the measurement. The nominal is calibrated once per machine, batch, optimizer and precision
-  and kept in the measurement cache (the first value wins), so costs of different sessions and days
-  are comparable; :attr:`speed_drift_pct` says how far the factors of a session spread.
+- *a steady heap*: workers keep the C heap's freed memory (:func:`~shardcore.oracles.measured.worker.steady_heap`): FBGEMM's backward
+  allocates tens of MB of work buffers per iteration, and whether they came from pages held or
+  freshly mapped (~4,000 page faults a backward) made one build of a shard 10-15% slower than another;
+- *a paired reference shard*: every worker holds a fixed synthetic shard
+  (:class:`~shardcore.oracles.measured.benchmark.ReferenceRunner`) and times one iteration of it before each
+  timed iteration of the shard and after the last
+  (:meth:`~shardcore.oracles.measured.benchmark.ShardRunner.sample_paired`); each sample is divided by the
+  mean of the reference samples around it, i.e. taken at the machine's speed of that moment (the
+  two correlate at 0.6-0.7 sample by sample: fast and slow spells of seconds hit both);
+- *the lower quartile* of those ratios (:func:`low_quantile`; and of each exchange's repetitions, at
+  least :data:`CPU_MIN_COMM_ITERS`), not the median: the slow samples are the disturbed ones.
 
-On the same raw samples (3 tasks x 4 baseline plans, 5 interleaved rounds, 4 logical devices),
-lower quartile plus reference scaling cut the plans' mean deviation from their median from 5.6 /
-3.7 / 5.2% (median, unscaled) to 3.0 / 2.2 / 3.5% in three runs; the issue's goal (1.5%) is not
-reached on this VM. The costs are "CPU ms at the nominal speed", and the CPU hardware fingerprint
+A device's compute cost is that quantile times the reference's **nominal** cost, calibrated once per
+machine, batch, optimizer and precision and kept in the measurement cache (the first value wins), so
+costs of different sessions and days are comparable; the plan's exchange is scaled by nominal over
+the reference's median during the measurement; :attr:`speed_drift_pct` says how far those factors
+spread in a session. ``tools/cpu_repeatability.py`` (3 tasks x 4 baseline plans, 5 interleaved
+rounds, 4 logical devices, idle machine, one run each, 2026-11-27): mean deviation from the plan's
+median 3.55% with the previous protocol (reference on worker 0 before each pass, one scale per
+measurement), 2.34% with this one (2.08% at 15 timed iterations); p90 max/min 1.19 -> 1.14 (1.11).
+What is left is noise of seconds that the reference does not follow (a 0.4 GB shard timed in blocks
+of 15 paired samples, never rebuilt, still spreads 3.5% between blocks); the issue's goal (1.5%) is
+not reached on this VM. The costs are "CPU ms at the nominal speed", and the CPU hardware fingerprint
 names this protocol (:data:`~shardcore.oracles.setting.CPU_PROTOCOL`), so older CPU measurements in a cache
 are not mixed with them. After all compute, the all-to-alls run **together** in every worker, each
 repetition started from a barrier so that the measured time is the exchange itself and not the wait
@@ -121,8 +130,9 @@ from shardcore.tables import TableConfig
 from shardcore.types import CommLayout, DeviceCost, OracleInfo, PlanResult  # noqa: F401  (PlanResult: the oracles' one result type)
 
 DEFAULT_START_TIMEOUT_S = 300.0
-DEFAULT_COMM_ITERS = None  # None: the same as bench_iters
-DEFAULT_CPU_COMPUTE_PASSES = None  # None: one pass per timed iteration (see the module notes)
+DEFAULT_COMM_ITERS = None  # None: the same as bench_iters (on the CPU at least CPU_MIN_COMM_ITERS)
+CPU_MIN_COMM_ITERS = 21    # CPU: a loopback exchange is cheap and noisy (4 processes on 2 cores): more repeats
+DEFAULT_CPU_COMPUTE_PASSES = 1  # CPU: a device's samples in one request, each beside the reference (module notes)
 REWARM_ITERS = 0           # untimed iterations when a pass returns to a shard already warmed up
 REFERENCE_CALIBRATION_ITERS = 15   # CPU: one-sample requests that calibrate the reference's nominal cost
 REFERENCE_COMM_ITERS = 5   # CPU: reference samples taken for an exchange measured without compute
@@ -252,7 +262,8 @@ class PlanEvaluator:
         if bench_iters < 1 or warmup_iters < 0:
             raise ShardError("bench_iters must be >= 1 and warmup_iters >= 0")
         self.bench_iters, self.warmup_iters = int(bench_iters), int(warmup_iters)
-        self.comm_iters = int(comm_iters) if comm_iters is not None else self.bench_iters
+        self.comm_iters = (int(comm_iters) if comm_iters is not None else
+                           max(self.bench_iters, CPU_MIN_COMM_ITERS) if self.device_type == "cpu" else self.bench_iters)
         if compute_passes is None and self.device_type == "cpu":
             compute_passes = DEFAULT_CPU_COMPUTE_PASSES
         self.compute_passes = max(1, int(compute_passes)) if compute_passes is not None else None
@@ -326,8 +337,8 @@ class PlanEvaluator:
         compute = f"measured ({self.device_type}, FBGEMM)"
         if self.device_type == "cpu":
             nominal = f" = {self.reference_nominal_ms:.2f} ms" if self.reference_nominal_ms else ""
-            compute = ("measured (cpu, FBGEMM; lower quartile of the timed samples, scaled to the speed at which "
-                       f"the reference shard costs its nominal{nominal})")
+            compute = ("measured (cpu, FBGEMM; each timed sample over the reference shard's samples around it, "
+                       f"the lower quartile of those ratios times the reference shard's nominal{nominal})")
         if self.ndevices == 1:
             comm = "none (one device)"
         elif self.comm_model is None:
@@ -335,7 +346,8 @@ class PlanEvaluator:
             comm = (f"measured ({'NCCL' if self.device_type == 'cuda' else 'gloo'} all-to-all"
                     + (f" across {hosts} hosts" if hosts > 1 else "")
                     + ": input ids and pooled outputs; data-parallel all-reduce"
-                    + ("; lower quartile, scaled as compute" if self.device_type == "cpu" else "") + ")")
+                    + ("; lower quartile, scaled by the reference shard's speed" if self.device_type == "cpu" else "")
+                    + ")")
         else:
             comm = self.comm_model.describe()
         return {"compute": compute, "comm": comm}
@@ -673,14 +685,12 @@ class PlanEvaluator:
             chunks.append(chunk)
 
         cpu = self.device_type == "cpu"
-        refs: list[float] = []   # the reference shard's samples, one batch before every pass (CPU)
+        refs: dict[int, list[float]] = {k: [] for k in shards}   # CPU: the reference sample before each
         for chunk in chunks:
             for p, n in enumerate(counts):
-                if cpu:
-                    refs.extend(self._reference_samples(n))
                 keep = p < len(counts) - 1
                 msgs = {ranks[k]: ("compute", shards[k], self.batch_size, self.optimizer, self.precision,
-                                   self.warmup_iters, REWARM_ITERS, n, usable, keep) for k in chunk}
+                                   self.warmup_iters, REWARM_ITERS, n, usable, keep, cpu) for k in chunk}
                 # CPU: one device at a time, nothing else computes meanwhile; GPU: all at once
                 groups = [[k] for k in chunk] if cpu else [chunk]
                 for group in groups:
@@ -689,14 +699,24 @@ class PlanEvaluator:
                     for k in group:
                         samples[k][0].extend(reps[ranks[k]]["fw"])
                         samples[k][1].extend(reps[ranks[k]]["bw"])
-        for fw, bw in samples.values():
-            self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
+                        if cpu:
+                            refs[k].extend(reps[ranks[k]]["ref"])
         if not cpu:
+            for fw, bw in samples.values():
+                self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
             return {k: ComputeCost(float(statistics.median(fw)), float(statistics.median(bw)))
                     for k, (fw, bw) in samples.items()}
-        refs.extend(self._reference_samples(counts[-1]))
-        scale = self._speed_scale(refs)
-        return {k: ComputeCost(low_quantile(fw) * scale, low_quantile(bw) * scale) for k, (fw, bw) in samples.items()}
+        # CPU: every sample at the speed of its moment (over the reference samples around it), the
+        # lower quartile of those ratios, times the reference's nominal cost (see the module notes)
+        nominal = self.reference_nominal()
+        out = {}
+        for k, (fw, bw) in samples.items():
+            rel = [(f + b) / r for f, b, r in zip(fw, bw, refs[k])]
+            self._noise.append(relative_iqr(rel))
+            out[k] = ComputeCost(nominal * low_quantile([f / r for f, r in zip(fw, refs[k])]),
+                                 nominal * low_quantile([b / r for b, r in zip(bw, refs[k])]))
+        self._speed_scale([r for rs in refs.values() for r in rs])
+        return out
 
     # -- repeatability on the CPU (see the module notes) ----------------------------------------
     def _reference_samples(self, n: int) -> list[float]:
@@ -713,13 +733,13 @@ class PlanEvaluator:
     def reference_nominal(self) -> float:
         """The reference shard's nominal cost (ms) on this machine: the stored one
         (``reference_store``, the measurement cache) or, the first time, calibrated now
-        (``REFERENCE_CALIBRATION_ITERS`` one-sample requests, their lower quartile) and stored."""
+        (``REFERENCE_CALIBRATION_ITERS`` one-sample requests, their median) and stored."""
         if self.reference_nominal_ms is None:
             store = self.reference_store
             value = store.reference_ms(self.reference_key) if store is not None else None
             if value is None:
                 samples = [x for _ in range(REFERENCE_CALIBRATION_ITERS) for x in self._reference_samples(1)]
-                value = low_quantile(samples)
+                value = statistics.median(samples)
                 if store is not None:
                     value = store.store_reference_ms(self.reference_key, value)
             self.reference_nominal_ms = float(value)
@@ -727,7 +747,7 @@ class PlanEvaluator:
 
     def _speed_scale(self, refs: Sequence[float]) -> float:
         """nominal / now: the factor that brings costs measured beside ``refs`` to the nominal speed."""
-        now = low_quantile(refs)
+        now = statistics.median(refs)
         scale = self.reference_nominal() / now if now > 0 else 1.0
         self._scales.append(scale)
         return scale
