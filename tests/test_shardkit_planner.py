@@ -665,7 +665,7 @@ def test_compare_tool_prints_margin_interval_and_repeatability(tmp_path):
 
 
 def test_expected_slowest_device_under_model_error():
-    from shardcore.costs import expected_slowest
+    from shardcore.evaluation.compare import expected_slowest
 
     # no error: the plain slowest device; a balanced plan suffers more from error than a skewed one
     assert expected_slowest([[1.0, 1.0]], [[0.5, 0.5]], [1.0])[0] == pytest.approx(1.5)
@@ -675,10 +675,37 @@ def test_expected_slowest_device_under_model_error():
     assert skewed == pytest.approx(1.2, abs=0.02) and skewed - 1.2 < balanced - 1.0
     with pytest.raises(ValueError):
         expected_slowest([[1.0]], [[0.0]], [])
+    # a second kind of device draws from its own pool; plans without it keep the draws of ratios alone
+    plain = expected_slowest([[1.0, 1.0]], [[0, 0]], ratios, draws=500, seed=3)
+    assert expected_slowest([[1.0, 1.0]], [[0, 0]], ratios, draws=500, seed=3, pools=([2.0],),
+                            pool_of=[[0, 0]]) == pytest.approx(plain)
+    assert expected_slowest([[1.0, 1.0]], [[0, 0]], ratios, draws=500, seed=3, pools=([2.0],),
+                            pool_of=[[0, 1]])[0] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="pool 1"):
+        expected_slowest([[1.0]], [[0.0]], [1.0], pools=([],), pool_of=[[1]])
+
+
+def test_replica_devices_draw_the_judges_error_on_measured_replica_devices():
+    from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, judge_error, replica_judge_error, seen_tables
+    from shardcore.dataset import load_table_configs
+    from tools import shardkit_compare
+
+    raw = replica_judge_error()
+    assert len(raw) >= 400 and np.all(raw > 0)                     # runs 3-5's plan devices with replicas
+    assert 0.95 < np.median(raw) < 1.05 and np.mean(np.abs(raw / np.median(raw) - 1)) < 0.08
+    tables = load_table_configs(MEASUREMENTS_DIR / "dlrm_b65536" / "table_configs.json")
+    with open(MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt") as fh:
+        ids = [int(v) for v in fh.readline().split()[0].split(",")]
+    tw, rep = judge_error(seen_tables([tables[i] for i in ids]), replicas=True)
+    assert np.array_equal(tw, judge_error(seen_tables([tables[i] for i in ids])))
+    assert np.allclose(rep / raw, rep[0] / raw[0])                 # one scale: the whole-table shards' median
+    rec = {"shardings": [{"type": "table_wise", "devices": [1]}, {"type": "data_parallel", "devices": [0, 2]}]}
+    assert shardkit_compare.replica_devices(rec, 3).tolist() == [True, False, True]
+    assert not shardkit_compare.replica_devices({}, 2).any()
 
 
 def test_compare_tool_stressed_judge_on_emulated_records(tmp_path):
-    from shardcore.costs import expected_slowest
+    from shardcore.evaluation.compare import expected_slowest
     from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, judge_error, seen_tables
     from shardcore.dataset import load_table_configs
     from tools import shardkit_compare

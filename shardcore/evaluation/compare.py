@@ -242,3 +242,28 @@ def check_record(obj, where: str) -> dict:
     if obj.get("cost_ms") is not None and dev is None:
         raise ShardError(f"{where}: a cost without 'device_costs_ms'")
     return obj
+
+
+def expected_slowest(compute, comm, ratios, draws: int = 1000, seed: int = 0, pools=(), pool_of=None):
+    """The expected slowest device when each device's compute is off by an independent factor drawn
+    from ``ratios`` (e.g. a cost model's held-out measured / predicted ratios): the mean over
+    ``draws`` draws of ``max_d(compute[..., d] x r_d + comm[..., d])``. ``compute`` and ``comm`` are
+    arrays with devices on the last axis (leading axes: several plans, each given the same draws, so
+    plans of one task are compared under common random numbers). ``pools``: further ratio lists, for
+    other kinds of device; ``pool_of`` (the shape of ``compute``): ``k`` > 0 draws that device's factor
+    from ``pools[k - 1]`` (each pool its own common draws), 0 from ``ratios``."""
+    import numpy as np
+
+    comp, com = np.asarray(compute, dtype=float), np.asarray(comm, dtype=float)
+    which = np.zeros(comp.shape, int) if pool_of is None else np.asarray(pool_of)
+    R = None
+    for k, pool in enumerate([ratios, *pools]):
+        r = np.asarray(pool, dtype=float)
+        if k and not (which == k).any():
+            continue
+        if r.ndim != 1 or len(r) == 0 or not np.all(np.isfinite(r)) or np.any(r <= 0):
+            raise ValueError(f"{'ratios' if not k else f'pool {k}'} must be a non-empty list of positive finite numbers")
+        Rk = r[np.random.default_rng(seed if not k else [seed, k]).integers(0, len(r), size=(int(draws), comp.shape[-1]))]
+        R = Rk if R is None else np.where(which[..., None, :] == k, Rk, R)   # [..., draws, devices]
+    total = comp[..., None, :] * R + com[..., None, :]
+    return total.max(axis=-1).mean(axis=-1)

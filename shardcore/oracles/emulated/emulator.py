@@ -1026,21 +1026,61 @@ def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -
 
 
 @functools.lru_cache(maxsize=256)
-def judge_error(exclude: frozenset, card: str = "h200") -> np.ndarray:
+def judge_error(exclude: frozenset, card: str = "h200", replicas: bool = False):
     """The held-out error of the judge of a plan with tables ``exclude`` (the fit of
     :func:`heldout_model`): measured / predicted fw+bw of every measured plan shard that holds one of
     those tables (never seen by that fit; all such shards when fewer than 30 are plan shards), divided
-    by their median (a common scale moves every plan alike). Empty when none of them was measured."""
+    by their median (a common scale moves every plan alike). Empty when none of them was measured.
+
+    ``replicas=True``: ``(that array, the same for devices holding data-parallel replicas)``, the second
+    :func:`replica_judge_error` divided by the same median, so that a bias of the judge on replica
+    devices relative to whole-table shards stays in it (empty where no replica device was measured)."""
     land = measured_landscapes(card)[0]
     held = land.holding(exclude)
     plan = held & np.array([s["kind"] == "plan" for s in land.meas["shards"]], dtype=bool)
     rows = plan if plan.sum() >= 30 else held
     if not rows.any():
-        return np.zeros(0)
+        return (np.zeros(0), np.zeros(0)) if replicas else np.zeros(0)
     wf, wb = heldout_model(exclude, card).weights[land.batch]
     pred = land.X[rows] @ wf + land.X[rows] @ wb
     ratio = (land.fw[rows] + land.bw[rows]) / pred
-    return ratio / np.median(ratio)
+    med = float(np.median(ratio))
+    if not replicas:
+        return ratio / med
+    return ratio / med, replica_judge_error(card, land.batch) / med
+
+
+@functools.lru_cache(maxsize=None)
+def replica_judge_error(card: str = "h200", batch: int = 65536) -> np.ndarray:
+    """measured / predicted fw+bw of every measured plan device holding data-parallel replicas
+    (:func:`replica_devices` with its task: runs 3-5 of ``tools/gpu_check.py``), each predicted whole
+    (its shard kernel and its replica kernel, :func:`predict_devices`) by the judge of its own task:
+    :func:`heldout_model` without the task's tables, so neither the device's shards nor, in the replica
+    law (:func:`fit_replica_weights`), the task's devices were seen. Not normalised."""
+    from shardcore.dataset import load_table_configs
+    from shardcore.tasks import load_tasks
+
+    if card != "h200" or not PIECE_FILES.get(batch):
+        return np.zeros(0)
+    tables = load_table_configs(MEASUREMENTS_DIR / f"dlrm_b{batch}" / "table_configs.json")
+    tasks = {n: load_tasks(MEASUREMENTS_DIR / TASK_FILES[f"dlrm_tasks_{s}"], num_tables=len(tables))
+             for n, s in ((4, 50), (8, 100))}
+    out = []
+    for name in PIECE_FILES[batch]:
+        with open(MEASUREMENTS_DIR / name) as fh:
+            for k, line in enumerate(fh, 1):
+                obj = json.loads(line) if line.strip() else {}
+                if "task" not in obj:
+                    continue
+                pieces = [piece_of(p, tables, f"{name}:{k}") for p in obj["pieces"]]
+                if not any(getattr(t, "kind", None) == "data_parallel" for t in pieces):
+                    continue
+                n = 4 if " 4 plan devices" in obj["hardware"] else 8
+                task = tasks[n][int(obj["task"])]
+                judge = heldout_model(frozenset(t.index for t in task.tables(tables)), card)
+                pred = float(predict_devices(judge, [pieces], batch)[0].sum())
+                out.append((float(obj["fw_ms"]) + float(obj["bw_ms"])) / pred)
+    return np.asarray(out, dtype=float)
 
 
 MIN_PLAN_TABLES = 8     # model_error's shards: those of at least this many tables, like a plan's devices
