@@ -45,7 +45,7 @@ import numpy as np
 
 from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_comm_model, id_width as piece_id_width,
                                  pooled_width, remote_bytes)
-from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, predict_devices,
+from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, piece_device_kind, predict_devices,
                                 shard_features, table_arrays)
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import EXACT_SGD
@@ -93,6 +93,10 @@ class CostModel:
     # the compute model's own error, as measured / predicted ratios (cross-validated on its shards);
     # with it the search minimises the expected slowest device (error_draws), without it the slowest
     error: np.ndarray | None = field(default=None, repr=False)
+    # the compute model's bias on devices holding row-wise blocks or replicas ({kind: factor}, measured
+    # on other tasks' devices: shardcore.oracles.emulated.emulator.piece_bias); such a shard's compute
+    # is multiplied by its kind's factor
+    kind_bias: dict | None = None
     _cv_cache: dict = field(default_factory=dict, repr=False)
 
     def error_draws(self, ndevices: int, draws: int = ERROR_DRAWS, seed: int = 0) -> np.ndarray | None:
@@ -119,7 +123,12 @@ class CostModel:
         if not shards:
             return np.zeros(0)
         pred = predict_devices(self.compute, shards, self.batch_size, self._cv)
-        return pred[:, 0] + pred[:, 1]
+        out = pred[:, 0] + pred[:, 1]
+        if self.kind_bias:
+            for i, s in enumerate(shards):
+                kind = piece_device_kind([getattr(p, "kind", None) for p in s])
+                out[i] *= self.kind_bias.get(kind, 1.0)
+        return out
 
     # -- communication ---------------------------------------------------------------------------
     def pooled_dim(self, t: TableConfig) -> int:

@@ -293,14 +293,15 @@ class ShardkitSharder(Sharder):
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model
-        from shardcore.oracles.emulated.emulator import heldout_model, model_error, seen_tables
+        from shardcore.oracles.emulated.emulator import heldout_model, model_error, piece_bias, seen_tables
 
         card = model.landscape.split(":", 1)[1]
         seen = seen_tables(tables, card) if self.emulator_fit == "heldout" else frozenset()
+        bias = piece_bias(seen, card, model.batch_size) or None   # measured on other tasks' devices
         if not seen:
             error = model_error(frozenset(), card) if self.robust else None
-            return dataclasses.replace(model, error=error)
-        return dataclasses.replace(model, compute=heldout_model(seen, card, HELDOUT_SUBSET),
+            return dataclasses.replace(model, error=error, kind_bias=bias)
+        return dataclasses.replace(model, compute=heldout_model(seen, card, HELDOUT_SUBSET), kind_bias=bias,
                                    error=model_error(seen, card, HELDOUT_SUBSET) if self.robust else None,
                                    source=f"emulator ({card}) refitted without the task's {len(seen)} measured "
                                           f"tables and fold {HELDOUT_SUBSET.split(':')[1]} of the rest")

@@ -685,23 +685,26 @@ def test_expected_slowest_device_under_model_error():
         expected_slowest([[1.0]], [[0.0]], [1.0], pools=([],), pool_of=[[1]])
 
 
-def test_replica_devices_draw_the_judges_error_on_measured_replica_devices():
-    from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, judge_error, replica_judge_error, seen_tables
+def test_piece_devices_draw_the_judges_error_on_measured_devices_of_their_kind():
+    from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, judge_error, piece_judge_error, seen_tables
     from shardcore.dataset import load_table_configs
     from tools import shardkit_compare
 
-    raw = replica_judge_error()
+    raw = piece_judge_error("data_parallel")
     assert len(raw) >= 400 and np.all(raw > 0)                     # runs 3-5's plan devices with replicas
     assert 0.95 < np.median(raw) < 1.05 and np.mean(np.abs(raw / np.median(raw) - 1)) < 0.08
+    assert len(piece_judge_error("row_wise")) >= 60                # ... with row-wise blocks and no replica
     tables = load_table_configs(MEASUREMENTS_DIR / "dlrm_b65536" / "table_configs.json")
     with open(MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt") as fh:
         ids = [int(v) for v in fh.readline().split()[0].split(",")]
-    tw, rep = judge_error(seen_tables([tables[i] for i in ids]), replicas=True)
+    tw, by_kind = judge_error(seen_tables([tables[i] for i in ids]), pieces=True)
     assert np.array_equal(tw, judge_error(seen_tables([tables[i] for i in ids])))
+    rep = by_kind["data_parallel"]
     assert np.allclose(rep / raw, rep[0] / raw[0])                 # one scale: the whole-table shards' median
-    rec = {"shardings": [{"type": "table_wise", "devices": [1]}, {"type": "data_parallel", "devices": [0, 2]}]}
-    assert shardkit_compare.replica_devices(rec, 3).tolist() == [True, False, True]
-    assert not shardkit_compare.replica_devices({}, 2).any()
+    rec = {"shardings": [{"type": "table_wise", "devices": [1]}, {"type": "data_parallel", "devices": [0, 2]},
+                         {"type": "row_wise", "devices": [1, 2]}]}
+    assert shardkit_compare.device_kinds(rec, 4) == ["data_parallel", "row_wise", "data_parallel", None]
+    assert shardkit_compare.device_kinds({}, 2) == [None, None]
 
 
 def test_compare_tool_stressed_judge_on_emulated_records(tmp_path):
@@ -740,6 +743,36 @@ def test_compare_tool_stressed_judge_on_emulated_records(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     with pytest.raises(ShardError, match="table_ids"):
         shardkit_compare.summarize(str(path), "shardkit", None)
+
+
+def test_kind_bias_prices_devices_with_row_wise_blocks_or_replicas(data, model):
+    from shardcore.plan import Sharding
+
+    _, tables = data
+    t = tables[3]
+    rw = [p for _d, p in Sharding("row_wise", (0, 1)).pieces(t, 2)]
+    dp = [p for _d, p in Sharding("data_parallel", (0, 1)).pieces(t, 2)]
+    shards = [[tables[0], tables[1]], [tables[0], rw[0]], [tables[1], dp[0], rw[1]]]
+    plain = model.shard_compute(shards)
+    biased = dataclasses.replace(model, kind_bias={"row_wise": 1.5, "data_parallel": 0.5}).shard_compute(shards)
+    # whole tables unchanged, a row-wise block's device x 1.5, a device with a replica x 0.5 (replicas first)
+    assert biased == pytest.approx(plain * np.array([1.0, 1.5, 0.5]))
+
+
+def test_piece_bias_is_measured_on_other_tasks_devices():
+    from shardcore.oracles.emulated import emulator as E
+    from shardcore.dataset import load_table_configs
+    from shardcore.tasks import load_tasks
+
+    tables = load_table_configs(E.MEASUREMENTS_DIR / "dlrm_b65536" / "table_configs.json")
+    task = load_tasks(E.MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt", num_tables=len(tables))[0]
+    seen = E.seen_tables(task.tables(tables))
+    bias = E.piece_bias(seen)
+    assert set(bias) == {"data_parallel", "row_wise"} and 1.0 < bias["row_wise"] < 1.06 and 0.95 < bias["data_parallel"] < 1.02
+    own = len(E.piece_judge_error("row_wise")) - len(E.piece_judge_error("row_wise", exclude=seen))
+    assert own > 0        # the task's own row-wise devices were measured, and left out
+    assert E.piece_device_kind(["table_wise", "row_wise", "data_parallel"]) == "data_parallel"
+    assert E.piece_device_kind(iter(["row_wise"])) == "row_wise" and E.piece_device_kind(["column_wise"]) is None
 
 
 def test_robust_objective_never_worse_than_its_starts_under_the_models_error(data, model):

@@ -11,9 +11,9 @@ mean ("best anchor"); --anchors restricts which algorithms count as anchors.
 On an emulated landscape the margin is also given under the **stressed judge**: every device's compute
 multiplied by an independent draw from the judge's own held-out error (measured / predicted cost of
 the real H200 shards holding the task's tables, which the judge never saw:
-shardcore.oracles.emulated.emulator.judge_error; a device holding data-parallel replicas draws instead
-from the error on the measured H200 devices with replicas, each predicted by the judge of its own
-task, on the same scale: emulator.replica_judge_error), --draws draws (the same for every plan of a
+shardcore.oracles.emulated.emulator.judge_error; a device holding data-parallel replicas, or row-wise
+blocks, draws instead from the judge's error on the measured H200 devices of that kind, each predicted
+by the judge of its own task, on the same scale: emulator.piece_judge_error), --draws draws (the same for every plan of a
 task), the expected slowest device (shardcore.evaluation.compare.expected_slowest). A margin whose interval
 reaches zero is a tie.
 """
@@ -57,7 +57,7 @@ def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int) -> dic
     """``{alg: {task: expected slowest device}}`` under the stressed judge; None when the records'
     tables were never measured (no held-out error to draw from)."""
     from shardcore.evaluation.compare import expected_slowest
-    from shardcore.oracles.emulated.emulator import judge_error, seen_tables
+    from shardcore.oracles.emulated.emulator import PIECE_DEVICE_KINDS, judge_error, seen_tables
 
     out: dict = {a: {} for a in algs}
     for t in tasks:
@@ -67,27 +67,33 @@ def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int) -> dic
                              "run eval.py again")
         if max(ids) >= len(tables):
             raise ShardError(f"--data-dir {len(tables)} tables, but the records name table {max(ids)}")
-        ratios, replica_ratios = judge_error(seen_tables([tables[i] for i in ids]), replicas=True)
+        ratios, by_kind = judge_error(seen_tables([tables[i] for i in ids]), pieces=True)
         if len(ratios) == 0:
             return None
+        pools = [by_kind[k] for k in PIECE_DEVICE_KINDS]
         for k, a in enumerate(algs):
             dev = np.asarray(by[a][t]["device_costs_ms"], dtype=float)
-            rep = replica_devices(by[a][t], len(dev))
-            if rep.any() and len(replica_ratios) == 0:
-                raise ShardError(f"{a}, task {t}: a plan with data-parallel replicas, and no measured replica "
-                                 "device to draw the judge's error on them from")
+            kind_of = device_kinds(by[a][t], len(dev))
+            for d, kind in enumerate(kind_of):
+                if kind and len(by_kind[kind]) == 0:
+                    raise ShardError(f"{a}, task {t}: device {d} holds {kind} pieces, and no measured device of "
+                                     "that kind to draw the judge's error on it from")
+            pool_of = [PIECE_DEVICE_KINDS.index(kind) + 1 if kind else 0 for kind in kind_of]
             out[a][t] = float(expected_slowest(dev[:, 0] + dev[:, 3], dev[:, 1] + dev[:, 2], ratios, draws, seed=t,
-                                               pools=(replica_ratios,), pool_of=rep.astype(int)))
+                                               pools=pools, pool_of=pool_of))
     return out
 
 
-def replica_devices(rec: dict, ndevices: int) -> np.ndarray:
-    """Which devices of an eval.py record's plan hold data-parallel replicas (from its shardings)."""
-    out = np.zeros(ndevices, dtype=bool)
+def device_kinds(rec: dict, ndevices: int) -> list:
+    """Per device of an eval.py record's plan (from its shardings) the kind whose judge error it draws
+    (emulator.piece_device_kind: data_parallel, row_wise or None for whole tables and column blocks)."""
+    from shardcore.oracles.emulated.emulator import piece_device_kind
+
+    held: list[set] = [set() for _ in range(ndevices)]
     for s in rec.get("shardings") or []:
-        if s.get("type") == "data_parallel":
-            out[[int(d) for d in (s.get("devices") or range(ndevices))]] = True
-    return out
+        for d in (s.get("devices") or range(ndevices)):
+            held[int(d)].add(s.get("type"))
+    return [piece_device_kind(h) for h in held]
 
 
 def gpu_check_sets(path: str) -> list[tuple[str, list[dict], str]]:
@@ -200,8 +206,8 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
             slo, shi = margin_interval([stressed[alg][t] for t in order], [stressed[sbest][t] for t in order])
             verdict = ("a tie (the interval reaches zero)" if slo <= 0 <= shi else
                        f"target >= 5%: {'met' if smargin >= 5.0 else 'NOT met'}")
-            lines.append(f"  stressed judge (device compute x the judge's held-out error, on replica devices its error "
-                         f"there, {draws} draws, expected "
+            lines.append(f"  stressed judge (device compute x the judge's held-out error, on replica and row-wise "
+                         f"devices its error there, {draws} draws, expected "
                          f"slowest device): {alg} {smean[alg]:.4g} ms, best anchor {sbest} {smean[sbest]:.4g} ms: "
                          f"{smargin:.1f}% below ({slo:.1f}% .. {shi:.1f}%); {verdict}")
             lines.append("    stressed means: " + ", ".join(f"{a} {smean[a]:.4g}" for a in sorted(algs, key=smean.get)))

@@ -1026,37 +1026,68 @@ def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -
 
 
 @functools.lru_cache(maxsize=256)
-def judge_error(exclude: frozenset, card: str = "h200", replicas: bool = False):
+def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False):
     """The held-out error of the judge of a plan with tables ``exclude`` (the fit of
     :func:`heldout_model`): measured / predicted fw+bw of every measured plan shard that holds one of
     those tables (never seen by that fit; all such shards when fewer than 30 are plan shards), divided
     by their median (a common scale moves every plan alike). Empty when none of them was measured.
 
-    ``replicas=True``: ``(that array, the same for devices holding data-parallel replicas)``, the second
-    :func:`replica_judge_error` divided by the same median, so that a bias of the judge on replica
-    devices relative to whole-table shards stays in it (empty where no replica device was measured)."""
+    ``pieces=True``: ``(that array, {kind: array})``, for each :data:`PIECE_DEVICE_KINDS` the
+    :func:`piece_judge_error` of devices of that kind divided by the same median, so that a bias of
+    the judge on such devices relative to whole-table shards stays in it."""
     land = measured_landscapes(card)[0]
     held = land.holding(exclude)
     plan = held & np.array([s["kind"] == "plan" for s in land.meas["shards"]], dtype=bool)
     rows = plan if plan.sum() >= 30 else held
     if not rows.any():
-        return (np.zeros(0), np.zeros(0)) if replicas else np.zeros(0)
+        return (np.zeros(0), {k: np.zeros(0) for k in PIECE_DEVICE_KINDS}) if pieces else np.zeros(0)
     wf, wb = heldout_model(exclude, card).weights[land.batch]
     pred = land.X[rows] @ wf + land.X[rows] @ wb
     ratio = (land.fw[rows] + land.bw[rows]) / pred
     med = float(np.median(ratio))
-    if not replicas:
+    if not pieces:
         return ratio / med
-    return ratio / med, replica_judge_error(card, land.batch) / med
+    return ratio / med, {k: piece_judge_error(k, card, land.batch) / med for k in PIECE_DEVICE_KINDS}
 
 
-@functools.lru_cache(maxsize=None)
-def replica_judge_error(card: str = "h200", batch: int = 65536) -> np.ndarray:
-    """measured / predicted fw+bw of every measured plan device holding data-parallel replicas
-    (:func:`replica_devices` with its task: runs 3-5 of ``tools/gpu_check.py``), each predicted whole
-    (its shard kernel and its replica kernel, :func:`predict_devices`) by the judge of its own task:
-    :func:`heldout_model` without the task's tables, so neither the device's shards nor, in the replica
-    law (:func:`fit_replica_weights`), the task's devices were seen. Not normalised."""
+PIECE_DEVICE_KINDS = ("data_parallel", "row_wise")   # a device of the first kind it holds a piece of
+
+
+def piece_device_kind(kinds) -> str | None:
+    """The kind of device holding pieces of ``kinds`` (sharding type names) for the judge's error: the
+    first of :data:`PIECE_DEVICE_KINDS` among them (replicas before row-wise blocks), else None."""
+    held = set(kinds)
+    return next((k for k in PIECE_DEVICE_KINDS if k in held), None)
+
+
+MIN_BIAS_DEVICES = 20     # piece_bias: measured devices of a kind needed to state the model's bias on it
+
+
+def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536) -> dict[str, float]:
+    """``{kind: factor}``: the median :func:`piece_judge_error` of the measured devices of each
+    :data:`PIECE_DEVICE_KINDS` outside the task of tables ``exclude`` (a device whose tables all lie in
+    ``exclude`` is that task's own, as in :func:`fit_replica_weights`), for kinds with at least
+    :data:`MIN_BIAS_DEVICES` of them: how far the fitted model, unbiased on whole-table shards by its
+    least squares, under- (> 1) or over-prices a device holding such pieces. Measured on the H200
+    (runs 3-5, 2026-11-27): devices with row-wise blocks 1.026, with replicas 0.993."""
+    out = {}
+    for kind in PIECE_DEVICE_KINDS:
+        r = piece_judge_error(kind, card, batch, exclude)
+        if len(r) >= MIN_BIAS_DEVICES:
+            out[kind] = float(np.median(r))
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude: frozenset = frozenset()
+                      ) -> np.ndarray:
+    """measured / predicted fw+bw of every measured plan device of ``kind`` (:func:`piece_device_kind`:
+    holding data-parallel replicas; holding row-wise blocks and no replica; runs 3-5 of
+    ``tools/gpu_check.py``), each predicted whole (its shard kernel and replica kernel,
+    :func:`predict_devices`) by the judge of its own task: :func:`heldout_model` without the task's
+    tables, so neither the device's shards nor, in the replica law (:func:`fit_replica_weights`), the
+    task's devices were seen. Not normalised. ``exclude``: devices whose tables all lie in it are left
+    out."""
     from shardcore.dataset import load_table_configs
     from shardcore.tasks import load_tasks
 
@@ -1073,7 +1104,8 @@ def replica_judge_error(card: str = "h200", batch: int = 65536) -> np.ndarray:
                 if "task" not in obj:
                     continue
                 pieces = [piece_of(p, tables, f"{name}:{k}") for p in obj["pieces"]]
-                if not any(getattr(t, "kind", None) == "data_parallel" for t in pieces):
+                if piece_device_kind(getattr(t, "kind", "table_wise") for t in pieces) != kind or (
+                        exclude and {t.index for t in pieces} <= exclude):
                     continue
                 n = 4 if " 4 plan devices" in obj["hardware"] else 8
                 task = tasks[n][int(obj["task"])]
