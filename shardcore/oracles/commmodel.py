@@ -41,6 +41,14 @@ roughly half once the NVSwitch hops, protocol and kernel overheads are counted; 
 a small NCCL collective's start-up. These are stated assumptions, not measurements of this project;
 a run with two or more real GPUs replaces them by a fit of the measured exchange
 (:func:`fit_comm_model`), and every record says which (``parts``).
+
+**Past one host** (``CommModel(devices_per_host=G)``, the first step of the multi-host issue): devices
+form hosts of G, and each exchange is priced on two levels at once (:func:`host_bytes`): within a host
+at the link above, between hosts at ``inter_bandwidth_gbps`` (default 50 GB/s per GPU and direction:
+8 x 400 Gb/s NICs per 8-GPU host, assumed) plus ``inter_latency_us`` (50 us, assumed); a data-parallel
+all-reduce hierarchically. No command-line flag sets G yet: the planners' own topologies (TorchRec's
+``local_world_size`` and ``inter_host_bw``, shardkit's model) must learn it in the same change, so
+that no comparison judges plans on hosts their planners did not know.
 """
 
 from __future__ import annotations
@@ -110,14 +118,52 @@ def id_bytes(id_widths, batch_size: int):
     return sent, recv
 
 
+def host_bytes(widths, batch_size: int, devices_per_host: int, element: int):
+    """The all-to-all of per-sample ``widths`` (devices on the last axis) split by level: per device
+    ``((sent, received) to and from devices of its own host, (sent, received) to and from other hosts)``,
+    bytes of ``element`` each; device ``d`` is on host ``d // devices_per_host``. ``d`` sends its
+    columns for every other device's batch slice and receives theirs for its own slice, as
+    :func:`remote_bytes` (whose totals are the two levels' sums)."""
+    import numpy as np
+
+    w = np.asarray(widths, dtype=float)
+    n = w.shape[-1]
+    g = int(devices_per_host)
+    slices = np.asarray(batch_slices(batch_size, n), dtype=float)
+    hosts = np.arange(n) // g
+    same = (hosts[:, None] == hosts[None, :]).astype(float)           # [d, j]: on one host
+    host_slices = same @ slices                                       # samples on d's host, d's included
+    host_width = w @ same                                             # widths on d's host, d's included
+    total = w.sum(axis=-1, keepdims=True)
+    intra = (element * w * (host_slices - slices), element * slices * (host_width - w))
+    inter = (element * w * (batch_size - host_slices), element * slices * (total - host_width))
+    return intra, inter
+
+
+DEFAULT_INTER_HOST_BANDWIDTH_GBPS = 50.0   # 8 x 400 Gb/s NICs per 8-GPU host, per GPU and direction (assumed)
+DEFAULT_INTER_HOST_LATENCY_US = 50.0       # a collective's start-up across hosts (assumed)
+DEFAULT_INTER_HOST_LINK = "8 x 400 Gb/s NICs per 8-GPU host: 50 GB/s per GPU between hosts (assumed)"
+
+
 @dataclass(frozen=True)
 class CommModel:
-    """``latency_us + max(sent, received) / bandwidth`` per device and phase (see the module notes)."""
+    """``latency_us + max(sent, received) / bandwidth`` per device and phase (see the module notes).
+
+    With ``devices_per_host`` G (0: every device on one host) and more than G devices, the devices form
+    hosts of G (device ``d`` on host ``d // G``): the bytes a device exchanges with its own host's
+    devices move at ``bandwidth_gbps`` + ``latency_us``, those with other hosts at
+    ``inter_bandwidth_gbps`` + ``inter_latency_us`` (its network share), both at once; a phase ends when
+    the slower level has (:func:`host_bytes`). A data-parallel all-reduce runs hierarchically: a
+    reduce-scatter and all-gather within the host (``2 (G - 1) / G`` of the gradient) and, on its
+    ``1 / G`` share, a ring across the H hosts (``2 (H - 1) / H``), one after the other."""
 
     bandwidth_gbps: float = DEFAULT_COMM_BANDWIDTH_GBPS
     latency_us: float = DEFAULT_COMM_LATENCY_US
     link: str = DEFAULT_LINK
     source: str = "analytic"   # "analytic" (stated constants) or "fitted" (from measured exchanges)
+    devices_per_host: int = 0
+    inter_bandwidth_gbps: float = DEFAULT_INTER_HOST_BANDWIDTH_GBPS
+    inter_latency_us: float = DEFAULT_INTER_HOST_LATENCY_US
 
     def __post_init__(self):
         import math
@@ -126,6 +172,39 @@ class CommModel:
             raise ShardError(f"communication bandwidth must be a positive number of GB/s, got {self.bandwidth_gbps}")
         if not (math.isfinite(self.latency_us) and self.latency_us >= 0):
             raise ShardError(f"communication latency must be a non-negative number of us, got {self.latency_us}")
+        if not (math.isfinite(self.inter_bandwidth_gbps) and self.inter_bandwidth_gbps > 0):
+            raise ShardError(f"inter-host bandwidth must be a positive number of GB/s, got {self.inter_bandwidth_gbps}")
+        if not (math.isfinite(self.inter_latency_us) and self.inter_latency_us >= 0):
+            raise ShardError(f"inter-host latency must be a non-negative number of us, got {self.inter_latency_us}")
+        if isinstance(self.devices_per_host, bool) or not isinstance(self.devices_per_host, int) \
+                or self.devices_per_host < 0:
+            raise ShardError(f"devices per host must be a whole number >= 0 (0: one host), got {self.devices_per_host!r}")
+
+    def hosts(self, ndevices: int) -> int:
+        """How many hosts ``ndevices`` devices span (1 unless ``devices_per_host`` splits them)."""
+        g = self.devices_per_host
+        return -(-int(ndevices) // g) if g and ndevices > g else 1
+
+    def _inter_phase(self, nbytes):
+        import numpy as np
+
+        nbytes = np.asarray(nbytes, dtype=float)
+        return np.where(nbytes > 0, self.inter_latency_us * 1e-3 + nbytes / (self.inter_bandwidth_gbps * 1e9) * 1e3, 0.0)
+
+    def _all_to_all(self, widths, batch_size: int, element: int, swap: bool = False):
+        """ms per device of the all-to-all of per-sample ``widths`` (``swap``: the directions reversed,
+        as the input ids travel), on one level or two (see the class notes)."""
+        import numpy as np
+
+        n = np.shape(widths)[-1]
+        if self.hosts(n) == 1:
+            w = np.asarray(widths, dtype=float)
+            slices = np.asarray(batch_slices(batch_size, n), dtype=float)
+            total = w.sum(axis=-1, keepdims=True)
+            sent, recv = element * w * (batch_size - slices), element * slices * (total - w)
+            return self._phase(np.maximum(sent, recv))
+        intra, inter = host_bytes(widths, batch_size, self.devices_per_host, element)
+        return np.maximum(self._phase(np.maximum(*intra)), self._inter_phase(np.maximum(*inter)))
 
     def phase_ms(self, nbytes: int) -> float:
         if nbytes <= 0:
@@ -136,6 +215,8 @@ class CommModel:
         """Per device ``(fw_ms, bw_ms)`` of the two all-to-alls."""
         if len(dim_sums) < 2:
             return [(0.0, 0.0)] * len(dim_sums)
+        if self.hosts(len(dim_sums)) > 1:
+            return [(float(t), float(t)) for t in self._all_to_all(list(dim_sums), batch_size, OUTPUT_ELEMENT_SIZE)]
         out = []
         for sent, recv in remote_bytes(dim_sums, batch_size):
             t = self.phase_ms(max(sent, recv))
@@ -165,26 +246,42 @@ class CommModel:
         n = dims.shape[-1]
         if n < 2:
             return np.zeros(dims.shape), np.zeros(dims.shape)
-        slices = np.asarray(batch_slices(batch_size, n), dtype=float)
-        total = dims.sum(axis=-1, keepdims=True)
-        sent = OUTPUT_ELEMENT_SIZE * dims * (batch_size - slices)
-        recv = OUTPUT_ELEMENT_SIZE * slices * (total - dims)
-        pooled = self._phase(np.maximum(sent, recv))
+        pooled = self._all_to_all(dims, batch_size, OUTPUT_ELEMENT_SIZE)
         fw, bw = pooled, pooled
         if id_widths is not None:
-            fw = fw + self._phase(np.maximum(*id_bytes(np.broadcast_to(id_widths, dims.shape), batch_size)))
+            # the ids travel the other way (id_bytes): device d sends its slice's ids to every holder
+            ids = np.broadcast_to(np.asarray(id_widths, dtype=float), dims.shape)
+            if self.hosts(n) == 1:
+                fw = fw + self._phase(np.maximum(*id_bytes(ids, batch_size)))
+            else:
+                intra, inter = host_bytes(ids, batch_size, self.devices_per_host, ID_ELEMENT_SIZE)
+                fw = fw + np.maximum(self._phase(np.maximum(*intra)), self._inter_phase(np.maximum(*inter)))
         if backward_bytes is not None:
-            bw = bw + self._phase(np.broadcast_to(np.asarray(backward_bytes, dtype=float), dims.shape))
+            ring = np.broadcast_to(np.asarray(backward_bytes, dtype=float), dims.shape)
+            h = self.hosts(n)
+            if h == 1:
+                bw = bw + self._phase(ring)
+            else:   # the flat ring's bytes, 2 (n-1)/n x S, back to S; then the hierarchical all-reduce
+                g = self.devices_per_host
+                size = ring * n / (2.0 * (n - 1))
+                bw = bw + self._phase(2.0 * (g - 1) / g * size) + self._inter_phase(2.0 * (h - 1) / h * size / g)
         return fw, bw
 
     def describe(self) -> str:
         how = "fitted to measured all-to-alls" if self.source == "fitted" else "analytic"
+        hosts = (f"; between hosts of {self.devices_per_host} devices {self.inter_latency_us:.1f} us + bytes / "
+                 f"{self.inter_bandwidth_gbps:.1f} GB/s, {DEFAULT_INTER_HOST_LINK if self.inter_bandwidth_gbps == DEFAULT_INTER_HOST_BANDWIDTH_GBPS else 'given'}"
+                 if self.devices_per_host else "")
         return (f"modelled ({how}: {self.latency_us:.1f} us + bytes / {self.bandwidth_gbps:.1f} GB/s; "
-                f"{self.link})")
+                f"{self.link}{hosts})")
 
     def to_json(self) -> dict:
-        return {"bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us, "link": self.link,
-                "source": self.source}
+        out = {"bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us, "link": self.link,
+               "source": self.source}
+        if self.devices_per_host:
+            out.update(devices_per_host=self.devices_per_host, inter_bandwidth_gbps=self.inter_bandwidth_gbps,
+                       inter_latency_us=self.inter_latency_us)
+        return out
 
 
 def fit_comm_model(samples: Sequence[tuple[int, float]], link: str) -> CommModel:

@@ -1,0 +1,75 @@
+"""The communication model on two levels (issue: past one host): hosts of G devices, the bytes a device
+exchanges within its host priced at the intra-host link, those with other hosts at the network's,
+the slower level ending the phase; a hierarchical data-parallel all-reduce."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardcore.errors import ShardError
+from shardcore.oracles.commmodel import (ID_ELEMENT_SIZE, OUTPUT_ELEMENT_SIZE, CommModel, host_bytes, id_bytes,
+                                         remote_bytes)
+
+
+def test_host_bytes_split_the_flat_all_to_all_by_level():
+    # 4 devices, hosts of 2, batch 8 (slices of 2), device widths 1, 2, 3, 4
+    (isent, irecv), (xsent, xrecv) = host_bytes([1.0, 2.0, 3.0, 4.0], 8, 2, OUTPUT_ELEMENT_SIZE)
+    assert isent.tolist() == [8, 16, 24, 32] and xsent.tolist() == [16, 32, 48, 64]   # 4 B x width x slices
+    assert irecv.tolist() == [16, 8, 32, 24] and xrecv.tolist() == [56, 56, 24, 24]   # 4 B x 2 x others' widths
+    flat = remote_bytes([1, 2, 3, 4], 8)
+    assert [(a + b, c + d) for a, b, c, d in zip(isent, xsent, irecv, xrecv)] == [(s, r) for s, r in flat]
+    # one host holding every device: nothing crosses hosts
+    intra, inter = host_bytes([1.0, 2.0, 3.0, 4.0], 8, 4, OUTPUT_ELEMENT_SIZE)
+    assert not inter[0].any() and not inter[1].any()
+
+
+def test_one_host_prices_as_before_and_two_hosts_by_the_slower_level():
+    dims = np.array([[64.0, 32.0, 128.0, 16.0]])
+    ids = np.array([[20.0, 5.0, 40.0, 3.0]])
+    ar = np.array([[1e6, 1e6, 1e6, 1e6]])
+    flat = CommModel()
+    for g in (0, 4, 8):   # devices_per_host 0, or at least the device count: one host
+        one = CommModel(devices_per_host=g)
+        assert one.hosts(4) == 1
+        for a, b in zip(one.exchange_ms(dims, 4096, ids, ar), flat.exchange_ms(dims, 4096, ids, ar)):
+            assert np.allclose(a, b)
+        assert one.predict([64, 32, 128, 16], 4096) == flat.predict([64, 32, 128, 16], 4096)
+    two = CommModel(devices_per_host=2, inter_bandwidth_gbps=50.0, inter_latency_us=50.0)
+    assert two.hosts(4) == 2 and two.hosts(5) == 3
+    fw, bw = two.exchange_ms(dims, 4096)
+    (isent, irecv), (xsent, xrecv) = host_bytes(dims, 4096, 2, OUTPUT_ELEMENT_SIZE)
+    expect = np.maximum(0.025 + np.maximum(isent, irecv) / 200e9 * 1e3, 0.050 + np.maximum(xsent, xrecv) / 50e9 * 1e3)
+    assert np.allclose(fw, expect) and np.allclose(bw, expect)
+    assert np.all(fw > flat.exchange_ms(dims, 4096)[0])          # a slower network only adds
+    assert [t for t, _ in two.predict([64, 32, 128, 16], 4096)] == pytest.approx(expect[0].tolist())
+    # equal links on both levels and no latency: the flat model's bytes split in two, never slower
+    same = CommModel(latency_us=0.0, devices_per_host=2, inter_bandwidth_gbps=200.0, inter_latency_us=0.0)
+    assert np.all(same.exchange_ms(dims, 4096)[0] <= CommModel(latency_us=0.0).exchange_ms(dims, 4096)[0] + 1e-12)
+
+
+def test_ids_and_the_hierarchical_all_reduce_on_two_levels():
+    two = CommModel(devices_per_host=2, inter_bandwidth_gbps=50.0, inter_latency_us=50.0)
+    dims = np.array([16.0, 16.0, 16.0, 16.0])
+    ids = np.array([10.0, 0.0, 30.0, 2.0])
+    base_fw, base_bw = two.exchange_ms(dims, 1024)
+    fw, _ = two.exchange_ms(dims, 1024, ids)
+    # the ids go the other way: d receives the others' slices of its own ids (id_bytes, split by level)
+    (isent, irecv), (xsent, xrecv) = host_bytes(ids, 1024, 2, ID_ELEMENT_SIZE)
+    assert np.allclose(irecv + xrecv, id_bytes(ids, 1024)[0]) and np.allclose(isent + xsent, id_bytes(ids, 1024)[1])
+    ids_ms = np.maximum(0.025 + np.maximum(isent, irecv) / 200e9 * 1e3, 0.050 + np.maximum(xsent, xrecv) / 50e9 * 1e3)
+    assert np.allclose(fw - base_fw, ids_ms)
+    # all-reduce of S bytes: flat ring bytes 2 (n-1)/n S = 1.5 S; hierarchical S within hosts, S/2 across
+    S = 8e6
+    _, bw = two.exchange_ms(dims, 1024, None, np.full(4, 1.5 * S))
+    assert np.allclose(bw - base_bw, (0.025 + S / 200e9 * 1e3) + (0.050 + S / 2 / 50e9 * 1e3))
+
+
+def test_two_level_model_says_what_it_assumes_and_refuses_bad_values():
+    m = CommModel(devices_per_host=8)
+    assert "hosts of 8 devices" in m.describe() and "50.0 GB/s" in m.describe() and "NICs" in m.describe()
+    assert m.to_json()["devices_per_host"] == 8 and "devices_per_host" not in CommModel().to_json()
+    for bad in (dict(devices_per_host=-1), dict(devices_per_host=2.5), dict(devices_per_host=True),
+                dict(inter_bandwidth_gbps=0.0), dict(inter_bandwidth_gbps=float("nan")), dict(inter_latency_us=-1.0)):
+        with pytest.raises(ShardError):
+            CommModel(**bad)
