@@ -34,6 +34,7 @@ from shardcore.io import atomic_open
 from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.oracles.measured.shardings import type_counts_text
 from shardcore.tasks import load_tasks
+from shardcore.oracles.commmodel import comm_kwargs
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import positive_int
 from shardcore.io import check_output_dir, check_output_file
@@ -136,8 +137,8 @@ def main(argv=None):
     models = {"compute_model": args.compute_model, "fw_comm_model": args.fw_comm_model,
               "bw_comm_model": args.bw_comm_model, "checkpoint": args.checkpoint,
               # the landscape and the flags a planner with its own cost model reads (others ignore them)
-              "oracle": args.oracle, "data_dir": args.data_dir, "comm_bandwidth": args.comm_bandwidth,
-              "comm_latency": args.comm_latency, "cache_path": args.cache_path, "emulator_fit": args.emulator_fit,
+              "oracle": args.oracle, "data_dir": args.data_dir, **comm_kwargs(args),
+              "cache_path": args.cache_path, "emulator_fit": args.emulator_fit,
               # tables a planner that calibrates on the machine (shardkit) never measures: the evaluated tasks'
               "exclude_task_files": [args.task_path],
               **algorithms.plugin_kwargs(args)}

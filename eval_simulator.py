@@ -105,8 +105,9 @@ def main(argv=None):
     sim = Simulator.load(paths["compute_model"], paths["fw_comm_model"], paths["bw_comm_model"])
     kwargs = dict(paths, **search_kwargs(args))
     # shardkit plans for the landscape of --oracle (its own cost model; the simulator then scores it)
-    kwargs.update(oracle=args.oracle, data_dir=args.data_dir, comm_bandwidth=args.comm_bandwidth,
-                  comm_latency=args.comm_latency, **algorithms.plugin_kwargs(args))
+    from shardcore.oracles.commmodel import comm_kwargs
+
+    kwargs.update(oracle=args.oracle, data_dir=args.data_dir, **comm_kwargs(args), **algorithms.plugin_kwargs(args))
     sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=args.batch_size, **kwargs)
                 for name in names}
     topology = Topology(ndevices, args.max_memory, args.weights_precision)

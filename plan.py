@@ -154,13 +154,13 @@ def _dataset_dir_of(path: Path, tables) -> Path | None:
 
 def open_pricing_oracle(args, tables, batch, ndevices, devices, workdir):
     """The oracle of ``--oracle`` for these tables and the data directory the planners are given."""
-    from shardcore.oracles.commmodel import CommModel
+    from shardcore.oracles.commmodel import CommModel, comm_kwargs
     from shardcore.dataset import save_table_configs
     from shardcore.oracles.factory import MEASURED, open_oracle, parse_oracle
 
     spec = parse_oracle(args.oracle)
     dataset_dir = _dataset_dir_of(Path(args.tables), tables)
-    comm = CommModel(bandwidth_gbps=args.comm_bandwidth, latency_us=args.comm_latency)
+    comm = CommModel.of(**comm_kwargs(args))
     if spec == MEASURED:
         if dataset_dir is None or not (dataset_dir / "data.pt").is_file():
             raise ShardError("--oracle measured measures lookups, which a tables file does not hold: give a dataset's "
@@ -205,8 +205,10 @@ def side_by_side(results, best_alg) -> str:
 
 def plan_kwargs(args, alg, batch, data_dir, landscape):
     """What ``algorithms.resolve`` gets for one planner (as eval.py passes them)."""
-    kwargs = {"batch_size": batch, "data_dir": data_dir, "comm_bandwidth": args.comm_bandwidth,
-              "comm_latency": args.comm_latency, "cache_path": args.cache_path, "emulator_fit": args.emulator_fit}
+    from shardcore.oracles.commmodel import comm_kwargs
+
+    kwargs = {"batch_size": batch, "data_dir": data_dir, **comm_kwargs(args), "cache_path": args.cache_path,
+              "emulator_fit": args.emulator_fit}
     if alg in ("shardkit", "shardkit-tw"):
         kwargs.update(oracle=landscape, **algorithms.plugin_kwargs(args))
     return kwargs

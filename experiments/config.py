@@ -200,6 +200,9 @@ class ExperimentConfig(Config):
                                 "on an emulated one)", type=positive_int, metavar="N")
     comm_bandwidth: float | None = None      # modelled all-to-all (None: the model's default)
     comm_latency: float | None = None
+    devices_per_host: int | None = None      # hosts of G devices, two-level exchange (None: one host)
+    inter_host_bandwidth: float | None = None
+    inter_host_latency: float | None = None
     skip_train: bool = param(False, "never train: use given or existing checkpoints, skip methods without one",
                              action="store_true", group=LEARNED)
     retrain: bool = param(False, "train again even where --models-dir holds a finished checkpoint",

@@ -34,6 +34,7 @@ from shardcore.tables import TableConfig
 from shardcore.data.taskgen import TaskSpec, generate_tasks
 from shardcore.tasks import load_tasks, save_tasks
 from shardcore.types import Topology
+from shardcore.oracles.commmodel import comm_kwargs
 
 from .config import PLUGINS, SCALES, ExperimentConfig, TaskSetDef, learned_methods, planners
 from .facts import machine_info, now, software_versions
@@ -186,8 +187,7 @@ def set_oracle(cfg: ExperimentConfig, ndevices: int):
     from shardcore.oracles.commmodel import CommModel
     from shardcore.oracles.factory import open_oracle
 
-    comm = CommModel(**{k: v for k, v in (("bandwidth_gbps", cfg.comm_bandwidth), ("latency_us", cfg.comm_latency))
-                        if v is not None})
+    comm = CommModel.of(**comm_kwargs(cfg))
     kwargs = {k: v for k, v in (("bench_iters", cfg.bench_iters), ("warmup_iters", cfg.warmup_iters))
               if v is not None}
     if cfg.oracle != "measured":
@@ -273,8 +273,7 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
     for ts in cfg.task_sets:
         tasks = load_tasks(task_dirs[ts] / "test.txt", num_tables=dataset.num_tables)
         set_notes: list[str] = []
-        planner_kwargs = {"oracle": cfg.oracle, "data_dir": cfg.data_dir, "comm_bandwidth": cfg.comm_bandwidth,
-                          "comm_latency": cfg.comm_latency, "cache_path": cfg.cache_path,
+        planner_kwargs = {"oracle": cfg.oracle, "data_dir": cfg.data_dir, **comm_kwargs(cfg), "cache_path": cfg.cache_path,
                           "emulator_fit": cfg.emulator_fit,
                           # tables a model fitted from the cache must not have seen
                           "exclude_task_files": [str(task_dirs[t] / "test.txt") for t in cfg.task_sets]}

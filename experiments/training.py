@@ -59,6 +59,9 @@ def oracle_flags(cfg: ExperimentConfig) -> list[str]:
         out += ["--comm-bandwidth", f"{cfg.comm_bandwidth:g}"]
     if cfg.comm_latency is not None:
         out += ["--comm-latency", f"{cfg.comm_latency:g}"]
+    for flag in ("devices_per_host", "inter_host_bandwidth", "inter_host_latency"):
+        if getattr(cfg, flag) is not None:
+            out += ["--" + flag.replace("_", "-"), f"{getattr(cfg, flag):g}"]
     return out
 
 

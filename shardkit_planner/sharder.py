@@ -474,7 +474,7 @@ def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> Cost
                              "needs itself (--shardkit-calibrate S)") from None
 
 
-def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwidth, comm_latency,
+def _model_factory(landscape: str, data_dir, batch_size, model_path, comm: dict,
                    cache_path=None, exclude_task_files=None, calibrate_s: float = CONFIG.calibrate):
     def calibrates(oracle) -> bool:
         """Whether ``make(oracle)`` measures (calibration) rather than loads or fits a model."""
@@ -486,9 +486,8 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
         if model_path:
             return CostModel.load(model_path)
         if landscape.startswith("emulated"):
-            comm = CommModel(**({"bandwidth_gbps": float(comm_bandwidth)} if comm_bandwidth else {}),
-                             **({"latency_us": float(comm_latency)} if comm_latency is not None else {}))
-            return emulated_model(data_dir or os.devnull, batch_size or 4096, comm, card=landscape.split(":", 1)[1])
+            return emulated_model(data_dir or os.devnull, batch_size or 4096, CommModel.of(**comm),
+                                  card=landscape.split(":", 1)[1])
         if DEFAULT_CPU_MODEL.is_file():
             return CostModel.load(DEFAULT_CPU_MODEL)
         if calibrates(oracle) and getattr(oracle, "context", None):
@@ -512,7 +511,8 @@ def _model_factory(landscape: str, data_dir, batch_size, model_path, comm_bandwi
 
 
 def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_size=None, comm_bandwidth=None,
-                 comm_latency=None, cache_path=None, exclude_task_files=None, emulator_fit: str | None = None,
+                 comm_latency=None, devices_per_host=None, inter_host_bandwidth=None, inter_host_latency=None,
+                 cache_path=None, exclude_task_files=None, emulator_fit: str | None = None,
                  seed: int = 0, **kwargs) -> ShardkitSharder:
     """``--alg shardkit``. ``shardkit_<field>``: a :class:`ShardkitConfig` field (the ``--shardkit-<field>``
     flags, :func:`shardcore.cli.algorithms.plugin_kwargs`); one not given or None keeps :data:`CONFIG`'s.
@@ -549,9 +549,12 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
     start_kwargs = {k: v for k, v in kwargs.items() if v is not None}
     # a start that is another planner plans for the same landscape as eval.py would have it (TorchRec:
     # configured for the judged hardware, not for its defaults)
-    start_kwargs.update(seed=seed, batch_size=batch_size, oracle=oracle, data_dir=data_dir,
-                        comm_bandwidth=comm_bandwidth, comm_latency=comm_latency, emulator_fit=emulator_fit)
-    factory = _model_factory(landscape, data_dir, batch_size, cfg.model, comm_bandwidth, comm_latency,
+    comm = {k: v for k, v in (("comm_bandwidth", comm_bandwidth), ("comm_latency", comm_latency),
+                              ("devices_per_host", devices_per_host), ("inter_host_bandwidth", inter_host_bandwidth),
+                              ("inter_host_latency", inter_host_latency)) if v is not None}
+    start_kwargs.update(seed=seed, batch_size=batch_size, oracle=oracle, data_dir=data_dir, emulator_fit=emulator_fit,
+                        **comm)
+    factory = _model_factory(landscape, data_dir, batch_size, cfg.model, comm,
                              cache_path, exclude_task_files, float(cfg.calibrate))
     fit = emulator_fit or "heldout"
     if fit not in ("heldout", "full"):

@@ -49,13 +49,15 @@ class EmulatedTorchRecSharder(trp.TorchRecSharder):
 
 
 def load_sharder(path=None, batch_size: int | None = None, oracle: str | None = None, data_dir=None,
-                 comm_bandwidth=None, comm_latency=None, memory_model: str = "torchrec", reserve: float = 0.0,
+                 comm_bandwidth=None, comm_latency=None, devices_per_host=None, inter_host_bandwidth=None,
+                 inter_host_latency=None, memory_model: str = "torchrec", reserve: float = 0.0,
                  compute_device: str | None = None, local_world_size: int | None = None,
                  sharding_types: Sequence[str] | None = None, **_ignored) -> EmulatedTorchRecSharder:
     """``--alg torchrec-emu``. ``oracle``: ``emulated:<card>`` picks the card (default h200; the estimator
     has no model of the measured CPU landscape, so another oracle still gets the H200's); ``data_dir``:
     the dataset whose ``data.pt`` gives the bag-length CVs, as the emulated oracle reads them; the
-    exchange model from ``comm_bandwidth`` / ``comm_latency`` (the oracle's flags)."""
+    exchange model from ``comm_bandwidth`` / ``comm_latency`` and the hosts (``devices_per_host``,
+    ``inter_host_*``: the oracle's flags)."""
     if path is not None:
         raise ShardError("--alg torchrec-emu takes no checkpoint")
     trp._torchrec()
@@ -64,11 +66,12 @@ def load_sharder(path=None, batch_size: int | None = None, oracle: str | None = 
     card_given = bool(oracle and oracle.lower().startswith("emulated:"))
     card = oracle.split(":", 1)[1] if card_given else "h200"
     batch = int(batch_size or trp.DEFAULT_BATCH_SIZE)
-    comm = CommModel(**({"bandwidth_gbps": float(comm_bandwidth)} if comm_bandwidth else {}),
-                     **({"latency_us": float(comm_latency)} if comm_latency is not None else {}))
-    hardware = trp.hardware_for(oracle if card_given else f"emulated:{card}", comm_bandwidth, comm_latency)
+    comm = CommModel.of(comm_bandwidth, comm_latency, devices_per_host, inter_host_bandwidth, inter_host_latency)
+    hardware = trp.hardware_for(oracle if card_given else f"emulated:{card}", comm_bandwidth, comm_latency,
+                                devices_per_host=devices_per_host, inter_host_bandwidth=inter_host_bandwidth)
     return EmulatedTorchRecSharder("torchrec-emu", batch_size=batch, memory_model=memory_model, reserve=reserve,
-                                   compute_device=compute_device, hardware=hardware, local_world_size=local_world_size,
+                                   compute_device=compute_device, hardware=hardware,
+                                   local_world_size=local_world_size or devices_per_host or None,
                                    sharding_types=tuple(sharding_types) if sharding_types else None,
                                    card=card, comm=comm,
                                    length_cv=length_cvs(data_dir, batch) if data_dir else None)

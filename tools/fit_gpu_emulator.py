@@ -20,8 +20,9 @@ import os
 
 from shardcore import io
 from shardcore.cli.common import check_out_file, make_parser, run_main
-from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, SHARD_FILES, default_cv_of, fit_params,
-                                known_index, load_measurements, measurement_features, model_path,
+from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, PIECE_ERROR_FILES, SHARD_FILES,
+                                default_cv_of, fit_params, heldout_model, known_index, load_gpu_model,
+                                load_measurements, measurement_features, model_path, piece_errors_json,
                                 synthetic_length_cv)
 from shardcore.errors import ShardError
 
@@ -68,12 +69,26 @@ def main(argv=None):
                    help="folder with the measured shards, plans, table configs and tasks (default %(default)s)")
     p.add_argument("--out", default=str(model_path(CARD)), metavar="FILE",
                    help="parameter file to write, atomically (default %(default)s)")
+    p.add_argument("--piece-errors-only", action="store_true",
+                   help="fit nothing: only write the held-out judge's errors on the measured devices with row-wise "
+                        "blocks or replicas for the shipped parameter file (data/gpu_measurements/"
+                        f"{PIECE_ERROR_FILES[CARD]}; the stressed judge and shardkit read it)")
     args = p.parse_args(argv)
+    piece_path = os.path.join(str(MEASUREMENTS_DIR), PIECE_ERROR_FILES[CARD])
+    if args.piece_errors_only:
+        io.write_text(piece_path, piece_errors_json(CARD))
+        print(f"wrote {piece_path}")
+        return
     check_out_file(args, args.out)   # before the fit; never a measurement file it reads
     if not os.path.isdir(args.measurements):
         raise ShardError(f"measurement folder not found: {args.measurements}")
     params = fit_from_measurements(args.measurements)
     io.write_text(args.out, format_params(params))
+    if os.path.abspath(args.out) == os.path.abspath(str(model_path(CARD))):   # the shipped fit: its piece errors
+        load_gpu_model.cache_clear()
+        heldout_model.cache_clear()
+        io.write_text(piece_path, piece_errors_json(CARD))
+        print(f"wrote {piece_path}")
     for batch, s in params["sets"].items():
         nz_f = sum(1 for w in s["fw"] if w > 0)
         nz_b = sum(1 for w in s["bw"] if w > 0)

@@ -65,6 +65,8 @@ def main(argv=None):
         batch_size=args.batch_size, bench_iters=args.bench_iters, warmup_iters=args.warmup_iters,
         optimizer=args.optimizer, cache_path=args.cache_path, no_cache=args.no_cache, timeout=args.timeout,
         oracle=args.oracle, comm_bandwidth=args.comm_bandwidth, comm_latency=args.comm_latency,
+        devices_per_host=args.devices_per_host or None, inter_host_bandwidth=args.inter_host_bandwidth,
+        inter_host_latency=args.inter_host_latency,
         emulator_fit=args.emulator_fit,
         model_paths={m: getattr(args, f"{m}_model") for m in learned_methods()},
         train_args={m: getattr(args, f"{m}_args") for m in learned_methods()},

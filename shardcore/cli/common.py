@@ -8,7 +8,6 @@ import sys
 from typing import Callable, Sequence
 
 from shardcore.argtypes import int_list, positive_float, positive_int
-from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 from shardcore.errors import ShardError
 from shardcore.tables import PRECISION_BYTES
@@ -272,15 +271,14 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
     and stop on exit) or an emulated one (:class:`~shardcore.oracles.emulated.oracle.EmulatedOracle`). ``ndevices``:
     devices per plan (default: ``--ndevices`` when the parser has device flags, else
     ``len(devices)``)."""
-    from shardcore.oracles.commmodel import CommModel
+    from shardcore.oracles.commmodel import CommModel, comm_kwargs
     from shardcore.oracles.factory import EMULATED_PREFIX, open_oracle, parse_oracle
 
     torchrun = getattr(args, "launcher", "spawn") == "torchrun"
     if ndevices is None:
         ndevices = getattr(args, "ndevices", None) or (None if torchrun else len(devices))
     oracle = parse_oracle(getattr(args, "oracle", "measured"))
-    comm = CommModel(bandwidth_gbps=getattr(args, "comm_bandwidth", DEFAULT_COMM_BANDWIDTH_GBPS),
-                     latency_us=getattr(args, "comm_latency", DEFAULT_COMM_LATENCY_US))
+    comm = CommModel.of(**comm_kwargs(args))
     common = dict(oracle=oracle, batch_size=oracle_batch_size(args), optimizer=args.optimizer,
                   precision=args.weights_precision, comm_model=comm)
     if oracle.startswith(EMULATED_PREFIX):

@@ -171,7 +171,8 @@ class TorchRecHardware:
 
 
 def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None, comm_latency: float | None = None,
-                 device_type: str | None = None, device_name: str | None = None) -> TorchRecHardware:
+                 device_type: str | None = None, device_name: str | None = None, devices_per_host: int | None = None,
+                 inter_host_bandwidth: float | None = None) -> TorchRecHardware:
     """The devices of the oracle that judges the plans, as TorchRec's topology needs them.
 
     * ``emulated:h200``: compute device cuda, HBM :data:`H200_HBM_BANDWIDTH_GBPS`, every collective at
@@ -183,6 +184,10 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
     * ``measured`` on a CPU: compute device cpu (tables in host memory, TorchRec prices lookups at the
       DDR bandwidth), :data:`ASSUMED_CPU_DDR_BANDWIDTH_GBPS`; the comm model's bandwidth;
     * None (nobody said which hardware judges, e.g. ``plan.py``): TorchRec's own defaults on cuda.
+
+    With ``devices_per_host`` (the oracle's hosts), the link between hosts is ``inter_host_bandwidth``
+    (None: the comm model's default), as the judge prices traffic between hosts; else every pair of
+    devices shares the one link.
     """
     from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS
 
@@ -193,9 +198,16 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
         comm_latency = DEFAULT_COMM_LATENCY_US
     how_link = (f"comm model {link:g} GB/s ({'--comm-bandwidth' if comm_bandwidth else 'its default'}), "
                 "one link for every pair of devices as the judge prices it")
+    inter = link
+    if devices_per_host:
+        from shardcore.oracles.commmodel import DEFAULT_INTER_HOST_BANDWIDTH_GBPS
+
+        inter = float(inter_host_bandwidth) if inter_host_bandwidth else DEFAULT_INTER_HOST_BANDWIDTH_GBPS
+        how_link = (f"comm model {link:g} GB/s within a host of {int(devices_per_host)}, {inter:g} GB/s between "
+                    "hosts, as the judge prices them")
     if oracle is None:
         if comm_bandwidth:
-            return TorchRecHardware("cuda", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, link,
+            return TorchRecHardware("cuda", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, inter,
                                     float(comm_latency), "none", f"TorchRec's default HBM bandwidth; {how_link}")
         return TorchRecHardware("cuda", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS,
                                 TORCHREC_DEFAULT_INTRA_HOST_GBPS, TORCHREC_DEFAULT_INTER_HOST_GBPS, None, "none",
@@ -207,7 +219,7 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
         card = spec[len(EMULATED_PREFIX):]
         if card != "h200":
             raise ShardError(f"torchrec: no HBM bandwidth known for the emulated card {card!r}")
-        return TorchRecHardware("cuda", H200_HBM_BANDWIDTH_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, link,
+        return TorchRecHardware("cuda", H200_HBM_BANDWIDTH_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, inter,
                                 float(comm_latency), spec,
                                 f"emulated H200: HBM {H200_HBM_BANDWIDTH_GBPS:g} GB/s (NVIDIA H200 datasheet); "
                                 + how_link)
@@ -217,7 +229,7 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
 
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if device_type == "cpu":
-        return TorchRecHardware("cpu", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, link,
+        return TorchRecHardware("cpu", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, inter,
                                 float(comm_latency), spec,
                                 f"measured on a CPU: tables in host memory, DDR {ASSUMED_CPU_DDR_BANDWIDTH_GBPS:.1f} "
                                 f"GB/s assumed (TorchRec's default, not measured); {how_link}")
@@ -231,7 +243,7 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
     what = (f"{device_name}: HBM {hbm:g} GB/s (NVIDIA datasheet)" if hbm is not None
             else f"{device_name or 'unknown GPU'}: HBM bandwidth unknown, TorchRec's default")
     return TorchRecHardware("cuda", hbm if hbm is not None else TORCHREC_DEFAULT_HBM_GBPS,
-                            ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, link, float(comm_latency), spec,
+                            ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, inter, float(comm_latency), spec,
                             f"measured on CUDA, {what}; {how_link}")
 
 
@@ -660,18 +672,21 @@ def load_sharder(path=None, batch_size: int | None = None, memory_model: str = "
                  reserve: float = 0.0, compute_device: str | None = None, local_world_size: int | None = None,
                  sharding_types: Sequence[str] | None = None, oracle: str | None = None,
                  comm_bandwidth: float | None = None, comm_latency: float | None = None,
-                 device_type: str | None = None, **_ignored) -> TorchRecSharder:
+                 device_type: str | None = None, devices_per_host: int | None = None,
+                 inter_host_bandwidth: float | None = None, **_ignored) -> TorchRecSharder:
     """``--alg torchrec`` (every sharding type), planning for the hardware of ``oracle`` with the comm
-    model's ``comm_bandwidth`` / ``comm_latency`` (GB/s, us; None: its defaults), see
+    model's ``comm_bandwidth`` / ``comm_latency`` (GB/s, us; None: its defaults) and, with
+    ``devices_per_host`` (hosts: its ``local_world_size`` unless given), ``inter_host_bandwidth``, see
     :func:`hardware_for`; ``batch_size``: the judged batch (split over the ranks). ``path`` is unused
     (TorchRec's planner has nothing to load); other keyword arguments the caller passes to every
     method (e.g. ``seed``, ``data_dir``) are ignored. Raises :class:`ShardError` with the install
     recipe when TorchRec is missing."""
     _torchrec()
-    hardware = hardware_for(oracle, comm_bandwidth, comm_latency, device_type=device_type)
+    hardware = hardware_for(oracle, comm_bandwidth, comm_latency, device_type=device_type,
+                            devices_per_host=devices_per_host, inter_host_bandwidth=inter_host_bandwidth)
     return TorchRecSharder("torchrec", batch_size=int(batch_size or DEFAULT_BATCH_SIZE),
                            memory_model=memory_model, reserve=reserve, compute_device=compute_device,
-                           hardware=hardware, local_world_size=local_world_size,
+                           hardware=hardware, local_world_size=local_world_size or devices_per_host or None,
                            sharding_types=tuple(sharding_types) if sharding_types else None)
 
 

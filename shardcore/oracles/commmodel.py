@@ -180,6 +180,14 @@ class CommModel:
                 or self.devices_per_host < 0:
             raise ShardError(f"devices per host must be a whole number >= 0 (0: one host), got {self.devices_per_host!r}")
 
+    @classmethod
+    def of(cls, comm_bandwidth=None, comm_latency=None, devices_per_host=None, inter_host_bandwidth=None,
+           inter_host_latency=None, **_ignored) -> "CommModel":
+        """The model of the oracle flags (:func:`comm_kwargs`; None: each default)."""
+        given = {"bandwidth_gbps": comm_bandwidth, "latency_us": comm_latency, "devices_per_host": devices_per_host,
+                 "inter_bandwidth_gbps": inter_host_bandwidth, "inter_latency_us": inter_host_latency}
+        return cls(**{k: (int(v) if k == "devices_per_host" else float(v)) for k, v in given.items() if v is not None})
+
     def hosts(self, ndevices: int) -> int:
         """How many hosts ``ndevices`` devices span (1 unless ``devices_per_host`` splits them)."""
         g = self.devices_per_host
@@ -282,6 +290,15 @@ class CommModel:
             out.update(devices_per_host=self.devices_per_host, inter_bandwidth_gbps=self.inter_bandwidth_gbps,
                        inter_latency_us=self.inter_latency_us)
         return out
+
+
+COMM_FLAGS = ("comm_bandwidth", "comm_latency", "devices_per_host", "inter_host_bandwidth", "inter_host_latency")
+
+
+def comm_kwargs(args) -> dict:
+    """The modelled exchange's flags of an argparse namespace (those it has), as keyword arguments for
+    :meth:`CommModel.of` and for every planner that models the exchange (shardkit, TorchRec)."""
+    return {k: getattr(args, k) for k in COMM_FLAGS if getattr(args, k, None) is not None}
 
 
 def fit_comm_model(samples: Sequence[tuple[int, float]], link: str) -> CommModel:

@@ -34,7 +34,8 @@ from typing import Sequence
 from shardcore.argtypes import bandwidth_gbps, latency_us, nonnegative_int, positive_int, seconds
 from shardcore.config import Config, param
 from shardcore.errors import ShardError
-from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US, CommModel
+from shardcore.oracles.commmodel import (DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US,
+                                        DEFAULT_INTER_HOST_BANDWIDTH_GBPS, DEFAULT_INTER_HOST_LATENCY_US, CommModel)
 from shardcore.oracles.emulated.oracle import EMULATED_CARDS, EMULATOR_FITS, HELDOUT, EmulatedOracle
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD
 
@@ -64,7 +65,7 @@ class OracleConfig(Config):
     batch_size: int | None = param(None, "samples per benchmark iteration, the first B of the dataset's batch "
                                          "(default: the dataset's whole batch)",
                                    type=batch_size_int, metavar="B", group="batch")
-    bench_iters: int | None = param(None, "timed iterations per measurement; the median is kept (default: the "
+    bench_iters: int | None = param(None, "timed iterations per measurement (default: the "
                                           "evaluator's)", type=positive_int, metavar="N", group="oracle")
     warmup_iters: int | None = param(None, "untimed iterations before timing (default: the evaluator's)",
                                      type=nonnegative_int, metavar="N", group="oracle")
@@ -98,6 +99,19 @@ class OracleConfig(Config):
     comm_latency: float = param(DEFAULT_COMM_LATENCY_US, "modelled start-up of one all-to-all in microseconds "
                                                          f"(default {DEFAULT_COMM_LATENCY_US:g})",
                                 type=latency_us, metavar="US", group="oracle")
+    devices_per_host: int = param(0, "devices per host: with more plan devices than G, they form hosts of G (device d "
+                                     "on host d // G) and every modelled exchange runs on two levels, within a host "
+                                     "at --comm-bandwidth, between hosts at --inter-host-bandwidth; planners that "
+                                     "model the exchange (shardkit, TorchRec: local_world_size) plan for the same "
+                                     "hosts (default 0: one host)", type=nonnegative_int, metavar="G", group="oracle")
+    inter_host_bandwidth: float = param(DEFAULT_INTER_HOST_BANDWIDTH_GBPS,
+                                        "modelled bandwidth between hosts per device and direction (default "
+                                        f"{DEFAULT_INTER_HOST_BANDWIDTH_GBPS:g}: 8 x 400 Gb/s NICs per 8-GPU host, "
+                                        "assumed); only with --devices-per-host", type=bandwidth_gbps, metavar="GB/S",
+                                        group="oracle")
+    inter_host_latency: float = param(DEFAULT_INTER_HOST_LATENCY_US, "modelled start-up of an exchange between hosts "
+                                      f"in microseconds (default {DEFAULT_INTER_HOST_LATENCY_US:g}, assumed); only "
+                                      "with --devices-per-host", type=latency_us, metavar="US", group="oracle")
 
 
 def parse_oracle(spec: str) -> str:

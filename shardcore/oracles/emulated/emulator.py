@@ -1078,7 +1078,6 @@ def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536) -> di
     return out
 
 
-@functools.lru_cache(maxsize=256)
 def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude: frozenset = frozenset()
                       ) -> np.ndarray:
     """measured / predicted fw+bw of every measured plan device of ``kind`` (:func:`piece_device_kind`:
@@ -1086,13 +1085,39 @@ def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude
     ``tools/gpu_check.py``), each predicted whole (its shard kernel and replica kernel,
     :func:`predict_devices`) by the judge of its own task: :func:`heldout_model` without the task's
     tables, so neither the device's shards nor, in the replica law (:func:`fit_replica_weights`), the
-    task's devices were seen. Not normalised. ``exclude``: devices whose tables all lie in it are left
-    out."""
+    task's devices were seen (:func:`piece_error_rows`). Not normalised. ``exclude``: devices whose
+    tables all lie in it are left out."""
+    return np.asarray([r for k, tables, r in piece_error_rows(card, batch)
+                       if k == kind and not (exclude and tables <= exclude)], dtype=float)
+
+
+PIECE_ERROR_FILES = {"h200": "h200_piece_errors.json"}   # beside the parameter file, tied to it by digest
+
+
+@functools.lru_cache(maxsize=None)
+def piece_error_rows(card: str = "h200", batch: int = 65536) -> tuple:
+    """``(kind, tables, measured / predicted)`` of every measured plan device holding pieces (see
+    :func:`piece_judge_error`). Read from :data:`PIECE_ERROR_FILES` when that file was written for
+    the current parameter file (its ``params_sha256``; ``tools/fit_gpu_emulator.py`` writes both), else
+    computed (a held-out refit per measured task: ~15 s on 2 cores)."""
+    import hashlib
+
+    name = PIECE_ERROR_FILES.get(card)
+    if name and (MEASUREMENTS_DIR / name).is_file() and model_path(card).is_file():
+        obj = json.loads((MEASUREMENTS_DIR / name).read_text())
+        digest = hashlib.sha256(model_path(card).read_bytes()).hexdigest()
+        if obj.get("params_sha256") == digest and int(obj.get("batch", -1)) == int(batch):
+            return tuple((str(k), frozenset(int(i) for i in t), float(r)) for k, t, r in obj["devices"])
+    return compute_piece_error_rows(card, batch)
+
+
+def compute_piece_error_rows(card: str = "h200", batch: int = 65536) -> tuple:
+    """:func:`piece_error_rows` computed from the measurements and the current fit."""
     from shardcore.dataset import load_table_configs
     from shardcore.tasks import load_tasks
 
     if card != "h200" or not PIECE_FILES.get(batch):
-        return np.zeros(0)
+        return ()
     tables = load_table_configs(MEASUREMENTS_DIR / f"dlrm_b{batch}" / "table_configs.json")
     tasks = {n: load_tasks(MEASUREMENTS_DIR / TASK_FILES[f"dlrm_tasks_{s}"], num_tables=len(tables))
              for n, s in ((4, 50), (8, 100))}
@@ -1104,15 +1129,28 @@ def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude
                 if "task" not in obj:
                     continue
                 pieces = [piece_of(p, tables, f"{name}:{k}") for p in obj["pieces"]]
-                if piece_device_kind(getattr(t, "kind", "table_wise") for t in pieces) != kind or (
-                        exclude and {t.index for t in pieces} <= exclude):
+                kind = piece_device_kind(getattr(t, "kind", "table_wise") for t in pieces)
+                if kind is None:
                     continue
                 n = 4 if " 4 plan devices" in obj["hardware"] else 8
                 task = tasks[n][int(obj["task"])]
                 judge = heldout_model(frozenset(t.index for t in task.tables(tables)), card)
                 pred = float(predict_devices(judge, [pieces], batch)[0].sum())
-                out.append((float(obj["fw_ms"]) + float(obj["bw_ms"])) / pred)
-    return np.asarray(out, dtype=float)
+                out.append((kind, frozenset(t.index for t in pieces), (float(obj["fw_ms"]) + float(obj["bw_ms"])) / pred))
+    return tuple(out)
+
+
+def piece_errors_json(card: str = "h200", batch: int = 65536) -> str:
+    """The :data:`PIECE_ERROR_FILES` content for the current parameter file (computed afresh)."""
+    import hashlib
+
+    rows = compute_piece_error_rows(card, batch)
+    return json.dumps({"about": "measured / predicted fw+bw of the measured H200 plan devices holding row-wise "
+                                "blocks or data-parallel replicas, each predicted by the held-out judge of its own "
+                                "task (shardcore.oracles.emulated.emulator.piece_judge_error); written by "
+                                "tools/fit_gpu_emulator.py for the parameter file of this digest",
+                       "params_sha256": hashlib.sha256(model_path(card).read_bytes()).hexdigest(), "batch": batch,
+                       "devices": [[k, sorted(t), round(r, 6)] for k, t, r in rows]}) + "\n"
 
 
 MIN_PLAN_TABLES = 8     # model_error's shards: those of at least this many tables, like a plan's devices
