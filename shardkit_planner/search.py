@@ -271,6 +271,11 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
                 for k in (2, 4):
                     if k < n:
                         out.append(("row-wise", {pos: row_wise([m] + order[: k - 1])}))
+                g = getattr(st.model.comm, "devices_per_host", 0)
+                if g and n > g:   # table-row-wise: over m's host, its ids and outputs stay off the network
+                    host = list(range(m - m % g, min(n, m - m % g + g)))
+                    if len(host) > 1:
+                        out.append(("row-wise", {pos: row_wise(host)}))
             if dp and t.memory_gb(st.precision) <= dp_max_gb:
                 out.append(("replicate", {pos: data_parallel(n)}))
         if dp:

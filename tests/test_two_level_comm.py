@@ -118,3 +118,28 @@ def test_shardkit_and_its_torchrec_start_plan_for_the_hosts():
     assert (comm.devices_per_host, comm.inter_bandwidth_gbps, comm.inter_latency_us) == (2, 25.0, 10.0)
     assert sk.start_kwargs["devices_per_host"] == 2 and sk.start_kwargs["inter_host_bandwidth"] == 25.0
     assert load_sharder(oracle="emulated:h200", batch_size=65536).cost_model().comm.devices_per_host == 0
+
+
+def test_shardkit_moves_row_wise_within_a_host_when_there_are_hosts():
+    import dataclasses
+
+    from shardcore.plan import table_wise
+    from shardkit_planner.costmodel import emulated_model
+    from shardkit_planner.search import State, candidate_moves
+    from tests.test_evaluator import make_data
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        tables = make_data(d)
+    base = emulated_model(d, 4096)
+    task = tables[:8]
+    shardings = [table_wise(i % 8) for i in range(len(task))]
+    moves = {}
+    for g in (0, 4):
+        model = dataclasses.replace(base, comm=CommModel(devices_per_host=g))
+        st = State(model, task, shardings, 8, 100.0, "fp16")
+        moves[g] = [tuple(ch[p].devices) for kind, ch in candidate_moves(st, 5, 6, 8, 1.0) if kind == "row-wise"
+                    for p in ch]
+    # with hosts of 4, every heavy table of device 5 may also go row-wise over its host (devices 4-7)
+    assert len(moves[4]) - len(moves[0]) == moves[4].count((4, 5, 6, 7)) - moves[0].count((4, 5, 6, 7)) > 0
