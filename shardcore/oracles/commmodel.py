@@ -199,9 +199,10 @@ class CommModel:
         nbytes = np.asarray(nbytes, dtype=float)
         return np.where(nbytes > 0, self.inter_latency_us * 1e-3 + nbytes / (self.inter_bandwidth_gbps * 1e9) * 1e3, 0.0)
 
-    def _all_to_all(self, widths, batch_size: int, element: int, swap: bool = False):
-        """ms per device of the all-to-all of per-sample ``widths`` (``swap``: the directions reversed,
-        as the input ids travel), on one level or two (see the class notes)."""
+    def _all_to_all(self, widths, batch_size: int, element: int):
+        """ms per device of the all-to-all of per-sample ``widths`` (devices on the last axis), on one level
+        or two (see the class notes). The input ids travel the other way (:func:`id_bytes`), which swaps
+        each device's sent and received bytes and leaves their maximum, the phase's time, as it is."""
         import numpy as np
 
         n = np.shape(widths)[-1]
@@ -223,13 +224,7 @@ class CommModel:
         """Per device ``(fw_ms, bw_ms)`` of the two all-to-alls."""
         if len(dim_sums) < 2:
             return [(0.0, 0.0)] * len(dim_sums)
-        if self.hosts(len(dim_sums)) > 1:
-            return [(float(t), float(t)) for t in self._all_to_all(list(dim_sums), batch_size, OUTPUT_ELEMENT_SIZE)]
-        out = []
-        for sent, recv in remote_bytes(dim_sums, batch_size):
-            t = self.phase_ms(max(sent, recv))
-            out.append((t, t))
-        return out
+        return [(float(t), float(t)) for t in self._all_to_all(list(dim_sums), batch_size, OUTPUT_ELEMENT_SIZE)]
 
     def _phase(self, nbytes):
         """:meth:`phase_ms` of an array of byte counts."""
@@ -257,13 +252,8 @@ class CommModel:
         pooled = self._all_to_all(dims, batch_size, OUTPUT_ELEMENT_SIZE)
         fw, bw = pooled, pooled
         if id_widths is not None:
-            # the ids travel the other way (id_bytes): device d sends its slice's ids to every holder
             ids = np.broadcast_to(np.asarray(id_widths, dtype=float), dims.shape)
-            if self.hosts(n) == 1:
-                fw = fw + self._phase(np.maximum(*id_bytes(ids, batch_size)))
-            else:
-                intra, inter = host_bytes(ids, batch_size, self.devices_per_host, ID_ELEMENT_SIZE)
-                fw = fw + np.maximum(self._phase(np.maximum(*intra)), self._inter_phase(np.maximum(*inter)))
+            fw = fw + self._all_to_all(ids, batch_size, ID_ELEMENT_SIZE)
         if backward_bytes is not None:
             ring = np.broadcast_to(np.asarray(backward_bytes, dtype=float), dims.shape)
             h = self.hosts(n)
