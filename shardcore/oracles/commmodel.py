@@ -182,7 +182,7 @@ class CommModel:
 
     @classmethod
     def of(cls, comm_bandwidth=None, comm_latency=None, devices_per_host=None, inter_host_bandwidth=None,
-           inter_host_latency=None, **_ignored) -> "CommModel":
+           inter_host_latency=None) -> "CommModel":
         """The model of the oracle flags (:func:`comm_kwargs`; None: each default)."""
         given = {"bandwidth_gbps": comm_bandwidth, "latency_us": comm_latency, "devices_per_host": devices_per_host,
                  "inter_bandwidth_gbps": inter_host_bandwidth, "inter_latency_us": inter_host_latency}

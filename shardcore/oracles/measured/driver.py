@@ -192,7 +192,7 @@ class PlanEvaluator:
 
     It implements :class:`~shardcore.types.ShardCostOracle` and measures everything it is asked
     for; wrap it in :class:`~shardcore.oracles.cache.CachedOracle` to reuse stored measurements (or build it
-    with :func:`~shardcore.oracles.factory.open_oracle`). ``comm_iters`` defaults to ``bench_iters``. ``timeout_s`` bounds each phase of a measurement, ``start_timeout_s`` the
+    with :func:`~shardcore.oracles.factory.open_oracle`). ``comm_iters`` defaults to ``bench_iters`` (on the CPU at least :data:`CPU_MIN_COMM_ITERS`). ``timeout_s`` bounds each phase of a measurement, ``start_timeout_s`` the
     workers' start-up. On the CPU every measurement request is made under the machine-wide
     measurement lock (``host_lock``, see :func:`~shardcore.oracles.measured.benchmark.host_measurement_lock`), so
     several evaluators on one machine take turns instead of disturbing each other; waiting for it
@@ -685,7 +685,7 @@ class PlanEvaluator:
             chunks.append(chunk)
 
         cpu = self.device_type == "cpu"
-        refs: dict[int, list[float]] = {k: [] for k in shards}   # CPU: the reference sample before each
+        refs: dict[int, list[float]] = {k: [] for k in shards}   # CPU: the reference around each sample
         for chunk in chunks:
             for p, n in enumerate(counts):
                 keep = p < len(counts) - 1
