@@ -494,23 +494,31 @@ def piece_of(obj: Mapping, tables: Sequence[TableConfig], where: str = "piece") 
 
 
 @functools.lru_cache(maxsize=None)
-def replica_devices(card: str = "h200", batch: int = 65536) -> tuple:
-    """The measured devices holding data-parallel replicas: ``(pieces, fw_ms, bw_ms)`` each."""
+def measured_piece_devices(card: str = "h200", batch: int = 65536) -> tuple:
+    """Every line of the ``PIECE_FILES``: ``(pieces, fw_ms, bw_ms, task, plan devices)``, the last two
+    None for a device measured outside a plan (a random piece set)."""
     from shardcore.dataset import load_table_configs
 
     if card != "h200" or not PIECE_FILES.get(batch):
         return ()
     tables = load_table_configs(MEASUREMENTS_DIR / f"dlrm_b{batch}" / "table_configs.json")
     out = []
-    for name in PIECE_FILES.get(batch, ()):
+    for name in PIECE_FILES[batch]:
         with open(MEASUREMENTS_DIR / name) as fh:
             for k, line in enumerate(fh, 1):
                 if line.strip():
                     obj = json.loads(line)
                     pieces = tuple(piece_of(p, tables, f"{name}:{k}") for p in obj["pieces"])
-                    if any(getattr(t, "kind", None) == "data_parallel" for t in pieces):
-                        out.append((pieces, float(obj["fw_ms"]), float(obj["bw_ms"])))
+                    task = int(obj["task"]) if "task" in obj else None
+                    n = (4 if " 4 plan devices" in obj["hardware"] else 8) if task is not None else None
+                    out.append((pieces, float(obj["fw_ms"]), float(obj["bw_ms"]), task, n))
     return tuple(out)
+
+
+def replica_devices(card: str = "h200", batch: int = 65536) -> tuple:
+    """The measured devices holding data-parallel replicas: ``(pieces, fw_ms, bw_ms)`` each."""
+    return tuple((pieces, fw, bw) for pieces, fw, bw, _t, _n in measured_piece_devices(card, batch)
+                 if any(getattr(t, "kind", None) == "data_parallel" for t in pieces))
 
 
 REPLICA_FEATURES = ("1", "lookups x dim / 1e7", "distinct rows x dim / 1e7")
@@ -1116,27 +1124,20 @@ def compute_piece_error_rows(card: str = "h200", batch: int = 65536) -> tuple:
     from shardcore.dataset import load_table_configs
     from shardcore.tasks import load_tasks
 
-    if card != "h200" or not PIECE_FILES.get(batch):
+    devices = [d for d in measured_piece_devices(card, batch) if d[3] is not None]
+    if not devices:
         return ()
     tables = load_table_configs(MEASUREMENTS_DIR / f"dlrm_b{batch}" / "table_configs.json")
     tasks = {n: load_tasks(MEASUREMENTS_DIR / TASK_FILES[f"dlrm_tasks_{s}"], num_tables=len(tables))
              for n, s in ((4, 50), (8, 100))}
     out = []
-    for name in PIECE_FILES[batch]:
-        with open(MEASUREMENTS_DIR / name) as fh:
-            for k, line in enumerate(fh, 1):
-                obj = json.loads(line) if line.strip() else {}
-                if "task" not in obj:
-                    continue
-                pieces = [piece_of(p, tables, f"{name}:{k}") for p in obj["pieces"]]
-                kind = piece_device_kind(getattr(t, "kind", "table_wise") for t in pieces)
-                if kind is None:
-                    continue
-                n = 4 if " 4 plan devices" in obj["hardware"] else 8
-                task = tasks[n][int(obj["task"])]
-                judge = heldout_model(frozenset(t.index for t in task.tables(tables)), card)
-                pred = float(predict_devices(judge, [pieces], batch)[0].sum())
-                out.append((kind, frozenset(t.index for t in pieces), (float(obj["fw_ms"]) + float(obj["bw_ms"])) / pred))
+    for pieces, fw, bw, task, n in devices:
+        kind = piece_device_kind(getattr(t, "kind", "table_wise") for t in pieces)
+        if kind is None:
+            continue
+        judge = heldout_model(frozenset(t.index for t in tasks[n][task].tables(tables)), card)
+        pred = float(predict_devices(judge, [list(pieces)], batch)[0].sum())
+        out.append((kind, frozenset(t.index for t in pieces), (fw + bw) / pred))
     return tuple(out)
 
 
