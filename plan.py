@@ -30,8 +30,9 @@ from pathlib import Path
 from shardcore.cli import algorithms
 from shardcore.data.user_tables import read_batch_size, read_tables
 from shardcore.cli.common import add_device_args, add_memory_args, device_ids, num_devices, run_main
-from shardcore.argtypes import name_list, nonnegative_float, positive_float
-from shardcore.oracles.commmodel import DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US
+from shardcore.argtypes import name_list, nonnegative_float, nonnegative_int, positive_float
+from shardcore.oracles.commmodel import (DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US,
+                                        DEFAULT_INTER_HOST_BANDWIDTH_GBPS, DEFAULT_INTER_HOST_LATENCY_US)
 from shardcore.errors import ShardError
 from shardcore.oracles.factory import batch_size_int
 from shardcore.evaluation.compare import lookup_load
@@ -115,6 +116,17 @@ def build_parser():
                         f"{DEFAULT_COMM_BANDWIDTH_GBPS:g}: NVLink 4 within one 8-GPU node, assumed)")
     o.add_argument("--comm-latency", type=nonnegative_float, default=DEFAULT_COMM_LATENCY_US, metavar="US",
                    help=f"modelled start-up of one all-to-all in microseconds (default {DEFAULT_COMM_LATENCY_US:g})")
+    o.add_argument("--devices-per-host", type=nonnegative_int, default=0, metavar="G",
+                   help="devices per host: with more devices than G they form hosts of G (device d on host d // G), "
+                        "every modelled exchange runs on two levels, and shardkit and TorchRec (local_world_size) "
+                        "plan for the same hosts (default 0: one host)")
+    o.add_argument("--inter-host-bandwidth", type=positive_float, default=DEFAULT_INTER_HOST_BANDWIDTH_GBPS,
+                   metavar="GB/S", help="modelled bandwidth between hosts per device and direction (default "
+                                        f"{DEFAULT_INTER_HOST_BANDWIDTH_GBPS:g}: 8 x 400 Gb/s NICs per 8-GPU host, "
+                                        "assumed); only with --devices-per-host")
+    o.add_argument("--inter-host-latency", type=nonnegative_float, default=DEFAULT_INTER_HOST_LATENCY_US, metavar="US",
+                   help="modelled start-up of an exchange between hosts in microseconds (default "
+                        f"{DEFAULT_INTER_HOST_LATENCY_US:g}, assumed); only with --devices-per-host")
     o.add_argument("--cache-path", default=None, metavar="FILE",
                    help="measurement cache of --oracle measured (default data/cost_cache.sqlite)")
     sk = p.add_argument_group("shardkit (--alg shardkit)")
