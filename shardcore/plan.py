@@ -244,6 +244,12 @@ class Sharding:
         return s
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _pieces(s: Sharding, t: TableConfig, ndevices: int) -> tuple:
+    """``s.pieces(t, ndevices)``, kept (a search on 128 devices expands a replica's 128 pieces often)."""
+    return tuple(s.pieces(t, ndevices))
+
+
 def _int_list(value, name: str, where: str) -> list[int]:
     if not isinstance(value, list) or not value or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
         raise ShardError(f"{where}: {name} must be a non-empty list of whole numbers, got {value!r}")
@@ -322,7 +328,7 @@ class Plan:
             return cls(alloc, ndevices, splits if any(k > 1 for k in splits) else None)
         alloc, counts = [], []
         for t, s in zip(tables, shardings):
-            pieces = s.pieces(t, ndevices)
+            pieces = _pieces(s, t, ndevices)
             alloc.extend(d for d, _ in pieces)
             counts.append(len(pieces))
         return cls(tuple(alloc), ndevices, tuple(counts), tuple(shardings))
@@ -363,7 +369,7 @@ class Plan:
         if self.shardings is not None:
             if len(self.shardings) != len(tables):
                 raise ShardError(f"plan has {len(self.shardings)} tables but the task has {len(tables)}")
-            expanded = [p for t, s in zip(tables, self.shardings) for _d, p in s.pieces(t, self.ndevices)]
+            expanded = [p for t, s in zip(tables, self.shardings) for _d, p in _pieces(s, t, self.ndevices)]
         else:
             expanded = split_tables(tables, self.splits)
         if len(expanded) != len(self.allocation):

@@ -29,14 +29,12 @@ GB = float(1 << 30)
 
 
 def bytes_per_element(precision: str) -> int:
+    b = PRECISION_BYTES.get(precision)
+    if b is not None:
+        return b
     from shardcore.errors import ShardError
 
-    try:
-        return PRECISION_BYTES[precision]
-    except KeyError:
-        raise ShardError(
-            f"unknown weights precision {precision!r}: choose one of {', '.join(PRECISION_BYTES)}"
-        ) from None
+    raise ShardError(f"unknown weights precision {precision!r}: choose one of {', '.join(PRECISION_BYTES)}")
 
 
 MAX_ROWS, MAX_POOLING = 2 ** 40, 1e5   # beyond any real table (a table's own numbers, validated on entry)

@@ -166,8 +166,8 @@ class ShardkitConfig(Config):
     ``refine`` only where plans are measured)."""
 
     time: float = param(5.0, "shardkit's planning time budget per task in seconds (default "
-                        "{default}): its starts, their evaluation, the search and the choice, once the task's model "
-                        "is fitted; the first start that places the task is always made (at 100k tables about 4 s); "
+                        "{default}): the task's model, its starts, their evaluation, the search and the choice; "
+                        "the first start that places the task is always made (at 100k tables about 4 s); "
                         "measured refinement's rounds each search this long again", type=positive_float,
                         metavar="S", cli_default=None)
     model: str | None = param(None, "shardkit's cost model file (default: models/shardkit/cpu_cost_model.json for the "
@@ -361,11 +361,11 @@ class ShardkitSharder(Sharder):
     def shard(self, tables, topology):
         ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         tables = list(tables)
-        model = self.task_model(tables)
-        # the budget covers everything after the task's model is fitted: the starts, their evaluation,
-        # the search and the choice; only the first start that places the task is always made (no
-        # answer without one), so at 100k tables a tiny budget costs that one start's O(tables) time
+        # the budget covers the whole call: the task's model (a held-out refit), the starts, their
+        # evaluation, the search and the choice; only the first start that places the task is always
+        # made (no answer without one), so at 100k tables a tiny budget costs that one start's time
         deadline = time.perf_counter() + self.time_budget_s
+        model = self.task_model(tables)
         starts = self.start_plans(tables, ndevices, max_memory_gb, precision, model, deadline=deadline)
         states = []
         one = 0.0   # the first start's evaluation took this long; another is begun only if it fits
