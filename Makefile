@@ -51,11 +51,16 @@ demo: $(STAMP)
 # The experiments: the paper-style results table and plots at the small scale (DLRM-20/50 on 4 devices,
 # DLRM-40/80 on 8, 5 test tasks each, every algorithm incl. short training of the learned methods) and
 # the planning-time/memory scaling benchmark, all written to results/ (see results/README.md).
-# About 35-45 minutes on a 2-core CPU. The synthetic dataset is generated first if there is none.
+# Then the cluster block: 400-table tasks on 4 hosts of 8 emulated H200s (results/cluster/; the
+# exchange between hosts modelled at 50 GB/s per GPU, assumed). About 35-45 minutes on a 2-core CPU for
+# the first part, ~15 more for the cluster block. The synthetic dataset is generated first if there is none.
 experiments: $(STAMP)
 	test -f $(DATA)/table_configs.json -a -f $(DATA)/data.pt || $(PY) tools/gen_dlrm_data.py --synthetic --out-dir $(DATA)
 	$(PY) tools/run_experiments.py --scale small --data-dir $(DATA) --out-dir results
 	$(PY) tools/bench_planning.py --data-dir $(DATA) --out-dir results --models-dir models/experiments/small
+	$(PY) tools/run_experiments.py --scale cluster --oracle emulated:h200 --devices-per-host 8 --max-memory 0.35 \
+	    --algs random,lookup_greedy,size_lookup_greedy,torchrec,torchrec-tw,shardkit --torchrec-time 120 \
+	    --data-dir $(DATA) --out-dir results/cluster
 
 # The learned anchors: DreamShard, AutoShard and NeuroShard trained with fixed seeds against the emulated
 # H200 (held-out fit, batch 65536) on the 50 training tasks of DLRM-50 (4), into models/anchors/h200/ with

@@ -24,8 +24,8 @@ from shardcore.evaluation import report
 from shardcore.cli import common as cli
 from shardcore.cli.common import serve_if_torchrun_rank
 from shardcore.argtypes import seed_int
-from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids,
-                           num_devices, open_evaluator, run_main)
+from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, add_torchrec_args,
+                           device_ids, num_devices, open_evaluator, run_main)
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.evaluation.compare import evaluate
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write every plan as DIR/<alg>/task_<k>.json (plain) and .torchrec.json "
                         "(TorchRec ParameterSharding, every sharding type) plus DIR/index.json; tables are named as "
                         "table_configs.json names them ('name'), else table_<index>")
+    add_torchrec_args(p)
     ns = p.add_argument_group("NeuroShard (--alg neuroshard)")
     ns.add_argument("--compute-model", "--compute_model", dest="compute_model", default=None, metavar="PT",
                     help="pre-trained compute cost model (default models/neuroshard/compute.pt)")
@@ -138,7 +139,7 @@ def main(argv=None):
               "bw_comm_model": args.bw_comm_model, "checkpoint": args.checkpoint,
               # the landscape and the flags a planner with its own cost model reads (others ignore them)
               "oracle": args.oracle, "data_dir": args.data_dir, **comm_kwargs(args),
-              "cache_path": args.cache_path, "emulator_fit": args.emulator_fit,
+              "cache_path": args.cache_path, "emulator_fit": args.emulator_fit, "torchrec_time": args.torchrec_time,
               # tables a planner that calibrates on the machine (shardkit) never measures: the evaluated tasks'
               "exclude_task_files": [args.task_path],
               **algorithms.plugin_kwargs(args)}

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from shardcore.cli import algorithms
 from shardcore.data.user_tables import read_batch_size, read_tables
-from shardcore.cli.common import add_device_args, add_memory_args, device_ids, num_devices, run_main
+from shardcore.cli.common import add_device_args, add_memory_args, add_torchrec_args, device_ids, num_devices, run_main
 from shardcore.argtypes import name_list, nonnegative_float, nonnegative_int, positive_float
 from shardcore.oracles.commmodel import (DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US,
                                         DEFAULT_INTER_HOST_BANDWIDTH_GBPS, DEFAULT_INTER_HOST_LATENCY_US)
@@ -129,6 +129,7 @@ def build_parser():
                         f"{DEFAULT_INTER_HOST_LATENCY_US:g}, assumed); only with --devices-per-host")
     o.add_argument("--cache-path", default=None, metavar="FILE",
                    help="measurement cache of --oracle measured (default data/cost_cache.sqlite)")
+    add_torchrec_args(p)
     sk = p.add_argument_group("shardkit (--alg shardkit)")
     sk.add_argument("--shardkit-oracle", default=None, choices=["emulated:h200", "measured"],
                     help="the landscape shardkit plans for (default: --oracle's, else emulated:h200): emulated:h200 "
@@ -220,7 +221,7 @@ def plan_kwargs(args, alg, batch, data_dir, landscape):
     from shardcore.oracles.commmodel import comm_kwargs
 
     kwargs = {"batch_size": batch, "data_dir": data_dir, **comm_kwargs(args), "cache_path": args.cache_path,
-              "emulator_fit": args.emulator_fit}
+              "emulator_fit": args.emulator_fit, "torchrec_time": args.torchrec_time}
     if alg in ("shardkit", "shardkit-tw"):
         kwargs.update(oracle=landscape, **algorithms.plugin_kwargs(args))
     return kwargs

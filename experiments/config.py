@@ -121,6 +121,8 @@ class Scale:
     warmup_iters: int | None
     train_timeout_s: float | None         # per training run; None = unbounded
     about: str
+    judge_pool: int | None = None         # training pool: the measured tables that keep a held-out judge (taskgen)
+    emulated_only: bool = False           # its tasks are for an emulated card (tens of devices)
 
 
 def _ts(*pairs) -> tuple[TaskSetDef, ...]:
@@ -141,6 +143,15 @@ SCALES: dict[str, Scale] = {
         num_train=20, num_test=5, bench_iters=None, warmup_iters=None, train_timeout_s=720.0,
         about="DLRM-20/50 on 4 devices and DLRM-40/80 on 8, 5 test tasks each; learned methods trained "
               "once, briefly, on the 20 training tasks of DLRM-50 (4) and evaluated on every set"),
+    # Past one host, on the emulated H200 (make experiments' cluster block): 400 tables on 4 hosts of 8
+    # devices. A random split leaves a held-out judge of a 400-table task too few measured shards, so the
+    # training pool is the 260 tables that hold the most measured shards, the test tables the others.
+    "cluster": Scale(
+        "cluster", _ts((400, 32),), _ts((400, 32),), num_train=0, num_test=3, bench_iters=None, warmup_iters=None,
+        train_timeout_s=None, judge_pool=260, emulated_only=True,
+        about="DLRM-400 on 32 devices (give --devices-per-host 8 for 4 hosts of 8), 3 test tasks of tables outside "
+              "the 260 that keep the held-out judge its measured shards; no training (greedy baselines, TorchRec, "
+              "shardkit); for --oracle emulated:h200"),
     # A smoke run / the tests: a few tiny tasks on 2 devices, a token amount of training.
     "tiny": Scale(
         "tiny", _ts((6, 2), (10, 2)), _ts((6, 2),),
@@ -203,6 +214,9 @@ class ExperimentConfig(Config):
     devices_per_host: int | None = None      # hosts of G devices, two-level exchange (None: one host)
     inter_host_bandwidth: float | None = None
     inter_host_latency: float | None = None
+    torchrec_time: float | None = param(None, "TorchRec's planner stops proposing after S seconds per task (its "
+                                        "timeout_seconds) and keeps its best plan so far (default: no limit)",
+                                        type=positive_float, metavar="S")
     skip_train: bool = param(False, "never train: use given or existing checkpoints, skip methods without one",
                              action="store_true", group=LEARNED)
     retrain: bool = param(False, "train again even where --models-dir holds a finished checkpoint",
@@ -265,6 +279,8 @@ class ExperimentConfig(Config):
 
         if c.emulator_fit not in EMULATOR_FITS:
             raise ShardError(f"--emulator-fit must be one of {', '.join(EMULATOR_FITS)}, got {c.emulator_fit!r}")
+        if SCALES[c.scale].emulated_only and c.oracle == MEASURED:
+            raise ShardError(f"--scale {c.scale} plans for tens of devices: judge it on --oracle emulated:h200")
         c.repeats = (MEASURED_REPEATS if c.oracle == MEASURED else 1) if self.repeats is None else int(self.repeats)
         if c.repeats < 1:
             raise ShardError(f"--repeats must be at least 1, got {c.repeats}")

@@ -98,7 +98,21 @@ def _header(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], info: dict, f
                "all-to-all modelled; not measured on this machine")
             + f"). Scale `{cfg.scale}`: task sets {', '.join(ts.name for ts in cfg.task_sets)}, "
             f"{cfg.num_test} test tasks each; learned methods trained on the train split "
-            f"({cfg.num_train} tasks) of {', '.join(ts.name for ts in cfg.train_sets)}.", ""]
+            f"({cfg.num_train} tasks) of {', '.join(ts.name for ts in cfg.train_sets)}." + _hosts(cfg), ""]
+
+
+def _hosts(cfg: ExperimentConfig) -> str:
+    """The two-level topology, where the run has hosts (the modelled exchange's assumptions)."""
+    if not cfg.devices_per_host:
+        return ""
+    from shardcore.oracles.commmodel import CommModel, comm_kwargs
+
+    comm = CommModel.of(**comm_kwargs(cfg))
+    return (f" Devices in hosts of {cfg.devices_per_host}: every exchange modelled on two levels, within a host "
+            f"{comm.latency_us:g} us + bytes / {comm.bandwidth_gbps:g} GB/s, between hosts {comm.inter_latency_us:g} us "
+            f"+ bytes / {comm.inter_bandwidth_gbps:g} GB/s per device (assumed); TorchRec and shardkit plan for the "
+            f"same hosts" + (f"; TorchRec's planning stops after {cfg.torchrec_time:g} s per task"
+                             if cfg.torchrec_time else "") + ".")
 
 
 def _plan_cost(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], algs: list[str]) -> list[str]:

@@ -32,6 +32,7 @@ from shardcore.errors import InfeasibleError, ShardError
 from shardcore.evaluation.compare import TaskResult, evaluate
 from shardcore.tables import TableConfig
 from shardcore.data.taskgen import TaskSpec, generate_tasks
+from shardcore.oracles.emulated.emulator import judge_pool
 from shardcore.tasks import load_tasks, save_tasks
 from shardcore.types import Topology
 from shardcore.oracles.commmodel import comm_kwargs
@@ -132,8 +133,10 @@ def generate_task_files(cfg: ExperimentConfig, tables: Sequence[TableConfig]) ->
     folder = Path(cfg.out_dir) / "tasks"
     out = {}
     for ts in dict.fromkeys(tuple(cfg.task_sets) + tuple(cfg.train_sets)):
+        pool = SCALES[cfg.scale].judge_pool
         spec = TaskSpec(t_min=ts.num_tables, t_max=ts.num_tables, num_train=cfg.num_train,
-                        num_test=cfg.num_test, seed=cfg.task_seed, ndevices=ts.ndevices, precision=cfg.precision)
+                        num_test=cfg.num_test, seed=cfg.task_seed, ndevices=ts.ndevices, precision=cfg.precision,
+                        train_pool=tuple(judge_pool(pool)) if pool else None)
         train, test = generate_tasks(tables, spec)
         save_tasks(folder / ts.slug / "train.txt", train)
         save_tasks(folder / ts.slug / "test.txt", test)
@@ -274,7 +277,7 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
         tasks = load_tasks(task_dirs[ts] / "test.txt", num_tables=dataset.num_tables)
         set_notes: list[str] = []
         planner_kwargs = {"oracle": cfg.oracle, "data_dir": cfg.data_dir, **comm_kwargs(cfg), "cache_path": cfg.cache_path,
-                          "emulator_fit": cfg.emulator_fit,
+                          "emulator_fit": cfg.emulator_fit, "torchrec_time": cfg.torchrec_time,
                           # tables a model fitted from the cache must not have seen
                           "exclude_task_files": [str(task_dirs[t] / "test.txt") for t in cfg.task_sets]}
         sharders, used = build_sharders(algs, ts.ndevices, cfg.seed, batch_size, learned, set_notes,

@@ -289,7 +289,8 @@ class ShardkitSharder(Sharder):
         (``emulator_fit="heldout"``): its compute is the emulator refitted without every measured shard
         that holds one of the task's tables and without one fixed fifth of the rest
         (:func:`shardcore.oracles.emulated.emulator.heldout_model` with :data:`HELDOUT_SUBSET`), so shardkit never plans
-        with a model that saw the task's tables, nor with the judge itself."""
+        with a model that saw the task's tables, nor with the judge itself. Where that leaves too few
+        shards to refit (hundreds of measured tables), the shipped fit, said in the model's ``source``."""
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model
@@ -298,10 +299,19 @@ class ShardkitSharder(Sharder):
         card = model.landscape.split(":", 1)[1]
         seen = seen_tables(tables, card) if self.emulator_fit == "heldout" else frozenset()
         bias = piece_bias(seen, card, model.batch_size) or None   # measured on other tasks' devices
+        why = ""
+        if seen:
+            try:
+                compute = heldout_model(seen, card, HELDOUT_SUBSET)
+            except ShardError as exc:   # hundreds of measured tables leave a refit too few shards
+                seen, why = frozenset(), io.first_line(exc, 200)
         if not seen:
             error = model_error(frozenset(), card) if self.robust else None
-            return dataclasses.replace(model, error=error, kind_bias=bias)
-        return dataclasses.replace(model, compute=heldout_model(seen, card, HELDOUT_SUBSET), kind_bias=bias,
+            out = dataclasses.replace(model, error=error, kind_bias=bias)
+            if why:
+                out = dataclasses.replace(out, source=f"{model.source}; the shipped fit, no held-out refit ({why})")
+            return out
+        return dataclasses.replace(model, compute=compute, kind_bias=bias,
                                    error=model_error(seen, card, HELDOUT_SUBSET) if self.robust else None,
                                    source=f"emulator ({card}) refitted without the task's {len(seen)} measured "
                                           f"tables and fold {HELDOUT_SUBSET.split(':')[1]} of the rest")

@@ -143,3 +143,49 @@ def test_shardkit_moves_row_wise_within_a_host_when_there_are_hosts():
                     for p in ch]
     # with hosts of 4, every heavy table of device 5 may also go row-wise over its host (devices 4-7)
     assert len(moves[4]) - len(moves[0]) == moves[4].count((4, 5, 6, 7)) - moves[0].count((4, 5, 6, 7)) > 0
+
+
+def test_step_bytes_split_a_training_step_by_level():
+    pooled, ids, ring = [64.0, 32.0, 128.0, 16.0], [20.0, 5.0, 40.0, 3.0], [3e5, 3e5, 3e5, 3e5]
+    intra1, inter1 = CommModel().step_bytes(pooled, 4096, ids, ring)
+    assert not inter1.any()
+    flat = remote_bytes([64, 32, 128, 16], 4096)
+    id_sent, id_recv = id_bytes(np.array(ids), 4096)
+    expect = [2 * (s + r) + a + b + 2 * 3e5 for (s, r), a, b in zip(flat, id_sent, id_recv)]
+    assert np.allclose(intra1, expect)
+    # two hosts of 2: the all-to-alls' bytes are only split between the levels (their sum is the flat one's)
+    intra2, inter2 = CommModel(devices_per_host=2).step_bytes(pooled, 4096, ids, [0.0] * 4)
+    assert (inter2 > 0).all()
+    assert np.allclose(intra2 + inter2, np.array(expect) - 2 * 3e5)
+
+
+def test_judge_pool_leaves_a_held_out_judge_for_large_tasks():
+    """--judge-pool: tasks of hundreds of tables drawn outside the pool still have a held-out judge."""
+    from shardcore.data.taskgen import TaskSpec, generate_tasks
+    from shardcore.oracles.emulated.emulator import heldout_model, judge_pool, measured_landscapes
+    from shardcore.tables import TableConfig
+
+    pool = judge_pool(260)
+    assert len(pool) <= 260
+    held = sum(1 for s in measured_landscapes()[0].tables if set(int(t) for t in s) <= set(pool))
+    assert held >= 200   # every one of these stays in a refit without any of the other tables
+    tables = [TableConfig(i, 1000, 16, 1.0) for i in range(856)]
+    train, test = generate_tasks(tables, TaskSpec(t_min=400, t_max=400, num_train=0, num_test=2,
+                                                  train_pool=tuple(pool)))
+    assert not train and len(test) == 2 and all(not set(t.table_ids) & set(pool) for t in test)
+    train, _ = generate_tasks(tables, TaskSpec(t_min=50, t_max=50, num_train=2, num_test=1, train_pool=tuple(pool)))
+    assert all(set(t.table_ids) <= set(pool) for t in train)
+    model = heldout_model(frozenset(test[0].table_ids))
+    assert int(model.params["sets"]["65536"]["shards"]) >= held
+    with pytest.raises(ShardError, match="outside"):
+        generate_tasks(tables[:100], TaskSpec(t_min=5, t_max=5, train_pool=tuple(pool)))
+
+
+def test_torchrec_time_reaches_torchrec_and_its_record():
+    pytest.importorskip("torchrec")
+    from shardcore.interop.torchrec_planner import load_sharder
+
+    sharder = load_sharder(None, batch_size=4096, torchrec_time=1.5)
+    assert sharder.timeout_seconds == 2
+    assert sharder.config(4, 1024, 4, ["table_wise"])["timeout_seconds"] == 2
+    assert load_sharder(None, batch_size=4096).config(4, 1024, 4, ["table_wise"])["timeout_seconds"] is None

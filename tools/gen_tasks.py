@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-fraction", type=fraction, default=0.5,
                    help="share of the dataset's tables in the training pool; the rest form the "
                         "disjoint test pool (default 0.5)")
+    p.add_argument("--judge-pool", type=positive_int, default=None, metavar="K",
+                   help="instead of --train-fraction: the training pool is the (at most) K tables of the dataset "
+                        "that hold the most H200-measured shards entirely, the test pool every other table, so an "
+                        "emulated judge refitted without a test task's tables (the held-out judge) keeps at least "
+                        "those shards; for test tasks of hundreds of tables, which a random split leaves too few "
+                        "shards to judge (the default dataset's tables only)")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     ns = p.add_argument_group("NeuroShard style (writes 'ids dims' lines)")
     dims = ns.add_mutually_exclusive_group()
@@ -95,10 +101,19 @@ def main(argv=None):
     out_dir = args.out_dir or os.path.join("data", f"dlrm_tasks_{t_max if t_min == t_max else f'{t_min}_{t_max}'}")
     check_output_dir(out_dir, "--out-dir")
     tables = load_dataset(args.data_dir, with_lookups=False).tables
+    train_pool = None
+    if args.judge_pool is not None:
+        from shardcore.oracles.emulated.emulator import judge_pool, seen_tables
+
+        train_pool = tuple(judge_pool(args.judge_pool))
+        seen = seen_tables([tables[i] for i in train_pool if i < len(tables)])
+        if len(seen) != len(train_pool):
+            raise ShardError(f"--judge-pool: {args.data_dir}'s tables are not the H200-measured ones (the default "
+                             "synthetic dataset's, tools/gen_dlrm_data.py); use --train-fraction")
     spec = TaskSpec(t_min=t_min, t_max=t_max, num_train=args.num_train, num_test=args.num_test,
                     train_fraction=args.train_fraction, seed=args.seed, dims=dims,
                     max_mem_gb=args.max_mem, ndevices=args.ndevices, precision=precision,
-                    total_mem_gb=args.total_mem)
+                    total_mem_gb=args.total_mem, train_pool=train_pool)
     if args.num_train == 0 and args.num_test == 0:
         raise ShardError("--num-train and --num-test are both 0: nothing to write")
     train, test = generate_tasks(tables, spec)
@@ -124,6 +139,15 @@ def neuroshard_file(args) -> None:
     total = args.total_mem if args.total_mem is not None else 15.0
     precision = args.weights_precision or "fp32"
     tables = load_dataset(args.data_dir, with_lookups=False).tables
+    train_pool = None
+    if args.judge_pool is not None:
+        from shardcore.oracles.emulated.emulator import judge_pool, seen_tables
+
+        train_pool = tuple(judge_pool(args.judge_pool))
+        seen = seen_tables([tables[i] for i in train_pool if i < len(tables)])
+        if len(seen) != len(train_pool):
+            raise ShardError(f"--judge-pool: {args.data_dir}'s tables are not the H200-measured ones (the default "
+                             "synthetic dataset's, tools/gen_dlrm_data.py); use --train-fraction")
     spec = TaskSpec(t_min=t_min, t_max=t_max, seed=args.seed, dims=dims, precision=precision, total_mem_gb=total)
     tasks = generate_single_pool_tasks(tables, args.data_size, spec)
     out_dir = args.out_dir or os.path.join("data", "tasks", "4_gpu")

@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "held-out error is taken from (default %(default)s)")
     p.add_argument("--draws", type=positive_int, default=1000, metavar="N",
                    help="draws of the stressed judge per task (default %(default)s)")
+    p.add_argument("--devices-per-host", type=positive_int, default=None, metavar="G",
+                   help="the records' hosts (eval.py --devices-per-host): also report, per algorithm, the share of "
+                        "a training step's exchanged bytes that cross hosts and the busiest device's bytes to and "
+                        "from other hosts (the modelled exchange's, from each plan's shardings)")
     return p
 
 
@@ -121,8 +125,24 @@ def gpu_check_sets(path: str) -> list[tuple[str, list[dict], str]]:
     return out
 
 
+def host_traffic(rec: dict, tables, devices_per_host: int) -> tuple[float, float]:
+    """``(share of the step's exchanged bytes that cross hosts, the busiest device's inter-host MB)`` of
+    an eval.py record's plan (:meth:`CommModel.step_bytes`: pooled outputs and gradients, ids, all-reduce)."""
+    from shardcore.oracles.commmodel import CommModel, allreduce_bytes, id_width, pooled_width
+    from shardcore.plan import shardings_from_json
+
+    task = [tables[i] for i in rec["table_ids"]]
+    n = int(rec["ndevices"])
+    shards = shardings_from_json(task, rec["shardings"], n).shard_tables(task)
+    intra, inter = CommModel(devices_per_host=devices_per_host).step_bytes(
+        [sum(pooled_width(p) for p in s) for s in shards], int(rec["batch_size"]),
+        [sum(id_width(p) for p in s) for s in shards], [sum(allreduce_bytes(p, n) for p in s) for s in shards])
+    total = float(intra.sum() + inter.sum())
+    return (float(inter.sum()) / total if total else 0.0), float(inter.max()) / 1e6
+
+
 def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DEFAULT_DATA_DIR,
-              draws: int = 1000) -> str:
+              draws: int = 1000, devices_per_host: int | None = None) -> str:
     """The comparison of one eval.py --out file, or of each task set of a gpu_check.json."""
     from shardcore.evaluation.compare import check_record
 
@@ -135,11 +155,11 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
         recs = [check_record(json.loads(x), f"{path}:{k}") for k, x in enumerate(lines, 1) if x.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ShardError(f"{path}: not a readable eval.py --out file ({io.first_line(exc, 200)})") from None
-    return summarize_records(path, recs, alg, anchors, data_dir, draws)
+    return summarize_records(path, recs, alg, anchors, data_dir, draws, devices_per_host)
 
 
 def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] | None,
-                      data_dir: str = DEFAULT_DATA_DIR, draws: int = 1000) -> str:
+                      data_dir: str = DEFAULT_DATA_DIR, draws: int = 1000, devices_per_host: int | None = None) -> str:
     by: dict[str, dict[int, dict]] = {}
     for r in recs:
         if int(r["task"]) in by.get(r["alg"], {}):   # two runs in one file: which one counts would be silent
@@ -211,6 +231,14 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
                          f"slowest device): {alg} {smean[alg]:.4g} ms, best anchor {sbest} {smean[sbest]:.4g} ms: "
                          f"{smargin:.1f}% below ({slo:.1f}% .. {shi:.1f}%); {verdict}")
             lines.append("    stressed means: " + ", ".join(f"{a} {smean[a]:.4g}" for a in sorted(algs, key=smean.get)))
+    if devices_per_host:
+        from shardcore.dataset import load_table_configs
+
+        tables = load_table_configs(os.path.join(data_dir, "table_configs.json"))
+        lines.append(f"  across hosts of {devices_per_host} (modelled exchange, means over the tasks): " + "; ".join(
+            f"{a} {100 * statistics.fmean(x[0] for x in tr):.1f}% of bytes cross hosts, busiest device "
+            f"{statistics.fmean(x[1] for x in tr):.0f} MB" for a in sorted(algs, key=lambda a: mean[a])
+            for tr in [[host_traffic(by[a][t], tables, devices_per_host) for t in order]]))
     return "\n".join(lines)
 
 
@@ -226,7 +254,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     anchors = [a.strip() for a in args.anchors.split(",")] if args.anchors else None
     for path in args.files:
-        print(summarize(path, args.alg, anchors, args.data_dir, args.draws))
+        print(summarize(path, args.alg, anchors, args.data_dir, args.draws, args.devices_per_host))
         print()
 
 

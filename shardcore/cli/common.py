@@ -214,6 +214,14 @@ class _Fp32MaxMemAction(argparse.Action):
             namespace.weights_precision = "fp32"
 
 
+def add_torchrec_args(parser) -> None:
+    """``--torchrec-time S``: TorchRec's own planning timeout, for ``--alg torchrec`` / ``torchrec-tw``."""
+    parser.add_argument("--torchrec-time", type=positive_float, default=None, metavar="S",
+                        help="TorchRec's planner stops proposing after S seconds (its timeout_seconds, rounded up) "
+                             "and keeps the best plan so far; recorded in torchrec_config (default: no limit, "
+                             "TorchRec's default; on 128 devices it can take tens of minutes on a small CPU)")
+
+
 def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float = 5.0,
                     default_precision: str = "fp16") -> None:
     """``--max-memory GB`` (per device) and ``--weights-precision``. ``default_precision`` is the

@@ -34,6 +34,7 @@ class TaskSpec:
     ndevices: int = 4
     precision: str = "fp16"
     total_mem_gb: float | None = None    # NeuroShard's --max_mem: the whole task's weights fit this
+    train_pool: tuple[int, ...] | None = None   # the training tables, given (train_fraction unused); the test pool the rest
 
 
 def _fits(tables: Sequence[TableConfig], ids: Sequence[int], dims: Sequence[int], spec: TaskSpec) -> bool:
@@ -129,10 +130,16 @@ def generate_tasks(tables: Sequence[TableConfig], spec: TaskSpec) -> tuple[list[
     """Train and test tasks over disjoint table pools, reproducible with ``spec.seed``."""
     if not 1 <= spec.t_min <= spec.t_max:
         raise ShardError(f"table counts must satisfy 1 <= min <= max, got {spec.t_min},{spec.t_max}")
-    if not 0.0 < spec.train_fraction < 1.0:
-        raise ShardError(f"--train-fraction must be between 0 and 1, got {spec.train_fraction}")
     rng = np.random.default_rng(spec.seed)
-    train_pool, test_pool = split_pools(len(tables), spec.train_fraction, rng)
+    if spec.train_pool is not None:
+        given = set(int(i) for i in spec.train_pool)
+        if not given <= set(range(len(tables))):
+            raise ShardError(f"the training pool names tables outside 0..{len(tables) - 1}")
+        train_pool, test_pool = sorted(given), [i for i in range(len(tables)) if i not in given]
+    else:
+        if not 0.0 < spec.train_fraction < 1.0:
+            raise ShardError(f"--train-fraction must be between 0 and 1, got {spec.train_fraction}")
+        train_pool, test_pool = split_pools(len(tables), spec.train_fraction, rng)
     train = _draw_tasks(train_pool, tables, spec.num_train, spec, rng, "train")
     test = _draw_tasks(test_pool, tables, spec.num_test, spec, rng, "test")
     return train, test

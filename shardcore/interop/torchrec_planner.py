@@ -449,6 +449,7 @@ class TorchRecSharder(Sharder):
     hardware: TorchRecHardware = field(default_factory=hardware_for)
     local_world_size: int | None = None   # devices per host (torchrun's LOCAL_WORLD_SIZE); None: one host
     sharding_types: tuple[str, ...] | None = None   # None: ALL_TYPES (+ MULTI_HOST_TYPES on several hosts)
+    time_limit_s: float | None = None     # TorchRec's own timeout_seconds for its proposals (None: none, its default)
     last_plan: Any = field(default=None, init=False, repr=False)  # TorchRec's ShardingPlan of the last task
     last_info: dict = field(default_factory=dict, init=False, repr=False)  # {"torchrec_types": [...], ...}
     last_options: Any = field(default=None, init=False, repr=False)  # TorchRec's chosen ShardingOptions (Perf)
@@ -495,7 +496,12 @@ class TorchRecSharder(Sharder):
         return {**self.hardware.to_json(), "batch_per_rank": int(batch_per_rank), "world_size": int(ndevices),
                 "local_world_size": int(local_world_size), "sharding_types": list(types),
                 "memory_model": self.memory_model, "reserve": float(self.reserve),
-                "objective": list(OBJECTIVE_TERMS)}
+                "objective": list(OBJECTIVE_TERMS), "timeout_seconds": self.timeout_seconds}
+
+    @property
+    def timeout_seconds(self) -> int | None:
+        """TorchRec's ``timeout_seconds`` (whole seconds) of :attr:`time_limit_s`."""
+        return None if self.time_limit_s is None else max(1, math.ceil(self.time_limit_s))
 
     def estimators(self, topology, constraints, tables: Sequence[TableConfig], names: Sequence[str],
                    batch_size: int) -> list:
@@ -545,7 +551,7 @@ class TorchRecSharder(Sharder):
         planner = EmbeddingShardingPlanner(
             topology=tr_topology, batch_size=local_batch, enumerator=enumerator, constraints=constraints,
             storage_reservation=FixedPercentageStorageReservation(float(self.reserve)),
-            stats=NoopEmbeddingStats(), debug=False)
+            stats=NoopEmbeddingStats(), debug=False, timeout_seconds=self.timeout_seconds)
         try:
             # TorchRec logs a warning per data-parallel table ("Sharding spec not found"): not news here
             logging.disable(logging.WARNING)
@@ -673,11 +679,13 @@ def load_sharder(path=None, batch_size: int | None = None, memory_model: str = "
                  sharding_types: Sequence[str] | None = None, oracle: str | None = None,
                  comm_bandwidth: float | None = None, comm_latency: float | None = None,
                  device_type: str | None = None, devices_per_host: int | None = None,
-                 inter_host_bandwidth: float | None = None, **_ignored) -> TorchRecSharder:
+                 inter_host_bandwidth: float | None = None, torchrec_time: float | None = None,
+                 **_ignored) -> TorchRecSharder:
     """``--alg torchrec`` (every sharding type), planning for the hardware of ``oracle`` with the comm
     model's ``comm_bandwidth`` / ``comm_latency`` (GB/s, us; None: its defaults) and, with
     ``devices_per_host`` (hosts: its ``local_world_size`` unless given), ``inter_host_bandwidth``, see
-    :func:`hardware_for`; ``batch_size``: the judged batch (split over the ranks). ``path`` is unused
+    :func:`hardware_for`; ``batch_size``: the judged batch (split over the ranks); ``torchrec_time``: TorchRec's
+    own ``timeout_seconds`` (its proposals stop after it; None: no limit, TorchRec's default). ``path`` is unused
     (TorchRec's planner has nothing to load); other keyword arguments the caller passes to every
     method (e.g. ``seed``, ``data_dir``) are ignored. Raises :class:`ShardError` with the install
     recipe when TorchRec is missing."""
@@ -687,7 +695,8 @@ def load_sharder(path=None, batch_size: int | None = None, memory_model: str = "
     return TorchRecSharder("torchrec", batch_size=int(batch_size or DEFAULT_BATCH_SIZE),
                            memory_model=memory_model, reserve=reserve, compute_device=compute_device,
                            hardware=hardware, local_world_size=local_world_size or devices_per_host or None,
-                           sharding_types=tuple(sharding_types) if sharding_types else None)
+                           sharding_types=tuple(sharding_types) if sharding_types else None,
+                           time_limit_s=torchrec_time)
 
 
 def load_sharder_tw(path=None, **kwargs) -> TorchRecSharder:

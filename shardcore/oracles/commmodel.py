@@ -265,6 +265,27 @@ class CommModel:
                 bw = bw + self._phase(2.0 * (g - 1) / g * size) + self._inter_phase(2.0 * (h - 1) / h * size / g)
         return fw, bw
 
+    def step_bytes(self, pooled_widths, batch_size: int, id_widths, backward_bytes):
+        """Per device ``(bytes within its host, bytes with other hosts)`` of one training step, sent and
+        received together (numpy arrays): both pooled all-to-alls, the id all-to-all and the all-reduce,
+        split by level as :meth:`exchange_ms` prices them (one host: everything is within it)."""
+        import numpy as np
+
+        pooled, ids = np.asarray(pooled_widths, dtype=float), np.asarray(id_widths, dtype=float)
+        ring = np.asarray(backward_bytes, dtype=float)
+        n, g = pooled.shape[-1], self.devices_per_host
+        if self.hosts(n) == 1:
+            (ps, pr), _ = host_bytes(pooled, batch_size, n, OUTPUT_ELEMENT_SIZE)
+            (is_, ir), _ = host_bytes(ids, batch_size, n, ID_ELEMENT_SIZE)
+            return 2 * (ps + pr) + is_ + ir + 2 * ring, np.zeros(n)
+        (ps, pr), (qs, qr) = host_bytes(pooled, batch_size, g, OUTPUT_ELEMENT_SIZE)
+        (is_, ir), (js, jr) = host_bytes(ids, batch_size, g, ID_ELEMENT_SIZE)
+        h = self.hosts(n)
+        size = ring * n / (2.0 * (n - 1))
+        intra = 2 * (ps + pr) + is_ + ir + 2 * (2.0 * (g - 1) / g * size)
+        inter = 2 * (qs + qr) + js + jr + 2 * (2.0 * (h - 1) / h * size / g)
+        return intra, inter
+
     def describe(self) -> str:
         how = "fitted to measured all-to-alls" if self.source == "fitted" else "analytic"
         hosts = (f"; between hosts of {self.devices_per_host} devices {self.inter_latency_us:.1f} us + bytes / "

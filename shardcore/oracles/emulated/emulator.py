@@ -941,6 +941,30 @@ def measured_tables(card: str = "h200") -> dict:
     return {int(t.index): (float(t.row), float(t.pooling_factor)) for t in land.meas["tables"]}
 
 
+def judge_pool(size: int, card: str = "h200") -> list[int]:
+    """At most ``size`` measured tables that hold the most measured shards (largest batch) entirely:
+    shards taken greedily, the one adding the fewest new tables first (ties: file order). Tasks drawn
+    from the *other* tables leave a held-out refit (:func:`heldout_model`) at least those shards, where
+    300+ random tables would leave it too few to fit (the cluster tasks of ``tools/gen_tasks.py
+    --judge-pool``)."""
+    land = measured_landscapes(card)[0]
+    shards = [frozenset(int(t) for t in s) for s in land.tables]
+    holders: dict = {}
+    for i, s in enumerate(shards):
+        for t in s:
+            holders.setdefault(t, []).append(i)
+    missing = np.array([len(s) for s in shards], dtype=float)   # tables of each shard not yet in the pool
+    pool: set = set()
+    while True:
+        open_ = np.where(missing > 0, missing, np.inf)
+        best = int(np.argmin(open_))                             # the fewest new tables (ties: file order)
+        if not np.isfinite(open_[best]) or len(pool) + open_[best] > size:
+            return sorted(pool)
+        for t in shards[best] - pool:
+            pool.add(t)
+            missing[holders[t]] -= 1
+
+
 def seen_tables(tables: Sequence[TableConfig], card: str = "h200") -> frozenset[int]:
     """The indices of ``tables`` that are tables of the shipped measurements (see
     :func:`measured_tables`); only those can have been seen by a fit."""
