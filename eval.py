@@ -140,6 +140,7 @@ def main(argv=None):
               # the landscape and the flags a planner with its own cost model reads (others ignore them)
               "oracle": args.oracle, "data_dir": args.data_dir, **comm_kwargs(args),
               "cache_path": args.cache_path, "emulator_fit": args.emulator_fit, "torchrec_time": args.torchrec_time,
+              "memory_model": args.torchrec_memory or "torchrec",
               # tables a planner that calibrates on the machine (shardkit) never measures: the evaluated tasks'
               "exclude_task_files": [args.task_path],
               **algorithms.plugin_kwargs(args)}

@@ -221,7 +221,8 @@ def plan_kwargs(args, alg, batch, data_dir, landscape):
     from shardcore.oracles.commmodel import comm_kwargs
 
     kwargs = {"batch_size": batch, "data_dir": data_dir, **comm_kwargs(args), "cache_path": args.cache_path,
-              "emulator_fit": args.emulator_fit, "torchrec_time": args.torchrec_time}
+              "emulator_fit": args.emulator_fit, "torchrec_time": args.torchrec_time,
+              "memory_model": args.torchrec_memory or "torchrec"}
     if alg in ("shardkit", "shardkit-tw"):
         kwargs.update(oracle=landscape, **algorithms.plugin_kwargs(args))
     return kwargs

@@ -217,6 +217,9 @@ class ExperimentConfig(Config):
     torchrec_time: float | None = param(None, "TorchRec's planner stops proposing after S seconds per task (its "
                                         "timeout_seconds) and keeps its best plan so far (default: no limit)",
                                         type=positive_float, metavar="S")
+    torchrec_memory: str = param("torchrec", "what TorchRec counts against the cap: torchrec (its training estimate, "
+                                 "weights + I/O buffers) or weights (the cap's own accounting) (default {default})",
+                                 choices=("torchrec", "weights"))
     skip_train: bool = param(False, "never train: use given or existing checkpoints, skip methods without one",
                              action="store_true", group=LEARNED)
     retrain: bool = param(False, "train again even where --models-dir holds a finished checkpoint",

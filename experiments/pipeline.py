@@ -278,6 +278,7 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
         set_notes: list[str] = []
         planner_kwargs = {"oracle": cfg.oracle, "data_dir": cfg.data_dir, **comm_kwargs(cfg), "cache_path": cfg.cache_path,
                           "emulator_fit": cfg.emulator_fit, "torchrec_time": cfg.torchrec_time,
+                          "memory_model": cfg.torchrec_memory,
                           # tables a model fitted from the cache must not have seen
                           "exclude_task_files": [str(task_dirs[t] / "test.txt") for t in cfg.task_sets]}
         sharders, used = build_sharders(algs, ts.ndevices, cfg.seed, batch_size, learned, set_notes,

@@ -215,11 +215,16 @@ class _Fp32MaxMemAction(argparse.Action):
 
 
 def add_torchrec_args(parser) -> None:
-    """``--torchrec-time S``: TorchRec's own planning timeout, for ``--alg torchrec`` / ``torchrec-tw``."""
+    """``--torchrec-time S`` (TorchRec's own planning timeout) and ``--torchrec-memory`` (its storage
+    accounting), for ``--alg torchrec`` / ``torchrec-tw``."""
     parser.add_argument("--torchrec-time", type=positive_float, default=None, metavar="S",
                         help="TorchRec's planner stops proposing after S seconds (its timeout_seconds, rounded up) "
                              "and keeps the best plan so far; recorded in torchrec_config (default: no limit, "
                              "TorchRec's default; on 128 devices it can take tens of minutes on a small CPU)")
+    parser.add_argument("--torchrec-memory", choices=["torchrec", "weights"], default=None,
+                        help="what TorchRec counts against the cap: torchrec (its training estimate, weights + the "
+                             "batch's I/O buffers; the default) or weights (the weights alone, the cap's own "
+                             "accounting: at batch 65536 the buffers of hundreds of tables fill a tight cap)")
 
 
 def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float = 5.0,
