@@ -177,3 +177,25 @@ def test_comm_layout_sums_each_grid_block_apart(data):
     n_ids = [int(piece_lookups(ds, t, B)[0].numel()) for t in task]
     # the grid's ids reach every block once (4 holders: 2 x the table's ids, one length per sample each)
     assert sum(map(sum, layout.ids_send)) == (2 * n_ids[0] + 4 * B) + (n_ids[1] + 2 * B)
+
+
+def test_measure_plan_refuses_bad_plans_in_one_line(data, tmp_path):
+    """tools/measure_plan.py (the torchrun measurement of docs/torchrun.md) checks the plan, and its
+    TorchRec form, before any worker starts."""
+    from tests.helpers import load_tool
+
+    path, _tables = data
+    tool = load_tool("measure_plan")
+    plan = tmp_path / "p.json"
+    cases = [({"tables": [0, 1], "shardings": [{"type": "grid", "devices": [0, 1, 2], "dims": [8, 8]},
+                                                {"type": "table_wise", "devices": [0]}]}, [], "as many devices"),
+             ({"tables": [0, 99], "shardings": []}, [], "table id 99"),
+             ({"tables": [0], "shardings": [{"type": "grid", "devices": [1, 0, 2, 3], "dims": [4, 4]}]},
+              ["--torchrec", str(tmp_path / "t.json"), "--devices-per-host", "2"], r"grid block on ranks \[1, 0\]"),
+             ({"shardings": []}, [], '"tables" is a non-empty list')]
+    for obj, extra, match in cases:
+        plan.write_text(json.dumps(obj))
+        with pytest.raises(ShardError, match=match) as exc:
+            tool.main(["--data-dir", path, "--plan", str(plan)] + extra)
+        assert "\n" not in str(exc.value)
+    assert not (tmp_path / "t.json").exists()
