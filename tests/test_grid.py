@@ -199,3 +199,19 @@ def test_measure_plan_refuses_bad_plans_in_one_line(data, tmp_path):
             tool.main(["--data-dir", path, "--plan", str(plan)] + extra)
         assert "\n" not in str(exc.value)
     assert not (tmp_path / "t.json").exists()
+
+
+def test_export_plans_lists_a_grid_torchrec_cannot_apply(tmp_path):
+    from shardcore.interop.plan_export import export_plans
+
+    good = Plan.from_shardings(TASK, [grid([([0, 1], 8), ([2, 3], 8)]), table_wise(1), table_wise(2),
+                                      row_wise([2, 3])], 4)
+    bad = Plan.from_shardings(TASK, [grid([([1, 0], 8), ([2, 3], 8)]), table_wise(1), table_wise(2),
+                                     table_wise(3)], 4)
+    export_plans(tmp_path, [(0, "a", TASK, good), (1, "a", TASK, bad)], 1.0)
+    index = json.loads((tmp_path / "index.json").read_text())["plans"]
+    assert index[0]["torchrec"] == "a/task_0000.torchrec.json"
+    assert index[1]["torchrec"] is None and "grid block on ranks [1, 0]" in index[1]["torchrec_problem"]
+    assert (tmp_path / "a" / "task_0001.json").is_file() and not (tmp_path / "a" / "task_0001.torchrec.json").exists()
+    trec = json.loads((tmp_path / "a" / "task_0000.torchrec.json").read_text())
+    assert [t["sharding_type"] for t in trec["tables"]] == ["grid_shard", "table_wise", "table_wise", "table_row_wise"]

@@ -251,7 +251,9 @@ def export_plans(out_dir: str | os.PathLike, records: Iterable[PlanRecord | tupl
     ``out_dir/<alg>/task_<k>.torchrec.json`` (``<alg>`` made safe as a directory name, ``k`` the task
     id zero-padded to 4 digits), plus ``out_dir/index.json`` listing them. ``records`` holds
     :class:`PlanRecord` or ``(task, alg, tables, plan[, names])`` tuples; a record whose plan is
-    ``None`` (the algorithm found none) writes no files and is listed with ``"plan": null``.
+    ``None`` (the algorithm found none) writes no files and is listed with ``"plan": null``; one that
+    TorchRec cannot apply (a grid block that is not one host, :func:`torchrec_problem`) writes its
+    plain form only and is listed with ``"torchrec": null`` and the ``"torchrec_problem"``.
     Returns the paths written (the index last)."""
     out_dir = Path(out_dir)
     slugs: dict[str, str] = {}
@@ -268,6 +270,17 @@ def export_plans(out_dir: str | os.PathLike, records: Iterable[PlanRecord | tupl
             index.append({"task": int(rec.task), "alg": rec.alg, "plan": None, "torchrec": None})
             continue
         stem = f"task_{int(rec.task):04d}"
+        why = next((f"table {n!r}: {w}" for n, s in zip(_check_names(rec.tables, rec.names),
+                                                       rec.plan.table_shardings(rec.tables))
+                    if (w := torchrec_problem(s, rec.plan.ndevices))), None)
+        if why:   # the plain form only; the index says why TorchRec cannot apply it
+            plain = out_dir / slug / f"{stem}.json"
+            io.write_json(plain, plan_json(rec.tables, rec.plan, max_memory_gb, precision, rec.names,
+                                           alg=rec.alg, task=int(rec.task)))
+            written.append(plain)
+            index.append({"task": int(rec.task), "alg": rec.alg, "plan": str(plain.relative_to(out_dir)),
+                          "torchrec": None, "torchrec_problem": why})
+            continue
         plain, trec = export_plan(out_dir / slug, stem, rec.tables, rec.plan, max_memory_gb, precision,
                                   rec.names, module_path, alg=rec.alg, task=int(rec.task))
         written += [plain, trec]
