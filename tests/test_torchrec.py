@@ -307,6 +307,74 @@ def test_grid_exports_as_torchrecs_grid_shard_and_converts_back(tmp_path):
         trp.sharding_from_torchrec(bad, GRID_TABLES[0], 4, "g0")
 
 
+GRID_DMP = [TableConfig(0, 100, 16, 2.0), TableConfig(1, 50, 8, 1.0), TableConfig(2, 30, 8, 1.0)]
+
+
+def _dmp_grid_worker(rank, port, plan_path, queue):
+    try:
+        # 4 ranks as 2 hosts of 2: TorchRec's intra-host groups are ranks {0, 1} and {2, 3}
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE="2", WORLD_SIZE="4",
+                          RANK=str(rank), LOCAL_RANK=str(rank % 2))
+        torch.set_num_threads(1)
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=4)
+        from torchrec import KeyedJaggedTensor
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+
+        names = ["g", "r", "t"]
+        sp = pe.load_torchrec_plan(plan_path, device_type="cpu", module=_ebc(GRID_DMP, names))
+        model = DistributedModelParallel(_ebc(GRID_DMP, names), device=torch.device("cpu"), plan=sp,
+                                         sharders=[EmbeddingBagCollectionSharder()])
+        local = {}
+        for key, value in model.state_dict().items():
+            if key.endswith(".weight") and hasattr(value, "local_shards"):
+                local[key.split(".")[-2]] = [(list(s.metadata.shard_offsets), list(s.tensor.shape))
+                                             for s in value.local_shards()]
+        keys = [f"f_{n}" for n in names]
+        values = torch.tensor([k % t.row for k, t in enumerate(GRID_DMP) for _ in range(2)], dtype=torch.int64)
+        out = model(KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values,
+                                                        lengths=torch.ones(len(keys) * 2, dtype=torch.int64))).wait()
+        queue.put((rank, local, list(out.values().shape), bool(torch.isfinite(out.values()).all())))
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        queue.put((rank, "error", traceback.format_exc(), None))
+
+
+def test_grid_and_table_row_wise_applied_by_distributed_model_parallel_on_two_cpu_hosts(tmp_path):
+    """TorchRec's EmbeddingBagCollectionSharder takes our grid (16 columns in 2 blocks, one per host) and
+    table-row-wise (host 1) tables: each rank holds the shards the plan gives it, and a forward pass
+    pools every table's full dim."""
+    from shardcore.plan import grid
+
+    plan = Plan.from_shardings(GRID_DMP, [grid([([0, 1], 8), ([2, 3], 8)]), row_wise([2, 3]), table_wise(1)], 4)
+    path = tmp_path / "grid.torchrec.json"
+    path.write_text(json.dumps(pe.torchrec_plan_json(GRID_DMP, plan, ["g", "r", "t"], local_world_size=2)))
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_dmp_grid_worker, args=(r, port, str(path), queue)) for r in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict((r, rest) for r, *rest in (queue.get(timeout=240) for _ in procs))
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    expect = {0: {"g": [([0, 0], [50, 8])], "r": [], "t": []},
+              1: {"g": [([50, 0], [50, 8])], "r": [], "t": [([0, 0], [30, 8])]},
+              2: {"g": [([0, 8], [50, 8])], "r": [([0, 0], [25, 8])], "t": []},
+              3: {"g": [([50, 8], [50, 8])], "r": [([25, 0], [25, 8])], "t": []}}
+    for rank in range(4):
+        local, shape, finite = results[rank]
+        assert local != "error", shape  # the worker's traceback
+        assert local == expect[rank] and shape == [2, 16 + 8 + 8] and finite
+
+
 def test_torchrecs_planner_on_two_hosts_may_choose_grid_and_converts_it():
     """With local_world_size 2 of 4 ranks TorchRec's planner is offered grid_shard (a table whose dim is
     twice its 128-column block is cut in two blocks, one per host); its plan converts exactly."""
