@@ -58,7 +58,8 @@ def summary(tables, names, plan, devices, max_memory_gb, precision):
     mean = sum(load) / len(load) if load else 0.0
     rows = []
     # a name per piece: a split table's pieces are named by what they hold
-    tags = {"table_wise": "", "column_wise": " [cols]", "row_wise": " [rows]", "data_parallel": " [replica]"}
+    tags = {"table_wise": "", "column_wise": " [cols]", "row_wise": " [rows]", "data_parallel": " [replica]",
+            "grid": " [grid]"}
     pieces = []
     for n, t, s in zip(names, tables, plan.table_shardings(tables)):
         pieces += [n + tags[s.type]] * len(s.pieces(t, plan.ndevices))
@@ -241,12 +242,15 @@ def keep_torchrec_expressible(sharder, ndevices: int) -> None:
     sharder.model_factory = lambda *oracle: TorchRecCostModel.wrap(factory(*oracle), ndevices)
 
 
-def torchrec_problem(tables, names, plan) -> str | None:
-    """Why TorchRec cannot apply ``plan`` on one host (None when it can)."""
+def torchrec_problem(tables, names, plan, devices_per_host: int = 0) -> str | None:
+    """Why TorchRec cannot apply ``plan`` on hosts of ``devices_per_host`` (0: one host), None when it
+    can (plan_export.torchrec_problem: row-wise over every rank or one host's, grid blocks one host each)."""
+    from shardcore.interop.plan_export import torchrec_problem as problem
+
     for n, s in zip(names, plan.table_shardings(tables)):
-        if s.type == "row_wise" and list(s.devices) != list(range(plan.ndevices)):
-            return (f"table {n!r} is row-wise over ranks {list(s.devices)}: TorchRec's row_wise spans every rank "
-                    "in rank order (and table_row_wise a whole host)")
+        why = problem(s, plan.ndevices, devices_per_host or plan.ndevices)
+        if why:
+            return f"table {n!r}: {why}"
     return None
 
 
@@ -336,9 +340,9 @@ def main(argv=None):
     if not chosen.feasible:
         raise ShardError(f"--pick {chosen.alg}: {chosen.error}")
     plan = chosen.plan()
-    if args.torchrec and torchrec_problem(tables, names, plan):
-        raise ShardError(f"--torchrec: {chosen.alg}'s plan cannot be applied by TorchRec: "
-                         f"{torchrec_problem(tables, names, plan)}; --pick another planner")
+    why = torchrec_problem(tables, names, plan, args.devices_per_host) if args.torchrec else None
+    if why:
+        raise ShardError(f"--torchrec: {chosen.alg}'s plan cannot be applied by TorchRec: {why}; --pick another planner")
     table, imb, worst = summary(tables, names, plan, devices, args.max_memory, args.weights_precision)
     if oracle is None:
         for r in results:
@@ -357,7 +361,8 @@ def main(argv=None):
         if args.torchrec:
             path = torchrec_path_for(args.out)
             write_json(path, torchrec_plan_json(tables, plan, names, args.weights_precision,
-                                                module_path=args.torchrec_module))
+                                                module_path=args.torchrec_module,
+                                                local_world_size=args.devices_per_host or None))
             print(f"wrote {path} (TorchRec: shardcore.interop.plan_export.load_torchrec_plan)")
     return 0
 

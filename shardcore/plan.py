@@ -1,6 +1,6 @@
 """The sharding plan: per task table one sharding, and the pieces of work it gives each device.
 
-Four sharding types (the moves of production planners such as TorchRec's):
+Five sharding types (the moves of production planners such as TorchRec's):
 
 * ``table_wise(device)`` (TW): the whole table on one device;
 * ``column_wise([(device, dim), ...])`` (CW, and TorchRec's table-column-wise): the table's columns
@@ -9,6 +9,8 @@ Four sharding types (the moves of production planners such as TorchRec's):
 * ``row_wise(devices)`` (RW, and TorchRec's table-row-wise on one host's devices): the rows cut into
   ``k = len(devices)`` equal ranges of ``ceil(rows / k)`` (the last may be shorter), range ``j`` on
   ``devices[j]``; a device looks up only the batch's indices that fall in its range;
+* ``grid([(devices, dim), ...])`` (TorchRec's grid_shard): column blocks as CW, each row-wise over its
+  own devices (normally one host's; the same count per block), its pieces RW pieces of the block's dim;
 * ``data_parallel`` (DP): a full replica on every device, each looking up its own slice of the batch.
 
 What a device computes is :func:`device_kernels`: its model-parallel pieces (TW, CW, RW) fused in
@@ -25,7 +27,7 @@ each piece's rows x dims (a DP table counts on every device).
 Plans made of table-wise tables and *uniform* column splits keep today's compact form, which is
 lossless: ``Plan(allocation, ndevices, splits)`` (``splits[i] = k`` cuts table ``i`` into ``k`` column
 shards of ``dim / k``; the allocation covers the expanded table list, table ``i`` as ``k``
-consecutive shards). Plans with row-wise, data-parallel or uneven column-wise tables carry their
+consecutive shards). Plans with row-wise, grid, data-parallel or uneven column-wise tables carry their
 ``shardings`` (:meth:`Plan.from_shardings` chooses the form). :meth:`Plan.table_shardings` gives
 every plan's per-table shardings, and :func:`shardings_to_json` / :func:`shardings_from_json`
 their JSON form (``eval.py --out``'s ``"shardings"``).
@@ -40,8 +42,8 @@ from typing import Any, Sequence
 from shardcore.errors import ShardError
 from shardcore.tables import DIM_MULTIPLE, TableConfig
 
-TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL = "table_wise", "column_wise", "row_wise", "data_parallel"
-SHARDING_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL)
+TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL, GRID = "table_wise", "column_wise", "row_wise", "data_parallel", "grid"
+SHARDING_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL, GRID)
 
 
 def split_tables(tables: Sequence[TableConfig], splits: Sequence[int] | None) -> list[TableConfig]:
@@ -146,7 +148,7 @@ def piece_key(t: TableConfig) -> tuple:
 class Sharding:
     """How one table is sharded: ``type`` and its ``devices``; ``dims`` (column-wise, one per device,
     in column order) or, for row-wise, ``devices[j]`` holds row block ``j``; data-parallel lists
-    every device."""
+    every device; grid: ``dims`` per column block, ``devices`` the blocks' ``k`` each, concatenated."""
 
     type: str
     devices: tuple[int, ...]
@@ -159,15 +161,17 @@ class Sharding:
             raise ShardError(f"a {self.type} sharding needs at least one device")
         if self.type == TABLE_WISE and len(self.devices) != 1:
             raise ShardError(f"a table_wise sharding has one device, got {len(self.devices)}")
-        if self.type == COLUMN_WISE:
-            if self.dims is None or len(self.dims) != len(self.devices):
-                raise ShardError("a column_wise sharding needs one dim per device")
+        if self.type in (COLUMN_WISE, GRID):
+            if not self.dims or len(self.devices) % len(self.dims) or (
+                    self.type == COLUMN_WISE and len(self.dims) != len(self.devices)):
+                per = "device" if self.type == COLUMN_WISE else "column block, and as many devices in every block"
+                raise ShardError(f"a {self.type} sharding needs one dim per {per}")
             bad = [d for d in self.dims if d <= 0 or d % DIM_MULTIPLE]
             if bad:
-                raise ShardError(f"column_wise dims must be positive multiples of {DIM_MULTIPLE}, got {bad[0]}")
+                raise ShardError(f"{self.type} dims must be positive multiples of {DIM_MULTIPLE}, got {bad[0]}")
         elif self.dims is not None:
-            raise ShardError(f"only column_wise shardings have dims ({self.type} got {list(self.dims)})")
-        if self.type in (ROW_WISE, DATA_PARALLEL) and len(set(self.devices)) != len(self.devices):
+            raise ShardError(f"only column_wise and grid shardings have dims ({self.type} got {list(self.dims)})")
+        if self.type in (ROW_WISE, DATA_PARALLEL, GRID) and len(set(self.devices)) != len(self.devices):
             raise ShardError(f"a {self.type} sharding names each device once, got {list(self.devices)}")
 
     def check(self, table: TableConfig, ndevices: int, where: str = "table") -> None:
@@ -175,8 +179,8 @@ class Sharding:
         if bad:
             raise ShardError(f"{where}: {self.type} sharding puts a shard on device {bad[0]}, "
                              f"but there are {ndevices} devices")
-        if self.type == COLUMN_WISE and sum(self.dims) != table.dim:
-            raise ShardError(f"{where}: column_wise dims {list(self.dims)} add up to {sum(self.dims)}, "
+        if self.dims is not None and sum(self.dims) != table.dim:
+            raise ShardError(f"{where}: {self.type} dims {list(self.dims)} add up to {sum(self.dims)}, "
                              f"not the table's dim {table.dim}")
         if self.type == DATA_PARALLEL and sorted(self.devices) != list(range(ndevices)):
             raise ShardError(f"{where}: a data_parallel table is replicated on every device "
@@ -189,17 +193,19 @@ class Sharding:
             return [(int(self.devices[0]), base)]
         if self.type == COLUMN_WISE:
             return [(int(d), base.with_dim(int(w))) for d, w in zip(self.devices, self.dims)]
-        if self.type == ROW_WISE:
-            out, start = [], 0
-            blocks = row_blocks(table.row, len(self.devices))
-            for d, rows in zip(self.devices, blocks):
-                if rows > 0:
-                    # the piece's pooling factor: the table's, in proportion to its rows (an estimate
-                    # for proxies only; the measured lookups are the real ones in the range)
-                    out.append((int(d), ShardPiece(table.index, rows, table.dim,
-                                                   table.pooling_factor * rows / table.row, table.bins,
-                                                   kind=ROW_WISE, row_start=start, full_row=table.row)))
-                start += rows
+        if self.type in (ROW_WISE, GRID):   # grid: each column block row-wise over its k devices
+            out, dims = [], self.dims or (table.dim,)
+            k = len(self.devices) // len(dims)
+            for j, w in enumerate(dims):
+                start = 0
+                for d, rows in zip(self.devices[j * k:(j + 1) * k], row_blocks(table.row, k)):
+                    if rows > 0:
+                        # the piece's pooling factor: the table's, in proportion to its rows (an estimate
+                        # for proxies only; the measured lookups are the real ones in the range)
+                        out.append((int(d), ShardPiece(table.index, rows, int(w),
+                                                       table.pooling_factor * rows / table.row, table.bins,
+                                                       kind=ROW_WISE, row_start=start, full_row=table.row)))
+                    start += rows
             return out
         n = ndevices
         # a replica's own kernel runs over its batch slice: the table's lookups per sample
@@ -217,10 +223,10 @@ class Sharding:
 
     def to_json(self, table: TableConfig | None = None) -> dict:
         out: dict[str, Any] = {"type": self.type, "devices": [int(d) for d in self.devices]}
-        if self.type == COLUMN_WISE:
+        if self.dims is not None:
             out["dims"] = [int(d) for d in self.dims]
-        elif self.type == ROW_WISE and table is not None:
-            out["rows"] = row_blocks(table.row, len(self.devices))
+        if self.type in (ROW_WISE, GRID) and table is not None:   # a grid's: every block's
+            out["rows"] = row_blocks(table.row, len(self.devices) // len(self.dims or (1,)))
         return out
 
     @classmethod
@@ -231,16 +237,16 @@ class Sharding:
         if kind not in SHARDING_TYPES:
             raise ShardError(f"{where}: unknown sharding type {kind!r} (one of {', '.join(SHARDING_TYPES)})")
         devices = _int_list(obj.get("devices"), "devices", where)
-        dims = _int_list(obj["dims"], "dims", where) if kind == COLUMN_WISE and "dims" in obj else None
+        dims = _int_list(obj["dims"], "dims", where) if kind in (COLUMN_WISE, GRID) and "dims" in obj else None
         try:
             s = cls(kind, tuple(devices), tuple(dims) if dims is not None else None)
         except ShardError as exc:
             raise ShardError(f"{where}: {exc}") from None
-        if kind == ROW_WISE and "rows" in obj and table is not None:
-            rows = _int_list(obj["rows"], "rows", where)
-            if rows != row_blocks(table.row, len(devices)):
-                raise ShardError(f"{where}: row_wise rows {rows} are not {table.row} rows in equal blocks "
-                                 f"over {len(devices)} devices ({row_blocks(table.row, len(devices))})")
+        if kind in (ROW_WISE, GRID) and "rows" in obj and table is not None:
+            rows, k = _int_list(obj["rows"], "rows", where), len(devices) // len(s.dims or (1,))
+            if rows != row_blocks(table.row, k):
+                raise ShardError(f"{where}: {kind} rows {rows} are not {table.row} rows in equal blocks "
+                                 f"over {k} devices ({row_blocks(table.row, k)})")
         return s
 
 
@@ -267,6 +273,11 @@ def column_wise(blocks: Sequence[tuple[int, int]]) -> Sharding:
 
 def row_wise(devices: Sequence[int]) -> Sharding:
     return Sharding(ROW_WISE, tuple(int(d) for d in devices))
+
+
+def grid(blocks: Sequence[tuple[Sequence[int], int]]) -> Sharding:
+    """``blocks``: ``(devices, dim)`` per column block, in column order, each row-wise over its devices."""
+    return Sharding(GRID, tuple(int(d) for devs, _ in blocks for d in devs), tuple(int(w) for _, w in blocks))
 
 
 def data_parallel(ndevices: int) -> Sharding:
@@ -343,7 +354,7 @@ class Plan:
 
     @property
     def general(self) -> bool:
-        """Whether the plan needs the general form (row-wise, data-parallel or uneven column-wise)."""
+        """Whether the plan needs the general form (row-wise, grid, data-parallel or uneven column-wise)."""
         return self.shardings is not None
 
     def table_shardings(self, tables: Sequence[TableConfig]) -> list[Sharding]:
@@ -391,7 +402,7 @@ class Plan:
 
 
 def shardings_to_json(tables: Sequence[TableConfig], plan: Plan) -> list[dict]:
-    """Per task table ``{"type", "devices", "dims" (column-wise) / "rows" (row-wise)}``."""
+    """Per task table ``{"type", "devices", "dims" (column-wise, grid), "rows" (row-wise, grid)}``."""
     return [s.to_json(t) for t, s in zip(tables, plan.table_shardings(tables))]
 
 

@@ -60,7 +60,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlan
 from shardcore.oracles.commmodel import CommModel
 from shardcore.errors import ShardError
 from shardcore.plan import ROW_WISE, Plan, ShardPiece, Sharding
-from shardcore.interop.plan_export import sharding_plan_from_json, torchrec_plan_json
+from shardcore.interop.plan_export import sharding_plan_from_json, torchrec_plan_json, torchrec_problem
 from shardcore.tables import GB
 from shardcore.types import Topology as ShardTopology
 from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
@@ -75,10 +75,7 @@ DEFAULT_RESERVE = 0.15      # TorchRec's default storage reservation keeps 15% o
 
 def expressible_problem(s: Sharding, world: int) -> str | None:
     """Why TorchRec cannot apply our sharding on one host of ``world`` ranks (``None`` when it can)."""
-    if s.type == ROW_WISE and list(s.devices) != list(range(world)):
-        return (f"row-wise over ranks {list(s.devices)}: TorchRec's row_wise puts row block j on rank j of all "
-                f"{world} ranks, and its table_row_wise spans a whole host")
-    return None
+    return torchrec_problem(s, world, world)
 
 
 def _inexpressible_piece(p, world: int) -> bool:

@@ -5,6 +5,7 @@ the run with one line naming it and its host, and no process is left."""
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import random
@@ -99,8 +100,61 @@ def test_two_torchrun_hosts_measure_the_same_plans(data, tmp_path):
         assert a["cost_ms"] > 0 and len(a["device_costs_ms"]) == 4
         assert all(d[1] > 0 and d[2] > 0 for d in a["device_costs_ms"])   # real exchanges between the hosts
         assert "across 2 hosts" in a["parts"]["comm"] and "on 2 hosts x 2" in a["hardware"]
-        assert "across" not in b["parts"]["comm"]
+        assert a["parts"]["hosts"] == [0, 0, 1, 1]      # which ranks (devices) share a host
+        assert "across" not in b["parts"]["comm"] and "hosts" not in b["parts"]
     assert not _ours(str(tasks))
+
+
+def test_table_row_wise_and_grid_plan_measured_on_two_torchrun_hosts(data, tmp_path):
+    """A 4-device plan with a grid table (a column block per host, row-wise over its 2 ranks), a
+    table-row-wise table (row-wise over host 1) and table-wise tables, measured end to end by
+    tools/measure_plan.py under two torchrun launchers; its TorchRec form has grid_shard and
+    table_row_wise and converts back to the same shardings."""
+    root, _tasks = data
+    ds = root / "ds"
+    tables = json.loads((ds / "table_configs.json").read_text())["tables"]
+    ids = [18, 7, 1, 3, 15, 19]
+    assert tables[18]["dim"] == 32 and tables[7]["pooling_factor"] > 0
+    shardings = [{"type": "grid", "devices": [0, 1, 2, 3], "dims": [16, 16]}, {"type": "row_wise", "devices": [2, 3]}]
+    shardings += [{"type": "table_wise", "devices": [d]} for d in range(4)]
+    plan_path = tmp_path / "grid_twrw_plan.json"   # also the marker of this run's processes
+    plan_path.write_text(json.dumps({"tables": ids, "shardings": shardings}))
+    port = _free_port_pair()
+    args = [os.path.join(ROOT, "tools", "measure_plan.py"), "--launcher", "torchrun", "--data-dir", str(ds),
+            "--plan", str(plan_path), "--bench-iters", "2", "--warmup-iters", "1",
+            "--out", str(tmp_path / "rec.json"), "--torchrec", str(tmp_path / "plan.torchrec.json")]
+    with open(tmp_path / "n0.out", "w") as o0, open(tmp_path / "n1.out", "w") as o1:
+        p1 = _torchrun(1, port, args, tmp_path / "l1", o1, subprocess.STDOUT)
+        p0 = _torchrun(0, port, args, tmp_path / "l0", o0, subprocess.STDOUT)
+        assert p0.wait(timeout=240) == 0, _rank_file(tmp_path / "l0", 0, "stderr.log")
+        assert p1.wait(timeout=60) == 0
+    out = _rank_file(tmp_path / "l0", 0, "stdout.log")
+    assert "on 2 hosts x 2 (torchrun)" in out and "device 3 (host 1)" in out
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert 0 < rec["cost_ms"] < float("inf") and len(rec["device_costs_ms"]) == 4
+    for fw_comp, fw_comm, bw_comm, bw_comp in rec["device_costs_ms"]:
+        assert fw_comp > 0 and bw_comp > 0 and fw_comm > 0 and bw_comm > 0   # every device holds grid rows
+    assert rec["parts"]["hosts"] == [0, 0, 1, 1] and "across 2 hosts" in rec["parts"]["comm"]
+    assert not _ours(str(plan_path))
+    # the TorchRec form: grid_shard (block c on host c's ranks) and table_row_wise over host 1
+    trec = json.loads((tmp_path / "plan.torchrec.json").read_text())
+    assert trec["local_world_size"] == 2
+    assert [t["sharding_type"] for t in trec["tables"]] == ["grid_shard", "table_row_wise"] + ["table_wise"] * 4
+    rows = tables[18]["row"]
+    half = -(-rows // 2)
+    assert [(s["offsets"], s["sizes"], s["rank"]) for s in trec["tables"][0]["shards"]] == [
+        ([0, 0], [half, 16], 0), ([half, 0], [rows - half, 16], 1),
+        ([0, 16], [half, 16], 2), ([half, 16], [rows - half, 16], 3)]
+    if importlib.util.find_spec("torchrec") is not None:
+        from shardcore.interop import plan_export as pe
+        from shardcore.interop.torchrec_planner import sharding_from_torchrec
+        from shardcore.plan import Sharding
+        from shardcore.tables import TableConfig as TC
+
+        sp = pe.sharding_plan_from_json(trec, device_type="cpu")
+        task = [TC.from_json(tables[i]) for i in ids]
+        back = [sharding_from_torchrec(sp.plan[""][t["name"]], tc, 4, t["name"]) for t, tc in zip(trec["tables"], task)]
+        assert back == [Sharding.from_json(s) for s in shardings]
 
 
 def test_a_killed_rank_ends_the_run_in_one_line(data, tmp_path):

@@ -267,3 +267,22 @@ def test_eval_export_torchrec_uses_the_tables_names(tmp_path, capsys):
                       "--export-torchrec", str(tmp_path / "exp")])
     trec = json.loads((tmp_path / "exp" / "lookup_greedy" / "task_0000.torchrec.json").read_text())
     assert [t["name"] for t in trec["tables"]] == ["feature_0", "table_5", "feature_2"]
+
+
+def test_torchrec_problem_knows_the_hosts():
+    """plan.py --torchrec: a table-row-wise or grid table is applicable when its blocks are whole hosts
+    of --devices-per-host, never on one host; the summary tags grid pieces."""
+    from shardcore.plan import grid, row_wise, table_wise
+
+    tables = [TableConfig(0, 1000, 16, 2.0), TableConfig(1, 500, 8, 1.0)]
+    names = ["a", "b"]
+    twrw = Plan.from_shardings(tables, [row_wise([2, 3]), table_wise(0)], 4)
+    g = Plan.from_shardings(tables, [grid([([2, 3], 8), ([0, 1], 8)]), table_wise(0)], 4)
+    assert plan_script.torchrec_problem(tables, names, twrw, 2) is None
+    assert plan_script.torchrec_problem(tables, names, g, 2) is None
+    assert "table 'a': row-wise over ranks [2, 3]" in plan_script.torchrec_problem(tables, names, twrw)
+    assert "grid blocks of 2 ranks" in plan_script.torchrec_problem(tables, names, g)   # one host of 4
+    bad = Plan.from_shardings(tables, [grid([([1, 2], 8), ([0, 3], 8)]), table_wise(0)], 4)
+    assert "grid block on ranks [1, 2]" in plan_script.torchrec_problem(tables, names, bad, 2)
+    text, _imb, _worst = plan_script.summary(tables, names, g, [0, 1, 2, 3], 1.0, "fp16")
+    assert "a [grid]" in text

@@ -249,10 +249,160 @@ def test_every_type_exported_loaded_and_converted_back_exactly(tmp_path):
         trp.sharding_from_torchrec(module_plan[names[0]], TableConfig(0, 1_999_999, 32, 1.0), 4)
 
 
+# ---- grid (TorchRec's grid_shard) and table-row-wise on 2 hosts of 2 ranks ----------------------
+
+GRID_TABLES = [TableConfig(0, 1_000, 256, 4.0), TableConfig(1, 7, 32, 1.0), TableConfig(2, 500, 16, 2.0),
+               TableConfig(3, 90, 8, 1.0)]
+
+
+def test_grid_exports_as_torchrecs_grid_shard_and_converts_back(tmp_path):
+    """A grid over 2 hosts x 2 ranks is written as the grid_shard TorchRec's own generator makes (shard
+    (c, j) at [row offset j, column offset c] on host c's j-th rank), loads, and converts back exactly;
+    a block that is not one whole host is refused in one line."""
+    from shardcore.plan import grid
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, grid_shard
+
+    shardings = [grid([([0, 1], 128), ([2, 3], 128)]), grid([([2, 3], 16), ([0, 1], 16)]), row_wise([2, 3]),
+                 table_wise(1)]
+    plan = Plan.from_shardings(GRID_TABLES, shardings, 4)
+    names = [f"g{t.index}" for t in GRID_TABLES]
+    plain, trec = pe.export_plan(tmp_path, "grid", GRID_TABLES, plan, 1.0, names=names, local_world_size=2)
+    obj = json.loads(trec.read_text())
+    assert obj["local_world_size"] == 2 and json.loads(plain.read_text())["tables"][0]["sharding"]["type"] == "grid"
+    assert [t["sharding_type"] for t in obj["tables"]] == ["grid_shard", "grid_shard", "table_row_wise", "table_wise"]
+    sp = pe.load_torchrec_plan(trec, module=_ebc(GRID_TABLES, names))
+    mp = sp.plan[""]
+    g0 = mp["g0"]
+    assert g0.ranks == [0, 1, 2, 3] and [(s.shard_offsets, s.shard_sizes, str(s.placement))
+                                         for s in g0.sharding_spec.shards] == [
+        ([0, 0], [500, 128], "rank:0/cuda:0"), ([500, 0], [500, 128], "rank:1/cuda:1"),
+        ([0, 128], [500, 128], "rank:2/cuda:0"), ([500, 128], [500, 128], "rank:3/cuda:1")]
+    # TorchRec's own grid_shard generator (column blocks of 128): the same shards, host 0 the first block
+    theirs = construct_module_sharding_plan(_ebc(GRID_TABLES[:1], names[:1]), {"g0": grid_shard(host_indexes=[0, 1])},
+                                            local_size=2, world_size=4, device_type="cuda")["g0"]
+    assert theirs.sharding_type == "grid_shard" and theirs.ranks == g0.ranks
+    assert [(s.shard_offsets, s.shard_sizes, str(s.placement)) for s in theirs.sharding_spec.shards] == [
+        (s.shard_offsets, s.shard_sizes, str(s.placement)) for s in g0.sharding_spec.shards]
+    assert trp.sharding_from_torchrec(theirs, GRID_TABLES[0], 4, "g0") == shardings[0]
+    # 7 rows over 2 ranks: 4 and 3; the second table's first column block on host 1
+    assert [(s.shard_offsets, s.shard_sizes, s.placement.rank()) for s in mp["g1"].sharding_spec.shards] == [
+        ([0, 0], [4, 16], 2), ([4, 0], [3, 16], 3), ([0, 16], [4, 16], 0), ([4, 16], [3, 16], 1)]
+    back = [trp.sharding_from_torchrec(mp[n], t, 4, n) for n, t in zip(names, GRID_TABLES)]
+    assert back == shardings and Plan.from_shardings(GRID_TABLES, back, 4) == plan
+    # what TorchRec cannot apply: one line each
+    for bad, match in [(grid([([1, 0], 128), ([2, 3], 128)]), r"block on ranks \[1, 0\].*whole host"),
+                       (grid([([0, 2], 128), ([1, 3], 128)]), r"block on ranks \[0, 2\]"),
+                       (grid([([0], 128), ([1], 128)]), "grid blocks of 1 ranks"),
+                       (row_wise([1, 2]), r"row-wise over ranks \[1, 2\]")]:
+        p = Plan.from_shardings(GRID_TABLES, [bad] + shardings[1:], 4)
+        with pytest.raises(ShardError, match=match) as exc:
+            pe.torchrec_plan_json(GRID_TABLES, p, names, local_world_size=2)
+        assert "\n" not in str(exc.value) and "'g0'" in str(exc.value)
+    # without the hosts, a grid's hosts are its blocks: written as above
+    assert pe.torchrec_plan_json(GRID_TABLES, plan, names)["tables"][0]["shards"] == obj["tables"][0]["shards"]
+    # a grid_shard whose blocks are not equal row blocks is refused
+    bad = mp["g0"]
+    bad.sharding_spec.shards[1].shard_sizes = [400, 128]
+    with pytest.raises(ShardError, match="grid_shard table g0 has a column block at offset 0"):
+        trp.sharding_from_torchrec(bad, GRID_TABLES[0], 4, "g0")
+
+
+GRID_DMP = [TableConfig(0, 100, 16, 2.0), TableConfig(1, 50, 8, 1.0), TableConfig(2, 30, 8, 1.0)]
+
+
+def _dmp_grid_worker(rank, port, plan_path, queue):
+    try:
+        # 4 ranks as 2 hosts of 2: TorchRec's intra-host groups are ranks {0, 1} and {2, 3}
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE="2", WORLD_SIZE="4",
+                          RANK=str(rank), LOCAL_RANK=str(rank % 2))
+        torch.set_num_threads(1)
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=4)
+        from torchrec import KeyedJaggedTensor
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+
+        names = ["g", "r", "t"]
+        sp = pe.load_torchrec_plan(plan_path, device_type="cpu", module=_ebc(GRID_DMP, names))
+        model = DistributedModelParallel(_ebc(GRID_DMP, names), device=torch.device("cpu"), plan=sp,
+                                         sharders=[EmbeddingBagCollectionSharder()])
+        local = {}
+        for key, value in model.state_dict().items():
+            if key.endswith(".weight") and hasattr(value, "local_shards"):
+                local[key.split(".")[-2]] = [(list(s.metadata.shard_offsets), list(s.tensor.shape))
+                                             for s in value.local_shards()]
+        keys = [f"f_{n}" for n in names]
+        values = torch.tensor([k % t.row for k, t in enumerate(GRID_DMP) for _ in range(2)], dtype=torch.int64)
+        out = model(KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values,
+                                                        lengths=torch.ones(len(keys) * 2, dtype=torch.int64))).wait()
+        queue.put((rank, local, list(out.values().shape), bool(torch.isfinite(out.values()).all())))
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        queue.put((rank, "error", traceback.format_exc(), None))
+
+
+def test_grid_and_table_row_wise_applied_by_distributed_model_parallel_on_two_cpu_hosts(tmp_path):
+    """TorchRec's EmbeddingBagCollectionSharder takes our grid (16 columns in 2 blocks, one per host) and
+    table-row-wise (host 1) tables: each rank holds the shards the plan gives it, and a forward pass
+    pools every table's full dim."""
+    from shardcore.plan import grid
+
+    plan = Plan.from_shardings(GRID_DMP, [grid([([0, 1], 8), ([2, 3], 8)]), row_wise([2, 3]), table_wise(1)], 4)
+    path = tmp_path / "grid.torchrec.json"
+    path.write_text(json.dumps(pe.torchrec_plan_json(GRID_DMP, plan, ["g", "r", "t"], local_world_size=2)))
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_dmp_grid_worker, args=(r, port, str(path), queue)) for r in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict((r, rest) for r, *rest in (queue.get(timeout=240) for _ in procs))
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    expect = {0: {"g": [([0, 0], [50, 8])], "r": [], "t": []},
+              1: {"g": [([50, 0], [50, 8])], "r": [], "t": [([0, 0], [30, 8])]},
+              2: {"g": [([0, 8], [50, 8])], "r": [([0, 0], [25, 8])], "t": []},
+              3: {"g": [([50, 8], [50, 8])], "r": [([25, 0], [25, 8])], "t": []}}
+    for rank in range(4):
+        local, shape, finite = results[rank]
+        assert local != "error", shape  # the worker's traceback
+        assert local == expect[rank] and shape == [2, 16 + 8 + 8] and finite
+
+
+def test_torchrecs_planner_on_two_hosts_may_choose_grid_and_converts_it():
+    """With local_world_size 2 of 4 ranks TorchRec's planner is offered grid_shard (a table whose dim is
+    twice its 128-column block is cut in two blocks, one per host); its plan converts exactly."""
+    task = [TableConfig(0, 400_000, 256, 30.0), TableConfig(1, 200_000, 64, 10.0), TableConfig(2, 1_000, 16, 2.0),
+            TableConfig(3, 50_000, 32, 5.0)]
+    sharder = trp.load_sharder(None, local_world_size=2, sharding_types=("grid_shard",))
+    assert sharder.types_for(4) == ["grid_shard"] and sharder.types_for(2) == ["grid_shard"]
+    plan = sharder.shard(task, Topology(4, 5.0))
+    module_plan = sharder.last_plan.plan[""]
+    assert sharder.last_info["torchrec_types"] == ["grid_shard"] * 4
+    shardings = plan.table_shardings(task)
+    assert [s.type for s in shardings] == ["grid"] * 4
+    assert shardings[0].dims == (128, 128) and sorted(shardings[0].devices) == [0, 1, 2, 3]
+    for i, (t, s) in enumerate(zip(task, shardings)):
+        ps = module_plan[f"t{i}"]
+        shards = sorted((sm.shard_offsets, sm.shard_sizes, sm.placement.rank()) for sm in ps.sharding_spec.shards)
+        cols = {d: sum(s.dims[:j]) for j in range(len(s.dims))
+                for d in s.devices[j * (len(s.devices) // len(s.dims)):(j + 1) * (len(s.devices) // len(s.dims))]}
+        ours = sorted(([p.row_start, cols[d]], [p.row, p.dim], d) for d, p in s.pieces(t, 4))
+        assert ours == [x for x in shards if x[1][0] > 0]
+        assert pe.torchrec_problem(s, 4, 2) is None
+
+
 def test_full_planner_plans_are_torchrecs_exactly():
     sharder = algorithms.resolve("torchrec", batch_size=4096)
     assert sharder.types_for(4) == list(trp.ALL_TYPES)
-    assert trp.load_sharder(None, local_world_size=2).types_for(4) == list(trp.ALL_TYPES) + ["table_row_wise"]
+    assert trp.load_sharder(None, local_world_size=2).types_for(4) == list(trp.ALL_TYPES) + ["table_row_wise",
+                                                                                           "grid_shard"]
     seen = set()
     for ndevices, cap in [(4, 0.25), (4, 5.0), (2, 0.5)]:
         plan = sharder.shard(TASK, Topology(ndevices, cap))

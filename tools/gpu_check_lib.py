@@ -314,11 +314,11 @@ def _load_plans(spec: str, names: Sequence[str], tasks_of: dict) -> tuple[str, d
         if not 0 <= t < len(tasks):
             raise ShardError(f"--plans {path}: line {k}: task {t} is not in {name}'s {len(tasks)} tasks")
         general = [s for s in rec.get("shardings") or [] if isinstance(s, dict)
-                   and s.get("type") in ("row_wise", "data_parallel", "column_wise")]
+                   and s.get("type") in ("row_wise", "data_parallel", "column_wise", "grid")]
         if general and len(rec["shardings"]) != len(tasks[t]):
             raise ShardError(f"--plans {path}: line {k}: the plan does not fit task {t} ({len(tasks[t])} tables)")
         if general and rec.get("splits") is None:
-            # row-wise, data-parallel or uneven column-wise: the shardings are the plan (built per task)
+            # row-wise, grid, data-parallel or uneven column-wise: the shardings are the plan (built per task)
             by_alg.setdefault(str(rec["alg"]), {})[tuple(tasks[t].table_ids)] = (
                 "shardings", rec["shardings"], int(rec["ndevices"]))
             return

@@ -85,10 +85,10 @@ class TaskResult:
 
 def record_plan(rec: dict, tables: Sequence[TableConfig]) -> Plan:
     """The plan of an ``eval.py --out`` record (``tables``: its task's): its shardings where it has
-    row-wise, data-parallel or uneven column-wise tables (no ``splits``), else allocation and splits."""
+    row-wise, grid, data-parallel or uneven column-wise tables (no ``splits``), else allocation and splits."""
     ndevices = int(rec["ndevices"])
     if rec.get("shardings") and rec.get("splits") is None and any(
-            s["type"] in ("row_wise", "data_parallel", "column_wise") for s in rec["shardings"]):
+            s["type"] in ("row_wise", "data_parallel", "column_wise", "grid") for s in rec["shardings"]):
         return shardings_from_json(tables, rec["shardings"], ndevices)
     return Plan(tuple(rec["allocation"]), ndevices, tuple(rec["splits"]) if rec.get("splits") else None)
 

@@ -11,8 +11,11 @@ splits column-wise (NeuroShard, :attr:`Plan.splits`, or uneven blocks) is ``colu
 shard of ``[rows, dim_j]`` per column block, on the ranks its blocks were given; a row-wise table is
 ``row_wise`` over all ranks or ``table_row_wise`` over a subset, shard ``j`` ``[j x block, 0] +
 [rows_j, dim]`` on its ``j``-th rank (trailing empty blocks included, as TorchRec writes them); a
+grid table is ``grid_shard``, column block ``c`` (at column offset ``o_c``, dim ``w_c``) row-wise over
+one whole host's ranks in rank order, shard ``(c, j)`` ``[j x block, o_c] + [rows_j, w_c]``; a
 data-parallel table is ``data_parallel`` on the ``dense`` kernel with every rank and no sharding
-spec). JSON rather than a
+spec). :func:`torchrec_problem` says why TorchRec cannot apply a sharding (a row-wise table over
+neither every rank nor one host's, a grid block that is not one host's ranks). JSON rather than a
 pickle, so loading a plan never executes code. :func:`export_plan` writes both files for one task;
 :func:`export_plans` writes a directory for many (task, algorithm) records.
 """
@@ -28,7 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from shardcore import io
 from shardcore.errors import ShardError
-from shardcore.plan import COLUMN_WISE, ROW_WISE, TABLE_WISE, Plan, Sharding, row_blocks
+from shardcore.plan import COLUMN_WISE, GRID, ROW_WISE, TABLE_WISE, Plan, Sharding, row_blocks
 from shardcore.tables import TableConfig
 from shardcore.interop.torchrec_planner import _torchrec
 
@@ -78,6 +81,35 @@ def column_shards(tables: Sequence[TableConfig], plan: Plan) -> list[list[tuple[
     return out
 
 
+def torchrec_problem(s: Sharding, world: int, local_world_size: int | None = None) -> str | None:
+    """Why TorchRec cannot apply sharding ``s`` over ``world`` ranks in hosts of ``local_world_size``
+    (None: unknown, a grid's hosts then its blocks' size), or None when it can: its ``row_wise`` spans
+    every rank in rank order, ``table_row_wise`` and each ``grid_shard`` column block one whole host's
+    ranks in rank order (its process groups cut the ranks into hosts of ``LOCAL_WORLD_SIZE``)."""
+    if s.type not in (ROW_WISE, GRID) or (s.type == ROW_WISE and list(s.devices) == list(range(world))):
+        return None
+    k = len(s.devices) // len(s.dims or (1,))
+    local = int(local_world_size or (k if s.type == GRID else 0))
+    if s.type == ROW_WISE and not local:
+        return None    # hosts unknown: table_row_wise, as the caller said
+
+    def one_host(devs) -> bool:
+        first = devs[0] // local * local
+        return not world % local and list(devs) == list(range(first, first + local))
+
+    if s.type == ROW_WISE:
+        return None if one_host(s.devices) else (
+            f"row-wise over ranks {list(s.devices)}: TorchRec's row_wise spans all {world} ranks in rank order "
+            f"and its table_row_wise one whole host's ranks in order " +
+            (f"(hosts of {local} ranks)" if local < world else "(the plan has one host)"))
+    if k != local or world % local:
+        return (f"grid blocks of {k} ranks: TorchRec's grid_shard puts each column block on one whole host "
+                f"({local} of the {world} ranks)")
+    bad = next((s.devices[j:j + k] for j in range(0, len(s.devices), k) if not one_host(s.devices[j:j + k])), None)
+    return None if bad is None else (f"grid block on ranks {list(bad)}: TorchRec's grid_shard puts each column "
+                                     f"block on one whole host's ranks in rank order (hosts of {local} ranks)")
+
+
 def _torchrec_shards(t: TableConfig, s: Sharding, world: int) -> tuple[str, str, list[int], list[dict]]:
     """TorchRec's ``(sharding_type, compute_kernel, ranks, shards)`` of one table's sharding."""
     if s.type == TABLE_WISE:
@@ -96,6 +128,15 @@ def _torchrec_shards(t: TableConfig, s: Sharding, world: int) -> tuple[str, str,
             shards.append({"offsets": [off, 0], "sizes": [rows, t.dim], "rank": int(d)})
             off += rows
         return kind, "fused", [int(d) for d in s.devices], shards
+    if s.type == GRID:
+        shards, col, k = [], 0, len(s.devices) // len(s.dims)
+        for j, w in enumerate(s.dims):
+            off = 0
+            for d, rows in zip(s.devices[j * k:(j + 1) * k], row_blocks(t.row, k)):
+                shards.append({"offsets": [off, col], "sizes": [rows, int(w)], "rank": int(d)})
+                off += rows
+            col += int(w)
+        return "grid_shard", "fused", [int(d) for d in s.devices], shards
     return "data_parallel", "dense", list(range(world)), []
 
 
@@ -134,16 +175,23 @@ def plan_json(tables: Sequence[TableConfig], plan: Plan, max_memory_gb: float, p
 
 
 def torchrec_plan_json(tables: Sequence[TableConfig], plan: Plan, names: Sequence[str] | None = None,
-                       precision: str = "fp16", module_path: str = "", compute_kernel: str = "fused") -> dict:
+                       precision: str = "fp16", module_path: str = "", compute_kernel: str = "fused",
+                       local_world_size: int | None = None) -> dict:
     """The TorchRec form: per table (by name) a ``ParameterSharding``: table-wise on one rank;
     column-wise with the ranks of its column blocks (shard ``j`` at ``[0, offset_j]`` of
     ``[rows, dim_j]``); row-wise (all ranks) or table-row-wise (a subset) with shard ``j`` at
-    ``[j x block, 0]`` of ``[rows_j, dim]``; data-parallel on the ``dense`` kernel, every rank, no shards.
-    ``module_path`` is where the ``EmbeddingBagCollection`` sits in the user's model ("" when the
-    model is the collection itself, e.g. ``"sparse_arch.embedding_bag_collection"``)."""
+    ``[j x block, 0]`` of ``[rows_j, dim]``; grid as ``grid_shard`` (shard ``(c, j)`` at
+    ``[j x block, offset_c]`` of ``[rows_j, dim_c]``); data-parallel on the ``dense`` kernel, every
+    rank, no shards. ``module_path`` is where the ``EmbeddingBagCollection`` sits in the user's model
+    ("" when the model is the collection itself, e.g. ``"sparse_arch.embedding_bag_collection"``).
+    A sharding TorchRec cannot apply (:func:`torchrec_problem`; with ``local_world_size``, the
+    devices per host, recorded in the file) is a :class:`ShardError`."""
     names = _check_names(tables, names)
     rows = []
     for n, t, s in zip(names, tables, plan.table_shardings(tables)):
+        why = torchrec_problem(s, plan.ndevices, local_world_size)
+        if why:
+            raise ShardError(f"table {n!r} cannot be written for TorchRec: {why}")
         kind, kernel, ranks, shards = _torchrec_shards(t, s, plan.ndevices)
         rows.append({"name": n, "sharding_type": kind,
                      "compute_kernel": kernel if kind == "data_parallel" else compute_kernel,
@@ -151,6 +199,7 @@ def torchrec_plan_json(tables: Sequence[TableConfig], plan: Plan, names: Sequenc
     return {
         "format": TORCHREC_FORMAT,
         "world_size": plan.ndevices,
+        **({"local_world_size": int(local_world_size)} if local_world_size else {}),
         "module_path": module_path,
         "data_type": precision,
         "tables": rows,
@@ -166,14 +215,15 @@ def torchrec_path_for(path: str | os.PathLike) -> Path:
 
 def export_plan(out_dir: str | os.PathLike, stem: str, tables: Sequence[TableConfig], plan: Plan,
                 max_memory_gb: float, precision: str = "fp16", names: Sequence[str] | None = None,
-                module_path: str = "", **meta: Any) -> tuple[Path, Path]:
+                module_path: str = "", local_world_size: int | None = None, **meta: Any) -> tuple[Path, Path]:
     """Write ``out_dir/<stem>.json`` (plain form) and ``out_dir/<stem>.torchrec.json`` (TorchRec
-    form), each atomically; returns both paths."""
+    form, ``local_world_size`` as :func:`torchrec_plan_json`), each atomically; returns both paths."""
     out_dir = Path(out_dir)
     plain = out_dir / f"{stem}.json"
     trec = out_dir / f"{stem}.torchrec.json"
+    trec_obj = torchrec_plan_json(tables, plan, names, precision, module_path, local_world_size=local_world_size)
     io.write_json(plain, plan_json(tables, plan, max_memory_gb, precision, names, **meta))
-    io.write_json(trec, torchrec_plan_json(tables, plan, names, precision, module_path))
+    io.write_json(trec, trec_obj)
     return plain, trec
 
 
@@ -201,7 +251,9 @@ def export_plans(out_dir: str | os.PathLike, records: Iterable[PlanRecord | tupl
     ``out_dir/<alg>/task_<k>.torchrec.json`` (``<alg>`` made safe as a directory name, ``k`` the task
     id zero-padded to 4 digits), plus ``out_dir/index.json`` listing them. ``records`` holds
     :class:`PlanRecord` or ``(task, alg, tables, plan[, names])`` tuples; a record whose plan is
-    ``None`` (the algorithm found none) writes no files and is listed with ``"plan": null``.
+    ``None`` (the algorithm found none) writes no files and is listed with ``"plan": null``; one that
+    TorchRec cannot apply (a grid block that is not one host, :func:`torchrec_problem`) writes its
+    plain form only and is listed with ``"torchrec": null`` and the ``"torchrec_problem"``.
     Returns the paths written (the index last)."""
     out_dir = Path(out_dir)
     slugs: dict[str, str] = {}
@@ -218,6 +270,17 @@ def export_plans(out_dir: str | os.PathLike, records: Iterable[PlanRecord | tupl
             index.append({"task": int(rec.task), "alg": rec.alg, "plan": None, "torchrec": None})
             continue
         stem = f"task_{int(rec.task):04d}"
+        why = next((f"table {n!r}: {w}" for n, s in zip(_check_names(rec.tables, rec.names),
+                                                       rec.plan.table_shardings(rec.tables))
+                    if (w := torchrec_problem(s, rec.plan.ndevices))), None)
+        if why:   # the plain form only; the index says why TorchRec cannot apply it
+            plain = out_dir / slug / f"{stem}.json"
+            io.write_json(plain, plan_json(rec.tables, rec.plan, max_memory_gb, precision, rec.names,
+                                           alg=rec.alg, task=int(rec.task)))
+            written.append(plain)
+            index.append({"task": int(rec.task), "alg": rec.alg, "plan": str(plain.relative_to(out_dir)),
+                          "torchrec": None, "torchrec_problem": why})
+            continue
         plain, trec = export_plan(out_dir / slug, stem, rec.tables, rec.plan, max_memory_gb, precision,
                                   rec.names, module_path, alg=rec.alg, task=int(rec.task))
         written += [plain, trec]
@@ -251,7 +314,8 @@ def sharding_plan_from_json(obj: Mapping, device_type: str = "cuda", module_path
     """TorchRec's ``ShardingPlan`` from :func:`torchrec_plan_json`'s dict.
 
     ``device_type``: where the shards live (``"cuda"``: ``rank:r/cuda:<r mod local_world_size>``;
-    ``"cpu"``: ``rank:r/cpu``). ``module_path`` overrides the file's. With ``module`` (the
+    ``"cpu"``: ``rank:r/cpu``; ``local_world_size`` defaults to the file's, else the world size).
+    ``module_path`` overrides the file's. With ``module`` (the
     ``EmbeddingBagCollection`` to shard) every table is checked to exist there with the same rows
     and dim."""
     _torchrec()
@@ -261,7 +325,7 @@ def sharding_plan_from_json(obj: Mapping, device_type: str = "cuda", module_path
     if obj.get("format") != TORCHREC_FORMAT:
         raise ShardError(f"not a shardcore TorchRec plan (format {obj.get('format')!r}, expected {TORCHREC_FORMAT!r})")
     world = int(obj["world_size"])
-    local = int(local_world_size or world)
+    local = int(local_world_size or obj.get("local_world_size") or world)
     if module is not None:
         shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in module.embedding_bag_configs()}
         unplanned = sorted(set(shapes) - {t["name"] for t in obj["tables"]})

@@ -4,13 +4,13 @@
 TorchRec ``EmbeddingBagCollection`` on the ``meta`` device (no memory allocated) with one
 ``EmbeddingBagConfig`` per table (rows, dim, ``data_type`` = the weights precision, fp16 by default),
 lets every table take any sharding type our oracle measures -- table-wise, column-wise,
-table-column-wise, row-wise, data-parallel, and table-row-wise when the topology has several hosts
+table-column-wise, row-wise, data-parallel, and table-row-wise and grid when the topology has several hosts
 (``ParameterConstraints(sharding_types=[...], compute_kernels=["fused", "dense"], pooling_factors=[pf])``:
 ``fused`` for the model-parallel types, ``dense`` for data-parallel, TorchRec's only kernel for it) --
 describes N devices whose HBM is our per-device memory cap, and runs ``EmbeddingShardingPlanner``. Its
 plan is converted exactly (:func:`_plan_from_torchrec`): every table's sharding type, shard sizes and
 ranks become our :class:`~shardcore.plan.Sharding` (TorchRec's table-column-wise is our column-wise
-with its blocks' ranks, its table-row-wise our row-wise over its ranks), and the TorchRec type of
+with its blocks' ranks, its table-row-wise our row-wise over its ranks, its grid_shard our grid), and the TorchRec type of
 every table is kept in the sharder's ``last_info`` (``eval.py --out``: ``torchrec_types``).
 **``--alg torchrec-tw``** is the same planner restricted to table-wise sharding.
 
@@ -72,15 +72,16 @@ from typing import Any, Sequence
 
 from shardcore.baselines import Sharder
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.plan import Plan, Sharding, column_wise, data_parallel, row_blocks, row_wise, table_wise
+from shardcore.plan import Plan, Sharding, column_wise, data_parallel, grid, row_blocks, row_wise, table_wise
 from shardcore.tables import GB, TableConfig
 from shardcore.types import Topology
 
 DEFAULT_BATCH_SIZE = 4096
 MEMORY_MODELS = ("torchrec", "weights")
-# TorchRec's sharding types that the oracle measures; table_row_wise only where there are several hosts
+# TorchRec's sharding types that the oracle measures; table_row_wise and grid_shard (a column block
+# per host, row-wise over the host's ranks) only where there are several hosts
 ALL_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel")
-MULTI_HOST_TYPES = ("table_row_wise",)
+MULTI_HOST_TYPES = ("table_row_wise", "grid_shard")
 
 INSTALL_HINT = (
     "TorchRec is not installed: run `pip install -e .[torchrec]` (on a CPU-only machine "
@@ -348,16 +349,17 @@ def shard_piece(sharding_type: str, table: TableConfig, shard_rows: int, shard_c
                 ndevices: int) -> TableConfig:
     """The piece of ``table`` a TorchRec shard stands for, as the judge sees it (:meth:`Sharding.pieces
     <shardcore.plan.Sharding.pieces>`): a table-wise table or a column block is the table (with the
-    block's dim), a row-wise shard a row-wise piece (the table's pooling factor x its row share), a
-    data-parallel replica a replica of one batch slice."""
+    block's dim), a row-wise shard (or a grid shard, with its column block's dim) a row-wise piece
+    (the table's pooling factor x its row share), a data-parallel replica a replica of one batch slice."""
     from shardcore.plan import DATA_PARALLEL, ROW_WISE, ShardPiece
 
     if sharding_type == "data_parallel":
         return ShardPiece(table.index, table.row, table.dim, table.pooling_factor / ndevices, table.bins,
                           kind=DATA_PARALLEL, full_row=table.row, batch_part=(0, ndevices))
-    if sharding_type in ("row_wise", "table_row_wise"):
+    if sharding_type in ("row_wise", "table_row_wise", "grid_shard"):
         share = shard_rows / table.row if table.row else 0.0
-        return ShardPiece(table.index, int(shard_rows), table.dim, table.pooling_factor * share, table.bins,
+        dim = int(shard_cols) if sharding_type == "grid_shard" else table.dim
+        return ShardPiece(table.index, int(shard_rows), dim, table.pooling_factor * share, table.bins,
                           kind=ROW_WISE, row_start=int(row_offset), full_row=table.row)
     return TableConfig(table.index, table.row, int(shard_cols), table.pooling_factor, table.bins)
 
@@ -486,8 +488,9 @@ class TorchRecSharder(Sharder):
         hosts = ndevices // lws if lws else 1
         if self.sharding_types is not None:
             types = list(self.sharding_types)
-            if hosts < 2 and "table_row_wise" in types and len(types) > 1:
-                types.remove("table_row_wise")   # one host: table-row-wise is row-wise
+            for t in MULTI_HOST_TYPES:   # one host: table-row-wise is row-wise, a grid column-wise
+                if hosts < 2 and t in types and len(types) > 1:
+                    types.remove(t)
             return types
         return list(ALL_TYPES) + (list(MULTI_HOST_TYPES) if hosts > 1 else [])
 
@@ -644,7 +647,30 @@ def sharding_from_torchrec(ps, table: TableConfig, ndevices: int, name: str = "t
             raise ShardError(f"torchrec: {kind} table {name} has row blocks {sizes}, not {table.row} rows "
                              f"in equal blocks over {len(shards)} ranks ({expect})")
         return row_wise([rank for *_x, rank in shards])
+    if kind == "grid_shard":
+        return _grid_from_shards(shards, table, name)
     raise ShardError(f"torchrec: table {name} was sharded {kind}, which the oracle does not measure")
+
+
+def _grid_from_shards(shards: list, table: TableConfig, name: str) -> Sharding:
+    """Our grid of a ``grid_shard``'s shards: per column offset, a block of equal row blocks over its ranks."""
+    cols: dict[int, list] = {}
+    for sh in shards:
+        cols.setdefault(sh[1], []).append(sh)
+    blocks, col = [], 0
+    for c0 in sorted(cols):
+        block = sorted(cols[c0], key=lambda x: (x[0], x[2] > 0))
+        sizes, widths = [x[2] for x in block], {x[3] for x in block}
+        if c0 != col or len(widths) != 1 or sizes != row_blocks(table.row, len(block)):
+            raise ShardError(f"torchrec: grid_shard table {name} has a column block at offset {c0} with row "
+                             f"blocks {sizes} of dims {sorted(widths)}, not {table.row} rows in equal blocks "
+                             f"at column {col}")
+        blocks.append(([x[4] for x in block], widths.pop()))
+        col += blocks[-1][1]
+    if col != table.dim or len({len(devs) for devs, _ in blocks}) != 1:
+        raise ShardError(f"torchrec: grid_shard table {name}'s blocks cover {col} of {table.dim} columns "
+                         f"over {[len(devs) for devs, _ in blocks]} ranks each")
+    return grid(blocks)
 
 
 def _plan_from_torchrec(sharding_plan, names: Sequence[str], ndevices: int,

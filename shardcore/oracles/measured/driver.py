@@ -279,6 +279,7 @@ class PlanEvaluator:
         self._dataset_digest = dataset_digest(self.dataset)
         self._device_name: str | None = None
         self._host0: str | None = None
+        self._hosts: list[int] | None = None   # torchrun: each rank's node (GROUP_RANK), once they connected
         self._procs: list | None = None
         self._conns: list | None = None
         self._store = None
@@ -333,7 +334,8 @@ class PlanEvaluator:
 
     @property
     def parts(self) -> dict:
-        """How each cost part is obtained: ``{"compute": ..., "comm": ...}``."""
+        """How each cost part is obtained: ``{"compute": ..., "comm": ...}``; under torchrun also
+        ``"hosts"``, each rank's (device's) torchrun node, once the ranks have connected."""
         compute = f"measured ({self.device_type}, FBGEMM)"
         if self.device_type == "cpu":
             nominal = f" = {self.reference_nominal_ms:.2f} ms" if self.reference_nominal_ms else ""
@@ -350,7 +352,10 @@ class PlanEvaluator:
                     + ")")
         else:
             comm = self.comm_model.describe()
-        return {"compute": compute, "comm": comm}
+        out = {"compute": compute, "comm": comm}
+        if self._hosts is not None:   # torchrun: the node of each rank (device), so which pairs share a host
+            out["hosts"] = list(self._hosts)
+        return out
 
     @property
     def info(self) -> OracleInfo:
@@ -418,6 +423,7 @@ class PlanEvaluator:
                                  "command again")
             self._generation += 1
             remote, self._host0 = accept_ranks(self._env, self.start_timeout_s)
+            self._hosts = [self._env.group_rank] + [rr.group_rank for rr in remote]
             self.device_ids = (self._env.local_rank,) + tuple(rr.local_rank for rr in remote)
             cfg = WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._env.master_port,
                                 max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes(),

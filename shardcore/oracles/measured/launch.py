@@ -165,8 +165,9 @@ class RemoteRank:
     pid = None
     exitcode = None
 
-    def __init__(self, rank: int, host: str, local_rank: int, conn: JsonConnection):
+    def __init__(self, rank: int, host: str, local_rank: int, conn: JsonConnection, group_rank: int = 0):
         self.rank, self.host, self.local_rank, self.conn = rank, host, local_rank, conn
+        self.group_rank = group_rank   # its torchrun node (GROUP_RANK): which ranks share a host
         self.closed = False
 
     def is_alive(self) -> bool:
@@ -220,14 +221,14 @@ def accept_ranks(env: RankEnv, timeout_s: float) -> tuple[list[RemoteRank], str]
                 continue
             with socket.socket(fileno=os.dup(fd)) as again:
                 _recv_timeout(again, 0.0)   # from now on the evaluator's deadlines bound every wait
-            if not (isinstance(hello, list) and len(hello) == 4 and hello[0] == "hello"):
+            if not (isinstance(hello, list) and len(hello) == 5 and hello[0] == "hello"):
                 conn.close()
                 continue
-            r, peer_host, local_rank = int(hello[1]), str(hello[2]), int(hello[3])
+            r, peer_host, local_rank, group_rank = int(hello[1]), str(hello[2]), int(hello[3]), int(hello[4])
             if not 0 < r < env.world_size or r in ranks:
                 conn.close()
                 continue
-            ranks[r] = RemoteRank(r, peer_host, local_rank, JsonConnection(conn))
+            ranks[r] = RemoteRank(r, peer_host, local_rank, JsonConnection(conn), group_rank)
     except BaseException:
         for rr in ranks.values():
             rr.kill()
@@ -268,7 +269,7 @@ def serve(timeout_s: float = 300.0) -> int:
     conn = Connection(sock.detach())
     _handshake(conn, key, server=False)
     jc = JsonConnection(conn)
-    jc.send(["hello", env.rank, socket.gethostname(), env.local_rank])
+    jc.send(["hello", env.rank, socket.gethostname(), env.local_rank, env.group_rank])
     return serve_remote(env, jc)
 
 

@@ -4,8 +4,9 @@ A plan (:mod:`shardcore.plan`) gives each device a list of pieces (:class:`~shar
 or plain tables). Per piece, :func:`piece_lookups` cuts the batch's lookups from ``data.pt``:
 
 * table-wise / column-wise: the table's whole batch (a column block has the table's lookups);
-* row-wise: only the indices in the piece's row range, shifted to start at 0, with the per-sample
-  offsets rebuilt (a sample with no index in the range is an empty bag);
+* row-wise (and a grid's pieces, row blocks of a column block): only the indices in the piece's row
+  range, shifted to start at 0, with the per-sample offsets rebuilt (a sample with no index in the
+  range is an empty bag);
 * data-parallel: only the samples of the device's batch slice (``B_d`` bags), looked up in a kernel
   of their own over that slice (:func:`shardcore.plan.device_kernels`), so the piece's pooled
   output is its slice's rows.
@@ -114,7 +115,7 @@ def comm_layout(dataset, shards: Sequence[Sequence[TableConfig]], batch_size: in
     dim_sums = [0] * n
     ids = [[0] * n for _ in range(n)]
     allreduce = [0] * n
-    groups: dict[tuple, list[tuple[int, int, int]]] = {}
+    groups: dict[tuple, list[dict[int, tuple[int, int, int]]]] = {}
     whole: dict[int, list[int]] = {}     # a whole table's ids per slice (table-wise, column blocks)
     for d, shard in enumerate(shards):
         col = 0
@@ -131,17 +132,21 @@ def comm_layout(dataset, shards: Sequence[Sequence[TableConfig]], batch_size: in
             for j, c in enumerate(counts):      # slice j's ids of the piece, plus one length a sample
                 ids[j][d] += c + slices[j]
             if isinstance(t, ShardPiece) and t.kind == ROW_WISE:
-                # a table's row blocks: same table, rows and dim, consecutive ranges
-                key = (t.index, t.full_row, t.dim)
-                groups.setdefault(key, []).append((d, col, int(t.dim)))
+                # a table's row blocks: same table, rows and dim, consecutive ranges; where the ranges
+                # repeat (a grid's column blocks of one dim, or a table used twice), one sum per repeat
+                repeats = groups.setdefault((t.index, t.full_row, t.dim), [])
+                grp = next((g for g in repeats if t.row_start not in g), None)
+                if grp is None:
+                    repeats.append(grp := {})
+                grp[int(t.row_start)] = (d, col, int(t.dim))
             col += int(t.dim)
             dim_sums[d] += int(t.dim)
-    rw = [grp for grp in groups.values() if len(grp) > 1]
+    rw = [list(g.values()) for repeats in groups.values() for g in repeats if len(g) > 1]
     return CommLayout(dim_sums, ids, allreduce, rw)
 
 
 TYPE_ABBREV = {"table_wise": "TW", "column_wise": "CW", "table_column_wise": "TWCW", "row_wise": "RW",
-               "table_row_wise": "TWRW", "data_parallel": "DP"}
+               "table_row_wise": "TWRW", "data_parallel": "DP", "grid": "GRID", "grid_shard": "GRID"}
 
 
 def type_counts(results) -> dict[str, dict[str, int]]:
