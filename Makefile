@@ -60,7 +60,8 @@ experiments: $(STAMP)
 	$(PY) tools/bench_planning.py --data-dir $(DATA) --out-dir results --models-dir models/experiments/small
 	$(PY) tools/run_experiments.py --scale cluster --oracle emulated:h200 --devices-per-host 8 --max-memory 0.35 \
 	    --algs random,lookup_greedy,size_lookup_greedy,torchrec,torchrec-tw,shardkit --torchrec-time 120 \
-	    --data-dir $(DATA) --out-dir results/cluster
+	    --torchrec-memory weights --shardkit-time 30 --batch-size 65536 --data-dir $(DATA) \
+	    --out-dir results/cluster
 
 # The learned anchors: DreamShard, AutoShard and NeuroShard trained with fixed seeds against the emulated
 # H200 (held-out fit, batch 65536) on the 50 training tasks of DLRM-50 (4), into models/anchors/h200/ with

@@ -149,9 +149,9 @@ SCALES: dict[str, Scale] = {
     "cluster": Scale(
         "cluster", _ts((400, 32),), _ts((400, 32),), num_train=0, num_test=3, bench_iters=None, warmup_iters=None,
         train_timeout_s=None, judge_pool=260, emulated_only=True,
-        about="DLRM-400 on 32 devices (give --devices-per-host 8 for 4 hosts of 8), 3 test tasks of tables outside "
+        about="DLRM-400 on 32 devices (with --devices-per-host 8: 4 hosts of 8), 3 test tasks of tables outside "
               "the 260 that keep the held-out judge its measured shards; no training (greedy baselines, TorchRec, "
-              "shardkit); for --oracle emulated:h200"),
+              "shardkit); for --oracle emulated:h200 at --batch-size 65536 (make experiments' cluster block)"),
     # A smoke run / the tests: a few tiny tasks on 2 devices, a token amount of training.
     "tiny": Scale(
         "tiny", _ts((6, 2), (10, 2)), _ts((6, 2),),
@@ -224,6 +224,7 @@ class ExperimentConfig(Config):
                              action="store_true", group=LEARNED)
     retrain: bool = param(False, "train again even where --models-dir holds a finished checkpoint",
                           action="store_true", group=LEARNED)
+    planner_args: dict = field(default_factory=dict)  # the declared planners' flags given (--shardkit-time ...)
     model_paths: dict = field(default_factory=dict)   # method -> checkpoint given by the user
     train_args: dict = field(default_factory=dict)    # method -> extra flags (a string) for its script
     train_timeout_s: float | None = param(-1.0, "stop a training run after S seconds (DreamShard then uses its "

@@ -36,6 +36,7 @@ from shardcore.oracles.emulated.emulator import judge_pool
 from shardcore.tasks import load_tasks, save_tasks
 from shardcore.types import Topology
 from shardcore.oracles.commmodel import comm_kwargs
+from shardcore.registry import CORE_PLUGINS
 
 from .config import PLUGINS, SCALES, ExperimentConfig, TaskSetDef, learned_methods, planners
 from .facts import machine_info, now, software_versions
@@ -98,7 +99,7 @@ def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: in
     for alg in algs:
         if alg in BASELINES:
             sharders[alg] = algorithms.resolve(alg, seed=seed)
-        elif alg in PLUGINS or alg in planners():
+        elif alg in PLUGINS or alg in CORE_PLUGINS or alg in planners():   # TorchRec (every type, or table-wise)
             kwargs = dict(planner_kwargs or {})   # the judged hardware: TorchRec's planner is configured for it too
             try:
                 sharders[alg] = GuardedSharder(alg, inner=algorithms.resolve(alg, seed=seed, batch_size=batch_size,
@@ -278,7 +279,7 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
         set_notes: list[str] = []
         planner_kwargs = {"oracle": cfg.oracle, "data_dir": cfg.data_dir, **comm_kwargs(cfg), "cache_path": cfg.cache_path,
                           "emulator_fit": cfg.emulator_fit, "torchrec_time": cfg.torchrec_time,
-                          "memory_model": cfg.torchrec_memory,
+                          "memory_model": cfg.torchrec_memory, **cfg.planner_args,
                           # tables a model fitted from the cache must not have seen
                           "exclude_task_files": [str(task_dirs[t] / "test.txt") for t in cfg.task_sets]}
         sharders, used = build_sharders(algs, ts.ndevices, cfg.seed, batch_size, learned, set_notes,

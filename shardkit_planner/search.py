@@ -21,9 +21,12 @@ the start under the model, and the search cannot cycle.
 * *swap*: a table-wise table of ``m`` with one of ``e``;
 * *split*: a table-wise table (or a block) of ``m`` cut column-wise into two halves, one moved to ``e``
   (dims stay multiples of 4);
-* *row-wise*: a hot table of ``m`` spread row-wise over every device, or over ``m`` and the cheapest ones;
+* *row-wise*: a hot table of ``m`` spread row-wise over every device, or over ``m`` and the cheapest ones,
+  or (with hosts) over ``m``'s host: table-row-wise;
+* *grid* (with hosts): a hot table of ``m`` cut into two column blocks, each row-wise over a whole host,
+  ``m``'s and the least loaded other;
 * *replicate*: a small hot table of ``m`` made data-parallel (a replica on every device);
-* *gather*: a row-wise or data-parallel table touching ``m`` made table-wise on ``e``.
+* *gather*: a row-wise, grid or data-parallel table touching ``m`` made table-wise on ``e``.
 
 A local optimum of these moves is left by a *kick* (:func:`kick`: a few random moves, taken whatever
 they cost) and a new search from there -- an iterated local search, run by the sharder while its
@@ -44,7 +47,7 @@ from typing import Sequence
 
 import numpy as np
 
-from shardcore.plan import (COLUMN_WISE, DATA_PARALLEL, ROW_WISE, TABLE_WISE, Plan, Sharding, column_wise,
+from shardcore.plan import (COLUMN_WISE, DATA_PARALLEL, GRID, ROW_WISE, TABLE_WISE, Plan, Sharding, column_wise, grid,
                             data_parallel, row_wise, table_wise)
 from shardcore.plan import piece_key
 from shardcore.tables import DIM_MULTIPLE, GB, TableConfig, bytes_per_element
@@ -203,7 +206,7 @@ def _merge_blocks(blocks: list[tuple[int, int]]) -> Sharding:
     return column_wise([(d, by_dev[d]) for d in order])
 
 
-ALL_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL)
+ALL_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL, GRID)
 
 
 def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
@@ -211,7 +214,7 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
     """The moves from the most expensive device ``m`` (see the module notes); only moves whose new
     sharding is of one of ``types`` (table-wise is always allowed). On a device with many pieces only
     its ``max_pieces`` heaviest are moved, split or swapped (bounded rounds on large tasks)."""
-    cw, rw, dp = COLUMN_WISE in types, ROW_WISE in types, DATA_PARALLEL in types
+    cw, rw, dp, gr = COLUMN_WISE in types, ROW_WISE in types, DATA_PARALLEL in types, GRID in types
     n = st.n
     order = [int(d) for d in np.argsort(st.costs, kind="stable") if int(d) != m]
     dests = order[:fanout]
@@ -264,7 +267,7 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
     if n >= 2:
         for pos in heavy:
             s, t = st.shardings[pos], st.tables[pos]
-            if s.type in (ROW_WISE, DATA_PARALLEL):
+            if s.type in (ROW_WISE, DATA_PARALLEL, GRID):
                 continue
             if rw:
                 out.append(("row-wise", {pos: row_wise(range(n))}))
@@ -276,6 +279,14 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
                     host = list(range(m - m % g, min(n, m - m % g + g)))
                     if len(host) > 1:
                         out.append(("row-wise", {pos: row_wise(host)}))
+            g = getattr(st.model.comm, "devices_per_host", 0)
+            if gr and g and n >= 2 * g and n % g == 0 and t.dim % (2 * DIM_MULTIPLE) == 0:
+                # grid: the columns in two blocks, each row-wise over a whole host, m's and the cheapest other
+                load = st.costs.reshape(n // g, g).sum(axis=1)
+                mine = m // g
+                other = min((h for h in range(n // g) if h != mine), key=lambda h: (load[h], h))
+                out.append(("grid", {pos: grid([(range(mine * g, mine * g + g), t.dim // 2),
+                                                 (range(other * g, other * g + g), t.dim // 2)])}))
             if dp and t.memory_gb(st.precision) <= dp_max_gb:
                 out.append(("replicate", {pos: data_parallel(n)}))
         if dp:

@@ -166,7 +166,8 @@ class ShardkitConfig(Config):
     ``refine`` only where plans are measured)."""
 
     time: float = param(5.0, "shardkit's planning time budget per task in seconds (default "
-                        "{default}): the task's model, its starts, their evaluation, the search and the choice; "
+                        "{default}): the task's model (a held-out refit), its starts, their evaluation, the search "
+                        "and the choice (loading the cost model and the card's measurements, once, comes before); "
                         "the first start that places the task is always made (at 100k tables about 4 s); "
                         "measured refinement's rounds each search this long again", type=positive_float,
                         metavar="S", cli_default=None)
@@ -181,8 +182,9 @@ class ShardkitConfig(Config):
                           "model_greedy, hybrid_greedy, replicate_greedy and the four greedy baselines)",
                           type=name_list, metavar="ALGS",
                           cli_default=None)
-    types: tuple | None = param(None, "sharding types shardkit's search may create: tw, cw, rw, dp (default all "
-                                "four for emulated:h200, tw,cw for the measured oracle)", type=name_list,
+    types: tuple | None = param(None, "sharding types shardkit's search may create: tw, cw, rw, dp, grid (default "
+                                "all five for emulated:h200, grid only where there are hosts; tw,cw for the measured "
+                                "oracle)", type=name_list,
                                 metavar="TYPES")
     kicks: int | None = param(None, "at most N kicks of the iterated local search that follows the starts' searches "
                               "(default: as many as the budget allows, ending after 40 in a row without a gain); 0: "
@@ -284,6 +286,15 @@ class ShardkitSharder(Sharder):
             self.model = self.model_factory(self.oracle)
         return self.model
 
+    def load(self) -> None:
+        """What is loaded once, before any budget runs (as a planner's import would be): the cost model
+        and, for an emulated card, its measurements (the held-out refits' data)."""
+        model = self.cost_model()
+        if model.landscape.startswith("emulated:"):
+            from shardcore.oracles.emulated.emulator import measured_landscapes
+
+            measured_landscapes(model.landscape.split(":", 1)[1])
+
     def task_model(self, tables: Sequence[TableConfig]) -> CostModel:
         """The model a task is planned with. Planning for the held-out emulated card
         (``emulator_fit="heldout"``): its compute is the emulator refitted without every measured shard
@@ -371,7 +382,8 @@ class ShardkitSharder(Sharder):
     def shard(self, tables, topology):
         ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         tables = list(tables)
-        # the budget covers the whole call: the task's model (a held-out refit), the starts, their
+        self.load()
+        # the budget covers the rest of the call: the task's model (a held-out refit), the starts, their
         # evaluation, the search and the choice; only the first start that places the task is always
         # made (no answer without one), so at 100k tables a tiny budget costs that one start's time
         deadline = time.perf_counter() + self.time_budget_s
@@ -549,11 +561,11 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
     if "shardkit" in starts:
         raise ShardError("--shardkit-starts cannot name shardkit itself")
     if cfg.types:
-        abbrev = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "dp": "data_parallel"}
+        abbrev = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "dp": "data_parallel", "grid": "grid"}
         types = tuple(abbrev.get(str(t).lower(), str(t).lower()) for t in cfg.types)
         bad = [t for t in types if t not in ALL_TYPES]
         if bad:
-            raise ShardError(f"--shardkit-types: unknown type {bad[0]!r} (tw, cw, rw, dp or their full names)")
+            raise ShardError(f"--shardkit-types: unknown type {bad[0]!r} (tw, cw, rw, dp, grid or their full names)")
     else:
         types = ALL_TYPES if landscape.startswith("emulated") else ("table_wise", "column_wise")
     start_kwargs = {k: v for k, v in kwargs.items() if v is not None}

@@ -67,6 +67,8 @@ from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
 from shardkit_planner.sharder import CONFIG as SHARDKIT_CONFIG, ShardkitSharder
 from shardkit_planner.search import ALL_TYPES
 
+ONE_HOST_TYPES = tuple(t for t in ALL_TYPES if t != "grid")   # a grid needs hosts: this planner plans one
+
 from .stats import TableStats, collections, precision_of, table_stats
 
 INEXPRESSIBLE_MS = 1e6      # the price of a device holding a row block TorchRec cannot place (module notes)
@@ -149,7 +151,7 @@ class ShardkitPlanner(ShardingPlanner):
                  constraints: Optional[Dict[str, ParameterConstraints]] = None, samples: Sequence[Any] | None = None,
                  oracle: str | os.PathLike | CostModel | None = None, comm: CommModel | None = None,
                  time_budget_s: float = SHARDKIT_CONFIG.time, starts: Sequence[str] = SHARDKIT_CONFIG.starts,
-                 types: Sequence[str] = ALL_TYPES, reserve: float = DEFAULT_RESERVE,
+                 types: Sequence[str] = ONE_HOST_TYPES, reserve: float = DEFAULT_RESERVE,
                  device_type: str | None = None) -> None:
         if topology.local_world_size != topology.world_size:
             raise ShardError(f"ShardkitPlanner plans one host: the topology has {topology.world_size} ranks in hosts "
@@ -162,10 +164,10 @@ class ShardkitPlanner(ShardingPlanner):
             oracle = EMULATED
         if not 0.0 <= float(reserve) < 1.0:
             raise ShardError(f"ShardkitPlanner: reserve must be in [0, 1), got {reserve}")
-        bad = [t for t in types if t not in ALL_TYPES]
+        bad = [t for t in types if t not in ONE_HOST_TYPES]
         if bad or not types:
             raise ShardError(f"ShardkitPlanner: unknown sharding type {bad[0] if bad else None!r} "
-                             f"(choose from {', '.join(ALL_TYPES)})")
+                             f"(choose from {', '.join(ONE_HOST_TYPES)})")
         self.topology = topology
         self.batch_size = int(batch_size or BATCH_SIZE)
         self.constraints = dict(constraints or {})

@@ -826,3 +826,31 @@ def test_a_start_that_is_another_planner_plans_for_the_same_hardware():
                       shardkit_starts=("torchrec", "lookup_greedy"))
     hw = sk._start_sharder("torchrec").hardware
     assert hw.landscape == "emulated:h200" and hw.intra_host_bw_gbps == 100.0 and hw.compute_device == "cuda"
+
+
+def test_host_moves_table_row_wise_and_grid(data, model):
+    """With hosts (2 x 2 devices), the search also offers a hot table row-wise over its device's host and
+    cut into two column blocks, each row-wise over a whole host (grid); both keep the state's books."""
+    from shardcore.oracles.commmodel import CommModel
+
+    _, tables = data
+    task = [t for t in tables if t.dim % 8 == 0 and t.pooling_factor > 0][:8]
+    hosts = dataclasses.replace(model, comm=CommModel(devices_per_host=2))
+    st = State(hosts, task, [table_wise(d % 4) for d in range(len(task))], 4, 10.0, "fp16")
+    m = int(np.argmax(st.costs))
+    moves = candidate_moves(st, m, 3, 8, 1.0)
+    grids = [c for k, c in moves if k == "grid"]
+    assert grids and all(s.type == "grid" and len(s.dims) == 2 for c in grids for s in c.values())
+    mine = {m - m % 2, m - m % 2 + 1}
+    assert all(set(s.devices[:2]) == mine and not set(s.devices[2:]) & mine for c in grids for s in c.values())
+    assert any(s.type == "row_wise" and set(s.devices) == mine for k, c in moves if k == "row-wise" for s in c.values())
+    change = grids[0]
+    shards = st.changed_shards(change)
+    comp = st.compute_many(list(shards.values()))
+    st.apply(change, shards, {d: float(v) for d, v in zip(shards, comp)})
+    np.testing.assert_allclose(st.costs, hosts.device_costs(task, st.plan()), rtol=1e-9)
+    # without hosts, or without the type, no grid is offered
+    flat = State(model, task, [table_wise(d % 4) for d in range(len(task))], 4, 10.0, "fp16")
+    assert "grid" not in {k for k, _ in candidate_moves(flat, m, 3, 8, 1.0)}
+    assert "grid" not in {k for k, _ in candidate_moves(st, m, 3, 8, 1.0,
+                                                          types=("table_wise", "row_wise"))}

@@ -189,3 +189,15 @@ def test_torchrec_time_reaches_torchrec_and_its_record():
     assert sharder.timeout_seconds == 2
     assert sharder.config(4, 1024, 4, ["table_wise"])["timeout_seconds"] == 2
     assert load_sharder(None, batch_size=4096).config(4, 1024, 4, ["table_wise"])["timeout_seconds"] is None
+
+
+def test_cluster_scale_is_for_the_emulated_card():
+    from experiments.config import SCALES, ExperimentConfig
+
+    sc = SCALES["cluster"]
+    assert sc.judge_pool and sc.task_sets[0].num_tables >= 300 and sc.task_sets[0].ndevices == 32
+    with pytest.raises(ShardError, match="emulated"):
+        ExperimentConfig(scale="cluster", oracle="measured", algs=("lookup_greedy",)).resolved()
+    cfg = ExperimentConfig(scale="cluster", oracle="emulated:h200", algs=("lookup_greedy",), devices_per_host=8,
+                           torchrec_time=60.0, planner_args={"shardkit_time": 30.0}).resolved()
+    assert cfg.num_train == 0 and cfg.planner_args == {"shardkit_time": 30.0}

@@ -27,6 +27,7 @@ import sys
 from experiments.config import ExperimentConfig, add_experiment_args, learned_methods
 from experiments.pipeline import run_experiments
 from shardcore import registry
+from shardcore.cli import algorithms
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_memory_args, add_oracle_args, run_main
 from shardcore.config import config_from_args
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"extra flags for train_{m}.py, appended after the scale's; write them with '=', e.g. "
                             f"--{m}-args='--seed 3'")
     add_oracle_args(p)
+    algorithms.add_plugin_args(p)   # --shardkit-time, ...: the declared planners' own flags
     return p
 
 
@@ -68,6 +70,7 @@ def main(argv=None):
         devices_per_host=args.devices_per_host or None, inter_host_bandwidth=args.inter_host_bandwidth,
         inter_host_latency=args.inter_host_latency,
         emulator_fit=args.emulator_fit,
+        planner_args=algorithms.plugin_kwargs(args),
         model_paths={m: getattr(args, f"{m}_model") for m in learned_methods()},
         train_args={m: getattr(args, f"{m}_args") for m in learned_methods()},
         breakdown_set=args.breakdown_set[0] if args.breakdown_set else None,
