@@ -86,6 +86,7 @@ def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int,
 REPLICATE_MAX_GB = 0.05   # the search's own bound on a replicated table (search.local_search's dp_max_gb)
 SPREAD_COUNTS = (0, 1, 2, 3, 4, 6, 8)   # hybrid_greedy: how many of the heaviest tables it tries row-wise
 KICK_PATIENCE = 40         # the iterated search stops after this many kicks in a row gain nothing
+START_SHARE = 0.5          # of the budget left after the task's model, the most the starts may take
 OWN_STARTS = ("model_greedy", "hybrid_greedy", "replicate_greedy")   # starts this module makes itself
 
 
@@ -388,7 +389,11 @@ class ShardkitSharder(Sharder):
         # made (no answer without one), so at 100k tables a tiny budget costs that one start's time
         deadline = time.perf_counter() + self.time_budget_s
         model = self.task_model(tables)
-        starts = self.start_plans(tables, ndevices, max_memory_gb, precision, model, deadline=deadline)
+        # the starts get at most half of what is left (at hundreds of tables on a hundred devices the
+        # search from a cheap start gains more than another costly start), the search the rest
+        now = time.perf_counter()
+        starts = self.start_plans(tables, ndevices, max_memory_gb, precision, model,
+                                  deadline=now + START_SHARE * max(0.0, deadline - now))
         states = []
         one = 0.0   # the first start's evaluation took this long; another is begun only if it fits
         for name, plan in starts:
