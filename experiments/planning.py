@@ -67,6 +67,7 @@ class BenchConfig:
     models_dir: str | None = "models/experiments/small"
     quiet: bool = False
     plugin_oracle: str = "emulated:h200"   # the landscape the planner plugins (shardkit_methods.PLANNER_PLUGINS) plan for
+    devices_per_host: int = 0              # hosts of G devices (the planners that model the exchange plan for them)
     command: list = field(default_factory=lambda: list(sys.argv))
 
 
@@ -335,6 +336,8 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
                     "precision": cfg.precision, "repeats": cfg.repeats, "time_limit_s": cfg.time_limit_s}
             if alg in planners():   # a declared planner with its own cost model plans for the emulated landscape here
                 spec["plugin_kwargs"] = {"oracle": cfg.plugin_oracle, "data_dir": os.path.abspath(cfg.data_dir)}
+            if cfg.devices_per_host:   # shardkit's model and TorchRec's topology (local_world_size) alike
+                spec["plugin_kwargs"] = dict(spec.get("plugin_kwargs", {}), devices_per_host=cfg.devices_per_host)
             todo = list(points)
             got: dict[int, dict] = {}
             while todo:

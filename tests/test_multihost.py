@@ -231,3 +231,25 @@ def test_torchrun_launcher_outside_torchrun_is_one_line(data, monkeypatch):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --launcher torchrun:")
+
+
+def test_more_plan_devices_than_ranks_on_two_hosts_fit_both_levels(data, tmp_path):
+    """8 plan devices on 2 torchrun hosts x 2 ranks: the exchange is modelled, each level fitted apart from
+    exchanges measured within and between the hosts, and the plan's devices form hosts of 2."""
+    root, tasks = data
+    port = _free_port_pair()
+    args = [os.path.join(ROOT, "eval.py"), "--launcher", "torchrun", "--ndevices", "8", "--alg", "lookup_greedy",
+            "--task-path", str(tasks), "--data-dir", str(root / "ds"), "--max-memory", "5", "--bench-iters", "2",
+            "--warmup-iters", "1", "--no-cache", "--cache-path", str(tmp_path / "c.sqlite"), "--max-tasks", "1",
+            "--out", str(tmp_path / "over.jsonl")]
+    with open(tmp_path / "n0.out", "w") as o0, open(tmp_path / "n1.out", "w") as o1:
+        p1 = _torchrun(1, port, args, tmp_path / "l1", o1, subprocess.STDOUT)
+        p0 = _torchrun(0, port, args, tmp_path / "l0", o0, subprocess.STDOUT)
+        assert p0.wait(timeout=240) == 0, _rank_file(tmp_path / "l0", 0, "stderr.log")
+        assert p1.wait(timeout=60) == 0
+    rec = json.loads((tmp_path / "over.jsonl").read_text().splitlines()[0])
+    assert len(rec["device_costs_ms"]) == 8 and rec["cost_ms"] > 0
+    comm = rec["parts"]["comm"]
+    assert "fitted to gloo exchanges within and between 2 torchrun hosts of 2" in comm
+    assert "between hosts of 2 devices" in comm and "fitted)" in comm
+    assert not _ours(str(tasks))

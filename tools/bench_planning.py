@@ -21,7 +21,7 @@ import os
 import sys
 
 
-from shardcore.argtypes import int_list, name_list, positive_float, positive_int, seed_int
+from shardcore.argtypes import int_list, name_list, nonnegative_int, positive_float, positive_int, seed_int
 from shardcore.cli.common import run_main
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip an algorithm's larger sizes once one size takes longer than S seconds; a call "
                         "still running after max(4 S, S + 60) s is stopped (default 30)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the table draws and the random baseline (default 0)")
+    p.add_argument("--devices-per-host", type=nonnegative_int, default=0, metavar="G",
+                   help="devices form hosts of G (where there are more than G): shardkit and TorchRec plan for them "
+                        "(default 0: one host)")
     p.add_argument("--models-dir", default="models/experiments/small",
                    help="where to look for learned checkpoints (<dir>/<method>_<N>dev/, as written by "
                         "tools/run_experiments.py; default models/experiments/small)")
@@ -79,7 +82,7 @@ def main(argv=None):
         data_dir=args.data_dir, out_dir=args.out_dir, algs=algs, table_sizes=tuple(args.tables),
         tables_ndevices=args.tables_ndevices, device_counts=tuple(args.devices), devices_tables=args.devices_tables,
         max_memory=args.max_memory, headroom=args.headroom, precision=args.weights_precision,
-        repeats=args.repeats, time_limit_s=args.time_limit, seed=args.seed,
+        repeats=args.repeats, time_limit_s=args.time_limit, seed=args.seed, devices_per_host=args.devices_per_host,
         model_paths={m: getattr(args, f"{m}_model") for m in learned_methods()}, models_dir=args.models_dir,
         quiet=args.quiet,
         command=["python", os.path.relpath(os.path.abspath(__file__))] + list(argv if argv is not None else sys.argv[1:]))

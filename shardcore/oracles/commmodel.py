@@ -289,7 +289,7 @@ class CommModel:
     def describe(self) -> str:
         how = "fitted to measured all-to-alls" if self.source == "fitted" else "analytic"
         hosts = (f"; between hosts of {self.devices_per_host} devices {self.inter_latency_us:.1f} us + bytes / "
-                 f"{self.inter_bandwidth_gbps:.1f} GB/s, {DEFAULT_INTER_HOST_LINK if self.inter_bandwidth_gbps == DEFAULT_INTER_HOST_BANDWIDTH_GBPS else 'given'}"
+                 f"{self.inter_bandwidth_gbps:.1f} GB/s, {'fitted' if self.source == 'fitted' else DEFAULT_INTER_HOST_LINK if self.inter_bandwidth_gbps == DEFAULT_INTER_HOST_BANDWIDTH_GBPS else 'given'}"
                  if self.devices_per_host else "")
         return (f"modelled ({how}: {self.latency_us:.1f} us + bytes / {self.bandwidth_gbps:.1f} GB/s; "
                 f"{self.link}{hosts})")

@@ -806,6 +806,9 @@ class PlanEvaluator:
         analytic model given to the constructor."""
         if self.nworkers < 2 or self.comm_model is None or self.comm_model.source == "fitted":
             return self.comm_model or self._comm_model_given
+        if self._hosts is not None and len(set(self._hosts)) > 1:
+            self.comm_model = self._calibrate_two_levels()
+            return self.comm_model
         n = self.nworkers
         pts: list[tuple[int, float]] = []
         for scale in (16, 64, 256, 1024):
@@ -818,6 +821,38 @@ class PlanEvaluator:
                 else f"fitted to gloo all-to-alls between {n} local CPU processes")
         self.comm_model = fit_comm_model(pts, link)
         return self.comm_model
+
+    def _calibrate_two_levels(self) -> CommModel:
+        """Under torchrun on several hosts: each level fitted apart, from exchanges that stay within the
+        hosts (every rank to its host's other ranks only) and from exchanges that only cross them (every
+        rank to every rank of the other hosts), four sizes each; the model of
+        :class:`~shardcore.oracles.commmodel.CommModel` with ``devices_per_host`` the ranks per host (an
+        all-to-all over every rank mixes the two levels in a fixed ratio, so it cannot tell them apart)."""
+        n, hosts = self.nworkers, list(self._hosts)
+        per_host = {h: hosts.count(h) for h in hosts}
+        if len(set(per_host.values())) != 1 or hosts != sorted(hosts):
+            raise ShardError(f"torchrun: the ranks' hosts {hosts} are not equal consecutive groups; the exchange "
+                             "between hosts cannot be modelled for them")
+        g = per_host[hosts[0]]
+        scale = (self._speed_scale(self._reference_samples(REFERENCE_COMM_ITERS))
+                 if self.device_type == "cpu" else 1.0)
+        fits = []
+        for same in (True, False):
+            pts: list[tuple[int, float]] = []
+            for k in (1 << 10, 1 << 12, 1 << 14, 1 << 16):   # int64 elements to each peer of the level
+                matrix = [[k if s != d and (hosts[s] == hosts[d]) == same else 0 for d in range(n)] for s in range(n)]
+                reps = self._request(list(range(n)), lambda r, req: (
+                    "comm", req, [0] * n, self.batch_size, self.warmup_iters, self.comm_iters, None,
+                    {"ids_send": matrix}), "comm")
+                for r in range(n):
+                    pts.append((8 * sum(1 for x in matrix[r] if x) * k, reps[r]["fw_ms"] * scale))
+            fits.append(fit_comm_model(pts, "level"))
+        intra, inter = fits
+        kind = "NCCL" if self.device_type == "cuda" else "gloo"
+        return CommModel(bandwidth_gbps=intra.bandwidth_gbps, latency_us=intra.latency_us, source="fitted",
+                         link=f"fitted to {kind} exchanges within and between {len(per_host)} torchrun hosts of {g}",
+                         devices_per_host=g, inter_bandwidth_gbps=inter.bandwidth_gbps,
+                         inter_latency_us=inter.latency_us)
 
     def _measure_comm_workers(self, dims: list[int], delays: list[float] | None, layout=None,
                               scale: float | None = None) -> tuple[list[tuple[float, float]], list[CommSplits]]:

@@ -359,13 +359,18 @@ def model_extra(model: CommModel, times, layout, precision: str):
     (backward, a ring: 2 (n - 1) / n of the gradient's bytes each way)."""
     n = len(times)
     elem = 2 if precision == "fp16" else 4
+    g = model.devices_per_host if model.hosts(n) > 1 else n   # on hosts: each level apart, as exchange_ms
     out = []
     for d, (fw, bw) in enumerate(times):
         if layout.ids_send:
-            sent = sum(layout.ids_send[d][s] for s in range(n) if s != d) * 8
-            recv = sum(layout.ids_send[j][d] for j in range(n) if j != d) * 8
-            fw += model.phase_ms(max(sent, recv))
+            levels = []
+            for same in (True, False):
+                sent = sum(layout.ids_send[d][s] for s in range(n) if s != d and (s // g == d // g) == same) * 8
+                recv = sum(layout.ids_send[j][d] for j in range(n) if j != d and (j // g == d // g) == same) * 8
+                levels.append(max(sent, recv))
+            fw += max(model.phase_ms(levels[0]), float(model._inter_phase(levels[1])))
         if layout.allreduce and layout.allreduce[d] and n > 1:
-            bw += model.phase_ms(int(2 * (n - 1) / n * layout.allreduce[d] * elem))
+            ring = [2 * (n - 1) / n * layout.allreduce[d] * elem] * n
+            bw += float(model.exchange_ms([0.0] * n, n, None, ring)[1][d])
         out.append((fw, bw))
     return out
