@@ -35,8 +35,8 @@ budget lasts, keeping the best plan found.
 Each round scores the candidate moves in chunks (one batched compute prediction for every changed
 device shard of a chunk, remembered by shard contents; the exchanges of every candidate in one
 array operation) and takes the best. The search stops at a local optimum, after ``max_rounds`` or
-when ``deadline`` (``time.perf_counter()``) passes, checked between chunks, so a round overruns the
-deadline by at most one chunk.
+when ``deadline`` (``time.perf_counter()``) passes, checked between chunks: a chunk is begun only if it
+would end by then at the last chunk's pace.
 """
 
 from __future__ import annotations
@@ -351,8 +351,9 @@ def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, m
     # a chunk's cost grows with the pieces per device: fewer candidates per chunk on large tasks, so
     # the deadline is looked at every few hundredths of a second at 100k tables too
     chunk = max(1, min(chunk, CHUNK_PIECES // max(1, len(st.tables) // st.n)))
+    last = 0.0   # the last chunk's time: one is begun only if it ends by the deadline
     for _ in range(max_rounds):
-        if time.perf_counter() > deadline:
+        if time.perf_counter() + last > deadline:
             stats.stopped = "time budget"
             return st
         m = int(np.argmax(st.costs))
@@ -361,9 +362,10 @@ def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, m
         best = None   # (max, sq, kind, change, shards, comp row)
         evaluated, cut = 0, False
         for lo in range(0, len(cands), chunk):
-            if evaluated and time.perf_counter() > deadline:
+            if evaluated and time.perf_counter() + last > deadline:
                 cut = True   # the budget ran out inside the round: decide among those scored
                 break
+            t_chunk = time.perf_counter()
             kept, changed = [], []
             for kind, change in cands[lo:lo + chunk]:
                 shards = st.changed_shards(change)
@@ -393,6 +395,7 @@ def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, m
             i = int(np.lexsort((sq, mx))[0])
             if best is None or (mx[i], sq[i]) < (best[0], best[1]):
                 best = (float(mx[i]), float(sq[i]), kept[i][0], kept[i][1], changed[i], comp_m[i].copy())
+            last = time.perf_counter() - t_chunk
         stats.candidates += evaluated
         if best is None:
             stats.stopped = "no feasible move"

@@ -402,9 +402,9 @@ class ShardkitSharder(Sharder):
             t1 = time.perf_counter()
             st = State(model, tables, plan.table_shardings(tables), ndevices, max_memory_gb, precision)
             states.append((st.score, name, st, plan))
-            if len(states) == 1:   # the choice after the search costs about one evaluation: kept free
-                one = time.perf_counter() - t1
-                deadline -= one
+            if len(states) == 1:   # kept free: the choice after the search (about one evaluation) and the
+                one = time.perf_counter() - t1   # steps that end after the deadline (2% of the budget at least)
+                deadline -= max(2 * one, 0.02 * self.time_budget_s)
         states.sort(key=lambda x: x[0])
         pool: list[tuple[tuple, str, Plan]] = [(score, name, plan) for score, name, _, plan in states]
         stats = SearchStats(accepted={})
