@@ -250,7 +250,7 @@ class Sharding:
         return s
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 14)
 def _pieces(s: Sharding, t: TableConfig, ndevices: int) -> tuple:
     """``s.pieces(t, ndevices)``, kept (a search on 128 devices expands a replica's 128 pieces often)."""
     return tuple(s.pieces(t, ndevices))
