@@ -46,6 +46,17 @@ def _torchrun(node: int, port: int, args: list[str], logs, out, err) -> subproce
     return subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
 
 
+def _two_hosts(args: list[str], tmp_path) -> str:
+    """Run ``args`` under two torchrun launchers (node 1 first), both ending cleanly; rank 0's stdout."""
+    port = _free_port_pair()
+    with open(tmp_path / "n0.out", "w") as o0, open(tmp_path / "n1.out", "w") as o1:
+        p1 = _torchrun(1, port, args, tmp_path / "l1", o1, subprocess.STDOUT)
+        p0 = _torchrun(0, port, args, tmp_path / "l0", o0, subprocess.STDOUT)
+        assert p0.wait(timeout=240) == 0, _rank_file(tmp_path / "l0", 0, "stderr.log")
+        assert p1.wait(timeout=60) == 0
+    return _rank_file(tmp_path / "l0", 0, "stdout.log")
+
+
 def _rank_file(logs, local: int, name: str) -> str:
     found = glob.glob(os.path.join(str(logs), "*", "attempt_0", str(local), name))
     return open(found[0]).read() if found else ""
@@ -78,14 +89,8 @@ def test_two_torchrun_hosts_measure_the_same_plans(data, tmp_path):
     common = ["--alg", "random,lookup_greedy", "--task-path", str(tasks), "--data-dir", str(root / "ds"),
               "--max-memory", "5", "--bench-iters", "2", "--warmup-iters", "1", "--no-cache",
               "--cache-path", str(tmp_path / "c.sqlite")]
-    port = _free_port_pair()
     args = [os.path.join(ROOT, "eval.py"), "--launcher", "torchrun", "--out", str(tmp_path / "two.jsonl")] + common
-    with open(tmp_path / "n0.out", "w") as o0, open(tmp_path / "n1.out", "w") as o1:
-        p1 = _torchrun(1, port, args, tmp_path / "l1", o1, subprocess.STDOUT)
-        p0 = _torchrun(0, port, args, tmp_path / "l0", o0, subprocess.STDOUT)
-        assert p0.wait(timeout=240) == 0, _rank_file(tmp_path / "l0", 0, "stderr.log")
-        assert p1.wait(timeout=60) == 0
-    out = _rank_file(tmp_path / "l0", 0, "stdout.log")
+    out = _two_hosts(args, tmp_path)
     assert "2 hosts x 2 (torchrun)" in out and "gloo all-to-all across 2 hosts" in out
     for local in (0, 1):   # the serving ranks print nothing and end cleanly
         assert _rank_file(tmp_path / "l1", local, "stderr.log").strip() == ""
@@ -119,16 +124,10 @@ def test_table_row_wise_and_grid_plan_measured_on_two_torchrun_hosts(data, tmp_p
     shardings += [{"type": "table_wise", "devices": [d]} for d in range(4)]
     plan_path = tmp_path / "grid_twrw_plan.json"   # also the marker of this run's processes
     plan_path.write_text(json.dumps({"tables": ids, "shardings": shardings}))
-    port = _free_port_pair()
     args = [os.path.join(ROOT, "tools", "measure_plan.py"), "--launcher", "torchrun", "--data-dir", str(ds),
             "--plan", str(plan_path), "--bench-iters", "2", "--warmup-iters", "1",
             "--out", str(tmp_path / "rec.json"), "--torchrec", str(tmp_path / "plan.torchrec.json")]
-    with open(tmp_path / "n0.out", "w") as o0, open(tmp_path / "n1.out", "w") as o1:
-        p1 = _torchrun(1, port, args, tmp_path / "l1", o1, subprocess.STDOUT)
-        p0 = _torchrun(0, port, args, tmp_path / "l0", o0, subprocess.STDOUT)
-        assert p0.wait(timeout=240) == 0, _rank_file(tmp_path / "l0", 0, "stderr.log")
-        assert p1.wait(timeout=60) == 0
-    out = _rank_file(tmp_path / "l0", 0, "stdout.log")
+    out = _two_hosts(args, tmp_path)
     assert "on 2 hosts x 2 (torchrun)" in out and "device 3 (host 1)" in out
     rec = json.loads((tmp_path / "rec.json").read_text())
     assert 0 < rec["cost_ms"] < float("inf") and len(rec["device_costs_ms"]) == 4
@@ -237,16 +236,11 @@ def test_more_plan_devices_than_ranks_on_two_hosts_fit_both_levels(data, tmp_pat
     """8 plan devices on 2 torchrun hosts x 2 ranks: the exchange is modelled, each level fitted apart from
     exchanges measured within and between the hosts, and the plan's devices form hosts of 2."""
     root, tasks = data
-    port = _free_port_pair()
     args = [os.path.join(ROOT, "eval.py"), "--launcher", "torchrun", "--ndevices", "8", "--alg", "lookup_greedy",
             "--task-path", str(tasks), "--data-dir", str(root / "ds"), "--max-memory", "5", "--bench-iters", "2",
             "--warmup-iters", "1", "--no-cache", "--cache-path", str(tmp_path / "c.sqlite"), "--max-tasks", "1",
             "--out", str(tmp_path / "over.jsonl")]
-    with open(tmp_path / "n0.out", "w") as o0, open(tmp_path / "n1.out", "w") as o1:
-        p1 = _torchrun(1, port, args, tmp_path / "l1", o1, subprocess.STDOUT)
-        p0 = _torchrun(0, port, args, tmp_path / "l0", o0, subprocess.STDOUT)
-        assert p0.wait(timeout=240) == 0, _rank_file(tmp_path / "l0", 0, "stderr.log")
-        assert p1.wait(timeout=60) == 0
+    _two_hosts(args, tmp_path)
     rec = json.loads((tmp_path / "over.jsonl").read_text().splitlines()[0])
     assert len(rec["device_costs_ms"]) == 8 and rec["cost_ms"] > 0
     comm = rec["parts"]["comm"]

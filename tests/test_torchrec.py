@@ -123,6 +123,24 @@ DMP_TABLES = [TableConfig(i, row, dim, pf) for i, (row, dim, pf) in enumerate([
     (100, 8, 2.0), (50, 4, 1.0), (200, 16, 3.0), (30, 8, 0.0), (70, 4, 5.0), (10, 8, 1.0)])]
 
 
+def _spawn_ranks(target, world: int, args_of) -> dict:
+    """Run ``target(*args_of(rank, port, queue))`` in ``world`` spawned processes; ``{rank: rest}`` of what
+    each puts on the queue as ``(rank, *rest)`` (every process joined, or killed)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=args_of(r, port, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return dict((r, rest) for r, *rest in (queue.get(timeout=240) for _ in procs))
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+
+
 def _dmp_worker(rank, world, port, plan_path, names, queue):
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -159,19 +177,7 @@ def test_exported_plan_applied_by_distributed_model_parallel_on_cpu(tmp_path):
     names = [f"tbl_{t.index}" for t in DMP_TABLES]
     plan = Plan((1, 0, 1, 1, 0, 0), 2)  # ours, deliberately not TorchRec's choice
     _, trec = pe.export_plan(tmp_path, "dmp", DMP_TABLES, plan, 1.0, names=names)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_dmp_worker, args=(r, 2, port, str(trec), names, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict((r, rest) for r, *rest in (queue.get(timeout=240) for _ in procs))
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+    results = _spawn_ranks(_dmp_worker, 2, lambda r, port, queue: (r, 2, port, str(trec), names, queue))
     for rank in range(2):
         local, shape, finite = results[rank]
         assert local != "error", shape  # the worker's traceback
@@ -352,19 +358,7 @@ def test_grid_and_table_row_wise_applied_by_distributed_model_parallel_on_two_cp
     plan = Plan.from_shardings(GRID_DMP, [grid([([0, 1], 8), ([2, 3], 8)]), row_wise([2, 3]), table_wise(1)], 4)
     path = tmp_path / "grid.torchrec.json"
     path.write_text(json.dumps(pe.torchrec_plan_json(GRID_DMP, plan, ["g", "r", "t"], local_world_size=2)))
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_dmp_grid_worker, args=(r, port, str(path), queue)) for r in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict((r, rest) for r, *rest in (queue.get(timeout=240) for _ in procs))
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+    results = _spawn_ranks(_dmp_grid_worker, 4, lambda r, port, queue: (r, port, str(path), queue))
     expect = {0: {"g": [([0, 0], [50, 8])], "r": [], "t": []},
               1: {"g": [([50, 0], [50, 8])], "r": [], "t": [([0, 0], [30, 8])]},
               2: {"g": [([0, 8], [50, 8])], "r": [([0, 0], [25, 8])], "t": []},

@@ -138,16 +138,9 @@ def neuroshard_file(args) -> None:
     dims = tuple(args.dims) if args.dims else halving_dims(args.max_dim or 128)
     total = args.total_mem if args.total_mem is not None else 15.0
     precision = args.weights_precision or "fp32"
-    tables = load_dataset(args.data_dir, with_lookups=False).tables
-    train_pool = None
     if args.judge_pool is not None:
-        from shardcore.oracles.emulated.emulator import judge_pool, seen_tables
-
-        train_pool = tuple(judge_pool(args.judge_pool))
-        seen = seen_tables([tables[i] for i in train_pool if i < len(tables)])
-        if len(seen) != len(train_pool):
-            raise ShardError(f"--judge-pool: {args.data_dir}'s tables are not the H200-measured ones (the default "
-                             "synthetic dataset's, tools/gen_dlrm_data.py); use --train-fraction")
+        raise ShardError("--judge-pool splits train and test tables; --data_size writes one pool's tasks")
+    tables = load_dataset(args.data_dir, with_lookups=False).tables
     spec = TaskSpec(t_min=t_min, t_max=t_max, seed=args.seed, dims=dims, precision=precision, total_mem_gb=total)
     tasks = generate_single_pool_tasks(tables, args.data_size, spec)
     out_dir = args.out_dir or os.path.join("data", "tasks", "4_gpu")
