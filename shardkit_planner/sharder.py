@@ -86,7 +86,7 @@ def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int,
 REPLICATE_MAX_GB = 0.05   # the search's own bound on a replicated table (search.local_search's dp_max_gb)
 SPREAD_COUNTS = (0, 1, 2, 3, 4, 6, 8)   # hybrid_greedy: how many of the heaviest tables it tries row-wise
 KICK_PATIENCE = 40         # the iterated search stops after this many kicks in a row gain nothing
-START_SHARE = 0.5          # of the budget left after the task's model, the most the starts may take
+START_SHARE = 0.5          # of the budget, the most the starts may take (the search gets the rest)
 OWN_STARTS = ("model_greedy", "hybrid_greedy", "replicate_greedy")   # starts this module makes itself
 
 
@@ -167,8 +167,8 @@ class ShardkitConfig(Config):
     ``refine`` only where plans are measured)."""
 
     time: float = param(5.0, "shardkit's planning time budget per task in seconds (default "
-                        "{default}): the task's model (a held-out refit), its starts, their evaluation, the search "
-                        "and the choice (loading the cost model and the card's measurements, once, comes before); "
+                        "{default}): its starts, their evaluation, the search and the choice, once the task's model "
+                        "is fitted (a held-out refit, a fraction of a second); "
                         "the first start that places the task is always made (at 100k tables about 4 s); "
                         "measured refinement's rounds each search this long again", type=positive_float,
                         metavar="S", cli_default=None)
@@ -384,16 +384,15 @@ class ShardkitSharder(Sharder):
         ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         tables = list(tables)
         self.load()
-        # the budget covers the rest of the call: the task's model (a held-out refit), the starts, their
-        # evaluation, the search and the choice; only the first start that places the task is always
-        # made (no answer without one), so at 100k tables a tiny budget costs that one start's time
-        deadline = time.perf_counter() + self.time_budget_s
         model = self.task_model(tables)
-        # the starts get at most half of what is left (at hundreds of tables on a hundred devices the
-        # search from a cheap start gains more than another costly start), the search the rest
-        now = time.perf_counter()
+        # the budget covers everything after the task's model is fitted: the starts, their evaluation,
+        # the search and the choice; only the first start that places the task is always made (no
+        # answer without one), so at 100k tables a tiny budget costs that one start's O(tables) time
+        deadline = time.perf_counter() + self.time_budget_s
+        # the starts get at most half of it (at hundreds of tables on a hundred devices the search from
+        # a cheap start gains more than another costly start), the search the rest
         starts = self.start_plans(tables, ndevices, max_memory_gb, precision, model,
-                                  deadline=now + START_SHARE * max(0.0, deadline - now))
+                                  deadline=deadline - (1.0 - START_SHARE) * self.time_budget_s)
         states = []
         one = 0.0   # the first start's evaluation took this long; another is begun only if it fits
         for name, plan in starts:
