@@ -264,6 +264,7 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
             lighter = [b for b in tw_e if w_of(b) < wa][:max_pieces // 2]
             for b in lighter:
                 out.append(("swap", {a: table_wise(e), b: table_wise(m)}))
+    g = getattr(st.model.comm, "devices_per_host", 0)   # hosts of g devices (0: one host)
     if n >= 2:
         for pos in heavy:
             s, t = st.shardings[pos], st.tables[pos]
@@ -274,12 +275,10 @@ def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
                 for k in (2, 4):
                     if k < n:
                         out.append(("row-wise", {pos: row_wise([m] + order[: k - 1])}))
-                g = getattr(st.model.comm, "devices_per_host", 0)
                 if g and n > g:   # table-row-wise: over m's host, its ids and outputs stay off the network
                     host = list(range(m - m % g, min(n, m - m % g + g)))
                     if len(host) > 1:
                         out.append(("row-wise", {pos: row_wise(host)}))
-            g = getattr(st.model.comm, "devices_per_host", 0)
             if gr and g and n >= 2 * g and n % g == 0 and t.dim % (2 * DIM_MULTIPLE) == 0:
                 # grid: the columns in two blocks, each row-wise over a whole host, m's and the cheapest other
                 load = st.costs.reshape(n // g, g).sum(axis=1)
