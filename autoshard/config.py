@@ -60,6 +60,10 @@ class AutoShardConfig(Config):
     pg_rho_bar: float = 1.0      # ... and of the policy-gradient weights
     c_bar: float = 1.0           # V-trace trace-cutting level
     # cost model (trained online on measured shards)
+    length_cv_feature: bool = param(True, "leave the tables' bag-length CV (table_configs.json length_cv) out of the "
+                                          "table features: the paper's 21 (default: a 22nd feature, an unknown CV "
+                                          "counting as the training tables' median; stored in the checkpoint)",
+                                    flags=("--no-length-cv-feature",), action="store_false")
     use_cost_model: bool = param(True, "no cost model: no predicted-cost action features, tables ordered by "
                                        "dim x pooling factor", flags=("--disable-cost-model",),
                                  action="store_false")

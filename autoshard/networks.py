@@ -27,9 +27,15 @@ NUM_ACTION_FEATURES = NUM_FEATURES + 4
 MASKED = -1e9
 
 
+def table_features(cfg: AutoShardConfig) -> int:
+    """Per table: the 21 features, and the bag-length CV unless ``--no-length-cv-feature``."""
+    return NUM_FEATURES + bool(cfg.length_cv_feature)
+
+
 class CostModel(nn.Module):
-    def __init__(self, cfg: AutoShardConfig, num_features: int = NUM_FEATURES):
+    def __init__(self, cfg: AutoShardConfig, num_features: int | None = None):
         super().__init__()
+        num_features = num_features or table_features(cfg)
         self.table = mlp([num_features, cfg.cost_hidden, cfg.embed], last_act=True)
         self.head = mlp([cfg.embed, cfg.cost_hidden, 1], last_act=False)
 
@@ -47,9 +53,11 @@ class CostModel(nn.Module):
 
 
 class AutoShardNet(nn.Module):
-    def __init__(self, cfg: AutoShardConfig, num_features: int = NUM_FEATURES,
-                 num_action_features: int = NUM_ACTION_FEATURES):
+    def __init__(self, cfg: AutoShardConfig, num_features: int | None = None,
+                 num_action_features: int | None = None):
         super().__init__()
+        num_features = num_features or table_features(cfg)
+        num_action_features = num_action_features or num_features + NUM_ACTION_FEATURES - NUM_FEATURES
         self.table_mlp = mlp([num_features, cfg.table_hidden, cfg.embed], last_act=True)
         self.state_mlp = mlp([cfg.embed + 1, cfg.lstm_hidden], last_act=True)
         self.core = nn.LSTM(cfg.lstm_hidden, cfg.lstm_hidden)

@@ -9,6 +9,7 @@ training tables), ``cost_scale`` (ms per cost-model unit), ``net`` and ``cost_mo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ class AutoShardModel:
 
     @classmethod
     def new(cls, cfg: AutoShardConfig, scaler: FeatureScaler) -> "AutoShardModel":
+        cfg = dataclasses.replace(cfg, length_cv_feature=scaler.cv_default is not None)   # the scaler's features
         torch.manual_seed(cfg.seed)
         return cls(cfg, scaler, AutoShardNet(cfg), CostModel(cfg))
 
@@ -63,7 +65,7 @@ class AutoShardModel:
     def load(cls, path: str | os.PathLike) -> "AutoShardModel":
         obj = io.load_checkpoint(path, METHOD, VERSION, "an AutoShard")
         with io.checkpoint_contents(path):
-            cfg = AutoShardConfig.from_dict(obj["config"])
+            cfg = AutoShardConfig.from_dict({"length_cv_feature": False, **obj["config"]})   # older: no CV feature
             model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), AutoShardNet(cfg), CostModel(cfg),
                         float(obj["cost_scale"]), int(obj["steps"]), obj.get("extra", {}))
             model.net.load_state_dict(obj["net"])

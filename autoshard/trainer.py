@@ -26,6 +26,7 @@ checkpoints are training state for ``--resume`` and are not judged.
 
 from __future__ import annotations
 
+import dataclasses
 import csv
 import os
 import queue
@@ -335,8 +336,10 @@ class AutoShardTrainer:
         resumed = model is not None
         if model is None:
             train_tables = list({t.index: t for ts in self.task_tables for t in ts}.values())
-            model = AutoShardModel.new(cfg, FeatureScaler.fit(train_tables))
+            model = AutoShardModel.new(cfg, FeatureScaler.fit(train_tables, length_cv=cfg.length_cv_feature))
         self.model = model
+        # the networks' width follows the model's features (a resumed one keeps its own)
+        self.cfg = cfg = dataclasses.replace(cfg, length_cv_feature=model.cfg.length_cv_feature)
         torch.manual_seed(cfg.seed + model.steps)
         self.rng = random.Random(cfg.seed + model.steps)
         self.opt = torch.optim.Adam(model.net.parameters(), lr=cfg.learning_rate)

@@ -5,7 +5,8 @@ On an emulated oracle the defaults measure 200 plans per iteration (2,000 in all
 (the emulated GPU answers in milliseconds) makes affordable (on a measured one, 10: the paper's count) and which the cost network needs: with the original 10 per
 iteration its error on plans it never saw is 2-5 % and the policy stays at lookup-greedy's level (issue
 #24). The paper-faithful settings are one flag combination away: ``--bench-steps 10
---bench-training-steps 300 --batch-size 32 --rl-num-batches 40 --decode-samples 0``."""
+--bench-training-steps 300 --batch-size 32 --rl-num-batches 40 --decode-samples 0
+--no-length-cv-feature``."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ class DreamShardConfig(Config):
     hidden: int = 128            # table MLP hidden width (cost and policy networks)
     embed: int = 32              # table representation width (summed over a shard)
     head_hidden: int = 64        # width of the cost heads and the policy's scoring MLP
+    length_cv_feature: bool = param(True, "leave the tables' bag-length CV (table_configs.json length_cv) out of the "
+                                          "table features: the paper's 21 (default: a 22nd feature, an unknown CV "
+                                          "counting as the training tables' median; stored in the checkpoint)",
+                                    flags=("--no-length-cv-feature",), action="store_false")
     # outer loop
     num_iterations: int = param(10, "outer iterations: measure, fit cost network, train policy (default {default})",
                                 type=positive_int)

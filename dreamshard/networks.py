@@ -29,14 +29,14 @@ NUM_COST_FEATURES = 5
 class CostNet(nn.Module):
     def __init__(self, cfg: DreamShardConfig):
         super().__init__()
-        self.table = mlp([NUM_FEATURES, cfg.hidden, cfg.embed], last_act=True)
+        self.table = mlp([NUM_FEATURES + cfg.length_cv_feature, cfg.hidden, cfg.embed], last_act=True)
         self.fw = mlp([cfg.embed, cfg.head_hidden, 1], last_act=False)
         self.bw = mlp([cfg.embed, cfg.head_hidden, 1], last_act=False)
         self.comm = mlp([cfg.embed, cfg.head_hidden, 1], last_act=False)
         self.overall = mlp([cfg.embed + 1, cfg.head_hidden, 1], last_act=False)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Table representations ``[..., T, 21] -> [..., T, embed]``."""
+        """Table representations ``[..., T, F] -> [..., T, embed]`` (F: 21 features, 22 with the CV)."""
         return self.table(x)
 
     def device_costs(self, h: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -60,7 +60,7 @@ class CostNet(nn.Module):
         return self.overall(z.max(dim=-2).values).squeeze(-1)
 
     def forward(self, x: torch.Tensor, assign: torch.Tensor, device_mask: torch.Tensor | None = None):
-        """``x [P, T, 21]`` table features, ``assign [P, D, T]`` one-hot placements (padding tables
+        """``x [P, T, F]`` table features, ``assign [P, D, T]`` one-hot placements (padding tables
         and devices are all-zero rows/columns). Returns ``(device_costs [P, D, 3], overall [P])``."""
         h = assign @ self.embed(x)
         dc = self.device_costs(h, assign.sum(-1))
@@ -70,7 +70,7 @@ class CostNet(nn.Module):
 class PolicyNet(nn.Module):
     def __init__(self, cfg: DreamShardConfig):
         super().__init__()
-        self.table = mlp([NUM_FEATURES, cfg.hidden, cfg.embed], last_act=True)
+        self.table = mlp([NUM_FEATURES + cfg.length_cv_feature, cfg.hidden, cfg.embed], last_act=True)
         self.cost_enc = mlp([NUM_COST_FEATURES, cfg.head_hidden, cfg.embed], last_act=True)
         self.score = mlp([2 * cfg.embed + 1, cfg.head_hidden, 1], last_act=False)
 

@@ -8,6 +8,7 @@ A checkpoint is a dict of plain tensors, numbers and strings (loads with ``weigh
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -41,6 +42,7 @@ class DreamShardModel:
 
     @classmethod
     def new(cls, cfg: DreamShardConfig, scaler: FeatureScaler) -> "DreamShardModel":
+        cfg = dataclasses.replace(cfg, length_cv_feature=scaler.cv_default is not None)   # the scaler's features
         torch.manual_seed(cfg.seed)
         return cls(cfg, scaler, CostNet(cfg), PolicyNet(cfg))
 
@@ -61,6 +63,7 @@ class DreamShardModel:
         with io.checkpoint_contents(path):
             stored = dict(obj["config"])
             stored.setdefault("decode_samples", 0)   # a checkpoint from before decoding by sampling: greedy
+            stored.setdefault("length_cv_feature", False)   # ... from before the bag-length CV feature
             cfg = DreamShardConfig.from_dict(stored)
             model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), CostNet(cfg), PolicyNet(cfg),
                         float(obj["cost_scale"]), int(obj["iteration"]), obj.get("extra", {}))

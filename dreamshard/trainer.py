@@ -78,7 +78,7 @@ class DreamShardTrainer:
         self.log = log
         if model is None:
             train_tables = list({t.index: t for ts in self.task_tables for t in ts}.values())
-            model = DreamShardModel.new(cfg, FeatureScaler.fit(train_tables))
+            model = DreamShardModel.new(cfg, FeatureScaler.fit(train_tables, length_cv=cfg.length_cv_feature))
         self.model = model
         self.features = [model.features(ts) for ts in self.task_tables]
         self.mem = [torch.tensor([t.memory_gb(precision) for t in ts], dtype=torch.float64) for ts in self.task_tables]

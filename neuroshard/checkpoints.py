@@ -101,7 +101,7 @@ class ComputeCostModel:
     @classmethod
     def from_state(cls, obj: dict, where: str = "checkpoint") -> "ComputeCostModel":
         _check_state(obj, cls.kind, where)
-        cfg = ModelConfig.from_dict(obj["config"])
+        cfg = ModelConfig.from_dict({"length_cv_feature": False, **obj["config"]})   # older: no CV feature
         net = ComputeCostNet(cfg)
         net.load_state_dict(obj["state_dict"])
         return cls(cfg, FeatureScaler.from_state(obj["scaler"], LOG_FEATURES), net, tuple(obj["target_scale"]),

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 from typing import Sequence
 
-from shardcore.cli.common import make_parser
+from shardcore.cli.common import check_outputs_spare_inputs, check_replaces_kind, make_parser
 from shardcore.argtypes import positive_int, fraction, seed_int
 from shardcore.config import add_config_args, config_from_args, given_args
 from shardcore.errors import ShardError
@@ -89,9 +89,9 @@ def check_cost_model_outputs(args: argparse.Namespace, names: Sequence[str]) -> 
     outputs = {f"--{n}": getattr(args, n) for n in names}
     for flag, path in outputs.items():
         io.check_output_file(path, flag)
-    io.check_outputs_spare_inputs(outputs, inputs)
+    check_outputs_spare_inputs(outputs, inputs)
     for flag, path in outputs.items():
-        io.check_replaces_kind(path, "a zip/torch file", flag)
+        check_replaces_kind(path, "a zip/torch file", flag)
 
 
 def cost_model_config(args: argparse.Namespace, defaults: ModelConfig) -> ModelConfig:

@@ -128,6 +128,7 @@ def shard_row(sample: int, shard: Sequence[TableConfig], fw_ms: float, bw_ms: fl
         "table_ids": _join(t.index for t in shard), "dims": _join(t.dim for t in shard),
         "rows": _join(t.row for t in shard), "pooling_factors": _join(repr(float(t.pooling_factor)) for t in shard),
         "bins": json.dumps([[round(float(b), 6) for b in t.bins] for t in shard], separators=(",", ":")),
+        "length_cvs": _join("" if t.length_cv is None else repr(float(t.length_cv)) for t in shard),
         "dim_sum": sum(t.dim for t in shard), "mem_gb": round(sum(t.memory_gb(precision) for t in shard), 6),
         "fw_ms": float(fw_ms), "bw_ms": float(bw_ms), "total_ms": float(fw_ms) + float(bw_ms),
         "from_cache": bool(from_cache), "source": source,
@@ -149,7 +150,10 @@ def row_tables(row) -> list[TableConfig]:
     if not all(isinstance(bs, list) and all(isinstance(b, (int, float)) and math.isfinite(b) and b >= 0 for b in bs)
                for bs in bins):
         raise ShardError("bins must be lists of finite numbers >= 0")
-    return [TableConfig(i, r, d, p, tuple(float(b) for b in bs)) for i, d, r, p, bs in zip(ids, dims, rows, pfs, bins)]
+    cvs = [None if c.strip() in ("", "nan") else float(c) for c in str(row.get("length_cvs", "")).split(";")]
+    cvs = cvs if len(cvs) == len(ids) and all(c is None or (math.isfinite(c) and c >= 0) for c in cvs) else [None] * len(ids)
+    return [TableConfig(i, r, d, p, tuple(float(b) for b in bs), c)
+            for i, d, r, p, bs, c in zip(ids, dims, rows, pfs, bins, cvs)]
 
 
 def comm_row(sample: int, num_tables: int, dim_sums: Sequence[int], delays: Sequence[float],
@@ -403,7 +407,7 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
         for e in store.shard_entries(ev.context):
             if e.tables in have or any(i not in allowed or i >= len(tables) for i, _, _ in e.tables):
                 continue
-            shard = [TableConfig(i, r, d, tables[i].pooling_factor, tables[i].bins) for i, r, d in e.tables]
+            shard = [TableConfig(i, r, d, tables[i].pooling_factor, tables[i].bins, tables[i].length_cv) for i, r, d in e.tables]
             rows.append(shard_row(len(rows), shard, e.fw_ms, e.bw_ms, precision, True, "cache"))
             have.add(e.tables)
             added += 1

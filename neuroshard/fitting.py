@@ -142,7 +142,8 @@ def _train_loop(net: nn.Module, cfg: ModelConfig, train: tuple[torch.Tensor, ...
 def _pad_shards(feats: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     n = len(feats)
     t_max = max((f.shape[0] for f in feats), default=1) or 1
-    x = np.zeros((n, t_max, NUM_FEATURES), dtype=np.float32)
+    width = next((f.shape[1] for f in feats if f.ndim == 2), NUM_FEATURES)
+    x = np.zeros((n, t_max, width), dtype=np.float32)
     m = np.zeros((n, t_max), dtype=np.float32)
     for k, f in enumerate(feats):
         x[k, :len(f)] = f
@@ -162,7 +163,7 @@ def fit_compute_model(shards: Sequence[Sequence[TableConfig]], costs: np.ndarray
     shards = [list(shards[k]) for k in keep]
     costs = np.maximum(costs[keep], EPS_MS)
     tr, va, te = split_indices(len(shards), cfg.val_fraction, cfg.test_fraction, cfg.seed)
-    scaler = scaler or FeatureScaler.fit([t for k in tr for t in shards[k]], LOG_FEATURES)
+    scaler = scaler or FeatureScaler.fit([t for k in tr for t in shards[k]], LOG_FEATURES, length_cv=cfg.length_cv_feature)
     scale = tuple(float(v) for v in costs[tr].mean(0))
     torch.manual_seed(cfg.seed)
     net = ComputeCostNet(cfg)

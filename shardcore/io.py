@@ -126,67 +126,6 @@ def check_output_file(path: str | os.PathLike, flag: str = "output") -> None:
     _check_creatable(path, flag)
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        if a.resolve() == b.resolve():
-            return True
-        return a.exists() and b.exists() and os.path.samefile(a, b)   # hard links too
-    except OSError:
-        return False
-
-
-def check_outputs_spare_inputs(outputs: dict, inputs: dict) -> None:
-    """No output of a command may name one of its inputs (or another output): ``outputs`` and
-    ``inputs`` map a flag (``"--out"``) to a path or None (not given). Paths are compared resolved
-    (symbolic links, ``..``) and by inode (hard links); a directory input covers the files under it
-    only where a file is named explicitly. One line names both flags."""
-    from shardcore.errors import ShardError
-
-    outs = [(flag, Path(p)) for flag, p in outputs.items() if p not in (None, "")]
-    ins = [(flag, Path(p)) for flag, p in inputs.items() if p not in (None, "")]
-    for i, (flag, path) in enumerate(outs):
-        for other, ipath in ins + outs[i + 1:]:
-            if _same_file(path, ipath):
-                role = "input" if (other, ipath) in ins else "output"
-                raise ShardError(f"{flag} {path} is also the {role} {other} {ipath}: the output would replace "
-                                 f"it; choose another {flag}")
-
-
-_MAGIC = ((b"SQLite format 3\x00", "an SQLite database"), (b"PK\x03\x04", "a zip/torch file"),
-          (b"\x80", "a pickle/torch file"), (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF document"))
-
-
-def file_kind(path: str | os.PathLike) -> str:
-    """What an existing file is, by its first bytes: one of ``_MAGIC``'s names, ``"text"`` or
-    ``"binary"``."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-    except OSError:
-        return "unreadable"
-    for magic, name in _MAGIC:
-        if head.startswith(magic):
-            return name
-    if b"\x00" in head:
-        return "binary"
-    return "text"
-
-
-def check_replaces_kind(path: str | os.PathLike, kind: str, flag: str = "output") -> None:
-    """An output of ``kind`` (``file_kind``'s words, e.g. ``"text"``) may replace an existing file only
-    of the same kind: ``--out cache.sqlite`` for a JSONL report is refused in one line."""
-    from shardcore.errors import ShardError
-
-    path = Path(path)
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    found = file_kind(path)
-    if found != kind and found != "unreadable":
-        what = "a text file" if kind == "text" else kind
-        raise ShardError(f"{flag} {path} exists and is {found}, not {what}: refusing to replace it; "
-                         f"choose another {flag}")
-
-
 def check_output_dir(path: str | os.PathLike, flag: str = "output directory") -> None:
     """Fail early (one line) when ``path`` cannot be (or be created as) a writable directory."""
     from shardcore.errors import ShardError

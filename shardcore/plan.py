@@ -188,7 +188,7 @@ class Sharding:
 
     def pieces(self, table: TableConfig, ndevices: int) -> list[tuple[int, TableConfig]]:
         """``(device, piece)`` for every non-empty piece, in column / row / device order."""
-        base = TableConfig(table.index, table.row, table.dim, table.pooling_factor, table.bins)
+        base = TableConfig(table.index, table.row, table.dim, table.pooling_factor, table.bins, table.length_cv)
         if self.type == TABLE_WISE:
             return [(int(self.devices[0]), base)]
         if self.type == COLUMN_WISE:
@@ -204,13 +204,13 @@ class Sharding:
                         # for proxies only; the measured lookups are the real ones in the range)
                         out.append((int(d), ShardPiece(table.index, rows, int(w),
                                                        table.pooling_factor * rows / table.row, table.bins,
-                                                       kind=ROW_WISE, row_start=start, full_row=table.row)))
+                                                       table.length_cv, kind=ROW_WISE, row_start=start, full_row=table.row)))
                     start += rows
             return out
         n = ndevices
         # a replica's own kernel runs over its batch slice: the table's lookups per sample
         return [(int(d), ShardPiece(table.index, table.row, table.dim, table.pooling_factor, table.bins,
-                                    kind=DATA_PARALLEL, full_row=table.row, batch_part=(int(d), n)))
+                                    table.length_cv, kind=DATA_PARALLEL, full_row=table.row, batch_part=(int(d), n)))
                 for d in sorted(self.devices)]
 
     def legacy(self, dim: int) -> tuple[int, tuple[int, ...]] | None:

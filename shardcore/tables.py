@@ -2,7 +2,8 @@
 
 A table is described by its hash size (``row``), embedding dimension (``dim``), mean lookups per
 sample (``pooling_factor``) and the 17-bin access-reuse histogram ``bin_0`` .. ``bin_16``: of the
-distinct rows looked up in a batch, the fraction looked up (0,1], (1,2], (2,4], ... (2^15, inf) times.
+distinct rows looked up in a batch, the fraction looked up (0,1], (1,2], (2,4], ... (2^15, inf) times;
+where the data gave it, also by the CV of its per-sample lookup counts (``length_cv``, a model's 22nd feature).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class TableConfig:
     dim: int
     pooling_factor: float
     bins: tuple[float, ...] = field(default=(0.0,) * NUM_BINS)
+    # the CV of its per-sample lookup counts where the data gave it (table_configs.json "length_cv")
+    length_cv: float | None = field(default=None, compare=False)
 
     @functools.cached_property
     def key(self) -> tuple:   # what a piece of work is (shardcore.plan.piece_key), kept once made
@@ -102,7 +105,7 @@ class TableConfig:
         out = {"index": self.index, "row": self.row, "dim": self.dim,
                "pooling_factor": self.pooling_factor}
         out.update({name: float(v) for name, v in zip(BIN_NAMES, self.bins)})
-        return out
+        return out if self.length_cv is None else {**out, "length_cv": float(self.length_cv)}
 
     @classmethod
     def from_json(cls, obj: dict, where: str = "table") -> "TableConfig":
@@ -118,6 +121,7 @@ class TableConfig:
         dim = _number(obj["dim"], "dim", where, integer=True)
         pf = _number(obj["pooling_factor"], "pooling_factor", where)
         bins = tuple(_number(obj.get(name, 0.0), name, where) for name in BIN_NAMES)
+        cv = None if obj.get("length_cv") is None else _number(obj["length_cv"], "length_cv", where)
         if not (0 < row <= MAX_ROWS and dim > 0 and 0 <= pf <= MAX_POOLING):   # beyond: the cost models overflow
             raise ShardError(f"{where}: row and dim must be positive and pooling_factor >= 0 (got row={row}, dim={dim}, "
                              f"pooling_factor={pf}) (at most 2**40 rows and pooling factor {MAX_POOLING:g})")
@@ -125,9 +129,9 @@ class TableConfig:
         if problem:
             raise ShardError(f"{where}: {problem}")
         bad = [(n, b) for n, b in zip(BIN_NAMES, bins) if b < 0]
-        if bad:
-            raise ShardError(f"{where}: reuse bin {bad[0][0]} = {bad[0][1]} is negative")
-        return cls(index=index, row=row, dim=dim, pooling_factor=pf, bins=bins)
+        if bad or (cv is not None and cv < 0):
+            raise ShardError(f"{where}: " + (f"reuse bin {bad[0][0]} = {bad[0][1]}" if bad else f"length_cv {cv}") + " is negative")
+        return cls(index=index, row=row, dim=dim, pooling_factor=pf, bins=bins, length_cv=cv)
 
 
 def raw_features(tables: Sequence[TableConfig]) -> np.ndarray:
@@ -197,6 +201,7 @@ class FeatureScaler(Standardiser):
     """
 
     log_features: tuple[str, ...] = LOG_FEATURES
+    cv_default: float | None = None      # with the bag-length CV feature: an unknown table's CV
 
     def __post_init__(self):
         super().__post_init__()
@@ -210,21 +215,38 @@ class FeatureScaler(Standardiser):
         return x
 
     @classmethod
-    def fit(cls, tables: Sequence[TableConfig], log_features: Sequence[str] = LOG_FEATURES) -> "FeatureScaler":
+    def fit(cls, tables: Sequence[TableConfig], log_features: Sequence[str] = LOG_FEATURES,
+            length_cv: bool = False) -> "FeatureScaler":
+        """Statistics of ``tables``; ``length_cv`` adds the bag-length CV as a 22nd feature (a table
+        without one gets the median of those that have one, else 0.7)."""
         from shardcore.errors import ShardError
 
         if not tables:
             raise ShardError("cannot fit feature statistics on zero tables")
         x = cls._log(raw_features(tables), log_features)[:, [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]]
-        mean, std = cls.statistics(x, 1e-12)
-        return cls(mean=list(mean), std=list(std), log_features=tuple(log_features))
+        cvs = [t.length_cv for t in tables if t.length_cv is not None]
+        default = (float(np.median(cvs)) if cvs else 0.7) if length_cv else None
+        mean, std = cls.statistics(x if default is None else np.c_[x, cls._cvs(tables, default)], 1e-12)
+        return cls(mean=list(mean), std=list(std), log_features=tuple(log_features), cv_default=default)
+
+    @staticmethod
+    def _cvs(tables: Sequence[TableConfig], default: float) -> np.ndarray:
+        return np.array([default if t.length_cv is None else t.length_cv for t in tables], dtype=np.float64)
+
+    @property
+    def num_features(self) -> int:
+        return NUM_FEATURES + (self.cv_default is not None)
 
     def transform(self, tables: Sequence[TableConfig], dtype=np.float32) -> np.ndarray:
-        """Standardised features, shape ``[len(tables), 21]`` (float32 unless ``dtype`` says otherwise)."""
+        """Standardised features, shape ``[len(tables), num_features]`` (float32 unless ``dtype`` says otherwise)."""
         x = self._log(raw_features(tables), self.log_features)
         idx = [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]
-        x[:, idx] = self.apply(x[:, idx])
-        return x.astype(dtype, copy=False)
+        if self.cv_default is None:
+            x[:, idx] = self.apply(x[:, idx])
+            return x.astype(dtype, copy=False)
+        z = self.apply(np.c_[x[:, idx], self._cvs(tables, self.cv_default)])
+        x[:, idx] = z[:, :-1]
+        return np.c_[x, z[:, -1:]].astype(dtype, copy=False)
 
     def to_state(self) -> dict:
         """``features``, ``mean``, ``std``, and ``log`` (the log-scale features) where they are not
@@ -232,6 +254,8 @@ class FeatureScaler(Standardiser):
         state = {"features": list(SCALED_FEATURES), "mean": list(self.mean), "std": list(self.std)}
         if self.log_features != LOG_FEATURES:
             state["log"] = list(self.log_features)
+        if self.cv_default is not None:
+            state.update(features=state["features"] + ["length_cv"], cv_default=float(self.cv_default))
         return state
 
     @classmethod
@@ -241,11 +265,14 @@ class FeatureScaler(Standardiser):
         from shardcore.errors import ShardError
 
         saved_log = tuple(state.get("log", LOG_FEATURES))
-        if list(state.get("features", [])) != list(SCALED_FEATURES) or saved_log != tuple(log_features):
+        cv = state.get("cv_default")
+        if list(state.get("features", [])) != list(SCALED_FEATURES) + ["length_cv"] * (cv is not None) \
+                or saved_log != tuple(log_features):
             raise ShardError(f"feature statistics were saved for other features: {state.get('features')} "
                              f"(log scale: {list(saved_log)}), expected {list(SCALED_FEATURES)} "
                              f"(log scale: {list(log_features)})")
-        return cls(mean=state["mean"], std=state["std"], log_features=saved_log)
+        return cls(mean=state["mean"], std=state["std"], log_features=saved_log,
+                   cv_default=None if cv is None else float(cv))
 
 
 def total_memory_gb(tables: Iterable[TableConfig], precision: str = "fp16") -> float:

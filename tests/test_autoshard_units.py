@@ -1,3 +1,4 @@
+import dataclasses
 """AutoShard's parts without hardware: V-trace, the environment (masking, order, rewards), the
 network and checkpoints."""
 
@@ -64,7 +65,7 @@ def test_vtrace_from_logits_uses_the_taken_actions():
 
 # -- environment -----------------------------------------------------------------------------------
 def make_env(ts, ndevices=3, cap=5.0, with_model=True):
-    cfg = AutoShardConfig()
+    cfg = AutoShardConfig(length_cv_feature=False)   # the tables here carry no bag-length CV
     torch.manual_seed(0)
     return ShardingEnv(FeatureScaler.fit(ts), CostModel(cfg) if with_model else None, ndevices, cap)
 
@@ -166,12 +167,13 @@ def test_shaping_potential_is_zero_at_the_end():
 
 
 # -- network and checkpoints ---------------------------------------------------------------------
-@pytest.mark.parametrize("D", [2, 5])
-def test_network_masks_and_resets_state(D):
-    cfg = AutoShardConfig()
+@pytest.mark.parametrize("D, cv", [(2, False), (5, True)])
+def test_network_masks_and_resets_state(D, cv):
+    cfg = AutoShardConfig(length_cv_feature=cv)   # 21 table features, 22 with the bag-length CV
     net = AutoShardNet(cfg)
     T, B = 4, 3
-    obs = {"table": torch.randn(T, B, 21), "frac": torch.rand(T, B), "action": torch.randn(T, B, D, NUM_ACTION_FEATURES),
+    obs = {"table": torch.randn(T, B, 21 + cv), "frac": torch.rand(T, B),
+           "action": torch.randn(T, B, D, NUM_ACTION_FEATURES + cv),
            "mask": torch.ones(T, B, D, dtype=torch.bool), "done": torch.zeros(T, B, dtype=torch.bool)}
     obs["mask"][:, :, 0] = False
     logits, value, state = net(obs, net.initial_state(B))
@@ -184,14 +186,17 @@ def test_network_masks_and_resets_state(D):
     assert torch.allclose(a, b)
 
 
-def test_checkpoint_round_trip_and_resolve(tmp_path):
-    ts = tables(12)
-    model = AutoShardModel.new(AutoShardConfig(seed=3), FeatureScaler.fit(ts))
+@pytest.mark.parametrize("cv", [False, True])
+def test_checkpoint_round_trip_and_resolve(tmp_path, cv):
+    ts = [dataclasses.replace(t, length_cv=0.1 * k if cv else None) for k, t in enumerate(tables(12))]
+    model = AutoShardModel.new(AutoShardConfig(seed=3), FeatureScaler.fit(ts, length_cv=cv))
+    assert model.cfg.length_cv_feature == cv   # the networks' width follows the scaler
     model.cost_scale, model.steps = 12.5, 400
     path = tmp_path / "m" / "model.pt"
     model.save(path)
     back = AutoShardModel.load(path)
     assert back.steps == 400 and back.cost_scale == 12.5 and back.cfg.seed == 3
+    assert back.cfg.length_cv_feature == cv and back.scaler.num_features == 21 + cv
     for a, b in zip(model.net.state_dict().values(), back.net.state_dict().values()):
         assert torch.equal(a, b)
     assert model.place(ts, 3, 5.0) == back.place(ts, 3, 5.0)

@@ -28,6 +28,45 @@ def test_table_memory_and_features():
     assert TableConfig.from_json(t.to_json()) == t
 
 
+def test_bag_length_cv_is_an_optional_22nd_feature(tmp_path):
+    """A table's bag-length CV travels in table_configs.json, is checked on entry, leaves equality and
+    the dataset's digest alone, and is the scaler's 22nd feature only where asked for."""
+    from shardcore.oracles.setting import dataset_digest
+    from shardcore.dataset import save_table_configs
+
+    t = TableConfig(0, 1000, 16, 3.0, length_cv=0.8)
+    assert t.to_json()["length_cv"] == 0.8 and TableConfig.from_json(t.to_json()).length_cv == 0.8
+    assert "length_cv" not in TableConfig(0, 1000, 16, 3.0).to_json() and t == TableConfig(0, 1000, 16, 3.0)
+    assert t.with_dim(8).length_cv == 0.8
+    from shardcore.plan import row_wise
+    assert all(p.length_cv == 0.8 for _, p in row_wise([0, 1]).pieces(t, 2))   # a piece keeps it
+    with pytest.raises(ShardError, match="length_cv -0.5 is negative"):
+        TableConfig.from_json({**t.to_json(), "length_cv": -0.5})
+    with pytest.raises(ShardError, match="non-numeric length_cv"):
+        TableConfig.from_json({**t.to_json(), "length_cv": "x"})
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    save_table_configs(a / "table_configs.json", [t], 4)
+    save_table_configs(b / "table_configs.json", [TableConfig(0, 1000, 16, 3.0)], 4)
+    assert dataset_digest(a) == dataset_digest(b)
+    train = [TableConfig(i, 10 ** (i % 5 + 2), 16, float(i + 1), length_cv=0.2 * (i % 5)) for i in range(20)]
+    plain, with_cv = FeatureScaler.fit(train), FeatureScaler.fit(train, length_cv=True)
+    assert plain.num_features == 21 and plain.transform(train).shape == (20, 21)
+    z = with_cv.transform(train)
+    assert with_cv.num_features == 22 and z.shape == (20, 22)
+    np.testing.assert_allclose(z[:, :21], plain.transform(train), atol=1e-6)   # the 21 unchanged
+    np.testing.assert_allclose([z[:, 21].mean(), z[:, 21].std()], [0, 1], atol=1e-5)
+    unknown = TableConfig(99, 100, 16, 1.0)                  # no CV: the training tables' median
+    assert with_cv.cv_default == pytest.approx(0.4)
+    assert with_cv.transform([unknown])[0, 21] == pytest.approx(
+        with_cv.transform([TableConfig(99, 100, 16, 1.0, length_cv=0.4)])[0, 21])
+    again = FeatureScaler.from_state(json.loads(json.dumps(with_cv.to_state())))
+    np.testing.assert_array_equal(again.transform(train), z)
+    assert FeatureScaler.from_state(plain.to_state()).cv_default is None      # older states: 21 features
+    with pytest.raises(ShardError, match="other features"):
+        FeatureScaler.from_state({**with_cv.to_state(), "cv_default": None})
+
+
 def test_scaler_is_fitted_once_and_reapplied():
     train = [TableConfig(i, 10 ** (i % 6 + 1), 4 * (i % 4 + 1), float(i)) for i in range(30)]
     scaler = FeatureScaler.fit(train)

@@ -104,6 +104,11 @@ def test_processing_api_and_aggregate():
     assert by_lookups.tolist() == pytest.approx([looks[k] / 16 for k in range(17)])
     assert data.total_lookups == 16
     assert data.tables[2].bins == (0.0,) * 17 and data.tables[2].pooling_factor == 0.0
+    # each table's bag-length CV: the spread of its per-sample lookup counts over their mean
+    for t, table in zip(data.tables, LOOKUPS):
+        lens = np.array([len(s) for s in table[:data.batch_size]], dtype=float)
+        want = lens.std() / lens.mean() if lens.mean() > 0 else 0.0
+        assert t.length_cv == pytest.approx(want, abs=1e-6)
 
 
 def test_legacy_serialization(tmp_path):

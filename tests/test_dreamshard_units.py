@@ -114,3 +114,24 @@ def test_checkpoint_round_trip(model, tmp_path):
     # and through the --alg resolution used by eval.py
     plan = resolve(str(path)).shard(ts, Topology(4, 100.0))
     assert list(plan.allocation) == model.decode(ts, 4, 100.0)[0]
+
+
+def test_the_bag_length_cv_feature_round_trips_and_older_checkpoints_load_without_it(tmp_path):
+    import dataclasses
+
+    ts = [dataclasses.replace(t, length_cv=0.1 * (k % 7)) for k, t in enumerate(tables(30))]
+    cfg = DreamShardConfig(hidden=16, embed=8, head_hidden=8)
+    with_cv = DreamShardModel.new(cfg, FeatureScaler.fit(ts, length_cv=True))
+    assert with_cv.cfg.length_cv_feature and with_cv.features(ts).shape == (30, 22)
+    with_cv.save(tmp_path / "cv.pt")
+    back = DreamShardModel.load(tmp_path / "cv.pt")
+    assert back.cfg.length_cv_feature and torch.equal(back.place(ts, 3, 100.0)[0], with_cv.place(ts, 3, 100.0)[0])
+    # a checkpoint written before the feature existed: no length_cv_feature key, a 21-feature scaler
+    plain = DreamShardModel.new(cfg, FeatureScaler.fit(ts))
+    assert not plain.cfg.length_cv_feature
+    plain.save(tmp_path / "old.pt")
+    obj = torch.load(tmp_path / "old.pt", weights_only=True)
+    del obj["config"]["length_cv_feature"]
+    torch.save(obj, tmp_path / "old.pt")
+    old = DreamShardModel.load(tmp_path / "old.pt")
+    assert not old.cfg.length_cv_feature and old.features(ts).shape == (30, 21)

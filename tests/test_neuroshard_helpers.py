@@ -103,3 +103,30 @@ def test_simulator_is_a_cost_oracle():
     assert r.cost_ms == sim.plan_cost(tables, Plan((0, 0, 1, 1, 1, 3), 4))
     assert r.parts["compute"].startswith("modelled") and r.parts["comm"].startswith("modelled")
     assert r.hardware.startswith("simulated by NeuroShard's cost models")
+
+
+def test_compute_rows_keep_the_bag_length_cv_and_the_model_reads_it(tmp_path):
+    """A compute sample's row carries each table's CV (empty where unknown) through the CSV; a row of an
+    older collection, without the column, gives tables without one; a compute model fitted with the CV
+    feature has 22 inputs per table, one without it 21."""
+    import pandas as pd
+
+    from neuroshard.collect import row_tables, shard_row
+
+    shard = [TableConfig(3, 1000, 16, 2.0, length_cv=0.75), TableConfig(5, 500, 8, 1.0)]
+    row = shard_row(0, shard, 1.0, 2.0)
+    pd.DataFrame([row, shard_row(1, shard[:1], 1.0, 2.0)]).to_csv(tmp_path / "c.csv", index=False)
+    back = pd.read_csv(tmp_path / "c.csv").to_dict("records")
+    assert [t.length_cv for t in row_tables(back[0])] == [0.75, None]
+    assert [t.length_cv for t in row_tables(back[1])] == [0.75]
+    old = {k: v for k, v in row.items() if k != "length_cvs"}
+    assert [t.length_cv for t in row_tables(old)] == [None, None]
+    rng = np.random.default_rng(0)
+    shards = [[TableConfig(i, int(rng.integers(100, 10 ** 5)), 16, float(rng.uniform(1, 20)),
+                           length_cv=float(rng.uniform(0.2, 1.5))) for i in range(k % 4 + 1)] for k in range(40)]
+    costs = np.array([[sum(t.pooling_factor for t in s) * 0.1, sum(t.pooling_factor for t in s) * 0.2] for s in shards])
+    for cv in (True, False):
+        cfg = ModelConfig(hidden=8, embed=4, head_hidden=8, epochs=2, length_cv_feature=cv)
+        model, _ = fit_compute_model(shards, costs, cfg)
+        assert model.scaler.num_features == 21 + cv and model.features(shards[0]).shape == (1, 21 + cv)
+        assert model.predict_shards(shards[:3]).shape == (3, 2)

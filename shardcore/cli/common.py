@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 from shardcore.argtypes import int_list, positive_float, positive_int
@@ -88,7 +89,7 @@ _LIST_INPUTS = ("data", "exclude_tasks", "records")   # comma-separated lists of
 
 def command_inputs(args: argparse.Namespace) -> dict:
     """The files a script's flags name as inputs (flag -> path), for
-    :func:`~shardcore.io.check_outputs_spare_inputs`: the task file, the dataset's table configs and
+    :func:`check_outputs_spare_inputs`: the task file, the dataset's table configs and
     ``data.pt``, the measurement cache (where a measured oracle may write it), model files and every
     ``--alg`` entry that is a file."""
     from shardcore.oracles.cache import DEFAULT_CACHE_PATH
@@ -133,14 +134,12 @@ def check_out_file(args: argparse.Namespace, path, flag: str = "--out", kind: st
 def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = None) -> None:
     """Before any work: no output (flag -> path) names an input of the command (:func:`command_inputs`)
     or another output, and none replaces an existing file of another kind (``kinds``: flag -> what
-    :func:`~shardcore.io.file_kind` must say, default ``"text"``; ``None`` skips the check)."""
-    from shardcore import io
-
-    io.check_outputs_spare_inputs(outputs, command_inputs(args))
+    :func:`file_kind` must say, default ``"text"``; ``None`` skips the check)."""
+    check_outputs_spare_inputs(outputs, command_inputs(args))
     for flag, path in outputs.items():
         kind = (kinds or {}).get(flag, "text")
         if path and kind is not None:
-            io.check_replaces_kind(path, kind, flag)
+            check_replaces_kind(path, kind, flag)
 
 
 def add_task_args(parser: argparse.ArgumentParser, default_tasks: str, what: str = "task file") -> None:
@@ -371,3 +370,61 @@ def serve_if_torchrun_rank(args: argparse.Namespace) -> int | None:
             signal.signal(signal.SIGTERM, on_term)
         return None
     return serve(getattr(args, "timeout", DEFAULT_TIMEOUT_S) + 300.0)
+
+
+# -- outputs that must not replace what they should not ------------------------------------------
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)   # hard links too
+    except OSError:
+        return False
+
+
+def check_outputs_spare_inputs(outputs: dict, inputs: dict) -> None:
+    """No output of a command may name one of its inputs (or another output): ``outputs`` and
+    ``inputs`` map a flag (``"--out"``) to a path or None (not given). Paths are compared resolved
+    (symbolic links, ``..``) and by inode (hard links); a directory input covers the files under it
+    only where a file is named explicitly. One line names both flags."""
+    outs = [(flag, Path(p)) for flag, p in outputs.items() if p not in (None, "")]
+    ins = [(flag, Path(p)) for flag, p in inputs.items() if p not in (None, "")]
+    for i, (flag, path) in enumerate(outs):
+        for other, ipath in ins + outs[i + 1:]:
+            if _same_file(path, ipath):
+                role = "input" if (other, ipath) in ins else "output"
+                raise ShardError(f"{flag} {path} is also the {role} {other} {ipath}: the output would replace "
+                                 f"it; choose another {flag}")
+
+
+_MAGIC = ((b"SQLite format 3\x00", "an SQLite database"), (b"PK\x03\x04", "a zip/torch file"),
+          (b"\x80", "a pickle/torch file"), (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF document"))
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What an existing file is, by its first bytes: one of ``_MAGIC``'s names, ``"text"`` or
+    ``"binary"``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return "unreadable"
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    if b"\x00" in head:
+        return "binary"
+    return "text"
+
+
+def check_replaces_kind(path: str | os.PathLike, kind: str, flag: str = "output") -> None:
+    """An output of ``kind`` (``file_kind``'s words, e.g. ``"text"``) may replace an existing file only
+    of the same kind: ``--out cache.sqlite`` for a JSONL report is refused in one line."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    found = file_kind(path)
+    if found != kind and found != "unreadable":
+        what = "a text file" if kind == "text" else kind
+        raise ShardError(f"{flag} {path} exists and is {found}, not {what}: refusing to replace it; "
+                         f"choose another {flag}")

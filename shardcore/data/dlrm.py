@@ -329,8 +329,10 @@ def process_raw(raw: RawDLRM, batch_size: int | None = None, dim: int = DEFAULT_
         rows_per_bin[t], lookups_per_bin[t] = rpb, lpb
         out_idx.append(torch.from_numpy(kept.astype(np.int32)))
         out_off.append(torch.from_numpy((off[: n + 1] - start).astype(np.int32)))
-        tables.append(TableConfig(index=t, row=row, dim=table_dims[t],
-                                  pooling_factor=float(kept.size) / n, bins=reuse_bins(rpb)))
+        kept_lens = lens[:n]
+        cv = float(kept_lens.std() / kept_lens.mean()) if n and kept_lens.mean() > 0 else 0.0
+        tables.append(TableConfig(index=t, row=row, dim=table_dims[t], pooling_factor=float(kept.size) / n,
+                                  bins=reuse_bins(rpb), length_cv=round(cv, 6)))
     return ProcessedData(tables=tables, indices=out_idx, offsets=out_off, batch_size=n,
                          rows_per_bin=rows_per_bin, lookups_per_bin=lookups_per_bin, source=raw.source)
 
