@@ -7,7 +7,9 @@ of its kernels, plus its forward and backward exchanges.
 distinct rows, estimated DRAM traffic, bag-length dispersion, outputs, table count, the shard's
 widest table and its row count...), linear with non-negative weights. On a CPU the features are the
 emulator's CPU family (:data:`shardcore.oracles.emulated.emulator.CPU_SPEC`: every per-lookup term times the row's dim,
-as FBGEMM's CPU kernels read whole rows), so a column piece costs its share of the dim there. A piece is a table with the
+as FBGEMM's CPU kernels read whole rows, so a column piece costs its share of the dim there; and the
+backward's sort passes and the locality of its row updates: distinct rows x hats of the bytes between
+two consecutive updated rows). A piece is a table with the
 rows, dim and pooling factor it holds (:meth:`shardcore.plan.Sharding.pieces`: a row-wise block the
 lookups in proportion to its rows), so the same features cover every type. A device runs two
 kernels (:func:`shardcore.plan.device_kernels`): its model-parallel pieces fused over the batch and
@@ -45,7 +47,7 @@ import numpy as np
 
 from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_comm_model, id_width as piece_id_width,
                                  pooled_width, remote_bytes)
-from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, GpuComputeModel, fit_params, load_gpu_model, piece_device_kind, predict_devices,
+from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, GpuComputeModel, fit_params, fit_weights, load_gpu_model, piece_device_kind, predict_devices,
                                 shard_features, table_arrays)
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import EXACT_SGD
@@ -255,14 +257,7 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
     if len(shards) < min_shards:
         raise ShardError(f"only {len(shards)} usable shard measurements at batch {batch_size} in the cache "
                          f"(need {min_shards}); collect some with collect_compute_cost_data.py --weights-precision {precision}")
-    cvs = length_cvs(data_dir, batch_size) if data_dir is not None else None
-    default_cv = float(np.median(cvs)) if cvs else DEFAULT_CV
-    cv = [[(cvs[t.index] if cvs else default_cv) for t in s] for s in shards]
-    ta, shard_of = table_arrays(shards, cv)
-    from shardcore.oracles.setting import is_cpu_hardware
-
-    spec = CPU_SPEC if is_cpu_hardware(hardware) else DEFAULT_SPEC
-    X = shard_features(ta, shard_of, len(shards), int(batch_size), spec)
+    X, spec, default_cv, cvs = _fit_features(shards, batch_size, hardware, data_dir)
     params = fit_params({int(batch_size): (X, np.asarray(fw), np.asarray(bw))}, spec,
                         card="cpu" if spec is CPU_SPEC else "measured",
                         fitted_on=f"{len(shards)} shard measurements ({hardware})", known_tables=None,
@@ -287,6 +282,51 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
         comm, comm_src = comm_fallback, "the given exchange model (no plan measurements)"
     return CostModel(GpuComputeModel(params), comm, int(batch_size), landscape=MEASURED, length_cv=cvs,
                      precision=precision, source=f"fitted: compute on {len(shards)} shards, comm on {comm_src}")
+
+
+def _fit_features(shards, batch_size: int, hardware: str, data_dir) -> tuple:
+    """The fit's feature matrix of ``shards``, its spec (the CPU family on a CPU fingerprint), the default
+    bag-length CV and the dataset's CVs (None without lookup data)."""
+    from shardcore.oracles.setting import is_cpu_hardware
+
+    cvs = length_cvs(data_dir, batch_size) if data_dir is not None else None
+    default_cv = float(np.median(cvs)) if cvs else DEFAULT_CV
+    cv = [[(cvs[t.index] if cvs else default_cv) for t in s] for s in shards]
+    ta, shard_of = table_arrays(shards, cv)
+    spec = CPU_SPEC if is_cpu_hardware(hardware) else DEFAULT_SPEC
+    return shard_features(ta, shard_of, len(shards), int(batch_size), spec), spec, default_cv, cvs
+
+
+def compute_fit_errors(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
+                       optimizer: str = EXACT_SGD, data_dir: str | os.PathLike | None = None,
+                       exclude_tables: set[int] | None = None, folds: int = 5, min_shards: int = 20) -> dict:
+    """How well :func:`fit_cost_model`'s compute fit follows the shards it may use (MAPE %):
+    ``in_fw``, ``in_bw``, ``in_total`` in-sample; ``cv_total`` cross-validated by table: fold ``k``
+    predicts the shards holding a table whose index is ``k`` mod ``folds``, fitted on the shards holding
+    none (a fold with fewer than ``min_shards`` to fit on is skipped); ``shards`` and ``cv_predictions``
+    (how many shards were predicted held out)."""
+    shards, fw, bw = usable_shards(cache, dataset, batch_size, hardware=hardware, precision=precision,
+                                   optimizer=optimizer, exclude_tables=exclude_tables)
+    if len(shards) < min_shards:
+        raise ShardError(f"only {len(shards)} usable shard measurements at batch {batch_size} in the cache (need {min_shards})")
+    X = _fit_features(shards, batch_size, hardware, data_dir)[0]
+    fw, bw = np.asarray(fw, dtype=float), np.asarray(bw, dtype=float)
+
+    def fitted(keep):
+        return X @ fit_weights(X[keep], fw[keep]), X @ fit_weights(X[keep], bw[keep])
+
+    pf, pb = fitted(np.ones(len(shards), dtype=bool))
+    out = {"shards": len(shards), "in_fw": mape(pf, fw), "in_bw": mape(pb, bw), "in_total": mape(pf + pb, fw + bw)}
+    pred, true = [], []
+    for k in range(int(folds)):
+        held = np.array([any(t.index % folds == k for t in s) for s in shards])
+        if (~held).sum() >= min_shards and held.any():
+            pf, pb = fitted(~held)
+            pred.append((pf + pb)[held])
+            true.append((fw + bw)[held])
+    out["cv_predictions"] = int(sum(len(p) for p in pred))
+    out["cv_total"] = mape(np.concatenate(pred), np.concatenate(true)) if pred else math.nan
+    return out
 
 
 def mape(pred: Sequence[float], true: Sequence[float]) -> float:

@@ -402,7 +402,7 @@ def test_cpu_feature_family_scales_every_per_lookup_term_with_the_dim():
     ta, of = table_arrays([[t], [h]], [[0.5], [0.5]])
     X = shard_features(ta, of, 2, 4096, CPU_SPEC)
     assert X.shape == (2, len(names))
-    fixed = [names.index(n) for n in ("const", "tables", "lookups", "tables_sq")]
+    fixed = [names.index(n) for n in ("const", "tables", "lookups", "tables_sq", "lookups_x_sort_passes")]
     scaled = [i for i in range(len(names)) if i not in fixed and X[0, i] != 0]
     np.testing.assert_allclose(X[1, fixed], X[0, fixed])
     # the footprint hats move with the table's bytes too, so compare the dim-scaled sum of the lookups
@@ -415,6 +415,48 @@ def test_cpu_feature_family_scales_every_per_lookup_term_with_the_dim():
     cv2 = float(np.mean(np.asarray(CPU_SPEC["cv_prior"]) ** 2))
     i = names.index("lookups_x_dim_x_cv2")
     assert Xu[0, i] == pytest.approx(X[0, names.index("lookups_x_dim")] * cv2)
+
+
+def test_cpu_backward_terms_sort_passes_and_update_locality():
+    """CPU_SPEC's backward terms: lookups x the radix sort's passes (one per 8 bits of the row count),
+    distinct rows x hats of log2 of the bytes between consecutive updated rows (their sum is the distinct
+    rows; a sparsely touched large table weighs on the wide gaps, a densely touched one on the narrow);
+    a spec without them gives exactly the 13 features of the models fitted before (stored files keep
+    predicting as they did), shards contiguous or not."""
+    from shardcore.oracles.emulated.emulator import (CPU_SPEC, _distinct_rows, feature_names, shard_features,
+                                                     sort_passes, table_arrays)
+    from shardcore.tables import NUM_BINS, TableConfig
+
+    np.testing.assert_array_equal(sort_passes(np.array([1, 255, 256, 65535, 65536, 2 ** 24 - 1, 2 ** 24])),
+                                  [1, 1, 2, 2, 3, 3, 4])
+    bins = [0.0] * NUM_BINS
+    bins[0] = 1.0                       # every distinct row looked up once: distinct rows = lookups
+    dense = TableConfig(index=0, row=50_000, dim=16, pooling_factor=10.0, bins=tuple(bins))     # 40,960 of 50K rows
+    sparse = TableConfig(index=1, row=5_000_000, dim=16, pooling_factor=10.0, bins=tuple(bins))  # of 5M rows
+    small = TableConfig(index=2, row=200, dim=8, pooling_factor=3.0, bins=tuple(bins))
+    names = feature_names(CPU_SPEC)
+    old = {k: v for k, v in CPU_SPEC.items() if k not in ("sort_passes", "gap_knots")}
+    assert feature_names(old) == names[:13] and names[13] == "lookups_x_sort_passes"
+    shards = [[dense, small], [sparse], [small, sparse, dense]]
+    ta, of = table_arrays(shards, [[0.5] * len(s) for s in shards])
+    X = shard_features(ta, of, 3, 4096, CPU_SPEC)
+    assert X.shape == (3, len(names))
+    np.testing.assert_allclose(shard_features(ta, of, 3, 4096, old), X[:, :13], rtol=1e-12)
+    L = 4096 * ta.pf
+    D = _distinct_rows(ta, L)
+    passes = np.array([2, 1, 3, 1, 3, 2])     # dense 50K rows, small 200, sparse 5M (in ta's order)
+    gap = [i for i, n in enumerate(names) if n.startswith("distinct_gap")]
+    for k, rows in enumerate(([0, 1], [2], [3, 4, 5])):
+        assert X[k, names.index("lookups_x_sort_passes")] == pytest.approx(float((L[rows] * passes[rows]).sum()))
+        assert X[k, gap].sum() == pytest.approx(float(D[rows].sum()))
+    knots = np.asarray(CPU_SPEC["gap_knots"])
+    mean_knot = (X[:, gap] * knots).sum(1) / X[:, gap].sum(1)
+    assert mean_knot[1] > 11.5 and mean_knot[0] < 7.5        # ~3.9 KB apart vs ~39 B apart
+    # the shards' tables interleaved (not contiguous) give the same sums
+    order = np.array([2, 0, 5, 1, 3, 4])
+    from shardcore.oracles.emulated.emulator import TableArrays
+    tb = TableArrays(ta.row[order], ta.pf[order], ta.dim[order], ta.bins[order], ta.cv[order])
+    np.testing.assert_allclose(shard_features(tb, of[order], 3, 4096, CPU_SPEC), X, rtol=1e-12)
 
 
 def test_replica_kernels_rest_on_the_h200_measurements_held_out_by_task(model):

@@ -124,12 +124,28 @@ DEFAULT_SPEC = {
 # 62.9 ms at dim 16 and 32.8 at dim 8). The GPU family's per-lookup terms that ignore the dim (the cost
 # surface, the size classes, the sort) priced a column piece of half the dim at 76% of the whole
 # table there (held-out: column pieces +15% biased, MAPE 21%; with this family +2%, 12%).
+#
+# The backward's two optional terms (a spec without them gives exactly the 13 features of the models
+# fitted before 2026-11-27, so their files keep predicting as they did). FBGEMM's CPU backward (exact
+# optimizers) turns each table's lookups into a sorted column list -- a radix sort of the lookups' row
+# ids, one pass per 8 bits of the table's row count -- then updates the distinct rows in ascending
+# order. On the 2-core EPYC (fitted on the 160 calibration shards of the measured-CPU experiments) the
+# locality term adds 0.01-0.02 us per distinct row while the next updated row lies within 128 bytes
+# (the prefetcher follows the ascending stream), 0.10 us at 256 bytes apart, 0.13-0.16 us from 512
+# bytes to pages apart (a miss per row), beside the 0.04 us any dim-16 row's update costs; measured,
+# a ~1M-row table with 50K-160K distinct rows cost 2-3x per distinct row what one with 260K-590K did.
+# The backward's in-sample error on those shards: 13.4% without these terms, 5.1% with them.
 CPU_SPEC = {
     "family": "cpu",
     # L x dim x hats of log10 bytes of the whole table (the caches and the TLB: a row of a small
     # table stays cached, one of a large table is a miss)
     "footprint_knots": [4.0, 5.0, 6.0, 7.0, 8.0],
     "cv_prior": DEFAULT_SPEC["cv_prior"],
+    # optional: lookups x the radix sort's passes, ceil(bits(rows) / 8)
+    "sort_passes": True,
+    # optional: distinct rows x hats of log2 of the bytes between two consecutive updated rows
+    # (rows x row bytes / distinct rows)
+    "gap_knots": [5.0, 7.0, 8.0, 9.0, 10.0, 12.0, 14.0],
 }
 
 
@@ -145,7 +161,9 @@ OPTIONAL_TERMS = ("shard_footprint_knots", "dim_knots", "table_count_terms")
 def feature_names(spec: Mapping) -> list[str]:
     if _is_cpu(spec):
         return (["const", "tables", "lookups", "lookups_x_dim", "distinct_x_dim", "lookups_x_dim_x_cv2", "batch_x_dim"]
-                + [f"lookups_x_dim_bytes1e{a:g}" for a in spec["footprint_knots"]] + ["tables_sq"])
+                + [f"lookups_x_dim_bytes1e{a:g}" for a in spec["footprint_knots"]] + ["tables_sq"]
+                + (["lookups_x_sort_passes"] if spec.get("sort_passes") else [])
+                + [f"distinct_gap2^{a:g}" for a in spec.get("gap_knots", ())])
     base = ["const", "tables", "lookups", "lookup_sectors", "dram_sectors", "distinct_sectors",
             "batch_x_dim", "long_lookups", "long_rows", "lookups_x_cv2", "dram_x_cv2",
             "distinct_x_maxdim", "lookups_maxdim_ge64", "lookups_maxdim_ge128"]
@@ -269,19 +287,48 @@ def _cpu_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, B: float,
     """:data:`CPU_SPEC`'s features (dims in units of 64 elements): per table, summed over the shard,
     lookups, lookups x dim, distinct rows x dim, lookups x dim x CV^2, ``B x dim`` (pooled outputs),
     lookups x dim x hats of log10 of the table's bytes; per shard a constant, the table count and its
-    square. An unknown CV (NaN) enters as the mean CV^2 of the spec's ``cv_prior``."""
+    square; then, where the spec names them, lookups x the backward sort's passes and distinct rows x
+    hats of log2 of the bytes between consecutive updated rows. An unknown CV (NaN) enters as the mean
+    CV^2 of the spec's ``cv_prior``. (The shard sums are bincounts: the search asks for these features
+    of tens of thousands of shards a second.)"""
     d = ta.dim / 64.0
     Ld = L * d
     prior = spec.get("cv_prior")
     cv2 = np.where(np.isnan(ta.cv), float(np.mean(np.asarray(prior, float) ** 2)) if prior else 0.0, ta.cv ** 2)
-    bytes_ = np.maximum(ta.row * ta.dim * float(BYTES_PER_WEIGHT), 1.0)
-    T = np.concatenate([np.stack([np.ones(len(L)), L, Ld, D * d, Ld * cv2, B * d * (L > 0)], 1),
-                        _hat(np.log10(bytes_), spec["footprint_knots"]) * Ld[:, None]], 1)
-    X = np.zeros((nshards, T.shape[1] + 2))
-    np.add.at(X[:, 1:1 + T.shape[1]], shard_of, T)
-    X[:, 0] = 1.0
-    X[:, -1] = X[:, 1] ** 2 / 100.0
-    return X
+    log_bytes = np.log10(np.maximum(ta.row * ta.dim * float(BYTES_PER_WEIGHT), 1.0))
+
+    def total(v):
+        return np.bincount(shard_of, weights=v, minlength=nshards)
+
+    cols = [np.ones(nshards), total(None).astype(float), total(L), total(Ld), total(D * d), total(Ld * cv2),
+            total(B * d * (L > 0))]
+    X = [np.stack(cols, 1), _hat_sums(log_bytes, spec["footprint_knots"], Ld, shard_of, nshards),
+         (cols[1] ** 2 / 100.0)[:, None]]
+    if spec.get("sort_passes"):
+        X.append(total(L * sort_passes(ta.row))[:, None])
+    if spec.get("gap_knots"):
+        gap = log_bytes * math.log2(10.0) - np.log2(np.maximum(D, 1.0))
+        X.append(_hat_sums(gap, spec["gap_knots"], D, shard_of, nshards))
+    return np.concatenate(X, 1)
+
+
+def _hat_sums(x: np.ndarray, knots: Sequence[float], v: np.ndarray, shard_of: np.ndarray, nshards: int) -> np.ndarray:
+    """``[nshards, len(knots)]``: per shard the sum of ``v x`` :func:`_hat` ``(x, knots)`` over its tables."""
+    k = np.asarray(knots, dtype=float)
+    K = len(k)
+    x = np.minimum(np.maximum(x, k[0]), k[-1])                          # (np.clip: slower on small arrays)
+    j = np.minimum(np.searchsorted(k, x, side="right") - 1, K - 2)      # x >= k[0]: j >= 0
+    t = (x - k[j]) / (k[j + 1] - k[j])
+    at = shard_of * K + j
+    out = (np.bincount(at, weights=(1.0 - t) * v, minlength=nshards * K)
+           + np.bincount(at + 1, weights=t * v, minlength=nshards * K))
+    return out.reshape(nshards, K)
+
+
+def sort_passes(rows: np.ndarray) -> np.ndarray:
+    """Passes of FBGEMM's CPU radix sort over a table's row ids: one per 8 bits of its row count."""
+    bits = np.frexp(np.maximum(np.asarray(rows, dtype=float), 1.0))[1]   # rows < 2^bits, for whole rows
+    return ((bits + 7) // 8).astype(float)
 
 
 def known_index(known: Mapping | None) -> dict:
