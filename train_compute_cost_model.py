@@ -4,7 +4,7 @@
   python train_compute_cost_model.py --data_dir data/cost_data/compute --epochs 300 \\
       --out_path models/neuroshard/compute.pt
 
-A table MLP over the 21 standardised features, summed over the shard, and a head predicting the
+A table MLP over the 21 standardised features (22 with the bag-length CV, the default), summed over the shard, and a head predicting the
 shard's forward and backward compute (ms). The samples are split into train / validation / test;
 the epoch with the best validation MAPE is kept and the held-out test MAPE is printed. --data_dir
 takes one or more directories (or CSV files), comma-separated.
