@@ -11,6 +11,7 @@ fitted on the training split and saved in the checkpoint (:mod:`neuroshard.check
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -164,6 +165,7 @@ def fit_compute_model(shards: Sequence[Sequence[TableConfig]], costs: np.ndarray
     costs = np.maximum(costs[keep], EPS_MS)
     tr, va, te = split_indices(len(shards), cfg.val_fraction, cfg.test_fraction, cfg.seed)
     scaler = scaler or FeatureScaler.fit([t for k in tr for t in shards[k]], LOG_FEATURES, length_cv=cfg.length_cv_feature)
+    cfg = dataclasses.replace(cfg, length_cv_feature=scaler.cv_default is not None)   # no CV in the data: 21
     scale = tuple(float(v) for v in costs[tr].mean(0))
     torch.manual_seed(cfg.seed)
     net = ComputeCostNet(cfg)

@@ -218,14 +218,14 @@ class FeatureScaler(Standardiser):
     def fit(cls, tables: Sequence[TableConfig], log_features: Sequence[str] = LOG_FEATURES,
             length_cv: bool = False) -> "FeatureScaler":
         """Statistics of ``tables``; ``length_cv`` adds the bag-length CV as a 22nd feature (a table
-        without one gets the median of those that have one, else 0.7)."""
+        without one gets the median of those that have one) where at least one table has one."""
         from shardcore.errors import ShardError
 
         if not tables:
             raise ShardError("cannot fit feature statistics on zero tables")
         x = cls._log(raw_features(tables), log_features)[:, [FEATURE_NAMES.index(n) for n in SCALED_FEATURES]]
         cvs = [t.length_cv for t in tables if t.length_cv is not None]
-        default = (float(np.median(cvs)) if cvs else 0.7) if length_cv else None
+        default = float(np.median(cvs)) if length_cv and cvs else None   # no CV seen: a feature never learnt
         mean, std = cls.statistics(x if default is None else np.c_[x, cls._cvs(tables, default)], 1e-12)
         return cls(mean=list(mean), std=list(std), log_features=tuple(log_features), cv_default=default)
 

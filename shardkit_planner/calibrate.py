@@ -27,7 +27,7 @@ from shardcore.errors import ShardError
 from .costmodel import CostModel, fit_cost_model
 
 MIN_SHARDS = 24        # shards the fit gets at least (fit_cost_model's floor is 20)
-TARGET_SHARDS = 160    # shards calibration measures up to, within its budget (the model has ~30 features)
+TARGET_SHARDS = 160    # shards calibration measures up to, within its budget (the CPU family has 21 features)
 ENOUGH_SHARDS = TARGET_SHARDS // 2   # a cache holding this many usable shards is fitted without measuring
 PLAN_SIZES = 6         # plans at 1..6 tables per device, for the exchange at several sizes
 SPLIT_SHARE = 0.3      # share of a calibration shard's tables given as a column piece (dim / 2 or / 4)

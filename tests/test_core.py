@@ -63,6 +63,9 @@ def test_bag_length_cv_is_an_optional_22nd_feature(tmp_path):
     again = FeatureScaler.from_state(json.loads(json.dumps(with_cv.to_state())))
     np.testing.assert_array_equal(again.transform(train), z)
     assert FeatureScaler.from_state(plain.to_state()).cv_default is None      # older states: 21 features
+    # tables without a CV give no CV feature (an input never learnt would take any later CV at random)
+    blind = FeatureScaler.fit([TableConfig(i, 100 + i, 16, 1.0 + i) for i in range(5)], length_cv=True)
+    assert blind.cv_default is None and blind.num_features == 21
     with pytest.raises(ShardError, match="other features"):
         FeatureScaler.from_state({**with_cv.to_state(), "cv_default": None})
 

@@ -76,12 +76,18 @@ def test_predictions_positive_and_monotone_in_lookups(model, tables):
 def test_known_tables_get_their_bag_length_cv(model, tables):
     cvs = [model.table_cv(t) for t in tables if t.pooling_factor > 0]
     assert len(set(cvs)) > 100  # the default dataset's tables are recognised
-    stranger = dataclasses.replace(tables[154], row=tables[154].row * 3)
+    stranger = dataclasses.replace(tables[154], row=tables[154].row * 3, length_cv=None)
     assert model.table_cv(stranger) == model.default_cv
     # the CV matters: the same table with a larger CV costs more in the forward
     fw_lo, _ = model.predict([tables[154]], 65536, length_cv=[0.3])
     fw_hi, _ = model.predict([tables[154]], 65536, length_cv=[1.3])
     assert fw_hi > fw_lo
+    # a table the block does not know is priced with its own CV where its configs carry one; a known
+    # table keeps the block's, whatever its configs say
+    assert model.table_cv(dataclasses.replace(stranger, length_cv=1.3)) == 1.3
+    assert model.predict([dataclasses.replace(stranger, length_cv=1.3)], 65536) == \
+        model.predict([stranger], 65536, length_cv=[1.3])
+    assert model.table_cv(dataclasses.replace(tables[154], length_cv=9.0)) == model.table_cv(tables[154])
 
 
 def test_held_out_mape_matches_report():
@@ -286,7 +292,7 @@ def test_unknown_cv_is_the_mean_over_the_prior(tables):
 
 
 def test_unknown_tables_get_the_prior_in_predictions(model, tables):
-    stranger = dataclasses.replace(tables[154], row=tables[154].row * 3)
+    stranger = dataclasses.replace(tables[154], row=tables[154].row * 3, length_cv=None)
     assert model.table_cv(stranger) == model.default_cv      # the point value callers read
     by_default = model.predict([stranger], 65536)
     assert by_default == model.predict([stranger], 65536, length_cv=[float("nan")])
@@ -313,7 +319,7 @@ def test_parameter_sets_without_the_optional_terms_still_load(tables):
     params = {"format": "shardkit-gpu-emulator-1", "spec": old, "default_cv": 0.5,
               "sets": {"65536": {"fw": list(w), "bw": list(w)}}}
     m = GpuComputeModel(params)
-    stranger = dataclasses.replace(tables[154], row=tables[154].row * 3)
+    stranger = dataclasses.replace(tables[154], row=tables[154].row * 3, length_cv=None)
     assert m.predict([stranger], 65536) == m.predict([stranger], 65536, length_cv=[0.5])
 
 

@@ -130,3 +130,7 @@ def test_compute_rows_keep_the_bag_length_cv_and_the_model_reads_it(tmp_path):
         model, _ = fit_compute_model(shards, costs, cfg)
         assert model.scaler.num_features == 21 + cv and model.features(shards[0]).shape == (1, 21 + cv)
         assert model.predict_shards(shards[:3]).shape == (3, 2)
+    # asked for, but the data holds no CV: the model has the 21 features and says so in its config
+    blind = [[TableConfig(t.index, t.row, t.dim, t.pooling_factor) for t in s] for s in shards]
+    model, _ = fit_compute_model(blind, costs, ModelConfig(hidden=8, embed=4, head_hidden=8, epochs=2))
+    assert model.scaler.num_features == 21 and not model.cfg.length_cv_feature

@@ -286,3 +286,17 @@ def test_torchrec_problem_knows_the_hosts():
     assert "grid block on ranks [1, 2]" in plan_script.torchrec_problem(tables, names, bad, 2)
     text, _imb, _worst = plan_script.summary(tables, names, g, [0, 1, 2, 3], 1.0, "fp16")
     assert "a [grid]" in text
+
+
+def test_a_csv_may_give_each_table_its_bag_length_cv(tmp_path):
+    from shardcore.data.user_tables import read_tables_csv
+    from shardcore.errors import ShardError
+
+    path = tmp_path / "t.csv"
+    path.write_text("name,rows,dim,pooling_factor,length_cv\nuser,1000000,64,20,1.4\nitem,500000,32,3,\n")
+    tables, names = read_tables_csv(path)
+    assert names == ["user", "item"] and [t.length_cv for t in tables] == [1.4, None]
+    path.write_text("name,rows,dim,pooling_factor,length_cv\nuser,1000000,64,20,-1\n")
+    with pytest.raises(ShardError, match="user.*length_cv -1.0 is negative"):
+        read_tables_csv(path)
+

@@ -35,6 +35,7 @@ shardcore/oracles/emulated/emulator.py).
   python tools/emulator_accuracy.py [--out accuracy.json]
 """
 
+import dataclasses
 import math
 import os
 
@@ -72,8 +73,11 @@ class Landscape:
         self.meas = load_measurements(batch, directory)
         self.X = measurement_features(self.meas, batch, spec, known_index(known), default_cv)
         # unknown CV: every table's CV NaN, its effect averaged over the spec's cv_prior (the model's
-        # treatment of a table it does not know; the default CV where the spec has no prior)
-        self.X_unknown = measurement_features(self.meas, batch, spec, {},
+        # treatment of a table it does not know; the default CV where the spec has no prior); the tables'
+        # own length_cv hidden too (the shipped configs carry the generator's)
+        blind = {**self.meas, "shards": [{**s, "configs": [dataclasses.replace(t, length_cv=None) for t in s["configs"]]}
+                                         for s in self.meas["shards"]]}
+        self.X_unknown = measurement_features(blind, batch, spec, {},
                                               math.nan if spec.get("cv_prior") else default_cv)
         self.fw = np.array([s["fw_ms"] for s in self.meas["shards"]])
         self.bw = np.array([s["bw_ms"] for s in self.meas["shards"]])

@@ -1,7 +1,8 @@
 """A user's own tables (``plan.py --tables``): a CSV or a ``table_configs.json``, and the batch it states.
 
 CSV: columns ``name, rows, dim, pooling_factor`` (``row`` is accepted for ``rows``), optionally
-``bin_0 .. bin_16`` (the access-reuse histogram); a comment line ``# batch_size: B`` states the batch
+``bin_0 .. bin_16`` (the access-reuse histogram) and ``length_cv`` (the CV of a sample's lookup count,
+which the emulated GPU prices); a comment line ``# batch_size: B`` states the batch
 the statistics were taken at. JSON: ``{"tables": [{"row", "dim", "pooling_factor", ...}], "batch_size": B}``
 (or a bare list); an entry may carry a ``name`` (default ``table_<index>``) and use ``rows`` for ``row``,
 and a missing ``index`` is its position. Both go through :meth:`shardcore.tables.TableConfig.from_json`,
@@ -40,7 +41,7 @@ def _cell(text, what: str, where: str, integer: bool = False):
 
 
 def read_tables_csv(path: Path) -> tuple[list[TableConfig], list[str]]:
-    """``name, rows, dim, pooling_factor[, bin_0 .. bin_16]`` -> (tables, names)."""
+    """``name, rows, dim, pooling_factor[, bin_0 .. bin_16][, length_cv]`` -> (tables, names)."""
     text = read_text(path, WHAT)
     if not text.strip():
         raise ShardError(f"{path}: empty file (expected a header: {', '.join(REQUIRED_COLUMNS)})")
@@ -66,7 +67,7 @@ def read_tables_csv(path: Path) -> tuple[list[TableConfig], list[str]]:
         entry = {"index": len(tables), "row": _cell(row[cols["rows"]], "rows", named, integer=True),
                  "dim": _cell(row[cols["dim"]], "dim", named, integer=True),
                  "pooling_factor": _cell(row[cols["pooling_factor"]], "pooling_factor", named)}
-        for b in BIN_NAMES:
+        for b in BIN_NAMES + ("length_cv",):
             if b in cols and str(row[cols[b]] or "").strip():
                 entry[b] = _cell(row[cols[b]], b, named)
         tables.append(TableConfig.from_json(entry, where=named))

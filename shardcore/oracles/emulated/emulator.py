@@ -22,9 +22,9 @@ the fused kernel picks its thread layout for the widest table):
 - bag-length dispersion: the coefficient of variation (CV) of the per-sample lookup counts. The
   forward kernel runs several bags per warp, so uneven bag lengths leave lanes idle; on the H200
   this changes the per-lookup forward cost by up to 3x for the same L, D and reuse. A
-  ``TableConfig`` does not carry it: it comes from the ``length_cv`` argument, else from the
+  ``TableConfig`` may carry it (``length_cv``); it comes from the ``length_cv`` argument, else from the
   model's table of known tables (the default synthetic dataset, seed 0, 856 tables, matched by
-  index, hash size and pooling factor), else unknown (see below);
+  index, hash size and pooling factor), else from the table's own ``length_cv``, else unknown (see below);
 - ``L x`` tensor-product hat functions of (CV, log10 bytes of distinct rows) — a small
   non-parametric per-lookup cost surface;
 - ``B x dim`` (pooled outputs written, gradients read), the table count (per-table setup), a
@@ -340,13 +340,16 @@ def known_index(known: Mapping | None) -> dict:
 
 
 def known_cv(known: Mapping[int, tuple], t: TableConfig, default: float) -> float:
+    """The table's bag-length CV: the known-tables block's where it holds this table (same index, hash
+    size within 2%, pooling factor within 15%), else the table's own (``TableConfig.length_cv``, from
+    its ``table_configs.json``), else ``default``."""
     ref = known.get(int(t.index))
     if ref is not None:
         row, pf, cv = ref
         if 0.98 * row <= t.row <= row * 1.0001 and (
                 (pf == 0 and t.pooling_factor == 0) or (pf > 0 and abs(t.pooling_factor - pf) <= 0.15 * pf)):
             return cv
-    return default
+    return default if t.length_cv is None else float(t.length_cv)
 
 
 def table_arrays(shards: Sequence[Sequence[TableConfig]], length_cv: Sequence[Sequence[float]]
