@@ -190,7 +190,7 @@ class Standardiser:
 
 @dataclass
 class FeatureScaler(Standardiser):
-    """Standardisation of the scale-dependent features (dim, row, pooling_factor, size).
+    """Standardisation of the scale-dependent features (dim, row, pooling_factor, size; the CV if asked).
 
     Statistics are fitted once on a model's training tables and saved with the model
     (:meth:`to_state` gives plain values), then re-applied unchanged to any task. The
