@@ -201,10 +201,11 @@ class Sharding:
                 for d, rows in zip(self.devices[j * k:(j + 1) * k], row_blocks(table.row, k)):
                     if rows > 0:
                         # the piece's pooling factor: the table's, in proportion to its rows (an estimate
-                        # for proxies only; the measured lookups are the real ones in the range)
+                        # for proxies only; the measured lookups are the real ones in the range); its
+                        # bag-length spread is not the table's (fewer lookups per sample): unknown
                         out.append((int(d), ShardPiece(table.index, rows, int(w),
                                                        table.pooling_factor * rows / table.row, table.bins,
-                                                       table.length_cv, kind=ROW_WISE, row_start=start, full_row=table.row)))
+                                                       None, kind=ROW_WISE, row_start=start, full_row=table.row)))
                     start += rows
             return out
         n = ndevices

@@ -38,8 +38,10 @@ def test_bag_length_cv_is_an_optional_22nd_feature(tmp_path):
     assert t.to_json()["length_cv"] == 0.8 and TableConfig.from_json(t.to_json()).length_cv == 0.8
     assert "length_cv" not in TableConfig(0, 1000, 16, 3.0).to_json() and t == TableConfig(0, 1000, 16, 3.0)
     assert t.with_dim(8).length_cv == 0.8
-    from shardcore.plan import row_wise
-    assert all(p.length_cv == 0.8 for _, p in row_wise([0, 1]).pieces(t, 2))   # a piece keeps it
+    from shardcore.plan import column_wise, data_parallel, row_wise
+    assert all(p.length_cv == 0.8 for _, p in column_wise([(0, 8), (1, 8)]).pieces(t, 2))   # pieces keep it
+    assert all(p.length_cv == 0.8 for _, p in data_parallel(2).pieces(t, 2))
+    assert all(p.length_cv is None for _, p in row_wise([0, 1]).pieces(t, 2))   # a row block's spread is its own
     with pytest.raises(ShardError, match="length_cv -0.5 is negative"):
         TableConfig.from_json({**t.to_json(), "length_cv": -0.5})
     with pytest.raises(ShardError, match="non-numeric length_cv"):
