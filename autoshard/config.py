@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from shardcore.argtypes import finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
+from shardcore.tables import length_cv_flag
 
 
 def default_num_actors() -> int:
@@ -60,10 +61,7 @@ class AutoShardConfig(Config):
     pg_rho_bar: float = 1.0      # ... and of the policy-gradient weights
     c_bar: float = 1.0           # V-trace trace-cutting level
     # cost model (trained online on measured shards)
-    length_cv_feature: bool = param(True, "leave the tables' bag-length CV (table_configs.json length_cv) out of the "
-                                          "table features: the paper's 21 (default: a 22nd feature, an unknown CV "
-                                          "counting as the training tables' median; stored in the checkpoint)",
-                                    flags=("--no-length-cv-feature",), action="store_false")
+    length_cv_feature: bool = length_cv_flag()
     use_cost_model: bool = param(True, "no cost model: no predicted-cost action features, tables ordered by "
                                        "dim x pooling factor", flags=("--disable-cost-model",),
                                  action="store_false")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from shardcore.argtypes import finite_float, nonnegative_int, positive_int, seed_int
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
+from shardcore.tables import length_cv_flag
 
 
 def _episodes(text: str) -> int:
@@ -34,10 +35,7 @@ class DreamShardConfig(Config):
     hidden: int = 128            # table MLP hidden width (cost and policy networks)
     embed: int = 32              # table representation width (summed over a shard)
     head_hidden: int = 64        # width of the cost heads and the policy's scoring MLP
-    length_cv_feature: bool = param(True, "leave the tables' bag-length CV (table_configs.json length_cv) out of the "
-                                          "table features: the paper's 21 (default: a 22nd feature, an unknown CV "
-                                          "counting as the training tables' median; stored in the checkpoint)",
-                                    flags=("--no-length-cv-feature",), action="store_false")
+    length_cv_feature: bool = length_cv_flag()
     # outer loop
     num_iterations: int = param(10, "outer iterations: measure, fit cost network, train policy (default {default})",
                                 type=positive_int)

@@ -16,6 +16,7 @@ from shardcore.cli.common import original_range
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 from shardcore.dataset import DEFAULT_DATA_DIR
+from shardcore.tables import length_cv_flag
 
 # -- locations ----------------------------------------------------------------------------------
 MODEL_DIR = "models/neuroshard"
@@ -124,10 +125,7 @@ class ModelConfig(Config):
                              "factor) times the MLP's cost per lookup, so tables heavier than any seen in training "
                              "extrapolate in proportion (default: off, the MLP's log cost as the original)",
                              flags=("--per-lookup",), action="store_true", group=COMPUTE_ONLY)
-    length_cv_feature: bool = param(True, "compute model: leave the tables' bag-length CV (table_configs.json "
-                                          "length_cv) out of the table features: the paper's 21 (default: a 22nd "
-                                          "feature, an unknown CV counting as the training tables' median)",
-                                    flags=("--no-length-cv-feature",), action="store_false", group=COMPUTE_ONLY)
+    length_cv_feature: bool = length_cv_flag(COMPUTE_ONLY)
     epochs: int = param(300, "training epochs (default {default})", type=positive_int)
     batch_size: int = param(64, "samples per gradient step (default {default})", flags=("--train-batch-size",),
                             dest="train_batch_size", type=positive_int)

@@ -72,8 +72,8 @@ class ComputeCostNet(nn.Module):
         if self.pooling not in self.POOLINGS:
             raise ShardError(f"unknown compute model pooling {self.pooling!r} ({', '.join(self.POOLINGS)})")
         extra = 2 if self.pooling in self.ADDITIVE else 0
-        self.table = mlp([NUM_FEATURES + bool(getattr(cfg, "length_cv_feature", False)), cfg.hidden, cfg.hidden,
-                           cfg.embed + extra], last_act=False)
+        self.table = mlp([NUM_FEATURES + bool(cfg.length_cv_feature), cfg.hidden, cfg.hidden, cfg.embed + extra],
+                         last_act=False)
         self.head = mlp([cfg.embed + extra, cfg.head_hidden, cfg.head_hidden, 2], last_act=False)
         if self.pooling == "affine":   # exp(-2): ~0.14 of the mean shard's cost to start with
             self.shard_log_const = nn.Parameter(torch.full((2,), -2.0))

@@ -146,6 +146,16 @@ def raw_features(tables: Sequence[TableConfig]) -> np.ndarray:
     return out
 
 
+def length_cv_flag(group: str = ""):
+    """A learned model's ``length_cv_feature`` config field: the bag-length CV as a 22nd table feature,
+    on by default; ``--no-length-cv-feature`` gives the papers' 21."""
+    from shardcore.config import param
+
+    return param(True, "leave the tables' bag-length CV (table_configs.json length_cv) out of the table features: "
+                 "the paper's 21 (default: a 22nd feature, an unknown CV counting as the training tables' median; "
+                 "stored in the checkpoint)", flags=("--no-length-cv-feature",), action="store_false", group=group)
+
+
 LOG_FEATURES = ("row", "size")   # the features a scaler puts on a log10(1 + x) scale by default
 
 
