@@ -84,7 +84,7 @@ if sys.argv[1] == "steady":
     assert steady_heap()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(3):
+for _ in range(10):   # warm-up, as a worker's: the heap settles within the first few (3 were sometimes too few)
     torch.ones(16 << 20)
 f0 = faults()
 for _ in range(20):
