@@ -307,7 +307,7 @@ def test_parameter_sets_without_the_optional_terms_still_load(tables):
     from shardcore.oracles.emulated.emulator import DEFAULT_SPEC, GpuComputeModel, feature_names, shard_features, table_arrays
 
     old = {k: DEFAULT_SPEC[k] for k in ("cache_bytes", "cv_knots", "footprint_knots", "size_knots")}
-    assert len(feature_names(old)) == 37 and len(feature_names(DEFAULT_SPEC)) == 46
+    assert len(feature_names(old)) == 37 and len(feature_names(DEFAULT_SPEC)) == 50
     shards = [tables[150:170], tables[3:5]]
     ta, of = table_arrays(shards, [[0.5] * len(s) for s in shards])
     X_old = shard_features(ta, of, 2, 65536, old)

@@ -37,7 +37,14 @@ the fused kernel picks its thread layout for the widest table):
   distinct rows (its tables share the GPU's L2), distinct-row sectors ``D x sectors x`` hat functions
   of log2 of the table's own dim (narrow 4, 16, wide 128), and the shard's table count squared and
   ``n x log2(n + 1)`` (per-table setup growing with the table count; these three cut the held-out
-  MAPE of random shards of dims 4-128 from 7.5% to 5.8%, of 6+ table random shards to 4.0%).
+  MAPE of random shards of dims 4-128 from 7.5% to 5.8%, of 6+ table random shards to 4.0%); and per
+  shard ``max(1, T / 10^k)`` of its total lookups T (k = 6, 6.5, 7, 7.5): a fixed cost until the
+  shard has 10^k lookups, then a cost in proportion to them -- the host's launch work (a forward and
+  a backward of several kernels each) costs the same for every small shard and hides behind a long
+  enough kernel, so a shard of 1-5 tables (0.15-1 ms) costs more than the constant plus its work
+  while a large one does not pay it; non-decreasing in the lookups by construction (held-out: random
+  shards 5.97% -> 5.57%, those of 1-5 tables 21.5% -> 19.0%, plan shards 2.17% -> 2.09%;
+  within-task Spearman of the gpu_check runs' plans +0.007 to +0.06, see tools/emulator_accuracy.py).
 
 **Unknown bag-length CV.** A table whose CV is not known (not given, not a known table's, or given as
 None / NaN) enters the features with CV^2 and the CV hats averaged over the spec's ``cv_prior`` (nine
@@ -110,6 +117,9 @@ DEFAULT_SPEC = {
     "dim_knots": [2.0, 4.0, 7.0],
     # the shard's table count squared and x log2 (per-table setup that grows with the table count)
     "table_count_terms": True,
+    # per shard max(1, lookups / 10^k): a fixed cost until the shard's lookups reach 10^k, then one in
+    # proportion to them (the host's launch work is hidden behind a long enough kernel)
+    "floor_knots": [6.0, 6.5, 7.0, 7.5],
     # an unknown bag-length CV (NaN) enters the features as their mean over these CVs: the nine
     # lookup-weighted ninth-quantiles (midpoints) of the default synthetic dataset's known tables
     # (tests/test_emulator.py recomputes them)
@@ -155,7 +165,7 @@ def _is_cpu(spec: Mapping) -> bool:
 
 # DEFAULT_SPEC's optional terms: their features come after the core ones, and a spec without them
 # gives exactly the core features (a held-out fit with few shards keeps the core only)
-OPTIONAL_TERMS = ("shard_footprint_knots", "dim_knots", "table_count_terms")
+OPTIONAL_TERMS = ("shard_footprint_knots", "dim_knots", "table_count_terms", "floor_knots")
 
 
 def feature_names(spec: Mapping) -> list[str]:
@@ -174,6 +184,7 @@ def feature_names(spec: Mapping) -> list[str]:
     out += [f"distinct_sectors_dim2^{a:g}" for a in spec.get("dim_knots", ())]
     if spec.get("table_count_terms"):
         out += ["tables_sq", "tables_x_log2"]
+    out += [f"floor_lookups1e{a:g}" for a in spec.get("floor_knots", ())]
     return out
 
 
@@ -266,10 +277,14 @@ def shard_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_si
     total = X[:, 2]  # the shard's lookups
     X[:, 1 + nold] = total * np.log2(np.maximum(total, 2.0)) / 30.0
     X[:, 2 + nold:2 + nt] = S[:, nold:]
+    at = 2 + nt
     if spec.get("table_count_terms"):
         tables = X[:, 1]
-        X[:, -2] = tables ** 2 / 100.0
-        X[:, -1] = tables * np.log2(tables + 1.0)
+        X[:, at] = tables ** 2 / 100.0
+        X[:, at + 1] = tables * np.log2(tables + 1.0)
+        at += 2
+    if spec.get("floor_knots"):
+        X[:, at:] = np.maximum(1.0, total[:, None] / 10.0 ** np.asarray(spec["floor_knots"], dtype=float)[None, :])
     return X
 
 
