@@ -50,7 +50,8 @@ def main(argv=None):
                                 max_mem_gb=args.max_memory, max_dim=args.max_dim, pool=args.pool,
                                 pool_seed=args.pool_seed, train_fraction=args.train_fraction, seed=args.seed,
                                 from_cache=args.from_cache, progress=not args.quiet,
-                                group_tables=args.group_tables, group_shards=args.group_shards)
+                                group_tables=args.group_tables, group_shards=args.group_shards,
+                                whole_share=args.whole_share, pf_augment=args.pf_augment)
     print(f"{stats.path}: {stats.total} shards ({stats.added} added, {stats.from_cache} of them from the "
           f"measurement cache) in {stats.seconds:.1f} s")
 

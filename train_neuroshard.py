@@ -77,7 +77,8 @@ def main(argv=None):
             s = collect_compute(ev, args.compute_data_dir, args.compute_samples, max_tables=args.max_tables,
                                 max_mem_gb=args.max_memory, max_dim=args.max_dim, pool=args.pool, seed=args.seed,
                                 from_cache=args.from_cache, progress=not args.quiet,
-                                group_tables=args.group_tables, group_shards=args.group_shards)
+                                group_tables=args.group_tables, group_shards=args.group_shards,
+                                whole_share=args.whole_share, pf_augment=args.pf_augment)
             print(f"      {s.path}: {s.total} shards ({s.added} added, {s.from_cache} from the cache) "
                   f"in {s.seconds:.1f} s")
             print("[2/4] communication data")

@@ -7,7 +7,9 @@ setting (hardware fingerprint, dataset digest, batch size, optimizer, precision)
 **Compute** (``compute_costs.csv``, one row per shard): a random shard has 1..``max_tables``
 distinct tables drawn from the dataset's *training pool* (the same seeded train/test split as
 ``tools/gen_tasks.py``, so test tasks keep unseen tables; ``pool="all"`` uses every table), each with
-a dim drawn from ``max_dim, max_dim/2, ..., 4`` (data augmentation: the same table at many dims);
+a dim drawn from ``max_dim, max_dim/2, ..., 4`` (data augmentation: the same table at many dims) or,
+with probability ``whole_share``, every table at its own dim (a table-wise plan's device); with
+probability ``pf_augment`` a table is made 2x or 4x heavier (:func:`heavier`; emulated oracles only);
 if the shard's weights exceed ``max_mem`` GB, its largest tables are dropped until it fits. Shards
 are measured through the oracle's ``measure_shards``; the measurement cache around it
 (:class:`~shardcore.oracles.cache.CachedOracle`) reads and fills the shard entries, so a shard measured
@@ -36,6 +38,7 @@ run loses at most one chunk.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -78,12 +81,19 @@ def table_pool(num_tables: int, pool: str = config.COLLECTION.pool,
 
 
 def random_shard(rng: np.random.Generator, tables: Sequence[TableConfig], pool: Sequence[int], max_tables: int,
-                 max_mem_gb: float, dims: Sequence[int], precision: str = "fp16") -> list[TableConfig]:
-    """1..max_tables distinct pool tables with random dims, trimmed (largest first) to ``max_mem_gb``."""
+                 max_mem_gb: float, dims: Sequence[int], precision: str = "fp16", whole_share: float = 0.0,
+                 pf_augment: float = 0.0) -> list[TableConfig]:
+    """1..max_tables distinct pool tables with random dims (with probability ``whole_share``: each at its own
+    dim, a whole table), each with probability ``pf_augment`` :func:`heavier` by 1 or 2 doublings, trimmed
+    (largest first) to ``max_mem_gb``."""
     n = int(rng.integers(1, min(max_tables, len(pool)) + 1))
     ids = rng.choice(np.asarray(pool), size=n, replace=False)
     ds = rng.choice(np.asarray(dims), size=n)
+    if whole_share > 0 and rng.random() < whole_share:   # (no draw at 0: the original's sample stream)
+        ds = [tables[int(i)].dim for i in ids]
     shard = [tables[int(i)].with_dim(int(d)) for i, d in zip(ids, ds)]
+    if pf_augment > 0:
+        shard = [heavier(t, int(rng.integers(1, 3))) if rng.random() < pf_augment else t for t in shard]
     shard.sort(key=lambda t: t.memory_gb(precision))
     while len(shard) > 1 and sum(t.memory_gb(precision) for t in shard) > max_mem_gb:
         shard.pop()
@@ -95,6 +105,16 @@ def random_shard(rng: np.random.Generator, tables: Sequence[TableConfig], pool: 
         return []
     rng.shuffle(shard)
     return shard
+
+
+def heavier(t: TableConfig, doublings: int) -> TableConfig:
+    """``t`` with the same rows, each looked up ``2^doublings`` times as often: its pooling factor scaled and
+    its reuse bins (distinct rows by lookups, bins of doubling ranges) shifted up by ``doublings`` bins, the
+    last bin keeping what passes it."""
+    b = list(t.bins)
+    shifted = [0.0] * doublings + b[:len(b) - doublings]
+    shifted[-1] += sum(b[len(b) - doublings:])
+    return dataclasses.replace(t, pooling_factor=t.pooling_factor * 2 ** doublings, bins=tuple(shifted))
 
 
 def random_comm_sample(rng: np.random.Generator, ndevices: int, t_range: Sequence[int], dims: Sequence[int],
@@ -370,14 +390,25 @@ def check_comm_args(t_range: Sequence[int], sleep_range: Sequence[float], max_di
     return halving_dims(max_dim, config.MIN_DIM)
 
 
-def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: int = config.COLLECTION.max_tables,
+def is_emulated(ev) -> bool:
+    """Whether ``ev`` models its compute (an emulated oracle) rather than measuring it."""
+    return str(ev.parts.get("compute", "")).startswith("modelled")
+
+
+def collect_compute(ev, out_dir: str | os.PathLike, data_size: int | None, max_tables: int = config.COLLECTION.max_tables,
                     max_mem_gb: float = config.COLLECTION.max_mem_gb, max_dim: int = config.COLLECTION.max_dim,
                     pool: str = config.COLLECTION.pool, pool_seed: int = config.COLLECTION.pool_seed,
                     train_fraction: float = config.COLLECTION.train_fraction, seed: int = config.COLLECTION.seed,
                     chunk: int = config.COLLECTION.chunk, from_cache: bool = config.COLLECTION.from_cache,
                     progress: bool = True, group_tables: int = config.COLLECTION.group_tables,
-                    group_shards: int = config.COLLECTION.group_shards) -> CollectStats:
+                    group_shards: int = config.COLLECTION.group_shards,
+                    whole_share: float | None = config.COLLECTION.whole_share,
+                    pf_augment: float | None = config.COLLECTION.pf_augment) -> CollectStats:
     """Measure random shards until ``out_dir/compute_costs.csv`` holds ``data_size`` of them.
+
+    ``data_size``, ``whole_share``, ``pf_augment`` None: :data:`config.COMPUTE_DEFAULTS` for the oracle
+    (emulated: 10,000 samples, half of them shards of whole tables, a quarter of the tables 2x or 4x
+    heavier; measured: the original's 2,000 samples of random dims, no heavier tables).
 
     ``group_tables > 0``: each oracle call measures ``group_shards`` shards drawn from one random
     subset of ``group_tables`` pool tables (a fresh subset per call), instead of ``chunk`` shards
@@ -386,6 +417,10 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
 
 
     t0 = time.perf_counter()
+    fill = config.COMPUTE_DEFAULTS[is_emulated(ev)]
+    data_size = fill["compute_samples"] if data_size is None else data_size
+    whole_share = fill["whole_share"] if whole_share is None else whole_share
+    pf_augment = fill["pf_augment"] if pf_augment is None else pf_augment
     dims = check_compute_args(max_tables, max_mem_gb, max_dim)
     tables = ev.dataset.tables
     ids = table_pool(len(tables), pool, train_fraction, pool_seed)
@@ -397,6 +432,17 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
         raise ShardError(f"--group-tables must be >= 0 and --group-shards >= 1, got {group_tables}, {group_shards}")
     if group_tables:
         params.update(group_tables=int(group_tables), group_shards=int(group_shards))
+    if not 0.0 <= whole_share <= 1.0:
+        raise ShardError(f"--whole-share must be in [0, 1], got {whole_share}")
+    if whole_share:
+        params.update(whole_share=float(whole_share))
+    if not 0.0 <= pf_augment <= 1.0:
+        raise ShardError(f"--pf-augment must be in [0, 1], got {pf_augment}")
+    if pf_augment:
+        if not is_emulated(ev):
+            raise ShardError("--pf-augment needs an emulated oracle (--oracle emulated:...): a measured one looks up "
+                             "the dataset's real ids, whatever a table's pooling factor says")
+        params.update(pf_augment=float(pf_augment))
     rows = _prepare(out_dir, config.COMPUTE_CSV, "compute", evaluator_setting(ev), params)
     csv_path = out_dir / config.COMPUTE_CSV
     added = hits = 0
@@ -427,7 +473,7 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int, max_tables: 
                                                                 replace=False))
                 size = int(group_shards)
             while len(batch) < min(size, todo):
-                s = random_shard(rng, tables, draw_from, max_tables, max_mem_gb, dims, precision)
+                s = random_shard(rng, tables, draw_from, max_tables, max_mem_gb, dims, precision, whole_share, pf_augment)
                 if s:
                     batch.append(s)
             cached = [store is not None and ev.is_stored(s) for s in batch]

@@ -49,8 +49,9 @@ class CollectionConfig(Config):
     # the collect_* scripts' output size (None: compute_samples or comm_samples, by the script's kind)
     data_size: int | None = param(None, "samples the output should hold; collection stops there (default {default})",
                                   flags=("--data_size", "--data-size"), type=positive_int, group="data-size")
-    compute_samples: int = param(2000, "compute samples to hold (default {default})", type=nonnegative_int,
-                                 group="samples")
+    compute_samples: int | None = param(None, "compute samples to hold (default: 10,000 on an emulated oracle, whose "
+                                              "labels cost milliseconds; 2,000 on a measured one, as the paper)",
+                                        type=nonnegative_int, group="samples")
     comm_samples: int = param(500, "communication samples to hold (default {default})", type=nonnegative_int,
                               group="samples")
     skip_collection: bool = param(False, "train on the data already collected", action="store_true",
@@ -60,6 +61,17 @@ class CollectionConfig(Config):
     max_mem_gb: float = 4.0    # --max-memory: total weight memory of a random shard (fp32 by default, as the original)
     max_dim: int = param(128, "largest table dim; dims are max_dim, max_dim/2, .., 4 (default {default})",
                          flags=("--max-dim", "--max_dim"), type=positive_int)
+    whole_share: float | None = param(None, "share of the random shards whose tables all keep their own dim (whole "
+                                      "tables, as a table-wise plan places them); the rest draw a dim per table from "
+                                      "--max-dim's halvings, as the original (default: 0.5 on an emulated oracle, 0 on "
+                                      "a measured one)", flags=("--whole-share", "--whole_share"), type=fraction,
+                                      group="compute")
+    pf_augment: float | None = param(None, "share of a random shard's tables whose pooling factor is scaled by 2 or 4, "
+                                     "their reuse bins shifted alike (the same rows, each looked up 2x or 4x as "
+                                     "often): heavier tables than the pool holds; an emulated oracle only, which "
+                                     "prices any table, where a measured one looks up the dataset's real ids "
+                                     "(default: 0.25 on an emulated oracle, 0 on a measured one)",
+                                     flags=("--pf-augment", "--pf_augment"), type=fraction, group="compute")
     group_tables: int = param(0, "draw the shards of each oracle call from a random subset of this many pool tables, "
                               "0 = from the whole pool, as the original (default {default}); see --group-shards",
                               flags=("--group-tables", "--group_tables"), type=nonnegative_int, group="compute")
@@ -97,6 +109,10 @@ class CollectionConfig(Config):
 
 
 COLLECTION = CollectionConfig()   # the defaults
+# the compute collection's oracle-dependent defaults (the fields left None above): an emulated oracle labels
+# a shard in milliseconds and prices any table; a measured one keeps the original's recipe (issue #24)
+COMPUTE_DEFAULTS = {True: {"compute_samples": 10000, "whole_share": 0.5, "pf_augment": 0.25},
+                    False: {"compute_samples": 2000, "whole_share": 0.0, "pf_augment": 0.0}}
 # the collection flags each script takes (the other groups' fields keep their defaults there)
 COLLECTION_GROUPS = {"compute": ("data-size", "compute", "pool-split"),
                      "comm": ("data-size", "comm", "recorded-precision"),

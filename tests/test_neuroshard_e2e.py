@@ -126,3 +126,55 @@ def test_grouped_collection_draws_each_call_from_one_table_subset(tmp_path):
     assert len(shards) == 50 and (costs > 0).all()
     with pytest.raises(ShardError):
         collect_compute(ev, tmp_path / "bad", 5, pool="train", progress=False, group_tables=-1)
+
+
+def test_whole_tables_and_heavier_tables_in_the_collection(tmp_path):
+    """``whole_share``: that share of the random shards keeps every table at its own dim (as table-wise
+    plans place them); ``pf_augment``: that share of the tables looked up 2x or 4x as often, reuse bins
+    shifted alike, priced by an emulated oracle and refused on a measured one."""
+    import types
+
+    from neuroshard.collect import heavier, random_shard
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
+
+    ev = EmulatedOracle("data/gpu_measurements/dlrm_b65536", 1)
+    tables = ev.dataset.tables
+    pool = list(range(len(tables)))
+    # the original's sample stream is untouched at 0
+    a = random_shard(np.random.default_rng(3), tables, pool, 8, 5.0, [128, 64, 32, 16, 8, 4])
+    b = random_shard(np.random.default_rng(3), tables, pool, 8, 5.0, [128, 64, 32, 16, 8, 4], whole_share=0.0,
+                     pf_augment=0.0)
+    assert a == b
+    for seed in range(5):
+        s = random_shard(np.random.default_rng(seed), tables, pool, 8, 5.0, [128, 64, 32, 16, 8, 4], whole_share=1.0)
+        assert s and all(t.dim == tables[t.index].dim for t in s)
+    t = tables[154]
+    h = heavier(t, 2)
+    assert h.pooling_factor == 4 * t.pooling_factor and (h.index, h.row, h.dim) == (t.index, t.row, t.dim)
+    assert h.bins[:2] == (0.0, 0.0) and h.bins[2:-1] == t.bins[:-3]
+    assert sum(h.bins) == pytest.approx(sum(t.bins))          # the same rows
+    (heavy,), (plain,) = ev.measure_shards([[h]]), ev.measure_shards([[t]])
+    assert heavy.fw_ms + heavy.bw_ms > plain.fw_ms + plain.bw_ms
+    out = tmp_path / "compute"
+    collect_compute(ev, out, 30, max_tables=6, max_mem_gb=5.0, max_dim=16, pool="train", progress=False,
+                    whole_share=0.5, pf_augment=1.0)
+    shards, costs, _ = load_compute_data(out)
+    ratios = {round(t.pooling_factor / tables[t.index].pooling_factor, 6) for s in shards for t in s
+              if tables[t.index].pooling_factor > 0}
+    assert ratios <= {2.0, 4.0} and ratios and (costs > 0).all()
+    # the defaults follow the oracle: an emulated one draws whole-table shards and heavier tables
+    from neuroshard import config
+
+    assert config.COMPUTE_DEFAULTS[True]["pf_augment"] > 0 and config.COMPUTE_DEFAULTS[False] == {
+        "compute_samples": 2000, "whole_share": 0.0, "pf_augment": 0.0}     # measured: the original's recipe
+    collect_compute(ev, tmp_path / "d", 40, max_tables=6, max_mem_gb=5.0, max_dim=128, pool="train", progress=False)
+    shards, _, _ = load_compute_data(tmp_path / "d")
+    assert any(t.pooling_factor > tables[t.index].pooling_factor for s in shards for t in s)
+    assert any(all(t.dim == tables[t.index].dim for t in s) and len(s) > 2 for s in shards)
+    measured = types.SimpleNamespace(dataset=ev.dataset, precision="fp16",
+                                     parts={"compute": "measured (cpu, FBGEMM)", "comm": "measured"})
+    with pytest.raises(ShardError, match="--pf-augment needs an emulated oracle"):
+        collect_compute(measured, tmp_path / "m", 5, pool="train", progress=False, pf_augment=0.5)
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(ShardError, match="--whole-share must be in"):
+        collect_compute(ev, tmp_path / "w", 5, pool="train", progress=False, whole_share=1.5)
