@@ -45,7 +45,8 @@ import torch.multiprocessing as tmp
 from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.errors import set_parent_death_signal
-from shardcore.oracles.factory import MIN_JUDGED_TASKS, check_beats_untrained, check_resume, training_provenance
+from shardcore.oracles.factory import (MIN_JUDGED_TASKS, check_beats_untrained, check_resume, is_emulated,
+                                       training_provenance)
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, PlanResult, Topology
@@ -555,7 +556,7 @@ class AutoShardTrainer:
         server = MeasurementServer(self.oracle, req_q, resp_qs, self._on_measured, oracle_lock)
         interval = cfg.eval_interval
         if interval is None:   # checks measure plans: rarer where a measurement takes a second or more
-            interval = 2000 if str(self.oracle.hardware).lower().startswith("emulated") else 10000
+            interval = 2000 if is_emulated(self.oracle) else 10000
         next_check = self.model.steps if interval else None
         vs_greedy = None
         actors = []

@@ -31,7 +31,8 @@ from torch.distributions import Categorical
 from shardcore import io
 from shardcore.baselines import make_baseline
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.oracles.factory import MIN_JUDGED_TASKS, check_beats_untrained, check_resume, training_provenance
+from shardcore.oracles.factory import (MIN_JUDGED_TASKS, check_beats_untrained, check_resume, is_emulated,
+                                       training_provenance)
 from shardcore.tables import FeatureScaler, TableConfig
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, Topology
@@ -64,9 +65,8 @@ class DreamShardTrainer:
     def __init__(self, cfg: DreamShardConfig, dataset_tables: Sequence[TableConfig], tasks: Sequence[Task],
                  ndevices: int, max_memory_gb: float, oracle: CostOracle, out_dir: str | os.PathLike,
                  precision: str = "fp16", model: DreamShardModel | None = None, log: Callable[[str], None] = print):
-        # the oracle-dependent defaults filled in (and stored in the checkpoint); an oracle's hardware line
-        # starts with "emulated" where its costs are modelled (shardcore.oracles.emulated.oracle)
-        cfg = cfg.for_oracle(str(oracle.hardware).lower().startswith("emulated"))
+        # the oracle-dependent defaults filled in (and stored in the checkpoint)
+        cfg = cfg.for_oracle(is_emulated(oracle))
         self.cfg = cfg
         self.tasks = list(tasks)
         self.task_tables = [t.tables(dataset_tables) for t in self.tasks]

@@ -53,6 +53,7 @@ import pandas as pd
 from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.oracles.cache import measurement_store, shard_key
+from shardcore.oracles.factory import is_emulated
 from shardcore.oracles.setting import PRODUCED_BY, produced_by, refuse_predictions
 from shardcore.tables import NUM_BINS, TableConfig
 from shardcore.types import CommLayout
@@ -388,11 +389,6 @@ def check_comm_args(t_range: Sequence[int], sleep_range: Sequence[float], max_di
             or not 0 <= sleep_range[0] <= sleep_range[1]):
         raise ShardError(f"--sleep_range takes MIN,MAX milliseconds with 0 <= MIN <= MAX, got {list(sleep_range)}")
     return halving_dims(max_dim, config.MIN_DIM)
-
-
-def is_emulated(ev) -> bool:
-    """Whether ``ev`` models its compute (an emulated oracle) rather than measuring it."""
-    return str(ev.parts.get("compute", "")).startswith("modelled")
 
 
 def collect_compute(ev, out_dir: str | os.PathLike, data_size: int | None, max_tables: int = config.COLLECTION.max_tables,

@@ -171,8 +171,7 @@ def test_whole_tables_and_heavier_tables_in_the_collection(tmp_path):
     shards, _, _ = load_compute_data(tmp_path / "d")
     assert any(t.pooling_factor > tables[t.index].pooling_factor for s in shards for t in s)
     assert any(all(t.dim == tables[t.index].dim for t in s) and len(s) > 2 for s in shards)
-    measured = types.SimpleNamespace(dataset=ev.dataset, precision="fp16",
-                                     parts={"compute": "measured (cpu, FBGEMM)", "comm": "measured"})
+    measured = types.SimpleNamespace(dataset=ev.dataset, precision="fp16", hardware="CPU (AMD EPYC), 1 device")
     with pytest.raises(ShardError, match="--pf-augment needs an emulated oracle"):
         collect_compute(measured, tmp_path / "m", 5, pool="train", progress=False, pf_augment=0.5)
     assert not (tmp_path / "m").exists()

@@ -44,6 +44,12 @@ EMULATED_PREFIX = "emulated:"
 ORACLE_CHOICES = (MEASURED,) + tuple(EMULATED_PREFIX + c for c in EMULATED_CARDS)
 
 
+def is_emulated(oracle) -> bool:
+    """Whether an open ``oracle`` (bare or behind the cache) models its costs, an emulated card, rather than
+    measuring them: its hardware line starts with "emulated" (:class:`EmulatedOracle`)."""
+    return str(oracle.hardware).lower().startswith("emulated")
+
+
 MAX_BATCH = 2 ** 31 - 1   # samples per iteration; beyond, lookups overflow the kernels' 32-bit offsets
 
 
