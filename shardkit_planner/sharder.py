@@ -55,6 +55,14 @@ MEASURED_REFINE = 4         # plan measurements per task where the oracle measur
 HELDOUT_SUBSET = "drop:0/5"    # shardkit's held-out emulator: one fifth of the judge's shards left out
 
 
+def _fit_lazy_parts(compute) -> None:
+    """Fit now what an emulated compute model fits on first use (its replica law: a least-squares fit
+    over the measured devices with replicas, ~2 s on 2 cores), so that it is part of the task's model
+    fit and not of the planning budget, which it would otherwise eat on the first replica priced."""
+    getattr(compute, "replica_weights", None)
+
+
+
 def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
                  precision: str, alone: Sequence[float] | None = None) -> Plan:
     """Tables by standalone modelled cost (``alone``, computed when not given), largest first, each on
@@ -318,11 +326,13 @@ class ShardkitSharder(Sharder):
             except ShardError as exc:   # hundreds of measured tables leave a refit too few shards
                 seen, why = frozenset(), io.first_line(exc, 200)
         if not seen:
+            _fit_lazy_parts(model.compute)
             error = model_error(frozenset(), card) if self.robust else None
             out = dataclasses.replace(model, error=error, kind_bias=bias)
             if why:
                 out = dataclasses.replace(out, source=f"{model.source}; the shipped fit, no held-out refit ({why})")
             return out
+        _fit_lazy_parts(compute)
         return dataclasses.replace(model, compute=compute, kind_bias=bias,
                                    error=model_error(seen, card, HELDOUT_SUBSET) if self.robust else None,
                                    source=f"emulator ({card}) refitted without the task's {len(seen)} measured "

@@ -830,6 +830,22 @@ def test_piece_bias_is_measured_on_other_tasks_devices():
     assert E.piece_device_kind(iter(["row_wise"])) == "row_wise" and E.piece_device_kind(["column_wise"]) is None
 
 
+def test_the_task_models_replica_law_is_fitted_before_the_budget_starts():
+    """The held-out model's replica law (a fit over the measured replica devices, ~2 s on 2 cores)
+    is part of the task's model fit, not of the planning budget, which it once ate on the first
+    replica priced (1.9 s of a 5 s budget on a DLRM-50 task)."""
+    from shardcore.cli import algorithms
+    from shardcore.oracles.emulated import emulator as E
+    from shardcore.dataset import load_table_configs
+    from shardcore.tasks import load_tasks
+
+    tables = load_table_configs(E.MEASUREMENTS_DIR / "dlrm_b65536" / "table_configs.json")
+    task = load_tasks(E.MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt", num_tables=len(tables))[1]
+    sk = algorithms.resolve("shardkit", oracle="emulated:h200", shardkit_time=0.1)
+    compute = sk.task_model(task.tables(tables)).compute
+    assert "heldout" in compute.params and compute._replica_weights is not None   # fitted: an array, or False
+
+
 def test_robust_objective_never_worse_than_its_starts_under_the_models_error(data, model):
     """With its error known, shardkit minimises the expected slowest device under that error; the
     plan it keeps is never worse by that measure than any of its starts."""
