@@ -9,7 +9,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from shardcore.argtypes import finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
+from shardcore.argtypes import finite_float, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 from shardcore.tables import length_cv_flag
@@ -92,6 +92,11 @@ class AutoShardConfig(Config):
                                    "whose slowest device the cost model predicts fastest (the greedy plan is "
                                    "always a candidate); 0: the paper's greedy argmax only (default {default})",
                                 type=nonnegative_int)
+    pf_augment: float = param(0.0, "share of the training tasks' tables looked up 2x or 4x as often (pooling factor "
+                              "scaled, reuse bins shifted alike; drawn once per task from --seed): heavier tables "
+                              "than the training tasks hold, as the test tasks may; an emulated oracle only, which "
+                              "prices any table (default {default}: the paper's tasks as they are)",
+                              flags=("--pf-augment",), type=fraction, group="general")
     seed: int = param(0, "random seed (default {default})", type=seed_int, group="general")
 
     def buffers(self, num_actors: int) -> int:

@@ -47,7 +47,7 @@ from shardcore.errors import ShardError
 from shardcore.errors import set_parent_death_signal
 from shardcore.oracles.factory import (MIN_JUDGED_TASKS, check_beats_untrained, check_resume, is_emulated,
                                        training_provenance)
-from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.tables import FeatureScaler, TableConfig, augment_tasks
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, PlanResult, Topology
 
@@ -325,7 +325,8 @@ class AutoShardTrainer:
         """``oracle`` judges the actors' plans (per device ``[fw compute, fw comm, bw comm, bw compute]`` ms)."""
         self.cfg = cfg
         self.tasks = list(tasks)
-        self.task_tables = [t.tables(dataset_tables) for t in self.tasks]
+        self.task_tables = augment_tasks([t.tables(dataset_tables) for t in self.tasks], cfg.pf_augment, cfg.seed,
+                                         is_emulated(oracle))
         for t, ts in zip(self.tasks, self.task_tables):
             if not ts:
                 raise ShardError("a training task has no tables")
@@ -336,7 +337,7 @@ class AutoShardTrainer:
         self.log = log
         resumed = model is not None
         if model is None:
-            train_tables = list({t.index: t for ts in self.task_tables for t in ts}.values())
+            train_tables = list({(t.index, t.pooling_factor): t for ts in self.task_tables for t in ts}.values())
             model = AutoShardModel.new(cfg, FeatureScaler.fit(train_tables, length_cv=cfg.length_cv_feature))
         self.model = model
         # the networks' width follows the model's features (a resumed one keeps its own)

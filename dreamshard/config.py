@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from shardcore.argtypes import finite_float, nonnegative_int, positive_int, seed_int
+from shardcore.argtypes import finite_float, fraction, nonnegative_int, positive_int, seed_int
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
 from shardcore.tables import length_cv_flag
@@ -57,6 +57,11 @@ class DreamShardConfig(Config):
     lr_decay: float = 0.9        # policy learning rate multiplied by this after every iteration
     entropy_weight: float = param(1e-3, "entropy bonus of the policy loss (default {default})", type=finite_float)
     grad_clip: float = 1.0
+    pf_augment: float = param(0.0, "share of the training tasks' tables looked up 2x or 4x as often (pooling factor "
+                              "scaled, reuse bins shifted alike; drawn once per task from --seed): heavier tables "
+                              "than the training tasks hold, as the test tasks may; an emulated oracle only, which "
+                              "prices any table (default {default}: the paper's tasks as they are)",
+                              flags=("--pf-augment",), type=fraction)
     infeasible_penalty: float = 2.0   # an episode that runs out of memory gets this x its predicted cost
     seed: int = param(0, "random seed (default {default})", type=seed_int)
     # inference

@@ -33,7 +33,7 @@ from shardcore.baselines import make_baseline
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.oracles.factory import (MIN_JUDGED_TASKS, check_beats_untrained, check_resume, is_emulated,
                                        training_provenance)
-from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.tables import FeatureScaler, TableConfig, augment_tasks
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, Topology
 
@@ -69,7 +69,8 @@ class DreamShardTrainer:
         cfg = cfg.for_oracle(is_emulated(oracle))
         self.cfg = cfg
         self.tasks = list(tasks)
-        self.task_tables = [t.tables(dataset_tables) for t in self.tasks]
+        self.task_tables = augment_tasks([t.tables(dataset_tables) for t in self.tasks], cfg.pf_augment, cfg.seed,
+                                         is_emulated(oracle))
         self.ndevices = ndevices
         self.cap = max_memory_gb
         self.precision = precision
@@ -77,7 +78,7 @@ class DreamShardTrainer:
         self.out_dir = Path(out_dir)
         self.log = log
         if model is None:
-            train_tables = list({t.index: t for ts in self.task_tables for t in ts}.values())
+            train_tables = list({(t.index, t.pooling_factor): t for ts in self.task_tables for t in ts}.values())
             model = DreamShardModel.new(cfg, FeatureScaler.fit(train_tables, length_cv=cfg.length_cv_feature))
         self.model = model
         self.features = [model.features(ts) for ts in self.task_tables]

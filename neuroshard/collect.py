@@ -38,7 +38,6 @@ run loses at most one chunk.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -55,7 +54,7 @@ from shardcore.errors import ShardError
 from shardcore.oracles.cache import measurement_store, shard_key
 from shardcore.oracles.factory import is_emulated
 from shardcore.oracles.setting import PRODUCED_BY, produced_by, refuse_predictions
-from shardcore.tables import NUM_BINS, TableConfig
+from shardcore.tables import NUM_BINS, TableConfig, heavier  # noqa: F401  (heavier: the collection's augmentation)
 from shardcore.types import CommLayout
 from shardcore.data.taskgen import halving_dims, split_pools
 
@@ -106,16 +105,6 @@ def random_shard(rng: np.random.Generator, tables: Sequence[TableConfig], pool: 
         return []
     rng.shuffle(shard)
     return shard
-
-
-def heavier(t: TableConfig, doublings: int) -> TableConfig:
-    """``t`` with the same rows, each looked up ``2^doublings`` times as often: its pooling factor scaled and
-    its reuse bins (distinct rows by lookups, bins of doubling ranges) shifted up by ``doublings`` bins, the
-    last bin keeping what passes it."""
-    b = list(t.bins)
-    shifted = [0.0] * doublings + b[:len(b) - doublings]
-    shifted[-1] += sum(b[len(b) - doublings:])
-    return dataclasses.replace(t, pooling_factor=t.pooling_factor * 2 ** doublings, bins=tuple(shifted))
 
 
 def random_comm_sample(rng: np.random.Generator, ndevices: int, t_range: Sequence[int], dims: Sequence[int],

@@ -134,6 +134,32 @@ class TableConfig:
         return cls(index=index, row=row, dim=dim, pooling_factor=pf, bins=bins, length_cv=cv)
 
 
+def heavier(t: TableConfig, doublings: int) -> TableConfig:
+    """``t`` with the same rows, each looked up ``2^doublings`` times as often: its pooling factor scaled and
+    its reuse bins (distinct rows by lookups, bins of doubling ranges) shifted up by ``doublings`` bins, the
+    last bin keeping what passes it. A table only an emulated oracle can price (a measured one would look
+    up the dataset's real ids): the learned methods' augmentation of their training tables."""
+    b = list(t.bins)
+    shifted = [0.0] * doublings + b[:len(b) - doublings]
+    shifted[-1] += sum(b[len(b) - doublings:])
+    return dataclasses.replace(t, pooling_factor=t.pooling_factor * 2 ** doublings, bins=tuple(shifted))
+
+
+def augment_tasks(task_tables: list, share: float, seed: int, emulated: bool) -> list:
+    """A learned method's ``--pf-augment``: in every training task, each table with probability ``share`` replaced by
+    :func:`heavier` by 1 or 2 doublings (drawn once from ``seed``, the same for every
+    iteration and a resumed run). Refused on a measured oracle, which would look up the dataset's real
+    ids of the table, not the heavier ones."""
+    if share <= 0:
+        return task_tables
+    if not emulated:
+        from shardcore.errors import ShardError
+
+        raise ShardError("--pf-augment needs an emulated oracle: a measured one looks up the dataset's real ids")
+    rng = np.random.default_rng([int(seed), 0x5046])
+    return [[heavier(t, int(rng.integers(1, 3))) if rng.random() < share else t for t in ts] for ts in task_tables]
+
+
 def raw_features(tables: Sequence[TableConfig]) -> np.ndarray:
     """The 21 unstandardised features per table, shape ``[len(tables), 21]`` (float64)."""
     out = np.zeros((len(tables), NUM_FEATURES), dtype=np.float64)

@@ -135,3 +135,23 @@ def test_the_bag_length_cv_feature_round_trips_and_older_checkpoints_load_withou
     torch.save(obj, tmp_path / "old.pt")
     old = DreamShardModel.load(tmp_path / "old.pt")
     assert not old.cfg.length_cv_feature and old.features(ts).shape == (30, 21)
+
+
+def test_pf_augment_makes_a_share_of_the_training_tables_heavier_on_an_emulated_oracle_only():
+    from shardcore.tables import augment_tasks
+    from shardcore.errors import ShardError
+
+    tasks = [[TableConfig(index=i, row=1000 + i, dim=16, pooling_factor=2.0 + i % 5, bins=(0.5, 0.3, 0.2) + (0.0,) * 14)
+              for i in range(k, k + 20)] for k in (0, 20)]
+    assert augment_tasks(tasks, 0.0, 0, emulated=False) is tasks            # the paper's tasks, as they are
+    out = augment_tasks(tasks, 0.5, 0, emulated=True)
+    assert out == augment_tasks(tasks, 0.5, 0, emulated=True) != augment_tasks(tasks, 0.5, 1, emulated=True)
+    ratios = [a.pooling_factor / t.pooling_factor for ts, os_ in zip(tasks, out) for t, a in zip(ts, os_)]
+    assert set(ratios) == {1.0, 2.0, 4.0} and 8 <= sum(r > 1 for r in ratios) <= 32
+    assert all((a.index, a.row, a.dim) == (t.index, t.row, t.dim) and sum(a.bins) == pytest.approx(sum(t.bins))
+               for ts, os_ in zip(tasks, out) for t, a in zip(ts, os_))
+    with pytest.raises(ShardError, match="emulated oracle"):
+        augment_tasks(tasks, 0.25, 0, emulated=False)
+    from autoshard.config import AutoShardConfig
+
+    assert DreamShardConfig().pf_augment == 0.0 and AutoShardConfig().pf_augment == 0.0   # the papers' tasks
