@@ -54,7 +54,7 @@ from shardcore.errors import ShardError
 from shardcore.oracles.cache import measurement_store, shard_key
 from shardcore.oracles.factory import is_emulated
 from shardcore.oracles.setting import PRODUCED_BY, produced_by, refuse_predictions
-from shardcore.tables import NUM_BINS, TableConfig, heavier  # noqa: F401  (heavier: the collection's augmentation)
+from shardcore.tables import NUM_BINS, TableConfig, heavier
 from shardcore.types import CommLayout
 from shardcore.data.taskgen import halving_dims, split_pools
 

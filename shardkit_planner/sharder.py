@@ -62,7 +62,6 @@ def _fit_lazy_parts(compute) -> None:
     getattr(compute, "replica_weights", None)
 
 
-
 def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
                  precision: str, alone: Sequence[float] | None = None) -> Plan:
     """Tables by standalone modelled cost (``alone``, computed when not given), largest first, each on
