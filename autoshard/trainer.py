@@ -367,7 +367,7 @@ class AutoShardTrainer:
 
     def _provenance(self) -> dict:
         """What this training's measurements depend on: a resumed run must match it."""
-        return training_provenance(self.oracle, self.ndevices, self.cap, self.precision)
+        return training_provenance(self.oracle, self.ndevices, self.cap, self.precision, self.cfg.pf_augment)
 
     def _check_resume(self, extra: dict) -> None:
         stored = dict(extra.get("provenance") or {})

@@ -102,7 +102,7 @@ class DreamShardTrainer:
 
     def _provenance(self) -> dict:
         """What this training's measurements depend on: a resumed run must match it."""
-        return training_provenance(self.oracle, self.ndevices, self.cap, self.precision)
+        return training_provenance(self.oracle, self.ndevices, self.cap, self.precision, self.cfg.pf_augment)
 
     # -- 1. measure plans sampled by the policy -------------------------------------------------
     def collect(self) -> list[Measured]:

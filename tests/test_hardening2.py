@@ -340,7 +340,7 @@ def test_resume_refuses_other_settings(tmp_path):
     trainer.oracle.context = trainer_ctx     # a measured oracle's cache setting
     extra["provenance"] = dict(trainer._provenance())
     for key, value in [("hardware", "another GPU"), ("dataset", "0123abcd"), ("batch_size", 999), ("ndevices", 8),
-                       ("max_memory_gb", 1.0)]:
+                       ("max_memory_gb", 1.0), ("pf_augment", 0.25)]:     # tables made heavier (--pf-augment)
         bad = {**extra, "provenance": {**extra["provenance"], key: value}}
         if key in ("ndevices", "max_memory_gb"):
             bad = {**extra, key: value, "provenance": {k: v for k, v in extra["provenance"].items() if k != key}}

@@ -134,15 +134,19 @@ def parse_oracle(spec: str) -> str:
 
 RESUME_LABELS = {"ndevices": "device count", "max_memory_gb": "memory cap (GB)", "precision": "weights precision",
                  "hardware": "oracle (hardware)", "dataset": "dataset", "batch_size": "batch size",
-                 "optimizer": "optimizer"}
+                 "optimizer": "optimizer", "pf_augment": "--pf-augment"}
 
 
-def training_provenance(oracle, ndevices: int, max_memory_gb: float, precision: str) -> dict:
+def training_provenance(oracle, ndevices: int, max_memory_gb: float, precision: str,
+                        pf_augment: float | None = None) -> dict:
     """What a training's measurements depend on (kept in its checkpoint): the devices, cap and
     precision, the oracle's hardware and, where it has a cache setting, the dataset, batch and
-    optimizer. A resumed training must match it (:func:`check_resume`)."""
+    optimizer; ``pf_augment``, where given, the share of its training tables made heavier
+    (:func:`shardcore.tables.augment_tasks`). A resumed training must match it (:func:`check_resume`)."""
     out = {"ndevices": int(ndevices), "max_memory_gb": float(max_memory_gb), "precision": precision,
            "hardware": str(getattr(oracle, "hardware", ""))}
+    if pf_augment is not None:
+        out["pf_augment"] = float(pf_augment)
     try:
         ctx = getattr(oracle, "context", None)
     except Exception:  # noqa: BLE001 - an oracle without a cache setting
