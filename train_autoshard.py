@@ -28,7 +28,7 @@ from shardcore.errors import InfeasibleError, ShardError
 from shardcore.tasks import load_tasks
 from shardcore.types import Topology
 from shardcore.cli.common import ArgumentParser as OneLineParser
-from shardcore.config import add_config_args, config_from_args
+from shardcore.config import add_config_args, check_resumed_config, config_from_args, flags_given
 from shardcore.io import check_output_dir
 
 
@@ -108,6 +108,8 @@ def main(argv=None):
         model = AutoShardModel.load(ckpt)
         if model.extra.get("tasks") and model.extra["tasks"] != [t.to_line() for t in tasks]:
             raise ShardError(f"--resume: {ckpt} was trained on other tasks than {args.task_path}")
+        check_resumed_config(model.cfg, config_from_args(AutoShardConfig, args), flags_given(build_parser(), argv),
+                             "with another --xpid", free=("total_steps", "num_actors"))
         if model.steps >= args.total_steps:
             raise ShardError(f"--resume: {ckpt} has already trained {model.steps} steps (>= --total-steps)")
         print(f"resuming {ckpt} at step {model.steps} (its hyper-parameters are kept)")

@@ -23,7 +23,7 @@ from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks
 from shardcore.cli.common import ArgumentParser as OneLineParser
-from shardcore.config import add_config_args, config_from_args
+from shardcore.config import add_config_args, check_resumed_config, config_from_args, flags_given
 from shardcore.io import check_output_dir
 
 
@@ -65,6 +65,8 @@ def main(argv=None):
         model = DreamShardModel.load(path)
         if model.extra.get("tasks") and model.extra["tasks"] != [t.to_line() for t in tasks]:
             raise ShardError(f"--resume: {path} was trained on other tasks than {args.task_path}")
+        check_resumed_config(model.cfg, config_from_args(DreamShardConfig, args), flags_given(build_parser(), argv),
+                             "in another --out-dir", free=("num_iterations",))
         print(f"resuming from {path} (iteration {model.iteration})")
     elif newest_checkpoint(args.out_dir) is not None:
         raise ShardError(f"{args.out_dir} already holds checkpoints: pass --resume, or choose another --out-dir")

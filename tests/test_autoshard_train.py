@@ -92,6 +92,14 @@ def test_train_resume_and_eval(tiny):
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error:") and "--resume" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
+    # a resumed training keeps its hyper-parameters: one given with another value is refused in one line
+    saved = (out / "model.pt").read_bytes()
+    proc = subprocess.run(train_cmd(d, 160, "--resume", "--learning-rate", "0.01"), capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert "--learning-rate 0.001, this run gives 0.01" in proc.stderr
+    assert (out / "model.pt").read_bytes() == saved
+
     proc = subprocess.run(train_cmd(d, 160, "--resume"), capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert torch.load(out / "model.pt", weights_only=True)["steps"] == 160

@@ -23,7 +23,8 @@ from neuroshard.cli import add_search_args, search_kwargs
 from neuroshard.config import (COLLECTION, COLLECTION_GROUPS, CollectionConfig, ModelConfig, SearchConfig,
                                comm_model_config, compute_model_config)
 from shardcore.argtypes import positive_int
-from shardcore.config import Config, add_config_args, config_from_args, flag_fields, param
+from shardcore.config import (Config, add_config_args, check_resumed_config, config_from_args, flag_fields,
+                              flags_given, param)
 from shardcore.errors import ShardError
 from shardcore.layers import mlp
 from shardcore.tables import SCALED_FEATURES, FeatureScaler, Standardiser, TableConfig
@@ -66,6 +67,23 @@ def test_prefix_and_underscore_aliases():
     a = p.parse_args(["--comm_steps", "9", "--comm-head-size", "2", "--comm_head_size", "6"])
     assert (a.comm_steps, a.comm_head) == (9, 6)
     assert config_from_args(Toy, a, prefix="comm-") == Toy(steps=9, head_size=6)
+
+
+def test_a_resumed_training_refuses_another_value_for_a_given_flag():
+    p = toy_parser()
+    argv = ["--lr", "0.1", "--head_size", "4", "--no-x"]
+    assert flags_given(p, argv) == {"lr", "head", "use_x"}      # written ones only, the default's value included
+    assert flags_given(p, []) == set() and p.parse_args([]).steps == 7     # the parser's defaults are restored
+    stored = Toy(steps=7, head_size=4, use_x=False)
+    check_resumed_config(stored, config_from_args(Toy, p.parse_args(argv)), flags_given(p, argv), "elsewhere")
+    check_resumed_config(stored, config_from_args(Toy, p.parse_args([])), set(), "elsewhere")   # nothing given
+    asked = ["--steps", "9", "--lr", "0.2"]
+    with pytest.raises(ShardError, match=r"^--resume: the checkpoint was trained with --lr 0.1, this run gives 0.2: "
+                                         r".*train anew elsewhere$"):
+        check_resumed_config(stored, config_from_args(Toy, p.parse_args(asked)), flags_given(p, asked), "elsewhere",
+                             free=("steps",))
+    check_resumed_config(stored, config_from_args(Toy, p.parse_args(asked[:2])), {"steps"}, "elsewhere",
+                         free=("steps",))   # a free field (how long to run) may change
 
 
 def test_a_flag_needs_help_and_a_known_type():

@@ -158,12 +158,15 @@ def test_dreamshard_resume_refuses_other_settings(base, tmp_path, capsys, no_wor
               "--bench-batch-size", 4], r"batch size 8, this run has 4"),
             (["--data-dir", other, "--gpu-devices", "0,1", "--oracle", "emulated:h200"], r"dataset"),
             (["--data-dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "measured",     # no worker starts
-              "--cache-path", tmp_path / "c.sqlite"], r"oracle \(hardware\) 'emulated")]:
+              "--cache-path", tmp_path / "c.sqlite"], r"oracle \(hardware\) 'emulated"),
+            # a hyper-parameter given with another value than the checkpoint's (it was kept silently before)
+            (["--data-dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "emulated:h200", "--rl-lr", "0.01"],
+             r"--rl-lr 0\.0005, this run gives 0\.01: a resumed training keeps its hyper-parameters")]:
         code, out_text, err = run_script("train_dreamshard.py", [*again, *change], capsys)
         one_line_error(code, err, r"^error: --resume: the checkpoint was trained with " + pattern)
         assert (out / "0.pt").read_bytes() == saved and not (out / "1.pt").exists()
     code, _, err = run_script("train_dreamshard.py", [*again, "--data-dir", base / "ds", "--gpu-devices", "0,1",
-                                                       "--oracle", "emulated:h200"], capsys)
+                                                       "--oracle", "emulated:h200", "--rl-lr", "0.0005"], capsys)
     assert code == 0, err[-2000:]          # the same setting resumes
     assert (out / "1.pt").is_file()
 
