@@ -161,6 +161,7 @@ def check_resumed_config(stored: "Config", asked: "Config", given: set[str], ane
             continue
         was, now = getattr(stored, f.name), getattr(asked, f.name)
         if now is not None and now != was:
+            was = "at its default" if was is None else was
             raise ShardError(f"--resume: the checkpoint was trained with {_flags(f, prefix, False)[0]} {was}, this run "
                              f"gives {now}: a resumed training keeps its hyper-parameters; drop the flag, or "
                              f"train anew {anew}")
