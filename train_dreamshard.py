@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Train DreamShard: measure plans sampled by the policy on hardware, fit the cost network, train
-the policy in the estimated MDP; one checkpoint per iteration (<out-dir>/<iteration>.pt) and a
-log (<out-dir>/train_log.csv).
+the policy in the estimated MDP; one checkpoint per iteration (<out-dir>/<iteration>.pt; the last is
+the paper's model), <out-dir>/best.pt (a copy of the iteration whose plans of the learning curve's
+training tasks cost least: the one to evaluate), a log (<out-dir>/train_log.csv) and the learning
+curve (<out-dir>/learning_curve.csv and .png).
 
   python train_dreamshard.py --task-path data/dlrm_tasks_50/train.txt --gpu-devices 0,1,2,3 \\
       --max-memory 5 --out-dir models/dreamshard
@@ -15,7 +17,7 @@ from tqdm import tqdm
 
 from dreamshard.config import DreamShardConfig
 from dreamshard.sharder import DreamShardModel
-from dreamshard.trainer import DreamShardTrainer
+from dreamshard.trainer import BEST, DreamShardTrainer
 from shardcore.cli.common import serve_if_torchrun_rank
 from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, run_main)
@@ -81,7 +83,10 @@ def main(argv=None):
         start = trainer.model.iteration + 1
         with tqdm(total=args.num_iterations, initial=start, desc="iterations", unit="it") as bar:
             trainer.run(args.num_iterations, progress=bar)
-    print(f"done: {args.out_dir}/{args.num_iterations - 1}.pt, log {args.out_dir}/train_log.csv")
+    best = trainer.best_iteration
+    print(f"done: {args.out_dir}/{args.num_iterations - 1}.pt (the last iteration, the paper's)"
+          + (f", {args.out_dir}/{BEST} (iteration {best}: its plans of the learning curve's training tasks cost "
+             f"least)" if best is not None else "") + f"; log {args.out_dir}/train_log.csv")
 
 
 if __name__ == "__main__":

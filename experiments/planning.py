@@ -105,7 +105,7 @@ def _bench_learned(cfg: BenchConfig, notes: list[str]) -> dict[str, str]:
         if cfg.models_dir and Path(cfg.models_dir).is_dir():
             for folder in sorted(Path(cfg.models_dir).glob(f"{method}_*dev"),
                                  key=lambda p: int(re.sub(r"\D", "", p.name.split("_")[-1]) or 0)):
-                found = spec.find_checkpoint(folder)
+                found = spec.model_checkpoint(folder)
                 if found is not None:
                     break
         if found is None:

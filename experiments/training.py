@@ -94,13 +94,14 @@ def prepare_learned(cfg: ExperimentConfig, spec: MethodSpec, train_paths: dict, 
         ckpt = spec.find_checkpoint(folder)
         complete = ckpt is not None and spec.is_final(ckpt, train_flags(cfg, spec))
         if complete and not cfg.retrain:
-            models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(ckpt), "existing", ts.name,
-                                               note="reused from an earlier run (--retrain trains again)")
+            models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(spec.model_checkpoint(folder)), "existing",
+                                               ts.name, note="reused from an earlier run (--retrain trains again)")
             continue
         if cfg.skip_train:
             if ckpt is not None and not cfg.retrain:
-                models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(ckpt), "partial", ts.name,
-                                                   note="newest checkpoint of an unfinished training (--skip-train)")
+                models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(spec.model_checkpoint(folder)), "partial",
+                                                   ts.name, note="newest checkpoint of an unfinished training "
+                                                                 "(--skip-train)")
             else:
                 notes.append(f"{method}: skipped for {ts.ndevices}-device sets: no checkpoint in {folder} "
                              f"and --skip-train")
@@ -118,7 +119,7 @@ def prepare_learned(cfg: ExperimentConfig, spec: MethodSpec, train_paths: dict, 
         log = Path(cfg.out_dir) / "logs" / f"train_{method}_{ts.ndevices}dev.log"
         print(f"training {method} on {ts.name} (train split, {cfg.num_train} tasks); log: {log}")
         rc, seconds = run_logged(cmd, log, cfg.train_timeout_s, echo)
-        ckpt = spec.find_checkpoint(folder)
+        ckpt = spec.model_checkpoint(folder)
         if rc == 0 and ckpt is not None:
             models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(ckpt), "trained", ts.name, seconds, str(log))
             print(f"{method}: trained in {seconds:.0f} s -> {ckpt}")

@@ -59,6 +59,7 @@ class MethodSpec:
     default_precision: str           # weight precision of the original code
     train_args: Callable[[TrainContext], list[str]]   # the script's arguments for a training run
     checkpoint: str | None = None    # file the script leaves in its folder; None: the newest numbered N.pt
+    selected: str | None = None      # a file the script also leaves there, to evaluate where present (best.pt)
     final_checkpoint: Callable[[Sequence[str]], int] | None = None   # numbered: the last index, given the flags
     scale_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # experiment scale -> flags
     needs_train_tasks: bool = True   # False: it trains on data it draws itself (no task file needed)
@@ -74,6 +75,13 @@ class MethodSpec:
             return ckpts[-1][1] if ckpts else None
         p = folder / self.checkpoint
         return p if p.is_file() else None
+
+    def model_checkpoint(self, folder: str | os.PathLike) -> Path | None:
+        """The checkpoint to evaluate from ``folder``: :attr:`selected` where the script wrote it, else
+        :meth:`find_checkpoint` (which says whether a training is complete)."""
+        if self.selected is not None and (Path(folder) / self.selected).is_file():
+            return Path(folder) / self.selected
+        return self.find_checkpoint(folder)
 
     def is_final(self, checkpoint: Path, flags: Sequence[str]) -> bool:
         """Whether ``checkpoint`` is the last one a training with ``flags`` writes."""

@@ -34,6 +34,10 @@ def test_train_and_eval_end_to_end(tmp_path):
     curve = list(csv.DictReader(open(out / "learning_curve.csv")))   # judged beside lookup greedy, drawn
     assert [int(r["iteration"]) for r in curve] == [0, 1] and float(curve[-1]["lookup_greedy_ms"]) > 0
     assert (out / "learning_curve.png").exists()
+    # best.pt: a copy of the iteration whose decoded plans of the curve's tasks cost least (ties: the earlier)
+    best = min((float(r["decoded_ms"]), int(r["iteration"])) for r in curve)[1]
+    assert (out / "best.pt").read_bytes() == (out / f"{best}.pt").read_bytes()
+    assert f"best.pt (iteration {best}:" in proc.stdout
     ckpt = torch.load(out / "1.pt", weights_only=True)
     assert ckpt["method"] == "dreamshard" and len(ckpt["extra"]["buffer"]) >= 1
     # --resume continues from the newest checkpoint
@@ -43,6 +47,9 @@ def test_train_and_eval_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "2.pt").exists()
     assert len(list(csv.DictReader(open(out / "train_log.csv")))) == 3
+    curve = list(csv.DictReader(open(out / "learning_curve.csv")))   # the resumed run's row counts too
+    best = min((float(r["decoded_ms"]), int(r["iteration"])) for r in curve)[1]
+    assert len(curve) == 3 and (out / "best.pt").read_bytes() == (out / f"{best}.pt").read_bytes()
     # evaluate the checkpoint beside a baseline, on other tables and another device count
     res = tmp_path / "r.jsonl"
     cmd = [sys.executable, os.path.join(ROOT, "eval.py"), "--alg", f"random,{out / '2.pt'}",

@@ -18,7 +18,8 @@ device, cap, seed and oracle flags; --ds-*, --as-*, --ns-* override one flag eac
 keeps what planning needs; the learner's resume state (optimizers, cost-model buffer: 95% of the file)
 stays in the full checkpoint in <work-dir>/autoshard/model.pt.
 
-Outputs (<out-dir>, default models/anchors/h200): dreamshard/<N-1>.pt, autoshard/model.pt,
+Outputs (<out-dir>, default models/anchors/h200): dreamshard/<N-1>.pt and dreamshard/best.pt (the
+iteration whose learning-curve plans of the training tasks cost least), autoshard/model.pt,
 neuroshard/{compute,fw_comm,bw_comm}.pt, train_tasks.txt and MANIFEST.json (per checkpoint: the
 commands, seed, oracle and its fit, batch, device count, cap, training tasks digest, wall time, date,
 machine, size and sha256). Everything is built in a hidden staging folder beside <out-dir> and
@@ -303,9 +304,14 @@ def stage_dreamshard(args, run: Runner, work: Path, train: Path) -> dict:
         raise ShardError(f"dreamshard: the stage ended without writing a numbered checkpoint in {rel(ds)}; nothing "
                          "was written to the output directory")
     name = found[-1][1].name
-    check_checkpoint(ds / name, "dreamshard")
-    return {f"dreamshard/{name}": {"source": ds / name, "stages": [info],
-                                   "train_log": _csv_tail(ds / "train_log.csv")}}
+    out = {}
+    # the last iteration (the paper's model) and best.pt (the iteration whose learning-curve plans of the
+    # training tasks cost least: the anchor evaluated)
+    for kept in [name] + (["best.pt"] if (ds / "best.pt").is_file() else []):
+        check_checkpoint(ds / kept, "dreamshard")
+        out[f"dreamshard/{kept}"] = {"source": ds / kept, "stages": [info],
+                                     "train_log": _csv_tail(ds / "train_log.csv")}
+    return out
 
 
 def stage_autoshard(args, run: Runner, work: Path, train: Path) -> dict:
