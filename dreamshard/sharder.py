@@ -138,7 +138,8 @@ class DreamShardSharder(Sharder):
 
 def load_sharder(path, **_) -> DreamShardSharder:
     if path is None:
-        raise ShardError("--alg dreamshard needs a trained checkpoint: --alg models/dreamshard/9.pt")
+        raise ShardError("--alg dreamshard needs a trained checkpoint: --alg models/dreamshard/best.pt "
+                         "(or an iteration's N.pt)")
     model = DreamShardModel.load(path)
     model.cost_net.eval()
     model.policy.eval()

@@ -2,7 +2,7 @@
 """Planning time and peak memory of every algorithm as tables and devices grow (no hardware).
 
   python tools/bench_planning.py                       # tables 50..856 on 4 devices; 4..128 devices, 400 tables
-  python tools/bench_planning.py --dreamshard-model models/dreamshard/9.pt --tables 50,100 --devices 4,8
+  python tools/bench_planning.py --dreamshard-model models/dreamshard/best.pt --tables 50,100 --devices 4,8
 
 Each algorithm plans in a fresh process. Time: median of up to --repeats calls per size. Memory: the
 rise of the process's peak resident set size (VmHWM, reset through /proc/self/clear_refs) during one

@@ -6,7 +6,7 @@ the checkpoint's cost network for each plan's per-device and overall costs, and 
 absolute percentage error (MAPE) of the plan cost and of the per-device forward compute, backward
 compute and communication costs.
 
-  python tools/dreamshard_cost_accuracy.py --model models/dreamshard/9.pt \\
+  python tools/dreamshard_cost_accuracy.py --model models/dreamshard/best.pt \\
       --results results.jsonl --task-path data/dlrm_tasks_50/test.txt
 """
 

@@ -4,7 +4,7 @@ TorchRec and any checkpoints measured side by side on the same tasks, the emulat
 beside them, the measured shards appended to a file, rank correlations with a run made elsewhere.
 
   python tools/gpu_check.py                                   # on a machine with a GPU and fbgemm-gpu
-  python tools/gpu_check.py --checkpoint models/dreamshard/9.pt --compare cpu_run.jsonl
+  python tools/gpu_check.py --checkpoint models/dreamshard/best.pt --compare cpu_run.jsonl
   python tools/gpu_check.py --device cpu                      # the same steps, tiny, on the CPU
 
 Within --time-budget seconds (default 450, so within 8 minutes on one H100), never hanging: a stage
