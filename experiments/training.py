@@ -100,7 +100,7 @@ def prepare_learned(cfg: ExperimentConfig, spec: MethodSpec, train_paths: dict, 
         if cfg.skip_train:
             if ckpt is not None and not cfg.retrain:
                 models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(spec.model_checkpoint(folder)), "partial",
-                                                   ts.name, note="newest checkpoint of an unfinished training "
+                                                   ts.name, note="the checkpoint an unfinished training left "
                                                                  "(--skip-train)")
             else:
                 notes.append(f"{method}: skipped for {ts.ndevices}-device sets: no checkpoint in {folder} "
@@ -126,7 +126,7 @@ def prepare_learned(cfg: ExperimentConfig, spec: MethodSpec, train_paths: dict, 
         elif rc is None and ckpt is not None:
             models[ts.ndevices] = LearnedModel(
                 method, ts.ndevices, str(ckpt), "partial", ts.name, seconds, str(log),
-                note=f"training stopped at the {cfg.train_timeout_s:g} s limit; newest checkpoint used")
+                note=f"training stopped at the {cfg.train_timeout_s:g} s limit; the checkpoint it left is used")
             print(f"{method}: training stopped at the time limit; using {ckpt}")
         else:
             why = (f"training stopped at the {cfg.train_timeout_s:g} s limit without a checkpoint" if rc is None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Callable, TypeVar
 
@@ -135,8 +136,6 @@ def given_args(cls: type["Config"], args: argparse.Namespace, prefix: str = "") 
 def flags_given(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
     """The ``dest`` of every option written on the command line ``argv`` (whatever its value, the
     default's included), found by parsing ``argv`` again with no defaults."""
-    import sys
-
     saved = [(a, a.default) for a in parser._actions]
     try:
         for a in parser._actions:
