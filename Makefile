@@ -44,7 +44,7 @@ demo: $(STAMP)
 	rm -rf models/demo_autoshard
 	$(PY) train_autoshard.py --task-path $(TASKS)/train.txt --data-dir $(DATA) --gpu-devices 0,1,2,3 \
 		--max-memory 5 --savedir models --xpid demo_autoshard --total-steps 20000 --time-limit 3 --bench-iters 3
-	$(PY) eval.py --alg $(DEMO_MEASURED),torchrec,models/demo_dreamshard/2.pt,models/demo_autoshard/model.pt,shardkit \
+	$(PY) eval.py --alg $(DEMO_MEASURED),torchrec,models/demo_dreamshard/best.pt,models/demo_autoshard/model.pt,shardkit \
 		--task-path $(TASKS)/test.txt --data-dir $(DATA) --gpu-devices 0,1,2,3 --max-memory 5 --max-tasks 5 --quiet \
 		--shardkit-calibrate 60 --task-set "DLRM-50 (4)" --out data/demo_results.jsonl
 
