@@ -25,7 +25,8 @@ from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks
 from shardcore.cli.common import ArgumentParser as OneLineParser
-from shardcore.config import add_config_args, check_resumed_config, config_from_args, flags_given
+from shardcore.cli.common import check_resumed_config, flags_given
+from shardcore.config import add_config_args, config_from_args
 from shardcore.io import check_output_dir
 
 

@@ -38,6 +38,7 @@ from .config import PLUGINS, all_algs, known_algs, label, learned_methods, order
 from .facts import machine_info, now, software_versions
 from .output import write_csv
 from .procs import kill_group
+from .training import model_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent   # the repository: the child imports this package from it
 # ------------------------------------------------------------------------------------------------
@@ -105,7 +106,7 @@ def _bench_learned(cfg: BenchConfig, notes: list[str]) -> dict[str, str]:
         if cfg.models_dir and Path(cfg.models_dir).is_dir():
             for folder in sorted(Path(cfg.models_dir).glob(f"{method}_*dev"),
                                  key=lambda p: int(re.sub(r"\D", "", p.name.split("_")[-1]) or 0)):
-                found = spec.model_checkpoint(folder)
+                found = model_checkpoint(spec, folder)
                 if found is not None:
                     break
         if found is None:

@@ -39,6 +39,14 @@ def method_dir(models_dir: str | os.PathLike, method: str, ndevices: int) -> Pat
     return Path(models_dir) / f"{method}_{ndevices}dev"
 
 
+def model_checkpoint(spec: MethodSpec, folder: str | os.PathLike) -> Path | None:
+    """The checkpoint to evaluate from ``folder``: the spec's ``selected`` file where the training wrote
+    one (DreamShard's best.pt), else ``find_checkpoint`` (which also says how far a training got)."""
+    if spec.selected is not None and (Path(folder) / spec.selected).is_file():
+        return Path(folder) / spec.selected
+    return spec.find_checkpoint(folder)
+
+
 def oracle_flags(cfg: ExperimentConfig) -> list[str]:
     """The hardware oracle's flags of this run, as eval.py spells them."""
     out = ["--optimizer", cfg.optimizer]
@@ -94,12 +102,12 @@ def prepare_learned(cfg: ExperimentConfig, spec: MethodSpec, train_paths: dict, 
         ckpt = spec.find_checkpoint(folder)
         complete = ckpt is not None and spec.is_final(ckpt, train_flags(cfg, spec))
         if complete and not cfg.retrain:
-            models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(spec.model_checkpoint(folder)), "existing",
+            models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(model_checkpoint(spec, folder)), "existing",
                                                ts.name, note="reused from an earlier run (--retrain trains again)")
             continue
         if cfg.skip_train:
             if ckpt is not None and not cfg.retrain:
-                models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(spec.model_checkpoint(folder)), "partial",
+                models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(model_checkpoint(spec, folder)), "partial",
                                                    ts.name, note="the checkpoint an unfinished training left "
                                                                  "(--skip-train)")
             else:
@@ -119,7 +127,7 @@ def prepare_learned(cfg: ExperimentConfig, spec: MethodSpec, train_paths: dict, 
         log = Path(cfg.out_dir) / "logs" / f"train_{method}_{ts.ndevices}dev.log"
         print(f"training {method} on {ts.name} (train split, {cfg.num_train} tasks); log: {log}")
         rc, seconds = run_logged(cmd, log, cfg.train_timeout_s, echo)
-        ckpt = spec.model_checkpoint(folder)
+        ckpt = model_checkpoint(spec, folder)
         if rc == 0 and ckpt is not None:
             models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(ckpt), "trained", ts.name, seconds, str(log))
             print(f"{method}: trained in {seconds:.0f} s -> {ckpt}")

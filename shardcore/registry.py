@@ -76,13 +76,6 @@ class MethodSpec:
         p = folder / self.checkpoint
         return p if p.is_file() else None
 
-    def model_checkpoint(self, folder: str | os.PathLike) -> Path | None:
-        """The checkpoint to evaluate from ``folder``: :attr:`selected` where the script wrote it, else
-        :meth:`find_checkpoint` (which says whether a training is complete)."""
-        if self.selected is not None and (Path(folder) / self.selected).is_file():
-            return Path(folder) / self.selected
-        return self.find_checkpoint(folder)
-
     def is_final(self, checkpoint: Path, flags: Sequence[str]) -> bool:
         """Whether ``checkpoint`` is the last one a training with ``flags`` writes."""
         if self.checkpoint is not None or self.final_checkpoint is None:

@@ -23,8 +23,8 @@ from neuroshard.cli import add_search_args, search_kwargs
 from neuroshard.config import (COLLECTION, COLLECTION_GROUPS, CollectionConfig, ModelConfig, SearchConfig,
                                comm_model_config, compute_model_config)
 from shardcore.argtypes import positive_int
-from shardcore.config import (Config, add_config_args, check_resumed_config, config_from_args, flag_fields,
-                              flags_given, param)
+from shardcore.cli.common import check_resumed_config, flags_given
+from shardcore.config import Config, add_config_args, config_from_args, flag_fields, param
 from shardcore.errors import ShardError
 from shardcore.layers import mlp
 from shardcore.tables import SCALED_FEATURES, FeatureScaler, Standardiser, TableConfig

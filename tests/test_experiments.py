@@ -256,11 +256,11 @@ def test_training_commands_come_from_the_registry(tmp_path):
     assert registry.get("autoshard").find_checkpoint(d).name == "model.pt"
     assert registry.get("neuroshard").find_checkpoint(d) is None
     # the one evaluated: DreamShard's best.pt where its training wrote one, else the same
-    assert registry.get("dreamshard").model_checkpoint(d).name == "10.pt"
+    assert training.model_checkpoint(registry.get("dreamshard"), d).name == "10.pt"
     (d / "best.pt").write_text("x")
-    assert registry.get("dreamshard").model_checkpoint(d).name == "best.pt"
+    assert training.model_checkpoint(registry.get("dreamshard"), d).name == "best.pt"
     assert registry.get("dreamshard").find_checkpoint(d).name == "10.pt"      # still says how far it trained
-    assert registry.get("autoshard").model_checkpoint(d).name == "model.pt"
+    assert training.model_checkpoint(registry.get("autoshard"), d).name == "model.pt"
 
 
 def test_config_errors():

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from shardcore.argtypes import int_list, positive_float, positive_int
+from shardcore.config import Config, _dest, _flags, flag_fields
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 from shardcore.errors import ShardError
 from shardcore.tables import PRECISION_BYTES
@@ -428,3 +429,34 @@ def check_replaces_kind(path: str | os.PathLike, kind: str, flag: str = "output"
         what = "a text file" if kind == "text" else kind
         raise ShardError(f"{flag} {path} exists and is {found}, not {what}: refusing to replace it; "
                          f"choose another {flag}")
+
+
+def flags_given(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
+    """The ``dest`` of every option written on the command line ``argv`` (whatever its value, the
+    default's included), found by parsing ``argv`` again with no defaults."""
+    saved = [(a, a.default) for a in parser._actions]
+    try:
+        for a in parser._actions:
+            a.default = argparse.SUPPRESS
+        given, _ = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    finally:
+        for a, d in saved:
+            a.default = d
+    return set(vars(given))
+
+
+def check_resumed_config(stored: Config, asked: Config, given: set[str], anew: str,
+                         free: tuple[str, ...] = (), prefix: str = "") -> None:
+    """A resumed training keeps the hyper-parameters it was trained with: a flag of ``stored``'s
+    class given on the command line (``given``: :func:`flags_given`) with another value than the
+    checkpoint's is refused in one line; fields in ``free`` (how long to run, how many workers) may
+    change. ``anew``: how to start a separate training instead."""
+    for f in flag_fields(stored):
+        if f.name in free or _dest(f, prefix) not in given:
+            continue
+        was, now = getattr(stored, f.name), getattr(asked, f.name)
+        if now is not None and now != was:
+            was = "at its default" if was is None else was
+            raise ShardError(f"--resume: the checkpoint was trained with {_flags(f, prefix, False)[0]} {was}, this run "
+                             f"gives {now}: a resumed training keeps its hyper-parameters; drop the flag, or "
+                             f"train anew {anew}")
