@@ -23,15 +23,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.originals import lookups_from_original, tables_from_original_list
 from shardcore.tables import TableConfig
 
+if TYPE_CHECKING:   # annotations only: torch is imported where it is used
+    import torch
 DEFAULT_DATA_DIR = "data/dlrm_datasets"
 CONFIGS_FILE = "table_configs.json"
 DATA_FILE = "data.pt"
@@ -136,6 +136,7 @@ def load_dataset(data_dir: str | os.PathLike = DEFAULT_DATA_DIR, with_lookups: b
 
     ``data.pt`` is memory-mapped, so a process that touches a few tables reads only those.
     """
+    import torch
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise ShardError(f"dataset directory not found: {data_dir} (run tools/gen_dlrm_data.py first)")
@@ -189,6 +190,7 @@ def verify_lookups(tables: Sequence[TableConfig], indices: Sequence[torch.Tensor
     is computed from the data (a per-table min and max over the memory-mapped tensor), never taken
     from the stored ``min_index``/``max_index``. Done once per file and table rows: remembered in this
     process and in a per-user marker, so the measuring workers do not read the data again."""
+    import torch
     marker = _verified_marker(data_path, tables)
     if marker is not None and (marker in _VERIFIED or marker.is_file()):
         return
@@ -216,6 +218,7 @@ def verify_lookups(tables: Sequence[TableConfig], indices: Sequence[torch.Tensor
 def index_range(obj: dict, indices: Sequence[torch.Tensor]) -> tuple[list[int], list[int]]:
     """Per table the smallest and largest row index looked up (``-1``, ``-1`` for a table without
     lookups): stored in ``data.pt`` by :func:`save_dataset`, computed for files written before."""
+    import torch
     lo, hi = obj.get("min_index"), obj.get("max_index")
     if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor) and lo.numel() == hi.numel() == len(indices):
         return [int(v) for v in lo.tolist()], [int(v) for v in hi.tolist()]
@@ -244,6 +247,7 @@ def check_rows(tables: Sequence[TableConfig], index_range: tuple[list[int], list
 def save_dataset(out_dir: str | os.PathLike, tables: Sequence[TableConfig], indices: Sequence[torch.Tensor],
                  offsets: Sequence[torch.Tensor], batch_size: int) -> None:
     """Write ``table_configs.json`` and ``data.pt`` atomically (each through a temporary file)."""
+    import torch
     if not (len(tables) == len(indices) == len(offsets)):
         raise ValueError("tables, indices and offsets must have one entry per table")
     out_dir = Path(out_dir)
@@ -251,14 +255,10 @@ def save_dataset(out_dir: str | os.PathLike, tables: Sequence[TableConfig], indi
     lo = [int(t.min()) if t.numel() else -1 for t in indices]
     hi = [int(t.max()) if t.numel() else -1 for t in indices]
     check_rows(tables, (lo, hi), out_dir / DATA_FILE)
-    obj = {
-        "format": FORMAT,
-        "batch_size": int(batch_size),
-        "indices": [t.to(torch.int32).contiguous() for t in indices],
-        "offsets": [t.to(torch.int32).contiguous() for t in offsets],
-        "min_index": torch.tensor(lo, dtype=torch.int64),
-        "max_index": torch.tensor(hi, dtype=torch.int64),
-    }
+    obj = {"format": FORMAT, "batch_size": int(batch_size),
+           "indices": [t.to(torch.int32).contiguous() for t in indices],
+           "offsets": [t.to(torch.int32).contiguous() for t in offsets],
+           "min_index": torch.tensor(lo, dtype=torch.int64), "max_index": torch.tensor(hi, dtype=torch.int64)}
     io.torch_save(obj, out_dir / DATA_FILE)
     save_table_configs(out_dir / CONFIGS_FILE, tables, batch_size)
 

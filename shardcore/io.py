@@ -14,8 +14,6 @@ import warnings
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-import torch
-
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -60,6 +58,7 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Non
 def torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` through a temporary file. Store only tensors, numbers, strings, lists and dicts
     so that the file loads with ``torch.load(..., weights_only=True)``."""
+    import torch
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)
 
@@ -169,6 +168,7 @@ def checkpoint_contents(path: str | os.PathLike) -> Iterator[None]:
 def safe_torch_load(path: str | os.PathLike, what: str = "file", name: str | None = None, **kwargs) -> Any:
     """``torch.load(path, weights_only=True)``; a file that needs more than plain tensors, numbers,
     strings, lists and dicts is refused as unsafe, other read failures give one line as well."""
+    import torch
     import pickle
 
     from shardcore.errors import ShardError
@@ -233,6 +233,7 @@ def load_checkpoint(path: str | os.PathLike, method: str | None = None, version:
 def nonfinite_entry(obj: Any, where: str = "") -> str | None:
     """The first place in a checkpoint-like tree (dicts, lists, tensors, numbers) that holds a NaN or
     an infinity, as a path like ``model.lstm.weight``; None when every number is finite."""
+    import torch
     import math
 
     if isinstance(obj, torch.Tensor):

@@ -22,8 +22,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
 
@@ -55,6 +53,7 @@ def is_original_lookups(obj: Any) -> bool:
 def lookups_from_original(obj: Any, where: str | os.PathLike, expected_format: str) -> dict:
     """An original ``data.pt`` (either layout) as our lookup dict ``{"format", "batch_size",
     "indices", "offsets"}`` (tensors kept as stored, e.g. int64); anything else is refused in one line."""
+    import torch
     if not is_original_lookups(obj):
         raise ShardError(f"{where}: neither a {expected_format} file nor an original repository's data.pt "
                          "(a dict of lS_offsets/lS_indices or offsets/indices lists): regenerate it with "

@@ -22,10 +22,14 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     The script's own torch work (planning, training small networks) runs on one thread
     (``SHARDKIT_NUM_THREADS`` overrides): these tensors are tiny, and on a busy machine idle OpenMP
     threads spinning against other processes made RL training ~60x slower with 2 threads than with 1.
-    The benchmark's workers pin their own threads."""
-    import torch
-
-    torch.set_num_threads(int(os.environ.get("SHARDKIT_NUM_THREADS", "1")))
+    The benchmark's workers pin their own threads. Where torch is not imported yet it is told through
+    ``OMP_NUM_THREADS``, read when torch starts its thread pool, so that ``--help`` and a bad flag answer
+    without the 2 s of importing torch."""
+    threads = int(os.environ.get("SHARDKIT_NUM_THREADS", "1"))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         code = main(argv)
     except ShardError as exc:

@@ -31,9 +31,10 @@ of :mod:`shardcore.oracles.commmodel`, with the ids counted from ``data.pt`` ins
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
+if TYPE_CHECKING:   # annotations only: torch is imported where it is used
+    import torch
 
 from shardcore.oracles.commmodel import batch_slices
 from shardcore.errors import ShardError
@@ -43,6 +44,7 @@ from shardcore.types import CommLayout
 
 
 def _raw(dataset, t: TableConfig, b: int, full_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
     raw_idx, raw_off = dataset.indices[t.index], dataset.offsets[t.index]
     off = raw_off[: b + 1].to(torch.int64)
     n = int(off[-1])
@@ -55,6 +57,7 @@ def _raw(dataset, t: TableConfig, b: int, full_row: int) -> tuple[torch.Tensor, 
 def piece_lookups(dataset, t: TableConfig, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The piece's indices (int64, local to the piece's rows) and offsets over them: ``[b + 1]``
     for a batch of ``b``, a data-parallel replica's ``[B_d + 1]`` over its slice of that batch."""
+    import torch
     if not isinstance(t, ShardPiece) or not t.special:
         return _raw(dataset, t, b, t.row)
     idx, off = _raw(dataset, t, b, t.full_row or t.row)
@@ -79,6 +82,7 @@ def piece_lookups(dataset, t: TableConfig, b: int) -> tuple[torch.Tensor, torch.
 
 def rw_counts(dataset, t: ShardPiece, b: int, ndevices: int) -> list[int]:
     """Per batch slice ``j`` (of ``ndevices``): how many of the slice's ids fall in the piece's rows."""
+    import torch
     idx, off = _raw(dataset, t, b, t.full_row or t.row)
     lo, hi = int(t.row_start), int(t.row_start) + int(t.row)
     inside = ((idx >= lo) & (idx < hi)).to(torch.int64)
@@ -95,6 +99,7 @@ def slice_id_counts(dataset, t: TableConfig, b: int, ndevices: int) -> list[int]
     """Per batch slice ``j`` (of ``ndevices``): how many ids of the slice the piece's holder receives
     (a table-wise table or column block: all the table's; a row-wise block: those in its rows; a
     data-parallel replica: none)."""
+    import torch
     kind = getattr(t, "kind", None)
     if kind == DATA_PARALLEL:
         return [0] * ndevices
