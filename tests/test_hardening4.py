@@ -12,6 +12,8 @@ import os
 import re
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -388,3 +390,25 @@ def test_simulator_setting_warned_before_workers(tmp_path, capsys, monkeypatch):
     assert code != 0 and "no worker may start" in err
     warned = err.index("plans will run at 8")
     assert warned < err.index("no worker may start") and "workers up" not in out
+
+
+def test_help_answers_without_torch_and_scripts_keep_one_torch_thread():
+    """`eval.py --help` imports no torch (2 s saved on every --help and bad flag); a script that does
+    import torch later still runs it on one thread (SHARDKIT_NUM_THREADS overrides), as when run_main
+    imported torch first, and the environment is left alone."""
+    code = ("import sys, runpy\nsys.argv = ['eval.py', '--help']\n"
+            "try:\n    runpy.run_path('eval.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('TORCH', 'torch' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0 and "TORCH False" in proc.stdout, proc.stderr[-2000:]
+    code = ("import os, sys\nsys.argv = ['x']\nfrom shardcore.cli.common import run_main\n"
+            "def main(argv):\n    assert 'torch' not in sys.modules\n    import torch\n"
+            "    print('THREADS', torch.get_num_threads(), os.environ.get('OMP_NUM_THREADS'))\n"
+            "run_main(main)\n")
+    for given, want in ((None, 1), ("2", 2)):
+        env = {k: v for k, v in os.environ.items() if k not in ("SHARDKIT_NUM_THREADS", "OMP_NUM_THREADS")}
+        if given:
+            env["SHARDKIT_NUM_THREADS"] = given
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=120)
+        assert proc.returncode == 0 and f"THREADS {want} None" in proc.stdout, proc.stderr[-2000:]

@@ -22,14 +22,14 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     The script's own torch work (planning, training small networks) runs on one thread
     (``SHARDKIT_NUM_THREADS`` overrides): these tensors are tiny, and on a busy machine idle OpenMP
     threads spinning against other processes made RL training ~60x slower with 2 threads than with 1.
-    The benchmark's workers pin their own threads. Where torch is not imported yet it is told through
-    ``OMP_NUM_THREADS``, read when torch starts its thread pool, so that ``--help`` and a bad flag answer
-    without the 2 s of importing torch."""
+    The benchmark's workers pin their own threads. Where torch is not imported yet, the count is set
+    the moment it is (:class:`_ThreadsOnImport`), so that ``--help`` and a bad flag answer without the
+    2 s of importing torch."""
     threads = int(os.environ.get("SHARDKIT_NUM_THREADS", "1"))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
-    else:
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+    elif not any(isinstance(f, _ThreadsOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ThreadsOnImport(threads))
     try:
         code = main(argv)
     except ShardError as exc:
@@ -45,6 +45,32 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code or 0)
+
+
+class _ThreadsOnImport:
+    """A meta-path finder that, when torch is first imported, runs its module and then
+    ``torch.set_num_threads(threads)`` (and leaves ``sys.meta_path``): the same as importing torch
+    first and setting its threads, without importing it where it is not needed."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            run = spec.loader.exec_module
+
+            def exec_module(module, run=run, threads=self.threads):
+                run(module)
+                module.set_num_threads(threads)
+
+            spec.loader.exec_module = exec_module
+        return spec
 
 
 class ArgumentParser(argparse.ArgumentParser):
