@@ -95,18 +95,6 @@ def actor_main(actor_id: int, spec: ActorSpec, shared_net: AutoShardNet, shared_
     # a message cut off half-way would leave the learner's next read waiting forever.
 
 
-def actor_context():
-    """The multiprocessing context the actors start in: forked by a forkserver that has imported torch
-    and this module once, so an actor is up in a fraction of a second rather than spending 2-3 s of CPU
-    on the imports (spawn where there is no forkserver). Actors never touch CUDA; the forkserver is a
-    fresh process, so nothing of the learner's CUDA state is forked either."""
-    if "forkserver" not in tmp.get_all_start_methods():
-        return tmp.get_context("spawn")
-    ctx = tmp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", __name__])
-    return ctx
-
-
 class _Stopped(Exception):
     pass
 
@@ -549,7 +537,7 @@ class AutoShardTrainer:
         fresh = self.model.steps == 0
         start_steps = self.model.steps
         logs = self._open_logs(fresh)
-        ctx = actor_context()
+        ctx = tmp.get_context("spawn")
         shared_net, shared_cost = AutoShardNet(cfg), CostModel(cfg)
         shared_net.load_state_dict(self.model.net.state_dict())
         shared_cost.load_state_dict(self.model.cost_model.state_dict())

@@ -327,28 +327,3 @@ def test_no_orphans_after_ctrl_c_or_parent_death(data, tmp_path, sig):
     while any(alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)
-
-
-def test_cpu_workers_are_forked_by_a_preloaded_server_cuda_workers_spawned(data):
-    """CPU workers come from a forkserver that imported torch and FBGEMM once (not 3 s of imports per
-    worker); CUDA workers are spawned, so nothing that touched CUDA is forked. A forked worker's parent
-    is the server, not the driver: it checks that the driver lives instead."""
-    from shardcore.oracles.measured.worker import PRELOAD, WorkerConfig, _driver_gone, worker_context
-
-    assert worker_context("cuda").get_start_method() == "spawn"
-    assert worker_context("cpu").get_start_method() == "forkserver"
-    assert {"torch", "fbgemm_gpu"} <= set(PRELOAD)
-    path, _ = data
-    with PlanEvaluator(path, ndevices=2, bench_iters=2, warmup_iters=1) as ev:
-        pids = ev.worker_pids
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            assert ppid != os.getpid() and alive(ppid)   # the forkserver
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    cfg = WorkerConfig(str(path), "cpu", (0,), 0, 30.0, os.getpid(), 0, forked=True)
-    assert not _driver_gone(cfg)
-    assert _driver_gone(WorkerConfig(str(path), "cpu", (0,), 0, 30.0, dead.pid, 0, forked=True))
-    assert _driver_gone(WorkerConfig(str(path), "cpu", (0,), 0, 30.0, os.getpid(), 0))   # spawned: not our child
-    assert not _driver_gone(WorkerConfig(str(path), "cpu", (0,), 0, 30.0, None, 0))       # a torchrun rank

@@ -124,13 +124,9 @@ DMP_TABLES = [TableConfig(i, row, dim, pf) for i, (row, dim, pf) in enumerate([
 
 
 def _spawn_ranks(target, world: int, args_of) -> dict:
-    """Run ``target(*args_of(rank, port, queue))`` in ``world`` processes (forked by a forkserver with
-    TorchRec imported, as shardcore's spawn_ranks); ``{rank: rest}`` of what each puts on the queue as
-    ``(rank, *rest)`` (every process joined, or killed)."""
-    from shardcore.oracles.measured.launch import RANK_PRELOAD
-
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(RANK_PRELOAD))
+    """Run ``target(*args_of(rank, port, queue))`` in ``world`` spawned processes; ``{rank: rest}`` of what
+    each puts on the queue as ``(rank, *rest)`` (every process joined, or killed)."""
+    ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=target, args=args_of(r, port, queue)) for r in range(world)]

@@ -281,22 +281,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-RANK_PRELOAD = ("torch", "torch.distributed", "fbgemm_gpu", "torchrec")   # what spawn_ranks' ranks import
-
-
 def spawn_ranks(target, world: int, *args, timeout_s: float = 300.0) -> dict:
-    """Run ``target(rank, world, port, *args, queue)`` in ``world`` processes on this machine (a gloo
-    rendezvous on ``port``: CPU ranks); each puts one ``(rank, result)`` on ``queue``. Returns
-    ``{rank: result}``; processes still alive a minute after their results came are killed. The ranks
-    are forked by a forkserver that imported torch, FBGEMM and TorchRec once (:data:`RANK_PRELOAD`),
-    not each spending 3-5 s of CPU on those imports; spawned where there is no forkserver."""
+    """Run ``target(rank, world, port, *args, queue)`` in ``world`` spawned processes on this machine
+    (a gloo rendezvous on ``port``); each puts one ``(rank, result)`` on ``queue``. Returns
+    ``{rank: result}``; processes still alive a minute after their results came are killed."""
     import torch.multiprocessing as mp
 
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(list(RANK_PRELOAD))
-    else:
-        ctx = mp.get_context("spawn")
+    ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]

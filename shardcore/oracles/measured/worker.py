@@ -35,42 +35,6 @@ class WorkerConfig:
     pool_cap_bytes: int
     store_host: str = "127.0.0.1"
     store_prefix: str | None = None
-    forked: bool = False       # started by the forkserver (worker_context), whose child it is, not the driver's
-
-
-# what a CPU worker imports, done once in the forkserver that forks the workers (worker_context)
-PRELOAD = ("torch", "torch.distributed", "fbgemm_gpu", "shardcore.oracles.measured.benchmark",
-           "shardcore.dataset", "shardcore.plan", "shardcore.oracles.measured.worker")
-
-
-def worker_context(device_type: str):
-    """The multiprocessing context the workers of ``device_type`` start in. CPU workers are forked
-    by a forkserver that has imported torch and FBGEMM once (:data:`PRELOAD`): a worker is up in a
-    fraction of a second instead of each spending 3 s of CPU on those imports (4 workers: 6.6 s on a
-    2-core machine). CUDA workers are spawned, so that nothing touching CUDA is ever forked."""
-    import multiprocessing as mp
-
-    if device_type != "cpu" or "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
-    return ctx
-
-
-def _driver_gone(cfg: WorkerConfig) -> bool:
-    """Whether the driver died before this worker asked to die with its parent: a spawned worker's
-    parent is the driver; a forked one's is the forkserver, which exits when the driver does."""
-    if cfg.parent_pid is None:
-        return False
-    if not cfg.forked:
-        return os.getppid() != cfg.parent_pid
-    try:
-        os.kill(cfg.parent_pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass
-    return os.getppid() == 1
 
 
 def _error_reply(req, exc: BaseException, phase: str):
@@ -88,7 +52,7 @@ def _error_reply(req, exc: BaseException, phase: str):
 def worker_main(rank: int, world: int, conn, cfg: WorkerConfig) -> None:
     set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    if _driver_gone(cfg):
+    if cfg.parent_pid is not None and os.getppid() != cfg.parent_pid:
         return
     try:
         import torch
