@@ -136,14 +136,14 @@ def load_dataset(data_dir: str | os.PathLike = DEFAULT_DATA_DIR, with_lookups: b
 
     ``data.pt`` is memory-mapped, so a process that touches a few tables reads only those.
     """
-    import torch
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise ShardError(f"dataset directory not found: {data_dir} (run tools/gen_dlrm_data.py first)")
     tables = load_table_configs(data_dir / CONFIGS_FILE)
     ds = Dataset(tables=tables, path=data_dir)
-    if not with_lookups:
+    if not with_lookups:   # the table configs only: no torch needed
         return ds
+    import torch
     data_path = data_dir / DATA_FILE
     if not data_path.is_file():
         raise ShardError(f"lookup data not found: {data_path} (run tools/gen_dlrm_data.py first)")
