@@ -44,7 +44,7 @@ import torch.multiprocessing as tmp
 
 from shardcore import io
 from shardcore.errors import ShardError
-from shardcore.errors import set_parent_death_signal
+from shardcore.errors import exit_now, set_parent_death_signal
 from shardcore.oracles.factory import (MIN_JUDGED_TASKS, check_beats_untrained, check_resume, is_emulated,
                                        training_provenance)
 from shardcore.tables import FeatureScaler, TableConfig, augment_tasks
@@ -92,7 +92,9 @@ def actor_main(actor_id: int, spec: ActorSpec, shared_net: AutoShardNet, shared_
     except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
         out_q.put(("error", actor_id, f"{type(exc).__name__}: {exc}"))
     # On exit the queues' feeder threads finish their writes (the learner drains out_q meanwhile):
-    # a message cut off half-way would leave the learner's next read waiting forever.
+    # a message cut off half-way would leave the learner's next read waiting forever. exit_now runs
+    # multiprocessing's exit handlers, which wait for them, and skips the interpreter's teardown.
+    exit_now(0)
 
 
 class _Stopped(Exception):

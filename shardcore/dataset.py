@@ -215,24 +215,6 @@ def verify_lookups(tables: Sequence[TableConfig], indices: Sequence[torch.Tensor
             pass   # no place to remember it: the next process checks again
 
 
-def index_range(obj: dict, indices: Sequence[torch.Tensor]) -> tuple[list[int], list[int]]:
-    """Per table the smallest and largest row index looked up (``-1``, ``-1`` for a table without
-    lookups): stored in ``data.pt`` by :func:`save_dataset`, computed for files written before."""
-    import torch
-    lo, hi = obj.get("min_index"), obj.get("max_index")
-    if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor) and lo.numel() == hi.numel() == len(indices):
-        return [int(v) for v in lo.tolist()], [int(v) for v in hi.tolist()]
-    lo, hi = [], []
-    for idx in indices:
-        if idx.numel():
-            lo.append(int(idx.min()))
-            hi.append(int(idx.max()))
-        else:
-            lo.append(-1)
-            hi.append(-1)
-    return lo, hi
-
-
 def check_rows(tables: Sequence[TableConfig], index_range: tuple[list[int], list[int]], where) -> None:
     """Every table's ``row`` must exceed every index its lookups use (and no index may be negative):
     otherwise the kernels would read out of bounds and the measured cost would mean nothing."""

@@ -1,14 +1,16 @@
 """User-facing errors.
 
-Every problem caused by bad input (a missing file, a malformed line, an
-infeasible request) is raised as :class:`ShardError` with a one-line message;
-the command-line scripts print it as ``error: <message>`` and exit with status 2.
-How a process ends is here too: :class:`Terminated` on SIGTERM, :func:`set_parent_death_signal`
-for a child (an oracle's worker, a training actor) that must not outlive its parent.
+Every problem caused by bad input (a missing file, a malformed line, an infeasible request) is raised as
+:class:`ShardError` with a one-line message; the scripts print it as ``error: <message>`` and exit 2.
+How a process ends is here too: :class:`Terminated` on SIGTERM, :func:`set_parent_death_signal` for a
+child that must not outlive its parent (an oracle's worker, a training actor), :func:`exit_now`.
 """
 
+import atexit
+import os
 import signal
 import sys
+import threading
 
 
 class ShardError(Exception):
@@ -35,3 +37,19 @@ def set_parent_death_signal() -> None:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+
+
+def exit_now(code: int = 0):
+    """``sys.exit(code)`` without the interpreter's teardown (0.5-0.9 s of CPU once torch is imported):
+    other threads are joined, the ``atexit`` handlers run (multiprocessing's children and queues,
+    temporary folders) and stdout and stderr are flushed; then the process ends."""
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:   # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)

@@ -11,7 +11,7 @@ import traceback
 import pytest
 
 from helpers import require_torchrec  # noqa: E402
-from shardcore.oracles.measured.launch import free_port  # noqa: E402
+from shardcore.oracles.measured.launch import free_port, run_then_exit  # noqa: E402
 
 require_torchrec()
 
@@ -129,7 +129,7 @@ def _spawn_ranks(target, world: int, args_of) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=target, args=args_of(r, port, queue)) for r in range(world)]
+    procs = [ctx.Process(target=run_then_exit, args=(target, *args_of(r, port, queue))) for r in range(world)]
     for p in procs:
         p.start()
     try:

@@ -121,6 +121,7 @@ from shardcore.oracles.measured.benchmark import (DEFAULT_BENCH_ITERS, DEFAULT_L
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD, normalize_optimizer, normalize_precision
 from shardcore.oracles.commmodel import CommModel, comm_splits, fit_comm_model, remote_bytes
 from shardcore.types import CommSplits
+from shardcore.oracles.measured.launch import run_then_exit
 from shardcore.oracles.measured.worker import WorkerConfig, low_quantile, model_extra, relative_iqr, worker_main
 from shardcore.types import CacheContext
 from shardcore.oracles.setting import dataset_digest, hardware_fingerprint
@@ -443,7 +444,7 @@ class PlanEvaluator:
             try:
                 for rank in range(self.nworkers - len(remote)):
                     parent_end, child_end = ctx.Pipe(duplex=True)
-                    p = ctx.Process(target=worker_main, args=(rank, self.nworkers, child_end, cfg),
+                    p = ctx.Process(target=run_then_exit, args=(worker_main, rank, self.nworkers, child_end, cfg),
                                     name=f"shardcore-device-{rank}", daemon=True)
                     p.start()
                     child_end.close()

@@ -281,6 +281,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_then_exit(target, *args) -> None:
+    """A spawned process's target: ``target(*args)``, then the process ends without the interpreter's
+    teardown (:func:`~shardcore.errors.exit_now`); an exception ends it as a plain target's would."""
+    from shardcore.errors import exit_now
+
+    target(*args)
+    exit_now(0)
+
+
 def spawn_ranks(target, world: int, *args, timeout_s: float = 300.0) -> dict:
     """Run ``target(rank, world, port, *args, queue)`` in ``world`` spawned processes on this machine
     (a gloo rendezvous on ``port``); each puts one ``(rank, result)`` on ``queue``. Returns
@@ -290,7 +299,7 @@ def spawn_ranks(target, world: int, *args, timeout_s: float = 300.0) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
+    procs = [ctx.Process(target=run_then_exit, args=(target, r, world, port, *args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     try:
