@@ -327,3 +327,95 @@ def test_no_orphans_after_ctrl_c_or_parent_death(data, tmp_path, sig):
     while any(alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)
+
+
+def test_cpu_workers_are_forked_by_a_preloaded_server_cuda_workers_spawned(data):
+    """CPU workers come from a forkserver that imported torch and FBGEMM once (not 3 s of imports per
+    worker); CUDA workers are spawned, so nothing that touched CUDA is forked. A forked worker's parent
+    is the server, not the driver: it checks that the driver lives instead."""
+    from shardcore.oracles.measured.launch import release_forkserver
+    from shardcore.oracles.measured.worker import PRELOAD, WorkerConfig, _driver_gone, worker_context
+
+    assert worker_context("cuda").get_start_method() == "spawn"
+    assert worker_context("cpu").get_start_method() == "forkserver"
+    assert {"torch", "fbgemm_gpu"} <= set(PRELOAD)
+    path, _ = data
+    with PlanEvaluator(path, ndevices=2, bench_iters=2, warmup_iters=1) as ev:
+        for pid in ev.worker_pids:
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            assert ppid != os.getpid() and alive(ppid)   # the forkserver
+            # the worker let go of the server's "alive" descriptor: only the driver holds its write end
+            assert _alive_pipe_holders(ppid) == [os.getpid()]
+    assert release_forkserver() is False   # in the driver: its own end stays open
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert not _driver_gone(WorkerConfig(str(path), "cpu", (0,), 0, 30.0, os.getpid(), 0, forked=True))
+    assert _driver_gone(WorkerConfig(str(path), "cpu", (0,), 0, 30.0, dead.pid, 0, forked=True))
+    assert _driver_gone(WorkerConfig(str(path), "cpu", (0,), 0, 30.0, os.getpid(), 0))   # spawned: not our child
+    assert not _driver_gone(WorkerConfig(str(path), "cpu", (0,), 0, 30.0, None, 0))       # a torchrun rank
+
+
+def _alive_pipe_holders(server: int) -> list[int]:
+    """The processes other than the forkserver ``server`` that hold the pipe it watches to know that its
+    clients live (this process's ``_forkserver_alive_fd``), found by the pipe's inode in /proc."""
+    from multiprocessing import forkserver
+
+    pipe = os.readlink(f"/proc/self/fd/{forkserver._forkserver._forkserver_alive_fd}")
+    holders = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != server):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == pipe:
+                    holders.append(pid)
+                    break
+            except OSError:
+                continue
+    return holders
+
+
+_STARTUP_SCRIPT = textwrap.dedent("""
+    import multiprocessing, sys, threading, time
+    from multiprocessing import forkserver
+    from shardcore.oracles.measured.driver import PlanEvaluator
+
+    if __name__ == "__main__":
+        def report():
+            while len(multiprocessing.active_children()) < 2:
+                time.sleep(0.005)
+            print("PIDS", forkserver._forkserver._forkserver_pid,
+                  *[p.pid for p in multiprocessing.active_children()], flush=True)
+        threading.Thread(target=report, daemon=True).start()
+        with PlanEvaluator({data!r}, ndevices=2, bench_iters=2, warmup_iters=1):
+            time.sleep(120)
+""")
+
+
+def test_a_driver_killed_while_its_workers_start_leaves_no_process(data, tmp_path):
+    """SIGKILL the driver while its forked workers are still starting (importing, joining the store):
+    the forkserver sees its last client gone and exits, and the workers, whose parent it is, end with it
+    within seconds -- not after the store's timeout, and never adopted by init for good."""
+    path, _ = data
+    script = tmp_path / "startup.py"
+    script.write_text(_STARTUP_SCRIPT.format(data=str(path)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), line + proc.stderr.read()
+        pids = [int(x) for x in line.split()[1:]]
+        assert len(pids) == 3 and all(alive(p) for p in pids)   # the server and two workers
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.time() + 10
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]

@@ -11,12 +11,11 @@ import traceback
 import pytest
 
 from helpers import require_torchrec  # noqa: E402
-from shardcore.oracles.measured.launch import free_port, run_then_exit  # noqa: E402
+from shardcore.oracles.measured.launch import free_port, rank_context, run_then_exit  # noqa: E402
 
 require_torchrec()
 
 import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from shardcore.cli import algorithms  # noqa: E402
 from shardcore.interop import plan_export as pe  # noqa: E402
@@ -126,7 +125,7 @@ DMP_TABLES = [TableConfig(i, row, dim, pf) for i, (row, dim, pf) in enumerate([
 def _spawn_ranks(target, world: int, args_of) -> dict:
     """Run ``target(*args_of(rank, port, queue))`` in ``world`` spawned processes; ``{rank: rest}`` of what
     each puts on the queue as ``(rank, *rest)`` (every process joined, or killed)."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=run_then_exit, args=(target, *args_of(r, port, queue))) for r in range(world)]

@@ -24,12 +24,18 @@ embedding layer:
 Per device the four costs are reported in ms in that order, and a plan's cost is the maximum over
 devices of their sum (:class:`PlanResult`).
 
-**Workers.** :class:`PlanEvaluator` spawns one process per device (``spawn`` start method), joined
+**Workers.** :class:`PlanEvaluator` starts one process per device, joined
 in a ``torch.distributed`` process group (NCCL on GPUs, gloo on the CPU) through a TCP store that
 the parent opens on a free localhost port. Workers load the dataset once (memory-mapped), warm up
 fbgemm and the collectives, and then wait on a pipe for requests, so a training loop pays the
 start-up once. The parent drives every phase through the pipes; workers never block on each other
-except inside the timed all-to-alls.
+except inside the timed all-to-alls. CPU workers are forked by a forkserver that imported torch and
+FBGEMM once (:func:`~shardcore.oracles.measured.worker.worker_context`: 4 workers up in 4.2-4.6 s on
+the 2-core machine instead of 7.3-8.0 s spawned, docs/oracles.md); CUDA workers are spawned, so nothing that touched
+CUDA is forked. A forked worker first lets go of the server's "alive" descriptor
+(:func:`~shardcore.oracles.measured.launch.release_forkserver`), so the server exits with the driver
+and every worker, asked to die with its parent, with the server: no orphans either way. Workers end
+without the interpreter's teardown (:func:`~shardcore.errors.exit_now`).
 
 **Isolation on the CPU.** All logical devices share the machine's cores (two here), so compute
 would be distorted if the workers ran their kernels at the same time. On the CPU the parent
@@ -122,7 +128,8 @@ from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD, normalize_op
 from shardcore.oracles.commmodel import CommModel, comm_splits, fit_comm_model, remote_bytes
 from shardcore.types import CommSplits
 from shardcore.oracles.measured.launch import run_then_exit
-from shardcore.oracles.measured.worker import WorkerConfig, low_quantile, model_extra, relative_iqr, worker_main
+from shardcore.oracles.measured.worker import (WorkerConfig, low_quantile, model_extra, relative_iqr, worker_context,
+                                               worker_main)
 from shardcore.types import CacheContext
 from shardcore.oracles.setting import dataset_digest, hardware_fingerprint
 from shardcore.oracles.cache import shard_key
@@ -404,18 +411,17 @@ class PlanEvaluator:
         """Start the workers (done by ``with`` and, if needed, by the first measurement)."""
         if self._procs is not None:
             return
-        import multiprocessing as mp
-
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        ctx = mp.get_context("spawn")
+        ctx = worker_context(self.device_type)
+        forked = ctx.get_start_method() == "forkserver"
         remote: list = []
         if self._env is None:
             self._store = dist.TCPStore("127.0.0.1", 0, None, True,
                                         datetime.timedelta(seconds=self.start_timeout_s), wait_for_workers=False)
             cfg = WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._store.port,
-                                max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes())
+                                max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes(), forked=forked)
         else:   # torchrun: the other ranks connect; rank 0's own device gets a local worker below
             from shardcore.oracles.measured.launch import PG_PREFIX, accept_ranks
 
@@ -428,7 +434,8 @@ class PlanEvaluator:
             self.device_ids = (self._env.local_rank,) + tuple(rr.local_rank for rr in remote)
             cfg = WorkerConfig(self.dataset_dir, self.device_type, self.device_ids, self._env.master_port,
                                 max(self.timeout_s, 30.0), os.getpid(), self._pool_cap_bytes(),
-                                self._env.master_addr, f"{PG_PREFIX}/{os.getpid()}/{self._generation}")
+                                self._env.master_addr, f"{PG_PREFIX}/{os.getpid()}/{self._generation}",
+                                forked=forked)
             for rr in remote:
                 rr.conn.send(["config", {"dataset_dir": os.path.abspath(cfg.dataset_dir),
                                          "device_type": cfg.device_type, "device_ids": list(cfg.device_ids),
