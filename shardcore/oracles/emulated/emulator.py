@@ -618,15 +618,20 @@ def fit_replica_weights(model: GpuComputeModel, exclude: frozenset = frozenset()
             if not (exclude and {t.index for t in r[0]} <= exclude)]
     if len(rows) < MIN_REPLICA_DEVICES:
         return False, len(rows)
-    resid, X = np.zeros((len(rows), 2)), np.zeros((len(rows), len(REPLICA_FEATURES)))
-    for i, (pieces, fw, bw) in enumerate(rows):
-        other = np.zeros(2)
+    X = np.zeros((len(rows), len(REPLICA_FEATURES)))
+    kernels, owner = [], []   # the devices' other (full-batch) kernels, priced in one call
+    for i, (pieces, _, _) in enumerate(rows):
         for b, ks in device_kernels(list(pieces), batch):
             if b < batch:
                 X[i] += replica_features([ks], b)[0]
             else:
-                other += model.predict_many([ks], b, [[known_cv(model._known, t, math.nan) for t in ks]])[0]
-        resid[i] = np.array([fw, bw]) - other
+                kernels.append(ks)
+                owner.append(i)
+    other = np.zeros((len(rows), 2))
+    if kernels:
+        cvs = [[known_cv(model._known, t, math.nan) for t in ks] for ks in kernels]
+        np.add.at(other, np.asarray(owner), model.predict_many(kernels, batch, cvs))
+    resid = np.array([[fw, bw] for _, fw, bw in rows], dtype=float) - other
     return np.stack([nnls(X, resid[:, j]) for j in (0, 1)]), len(rows)
 
 
