@@ -502,6 +502,28 @@ def test_replica_kernels_rest_on_the_h200_measurements_held_out_by_task(model):
     assert np.mean(plain_err) > 0.3
 
 
+def test_the_replica_fit_prices_every_device_in_one_call_as_one_at_a_time(model):
+    """fit_replica_weights prices the measured devices' other kernels in one batched call: the residuals
+    and weights are those of pricing each device's kernels on its own (the fit before 2026-11-28)."""
+    from shardcore.oracles.emulated.emulator import (REPLICA_FEATURES, fit_replica_weights, known_cv, nnls,
+                                                     replica_devices, replica_features)
+    from shardcore.plan import device_kernels
+
+    rows = replica_devices()
+    X, resid = np.zeros((len(rows), len(REPLICA_FEATURES))), np.zeros((len(rows), 2))
+    for i, (pieces, fw, bw) in enumerate(rows):
+        other = np.zeros(2)
+        for b, ks in device_kernels(list(pieces), 65536):
+            if b < 65536:
+                X[i] += replica_features([ks], b)[0]
+            else:
+                other += model.predict_many([ks], b, [[known_cv(model._known, t, np.nan) for t in ks]])[0]
+        resid[i] = np.array([fw, bw]) - other
+    one_at_a_time = np.stack([nnls(X, resid[:, j]) for j in (0, 1)])
+    w, n = fit_replica_weights(model)
+    assert n == len(rows) and np.allclose(w, one_at_a_time, rtol=1e-12, atol=0)
+
+
 def replica_devices_with_alg():
     """Every measured device with replicas of the shipped pieces files, with the planner named on its line."""
     from shardcore.oracles.emulated.emulator import PIECE_FILES, piece_of
