@@ -296,19 +296,36 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_no_orphans_after_ctrl_c_or_parent_death(data, tmp_path, sig):
-    path, _ = data
-    script = tmp_path / "run.py"
-    script.write_text(_SCRIPT.format(data=str(path)))
+def _driver_script(tmp_path, source: str, data_dir) -> tuple[subprocess.Popen, list[int]]:
+    """Run ``source`` (a driver script, ``{data!r}`` its dataset) until it prints ``PIDS ...``: the
+    process and the pids it printed, all alive."""
+    script = tmp_path / "driver.py"
+    script.write_text(source.format(data=str(data_dir)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
+    line = proc.stdout.readline()
+    if not line.startswith("PIDS"):
+        proc.kill()
+        raise AssertionError(line + proc.stderr.read())
+    pids = [int(x) for x in line.split()[1:]]
+    assert all(alive(p) for p in pids)
+    return proc, pids
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    """The pids still alive after waiting up to ``seconds`` for all of them to end."""
+    deadline = time.time() + seconds
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_orphans_after_ctrl_c_or_parent_death(data, tmp_path, sig):
+    path, _ = data
+    proc, pids = _driver_script(tmp_path, _SCRIPT, path)
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("PIDS"), line + proc.stderr.read()
-        pids = [int(x) for x in line.split()[1:]]
-        assert all(alive(p) for p in pids)
         time.sleep(1.0)   # mid-way through a plan
         proc.send_signal(sig)
         try:
@@ -323,10 +340,7 @@ def test_no_orphans_after_ctrl_c_or_parent_death(data, tmp_path, sig):
             proc.kill()
     if sig == signal.SIGINT:
         assert code == 130
-    deadline = time.time() + 10
-    while any(alive(p) for p in pids) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(p) for p in pids)
+    assert _gone_within(pids, 10) == []
 
 
 def test_cpu_workers_are_forked_by_a_preloaded_server_cuda_workers_spawned(data):
@@ -400,22 +414,8 @@ def test_a_driver_killed_while_its_workers_start_leaves_no_process(data, tmp_pat
     the forkserver sees its last client gone and exits, and the workers, whose parent it is, end with it
     within seconds -- not after the store's timeout, and never adopted by init for good."""
     path, _ = data
-    script = tmp_path / "startup.py"
-    script.write_text(_STARTUP_SCRIPT.format(data=str(path)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("PIDS"), line + proc.stderr.read()
-        pids = [int(x) for x in line.split()[1:]]
-        assert len(pids) == 3 and all(alive(p) for p in pids)   # the server and two workers
-        proc.kill()
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    deadline = time.time() + 10
-    while any(alive(p) for p in pids) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]
+    proc, pids = _driver_script(tmp_path, _STARTUP_SCRIPT, path)
+    assert len(pids) == 3   # the server and two workers
+    proc.kill()
+    proc.wait(timeout=30)
+    assert _gone_within(pids, 10) == []
