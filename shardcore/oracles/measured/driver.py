@@ -31,8 +31,8 @@ fbgemm and the collectives, and then wait on a pipe for requests, so a training 
 start-up once. The parent drives every phase through the pipes; workers never block on each other
 except inside the timed all-to-alls. CPU workers are forked by a forkserver that imported torch and
 FBGEMM once (:func:`~shardcore.oracles.measured.worker.worker_context`: 4 workers up in 4.2-4.6 s on
-the 2-core machine instead of 7.3-8.0 s spawned, docs/oracles.md); CUDA workers are spawned, so nothing that touched
-CUDA is forked. A forked worker first lets go of the server's "alive" descriptor
+the 2-core machine instead of 7.3-8.0 s spawned, docs/oracles.md); CUDA workers are spawned, so
+nothing that touched CUDA is forked. A forked worker first lets go of the server's "alive" descriptor
 (:func:`~shardcore.oracles.measured.launch.release_forkserver`), so the server exits with the driver
 and every worker, asked to die with its parent, with the server: no orphans either way. Workers end
 without the interpreter's teardown (:func:`~shardcore.errors.exit_now`).

@@ -321,13 +321,9 @@ def rank_context():
     """The multiprocessing context of :func:`spawn_ranks`' CPU ranks: forked by a forkserver that imported
     torch, FBGEMM and TorchRec once (:data:`RANK_PRELOAD`; 3-5 s of CPU per rank otherwise), spawned
     where there is no forkserver. Their target goes through :func:`run_then_exit`."""
-    import torch.multiprocessing as mp
+    from shardcore.oracles.measured.worker import preloaded_context
 
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(RANK_PRELOAD))
-    return ctx
+    return preloaded_context(RANK_PRELOAD)
 
 
 def spawn_ranks(target, world: int, *args, timeout_s: float = 300.0) -> dict:

@@ -53,10 +53,18 @@ def worker_context(device_type: str):
     the worker, whose parent it is, with the server."""
     import multiprocessing as mp
 
-    if device_type != "cpu" or "forkserver" not in mp.get_all_start_methods():
+    return preloaded_context(PRELOAD) if device_type == "cpu" else mp.get_context("spawn")
+
+
+def preloaded_context(preload: Sequence[str]):
+    """The ``forkserver`` context whose server imports ``preload`` once (``spawn`` where there is none).
+    Python runs one forkserver per process: the first caller's preload is the one it gets."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    ctx.set_forkserver_preload(list(preload))
     return ctx
 
 
