@@ -40,11 +40,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.multiprocessing as tmp
 
 from shardcore import io
 from shardcore.errors import ShardError
-from shardcore.errors import exit_now, set_parent_death_signal
+from shardcore.processes import exit_now, preloaded_context, run_then_exit
 from shardcore.oracles.factory import (MIN_JUDGED_TASKS, check_beats_untrained, check_resume, is_emulated,
                                        training_provenance)
 from shardcore.tables import FeatureScaler, TableConfig, augment_tasks
@@ -61,6 +60,10 @@ LOG_FIELDS = ["update", "step", "episodes", "mean_return", "mean_cost_ms", "cost
               "baseline_loss", "entropy", "policy_lag", "plans_measured", "sps", "elapsed_s"]
 EVAL_FIELDS = ["step", "elapsed_s", "task", "alg", "cost_ms", "overflow_gb"]
 EVAL_TASKS = 10   # training tasks the greedy policy is checked on during training
+# what an actor imports, once in the forkserver that forks the actors (when this process started none
+# before: then they come from that one's, and import the rest themselves); torch.multiprocessing shares
+# the networks' memory with them
+ACTOR_PRELOAD = ("torch", "torch.multiprocessing", "autoshard.trainer")
 EPISODE_FIELDS = ["episode", "step", "actor", "task", "return", "cost_ms", "overflow_gb"]
 ARRAY_KEYS = ("table", "frac", "action", "mask", "done", "reward", "act", "logits")
 
@@ -81,8 +84,8 @@ class ActorSpec:
 
 def actor_main(actor_id: int, spec: ActorSpec, shared_net: AutoShardNet, shared_cost: CostModel,
                req_q, resp_q, out_q, stop, version=None) -> None:
-    """Entry point of an actor process (errors are reported to the learner, never raised)."""
-    set_parent_death_signal()
+    """Entry point of an actor process, started through :func:`~shardcore.processes.run_then_exit` (which
+    asks it to die with its parent); errors are reported to the learner, never raised."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the learner handles Ctrl-C and stops us
     torch.set_num_threads(1)
     try:
@@ -539,7 +542,7 @@ class AutoShardTrainer:
         fresh = self.model.steps == 0
         start_steps = self.model.steps
         logs = self._open_logs(fresh)
-        ctx = tmp.get_context("spawn")
+        ctx = preloaded_context(ACTOR_PRELOAD)
         shared_net, shared_cost = AutoShardNet(cfg), CostModel(cfg)
         shared_net.load_state_dict(self.model.net.state_dict())
         shared_cost.load_state_dict(self.model.cost_model.state_dict())
@@ -578,12 +581,13 @@ class AutoShardTrainer:
         previous_term = signal.getsignal(signal.SIGTERM) if main_thread else None
         self._diverged = False
         try:
-            if main_thread:  # the actors start with Ctrl-C ignored (they inherit it through exec)
+            if main_thread:  # spawned actors start with Ctrl-C ignored (they inherit it through exec)
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
                 for a in range(num_actors):
-                    p = ctx.Process(target=actor_main, name=f"autoshard-actor-{a}", daemon=True,
-                                    args=(a, spec, shared_net, shared_cost, req_q, resp_qs[a], out_q, stop, version))
+                    p = ctx.Process(target=run_then_exit, name=f"autoshard-actor-{a}", daemon=True,
+                                    args=(actor_main, a, spec, shared_net, shared_cost, req_q, resp_qs[a], out_q,
+                                          stop, version))
                     p.start()
                     actors.append(p)
             finally:

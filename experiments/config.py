@@ -123,6 +123,7 @@ class Scale:
     about: str
     judge_pool: int | None = None         # training pool: the measured tables that keep a held-out judge (taskgen)
     emulated_only: bool = False           # its tasks are for an emulated card (tens of devices)
+    comm_iters: int | None = None         # repetitions of each measured exchange (None: the evaluator's)
 
 
 def _ts(*pairs) -> tuple[TaskSetDef, ...]:
@@ -155,7 +156,7 @@ SCALES: dict[str, Scale] = {
     # A smoke run / the tests: a few tiny tasks on 2 devices, a token amount of training.
     "tiny": Scale(
         "tiny", _ts((6, 2), (10, 2)), _ts((6, 2),),
-        num_train=4, num_test=2, bench_iters=2, warmup_iters=1, train_timeout_s=600.0,
+        num_train=4, num_test=2, bench_iters=2, warmup_iters=1, train_timeout_s=600.0, comm_iters=3,
         about="DLRM-6 and DLRM-10 on 2 devices, 2 test tasks each (a smoke test, not a result)"),
 }
 
@@ -200,6 +201,7 @@ class ExperimentConfig(Config):
     batch_size: int | None = None
     bench_iters: int | None = None
     warmup_iters: int | None = None
+    comm_iters: int | None = None
     optimizer: str = EXACT_SGD
     cache_path: str | None = None
     no_cache: bool = False
@@ -252,6 +254,7 @@ class ExperimentConfig(Config):
             raise ShardError(f"--num-train must be >= 0, got {c.num_train}")
         c.bench_iters = sc.bench_iters if self.bench_iters is None else self.bench_iters
         c.warmup_iters = sc.warmup_iters if self.warmup_iters is None else self.warmup_iters
+        c.comm_iters = sc.comm_iters if self.comm_iters is None else self.comm_iters
         c.train_timeout_s = sc.train_timeout_s if self.train_timeout_s == -1.0 else self.train_timeout_s
         c.models_dir = self.models_dir or os.path.join("models", "experiments", self.scale)
         algs = tuple(self.algs) if self.algs else all_algs()

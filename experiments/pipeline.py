@@ -192,8 +192,8 @@ def set_oracle(cfg: ExperimentConfig, ndevices: int):
     from shardcore.oracles.factory import open_oracle
 
     comm = CommModel.of(**comm_kwargs(cfg))
-    kwargs = {k: v for k, v in (("bench_iters", cfg.bench_iters), ("warmup_iters", cfg.warmup_iters))
-              if v is not None}
+    kwargs = {k: v for k, v in (("bench_iters", cfg.bench_iters), ("warmup_iters", cfg.warmup_iters),
+                                ("comm_iters", cfg.comm_iters)) if v is not None}
     if cfg.oracle != "measured":
         kwargs["emulator_fit"] = cfg.emulator_fit
     return open_oracle(cfg.data_dir, ndevices, oracle=cfg.oracle, device_ids=list(range(ndevices)),

@@ -56,6 +56,8 @@ def oracle_flags(cfg: ExperimentConfig) -> list[str]:
         out += ["--bench-iters", str(cfg.bench_iters)]
     if cfg.warmup_iters is not None:
         out += ["--warmup-iters", str(cfg.warmup_iters)]
+    if cfg.comm_iters is not None:
+        out += ["--comm-iters", str(cfg.comm_iters)]
     if cfg.cache_path:
         out += ["--cache-path", os.path.abspath(cfg.cache_path)]
     if cfg.no_cache:

@@ -35,7 +35,7 @@ def tiny(tmp_path_factory):
 
 def common(d):
     return ["--data-dir", d / "ds", "--ndevices", 2, "--max-memory", 5, "--cache-path", d / "c.sqlite",
-            "--bench-iters", 2, "--warmup-iters", 1]
+            "--bench-iters", 2, "--warmup-iters", 1, "--comm-iters", 3]
 
 
 def train_cmd(d, steps, *extra):
@@ -120,7 +120,7 @@ def test_actors_stop_cleanly_in_process(tiny):
     ds = load_dataset(d / "ds", with_lookups=False)
     tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)]
     cfg = AutoShardConfig(unroll_length=10, batch_size=2, replay_ratio=1)
-    with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1), d / "c2.sqlite") as ev:
+    with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1, comm_iters=3), d / "c2.sqlite") as ev:
         trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, ev, d / "inproc", log=lambda *_: None)
         summary = trainer.run(40, num_actors=2)
         workers = ev.oracle.worker_pids
@@ -172,7 +172,7 @@ def test_run_autoshard_with_more_plan_devices_than_listed_devices(tiny):
     d = tiny
     cmd = list(map(str, [sys.executable, os.path.join(ROOT, "run_autoshard.py"), "--gpu-devices", "0,1,2,3",
                          "--ndevices", 8, "--task-path", d / "train.txt", "--data-dir", d / "ds",
-                         "--max-memory", 5, "--cache-path", d / "c8.sqlite", "--bench-iters", 2,
+                         "--max-memory", 5, "--cache-path", d / "c8.sqlite", "--bench-iters", 2, "--comm-iters", 3,
                          "--warmup-iters", 1, "--savedir", d / "models8", "--total-steps", 40,
                          "--unroll-length", 10, "--batch-size", 2, "--num-actors", 1, "--replay-ratio", 2]))
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
@@ -192,7 +192,7 @@ def test_speedup_reward_bounded_queue_and_policy_checks_in_process(tiny):
     ds = load_dataset(d / "ds", with_lookups=False)
     tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)]
     cfg = AutoShardConfig(unroll_length=10, batch_size=2, replay_ratio=1, reward="speedup", eval_interval=40)
-    with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1), d / "c3.sqlite") as ev:
+    with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1, comm_iters=3), d / "c3.sqlite") as ev:
         trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, ev, d / "speedup", log=lambda *_: None)
         summary = trainer.run(100, num_actors=2)
         refs = trainer.reference_costs()

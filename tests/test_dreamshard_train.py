@@ -21,7 +21,7 @@ def test_train_and_eval_end_to_end(tmp_path):
     save_tasks(tmp_path / "test.txt", [Task(tuple(range(12, 20))), Task(tuple(range(16, 24)))])
     out = tmp_path / "model"
     common = ["--data-dir", ds, "--ndevices", 2, "--max-memory", 5, "--cache-path", tmp_path / "c.sqlite",
-              "--bench-iters", 2, "--warmup-iters", 1]
+              "--bench-iters", 2, "--warmup-iters", 1, "--comm-iters", 3]
     cmd = [sys.executable, os.path.join(ROOT, "train_dreamshard.py"), "--task-path", tmp_path / "train.txt",
            "--out-dir", out, "--num-iterations", 2, "--bench-steps", 3, "--bench-training-steps", 20,
            "--rl-num-batches", 3, "--rl-batch-size", 4, "--curve-tasks", 1, "--decode-samples", 4] + common

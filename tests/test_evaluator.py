@@ -347,7 +347,7 @@ def test_cpu_workers_are_forked_by_a_preloaded_server_cuda_workers_spawned(data)
     """CPU workers come from a forkserver that imported torch and FBGEMM once (not 3 s of imports per
     worker); CUDA workers are spawned, so nothing that touched CUDA is forked. A forked worker's parent
     is the server, not the driver: it checks that the driver lives instead."""
-    from shardcore.oracles.measured.launch import release_forkserver
+    from shardcore.processes import release_forkserver
     from shardcore.oracles.measured.worker import PRELOAD, WorkerConfig, _driver_gone, worker_context
 
     assert worker_context("cuda").get_start_method() == "spawn"

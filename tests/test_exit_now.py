@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from shardcore.oracles.measured.launch import run_then_exit
+from shardcore.processes import run_then_exit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +25,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def test_threads_atexit_and_buffered_output_survive(tmp_path):
     proc = _run(f"""
         import atexit, sys, threading, time
-        from shardcore.errors import exit_now
+        from shardcore.processes import exit_now
         def late():
             time.sleep(0.3)
             open({str(tmp_path / 'thread')!r}, 'w').write('done')

@@ -74,7 +74,7 @@ def test_four_plan_devices_on_one_worker(tiny):
     path, tables = tiny
     shards = [tables[0:4], tables[4:7], [], tables[7:12]]
     model = CommModel(bandwidth_gbps=50.0, latency_us=10.0)
-    with PlanEvaluator(path, 4, device_ids=[0], bench_iters=2, warmup_iters=1, host_lock=False,
+    with PlanEvaluator(path, 4, device_ids=[0], bench_iters=2, warmup_iters=1, comm_iters=3, host_lock=False,
                        comm_model=model) as ev:
         assert ev.nworkers == 1 and ev.ndevices == 4 and ev.oversubscribed
         assert "4 plan devices measured in turns" in ev.hardware
@@ -110,7 +110,7 @@ def test_fewer_fake_gpus_than_plan_devices_fits_the_model_to_the_real_exchange(t
     path, tables = tiny
     shards = [tables[0:3], tables[3:6], tables[6:9], tables[9:12]]
     # a machine with 2 devices and a plan for 4: both devices serve, the all-to-all is fitted on them
-    with PlanEvaluator(path, 4, bench_iters=2, warmup_iters=1, host_lock=False,
+    with PlanEvaluator(path, 4, bench_iters=2, warmup_iters=1, comm_iters=3, host_lock=False,
                        available_devices=2) as ev:
         assert ev.device_ids == (0, 1) and ev.nworkers == 2
         r = ev.evaluate(shards)
@@ -134,7 +134,7 @@ def test_eval_cli_ndevices_on_one_device(tiny, tmp_path):
     out = tmp_path / "r.jsonl"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--alg", "random,lookup_greedy",
                            "--task-path", str(tasks), "--data-dir", str(path), "--ndevices", "4",
-                           "--gpu-devices", "0", "--max-memory", "5", "--bench-iters", "2", "--warmup-iters", "1",
+                           "--gpu-devices", "0", "--max-memory", "5", "--bench-iters", "2", "--warmup-iters", "1", "--comm-iters", "3",
                            "--no-cache", "--cache-path", str(tmp_path / "c.sqlite"), "--out", str(out),
                            "--comm-bandwidth", "80", "--comm-latency", "5"],
                           capture_output=True, text=True, timeout=240)
@@ -195,7 +195,7 @@ def test_gpu_check_cpu(tmp_path):
                                 for t in range(3) for a, c in (("random", 9.0 + t), ("lookup_greedy", 5.0 + t))))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu",
                            "--work-dir", str(work), "--alg", "random,lookup_greedy,torchrec",
-                           "--compare", str(cmp_file), "--noise-repeats", "3", "--bench-iters", "2",
+                           "--compare", str(cmp_file), "--noise-repeats", "3", "--bench-iters", "2", "--comm-iters", "3",
                            "--random-shards", "4", "--special-shards", "4",
                            "--time-budget", "400"],
                           capture_output=True, text=True, timeout=600)

@@ -296,17 +296,19 @@ ORACLE_CONTRACT = ("shardcore.oracles.factory", "shardcore.oracles.setting", "sh
 LAYER_RULES = {
     "core": ("core",),
     "shardcore.data": ("core",),
+    "shardcore.processes": ("core",),
     "shardcore.oracles": ("core", "shardcore.data", "shardcore.oracles"),
     "shardcore.oracles.emulated": ("core", "shardcore.data", *ORACLE_CONTRACT),
-    "shardcore.oracles.measured": ("core", "shardcore.data", *ORACLE_CONTRACT),
+    "shardcore.oracles.measured": ("core", "shardcore.data", "shardcore.processes", *ORACLE_CONTRACT),
     "shardcore.evaluation": ("core", "shardcore.data", *ORACLE_CONTRACT),
     "shardcore.interop": ("core", *ORACLE_CONTRACT),
-    "shardcore.cli": ("core", "shardcore.data", "shardcore.oracles", "shardcore.evaluation"),
+    "shardcore.cli": ("core", "shardcore.data", "shardcore.processes", "shardcore.oracles", "shardcore.evaluation"),
 }
-# the method packages: the core, data, the oracle contract and the command-line helpers, never an
-# oracle's internals (emulated/, measured/), the evaluation or the interop; our planner may start
-# from another planner (cli.algorithms) and fits its cost model with the emulator's feature family.
-METHOD_RULE = ("core", "shardcore.data", *ORACLE_CONTRACT, "shardcore.cli.common")
+# the method packages: the core, data, how processes start and end, the oracle contract and the
+# command-line helpers, never an oracle's internals (emulated/, measured/), the evaluation or the
+# interop; our planner may start from another planner (cli.algorithms) and fits its cost model with the
+# emulator's feature family.
+METHOD_RULE = ("core", "shardcore.data", "shardcore.processes", *ORACLE_CONTRACT, "shardcore.cli.common")
 PLANNER_RULE = METHOD_RULE + ("shardcore.cli.algorithms", "shardcore.oracles.emulated.emulator")
 for _m in METHODS:
     LAYER_RULES[_m] = METHOD_RULE

@@ -87,7 +87,7 @@ def data(tmp_path_factory):
 def test_two_torchrun_hosts_measure_the_same_plans(data, tmp_path):
     root, tasks = data
     common = ["--alg", "random,lookup_greedy", "--task-path", str(tasks), "--data-dir", str(root / "ds"),
-              "--max-memory", "5", "--bench-iters", "2", "--warmup-iters", "1", "--no-cache",
+              "--max-memory", "5", "--bench-iters", "2", "--comm-iters", "3", "--warmup-iters", "1", "--comm-iters", "3", "--no-cache",
               "--cache-path", str(tmp_path / "c.sqlite")]
     args = [os.path.join(ROOT, "eval.py"), "--launcher", "torchrun", "--out", str(tmp_path / "two.jsonl")] + common
     out = _two_hosts(args, tmp_path)
@@ -125,7 +125,7 @@ def test_table_row_wise_and_grid_plan_measured_on_two_torchrun_hosts(data, tmp_p
     plan_path = tmp_path / "grid_twrw_plan.json"   # also the marker of this run's processes
     plan_path.write_text(json.dumps({"tables": ids, "shardings": shardings}))
     args = [os.path.join(ROOT, "tools", "measure_plan.py"), "--launcher", "torchrun", "--data-dir", str(ds),
-            "--plan", str(plan_path), "--bench-iters", "2", "--warmup-iters", "1",
+            "--plan", str(plan_path), "--bench-iters", "2", "--warmup-iters", "1", "--comm-iters", "3",
             "--out", str(tmp_path / "rec.json"), "--torchrec", str(tmp_path / "plan.torchrec.json")]
     out = _two_hosts(args, tmp_path)
     assert "on 2 hosts x 2 (torchrun)" in out and "device 3 (host 1)" in out
@@ -162,7 +162,7 @@ def test_a_killed_rank_ends_the_run_in_one_line(data, tmp_path):
     many.write_text("".join(f"{i},{i + 1},{i + 2},{i + 3},{(i + 7) % 20},{(i + 11) % 20}\n" for i in range(12)))
     port = _free_port_pair()
     args = [os.path.join(ROOT, "eval.py"), "--launcher", "torchrun", "--alg", "random,lookup_greedy",
-            "--task-path", str(many), "--data-dir", str(root / "ds"), "--max-memory", "5", "--bench-iters", "3",
+            "--task-path", str(many), "--data-dir", str(root / "ds"), "--max-memory", "5", "--bench-iters", "3", "--comm-iters", "3",
             "--no-cache", "--cache-path", str(tmp_path / "c.sqlite"), "--timeout", "30"]
     with open(tmp_path / "n0.out", "w") as o0, open(tmp_path / "n1.out", "w") as o1:
         p1 = _torchrun(1, port, args, tmp_path / "l1", o1, subprocess.STDOUT)
@@ -237,7 +237,7 @@ def test_more_plan_devices_than_ranks_on_two_hosts_fit_both_levels(data, tmp_pat
     exchanges measured within and between the hosts, and the plan's devices form hosts of 2."""
     root, tasks = data
     args = [os.path.join(ROOT, "eval.py"), "--launcher", "torchrun", "--ndevices", "8", "--alg", "lookup_greedy",
-            "--task-path", str(tasks), "--data-dir", str(root / "ds"), "--max-memory", "5", "--bench-iters", "2",
+            "--task-path", str(tasks), "--data-dir", str(root / "ds"), "--max-memory", "5", "--bench-iters", "2", "--comm-iters", "3",
             "--warmup-iters", "1", "--no-cache", "--cache-path", str(tmp_path / "c.sqlite"), "--max-tasks", "1",
             "--out", str(tmp_path / "over.jsonl")]
     _two_hosts(args, tmp_path)

@@ -28,7 +28,7 @@ def test_collect_train_search_measure(tmp_path, capsys):
     ds = tmp_path / "ds"
     tables = make_dataset(ds, num_tables=24, batch_size=64, dims=(8, 16, 32))
     compute_dir, comm_dir, models = tmp_path / "compute", tmp_path / "comm_2", tmp_path / "models"
-    with CachedOracle(PlanEvaluator(ds, ndevices=2, bench_iters=2, warmup_iters=1, timeout_s=60),
+    with CachedOracle(PlanEvaluator(ds, ndevices=2, bench_iters=2, warmup_iters=1, comm_iters=3, timeout_s=60),
                       tmp_path / "c.sqlite") as ev:
         s = collect_compute(ev, compute_dir, 24, max_tables=5, max_mem_gb=1.0, max_dim=32, pool="all",
                             progress=False)

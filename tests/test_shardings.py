@@ -243,7 +243,7 @@ def test_rw_dp_plan_measured_end_to_end_on_four_cpu_devices(data):
     shardings = [row_wise([0, 1, 2, 3]), data_parallel(4), column_wise([(3, 4), (1, 12)]), table_wise(2)]
     plan = Plan.from_shardings(task, shardings, 4)
     tw = Plan.from_shardings(task, [table_wise(d) for d in (0, 1, 3, 2)], 4)
-    with PlanEvaluator(path, 4, bench_iters=2, warmup_iters=1, timeout_s=120) as ev:
+    with PlanEvaluator(path, 4, bench_iters=2, warmup_iters=1, comm_iters=3, timeout_s=120) as ev:
         r = ev.evaluate(plan.shard_tables(task))
         base = ev.evaluate(tw.shard_tables(task))
     assert r.ndevices == 4 and not r.from_cache

@@ -33,7 +33,7 @@ def fresh(tmp_path_factory):
 
 def eval_cmd(d, cache, *extra):
     return ["eval.py", "--alg", "lookup_greedy,shardkit", "--data-dir", d / "D", "--task-path", d / "T" / "test.txt",
-            "--ndevices", 2, "--max-memory", 5, "--cache-path", cache, "--bench-iters", 2, "--warmup-iters", 1,
+            "--ndevices", 2, "--max-memory", 5, "--cache-path", cache, "--bench-iters", 2, "--warmup-iters", 1, "--comm-iters", 3,
             "--quiet", *extra]
 
 

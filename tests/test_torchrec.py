@@ -11,7 +11,8 @@ import traceback
 import pytest
 
 from helpers import require_torchrec  # noqa: E402
-from shardcore.oracles.measured.launch import free_port, rank_context, run_then_exit  # noqa: E402
+from shardcore.oracles.measured.launch import free_port, rank_context  # noqa: E402
+from shardcore.processes import run_then_exit  # noqa: E402
 
 require_torchrec()
 

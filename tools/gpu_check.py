@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="times one shard is measured afresh for the noise figure (default 7)")
     p.add_argument("--bench-iters", type=positive_int, default=None,
                    help="timed iterations per measurement (default: the evaluator's)")
+    p.add_argument("--comm-iters", type=positive_int, default=None,
+                   help="timed repetitions of each measured all-to-all (default: the timed iterations, on a CPU "
+                        "at least 21)")
     p.add_argument("--compare", action="append", default=[], metavar="[SET=]FILE",
                    help="an eval.py --out file measured elsewhere on the same tasks (default set: the first); "
                         "prints the rank correlations of its costs with this run's (repeatable)")
@@ -97,7 +100,7 @@ def main(argv=None):
     cfg = CheckConfig(device=args.device, work_dir=args.work_dir, data_dir=args.data_dir,
                       batch_size=args.batch_size, algs=tuple(args.alg), checkpoints=tuple(args.checkpoint),
                       max_memory=args.max_memory, noise_repeats=args.noise_repeats, bench_iters=args.bench_iters,
-                      compare=tuple(args.compare), plans=tuple(args.plans), random_shards=args.random_shards,
+                      comm_iters=args.comm_iters, compare=tuple(args.compare), plans=tuple(args.plans), random_shards=args.random_shards,
                       special_shards=args.special_shards, shards_out=args.shards_out, time_budget_s=args.time_budget,
                       sets=tuple(args.sets), max_tasks=args.max_tasks, gpus=tuple(args.gpu_devices) if args.gpu_devices else None)
     summary = run_check(cfg)

@@ -69,6 +69,7 @@ class CheckConfig:
     max_memory: float = 5.0
     noise_repeats: int = 7
     bench_iters: int | None = None
+    comm_iters: int | None = None
     compare: tuple[str, ...] = ()
     plans: tuple[str, ...] = ()
     random_shards: int = 0
@@ -154,6 +155,8 @@ def _open(cfg: CheckConfig, data_dir: Path, ndevices: int, batch: int | None):
     kw = {}
     if cfg.bench_iters is not None:
         kw["bench_iters"] = cfg.bench_iters
+    if cfg.comm_iters is not None:
+        kw["comm_iters"] = cfg.comm_iters
     # no cache: a GPU check measures everything afresh
     return open_oracle(data_dir, ndevices, device_ids=list(cfg.gpus) if cfg.gpus else None, device=cfg.device,
                        batch_size=batch, cache=None, timeout_s=DEFAULT_TIMEOUT_S, host_lock=(cfg.device == "cpu"), **kw)

@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hosts of G devices for --torchrec (default: torchrun's LOCAL_WORLD_SIZE, else unknown)")
     p.add_argument("--bench-iters", type=positive_int, default=5, help="timed iterations (default 5)")
     p.add_argument("--warmup-iters", type=nonnegative_int, default=2, help="warm-up iterations (default 2)")
+    p.add_argument("--comm-iters", type=positive_int, default=None,
+                   help="timed repetitions of each all-to-all (default: the timed iterations, on a CPU at least 21)")
     p.add_argument("--timeout", type=positive_float, default=300.0, help="per-phase deadline in s (default 300)")
     p.add_argument("--out", default=None, metavar="FILE.json", help="write the measured record here")
     p.add_argument("--torchrec", default=None, metavar="FILE.json", help="write the plan's TorchRec form here")
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     plan = shardings_from_json(tables, objs, ndevices, where=f"--plan {args.plan}")
     trec = torchrec_plan_json(tables, plan, local_world_size=local) if args.torchrec else None
     ev = PlanEvaluator(args.data_dir, ndevices, bench_iters=args.bench_iters, warmup_iters=args.warmup_iters,
-                       timeout_s=args.timeout, launcher=args.launcher,
+                       comm_iters=args.comm_iters, timeout_s=args.timeout, launcher=args.launcher,
                        device_ids=None if args.launcher == "torchrun" else list(range(ndevices)))
     with ev:
         r = ev.evaluate(plan.shard_tables(tables), no_cache=True)

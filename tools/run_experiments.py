@@ -65,6 +65,7 @@ def main(argv=None):
     cfg = config_from_args(
         ExperimentConfig, args, max_memory=args.max_memory, precision=args.weights_precision,
         batch_size=args.batch_size, bench_iters=args.bench_iters, warmup_iters=args.warmup_iters,
+        comm_iters=args.comm_iters,
         optimizer=args.optimizer, cache_path=args.cache_path, no_cache=args.no_cache, timeout=args.timeout,
         oracle=args.oracle, comm_bandwidth=args.comm_bandwidth, comm_latency=args.comm_latency,
         devices_per_host=args.devices_per_host or None, inter_host_bandwidth=args.inter_host_bandwidth,

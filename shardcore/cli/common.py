@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 from shardcore.argtypes import int_list, positive_float, positive_int
 from shardcore.config import Config, _dest, _flags, flag_fields
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
-from shardcore.errors import ShardError, exit_now
+from shardcore.errors import ShardError
+from shardcore.processes import exit_now
 from shardcore.tables import PRECISION_BYTES
 
 
@@ -25,7 +26,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     The benchmark's workers pin their own threads. Where torch is not imported yet, the count is set
     the moment it is (:class:`_ThreadsOnImport`), so that ``--help`` and a bad flag answer without the
     2 s of importing torch. Where ``main`` is the running script's own (``python eval.py``: its module is
-    ``__main__``, its arguments ``sys.argv``), the process then ends by :func:`~shardcore.errors.exit_now`,
+    ``__main__``, its arguments ``sys.argv``), the process then ends by :func:`~shardcore.processes.exit_now`,
     which skips the 0.5-0.9 s of CPU that Python's teardown of torch costs; called from other code
     (tests, entry points, an explicit ``argv``) it raises ``SystemExit`` as before."""
     threads = int(os.environ.get("SHARDKIT_NUM_THREADS", "1"))
@@ -341,6 +342,8 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
         kwargs["bench_iters"] = args.bench_iters
     if args.warmup_iters is not None:
         kwargs["warmup_iters"] = args.warmup_iters
+    if getattr(args, "comm_iters", None) is not None:
+        kwargs["comm_iters"] = args.comm_iters
     cache = args.cache_path if args.cache_path else True
     # With --ndevices alone, let the evaluator use the GPUs this machine has (all of them up to N).
     ids = None if getattr(args, "gpu_devices", "given") is None else list(devices)

@@ -75,6 +75,9 @@ class OracleConfig(Config):
                                           "evaluator's)", type=positive_int, metavar="N", group="oracle")
     warmup_iters: int | None = param(None, "untimed iterations before timing (default: the evaluator's)",
                                      type=nonnegative_int, metavar="N", group="oracle")
+    comm_iters: int | None = param(None, "timed repetitions of each measured all-to-all (default: the timed "
+                                         "iterations, on a CPU at least 21: a loopback exchange is cheap and noisy)",
+                                   type=positive_int, metavar="N", group="oracle")
     optimizer: str = param(EXACT_SGD, f"sparse optimizer applied in the backward: {EXACT_SGD} (default), "
                                       "exact_adagrad, exact_row_wise_adagrad", type=str, group="oracle")
     cache_path: str | None = param(None, "measurement cache (SQLite; default data/cost_cache.sqlite)",

@@ -80,6 +80,7 @@ shardkit replicated heavy tables into that error and its plans measured 12-25% a
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import math
@@ -855,6 +856,8 @@ def load_measurements(batch: int, directory: str | os.PathLike = MEASUREMENTS_DI
             if kind == "plan":
                 own.setdefault(k, (float(obj["fw_ms"]), float(obj["bw_ms"])))
     plans = []
+    by_fw = sorted((f, k) for k, (f, _) in own.items())   # the candidates of a device: a window of fw
+    fws = [f for f, _ in by_fw]
     with open(directory / PLAN_FILES[batch]) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -863,8 +866,9 @@ def load_measurements(batch: int, directory: str | os.PathLike = MEASUREMENTS_DI
             members = task_tables[p["set"]][p["task"]]
             devs = []
             for fw, bw in p["gpu_fw_bw_ms"]:
-                hits = [k for k, (f, b) in own.items()
-                        if abs(f - fw) <= 1e-4 * max(1.0, fw) and abs(b - bw) <= 1e-4 * max(1.0, bw)
+                tol = 1e-4 * max(1.0, fw)
+                window = by_fw[bisect.bisect_left(fws, fw - tol):bisect.bisect_right(fws, fw + tol)]
+                hits = [k for _, k in window if abs(own[k][1] - bw) <= 1e-4 * max(1.0, bw)
                         and all(t.index in members for t in shards[k]["configs"])]
                 if len(hits) != 1:
                     raise ShardError(f"{PLAN_FILES[batch]}:{lineno}: a device matches {len(hits)} measured shards")

@@ -33,9 +33,9 @@ except inside the timed all-to-alls. CPU workers are forked by a forkserver that
 FBGEMM once (:func:`~shardcore.oracles.measured.worker.worker_context`: 4 workers up in 4.2-4.6 s on
 the 2-core machine instead of 7.3-8.0 s spawned, docs/oracles.md); CUDA workers are spawned, so
 nothing that touched CUDA is forked. A forked worker first lets go of the server's "alive" descriptor
-(:func:`~shardcore.oracles.measured.launch.release_forkserver`), so the server exits with the driver
+(:func:`~shardcore.processes.release_forkserver`), so the server exits with the driver
 and every worker, asked to die with its parent, with the server: no orphans either way. Workers end
-without the interpreter's teardown (:func:`~shardcore.errors.exit_now`).
+without the interpreter's teardown (:func:`~shardcore.processes.exit_now`).
 
 **Isolation on the CPU.** All logical devices share the machine's cores (two here), so compute
 would be distorted if the workers ran their kernels at the same time. On the CPU the parent
@@ -127,7 +127,7 @@ from shardcore.oracles.measured.benchmark import (DEFAULT_BENCH_ITERS, DEFAULT_L
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD, normalize_optimizer, normalize_precision
 from shardcore.oracles.commmodel import CommModel, comm_splits, fit_comm_model, remote_bytes
 from shardcore.types import CommSplits
-from shardcore.oracles.measured.launch import run_then_exit
+from shardcore.processes import run_then_exit
 from shardcore.oracles.measured.worker import (WorkerConfig, low_quantile, model_extra, relative_iqr, worker_context,
                                                worker_main)
 from shardcore.types import CacheContext

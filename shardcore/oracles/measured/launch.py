@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from shardcore.errors import ShardError
+from shardcore.processes import preloaded_context, run_then_exit
 from shardcore.tables import TableConfig
 
 CONTROL_KEY = "shardkit/control"
@@ -281,39 +282,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_then_exit(target, *args) -> None:
-    """A started process's target: the process asks to die with its parent and, forked by a forkserver,
-    lets go of the server's descriptor (:func:`release_forkserver`); then ``target(*args)``, and the
-    process ends without the interpreter's teardown (:func:`~shardcore.errors.exit_now`). An exception
-    ends it as a plain target's would."""
-    from shardcore.errors import exit_now, set_parent_death_signal
-
-    set_parent_death_signal()
-    release_forkserver()
-    target(*args)
-    exit_now(0)
-
-
-def release_forkserver() -> bool:
-    """In a child of a forkserver, close the server's "alive" descriptor, which Python hands every such
-    child so that it could ask the server for children of its own (ours never do). The server exits
-    when every holder has closed it; a child that kept it would keep the server alive after the driver
-    died, and so itself, whose parent-death signal waits for the server's end. True if it was closed;
-    a no-op in the driver and in spawned children (reads ``multiprocessing.forkserver``'s state)."""
-    try:
-        from multiprocessing import forkserver
-
-        server = forkserver._forkserver
-        fd = server._forkserver_alive_fd
-        if fd is None or server._forkserver_pid is not None:   # not a server's child: the driver's own end
-            return False
-        server._forkserver_alive_fd = None
-        os.close(fd)
-        return True
-    except (AttributeError, ImportError, OSError):
-        return False
-
-
 RANK_PRELOAD = ("torch", "torch.distributed", "fbgemm_gpu", "torchrec", "shardcore.oracles.measured.launch")
 
 
@@ -321,8 +289,6 @@ def rank_context():
     """The multiprocessing context of :func:`spawn_ranks`' CPU ranks: forked by a forkserver that imported
     torch, FBGEMM and TorchRec once (:data:`RANK_PRELOAD`; 3-5 s of CPU per rank otherwise), spawned
     where there is no forkserver. Their target goes through :func:`run_then_exit`."""
-    from shardcore.oracles.measured.worker import preloaded_context
-
     return preloaded_context(RANK_PRELOAD)
 
 

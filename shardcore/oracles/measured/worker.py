@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from shardcore.errors import ShardError, set_parent_death_signal
+from shardcore.errors import ShardError
+from shardcore.processes import preloaded_context, set_parent_death_signal
 from shardcore.oracles.commmodel import CommModel, batch_slices, comm_splits
 from shardcore.tables import TableConfig
 
@@ -49,23 +50,11 @@ def worker_context(device_type: str):
     a forkserver that has imported torch and FBGEMM once (:data:`PRELOAD`), instead of each spending
     ~3 s of CPU on those imports; CUDA workers are spawned, so that nothing touching CUDA is forked.
     A forked worker lets go of the server's "alive" descriptor first
-    (:func:`~shardcore.oracles.measured.launch.run_then_exit`), so the server exits with the driver and
+    (:func:`~shardcore.processes.run_then_exit`), so the server exits with the driver and
     the worker, whose parent it is, with the server."""
     import multiprocessing as mp
 
     return preloaded_context(PRELOAD) if device_type == "cpu" else mp.get_context("spawn")
-
-
-def preloaded_context(preload: Sequence[str]):
-    """The ``forkserver`` context whose server imports ``preload`` once (``spawn`` where there is none).
-    Python runs one forkserver per process: the first caller's preload is the one it gets."""
-    import multiprocessing as mp
-
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(preload))
-    return ctx
 
 
 def _driver_gone(cfg: WorkerConfig) -> bool:
