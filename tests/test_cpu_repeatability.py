@@ -140,11 +140,24 @@ def test_repeatability_tool_prints_its_three_figures(tmp_path):
          "--warmup-iters", "1", "--cache-path", str(tmp_path / "c.sqlite"), "--out", str(out)],
         capture_output=True, text=True, cwd=ROOT, timeout=280)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for label in ("mean deviation from the median", "p90 max/min", "round-pair Spearman per task"):
+    for label in ("mean deviation from the median", "p90 max/min", "round-pair Spearman per task",
+                  "where it comes from"):
         assert label in proc.stdout
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert sum(1 for r in lines if "round" in r) == 2 * 4 * 2
     assert lines[-1]["summary"]["rounds"] == 2 and lines[-1]["summary"]["mean_dev_pct"] >= 0
+    assert set(lines[-1]["summary"]["sources"]) == {"compute_pct", "exchange_pct"}
+
+
+def test_deviation_sources_hold_one_part_at_its_median():
+    from tools.cpu_repeatability import deviation_sources
+
+    # two devices, three rounds: the compute of device 0 moves (9, 10, 11 ms), every exchange is 1 ms but
+    # device 1's, which moves (0.5, 1, 1.5 ms) on a compute of 2 ms: only the compute moves the plan cost
+    rounds = [[[c / 2, 1.0, 0.0, c / 2], [1.0, x, 0.0, 1.0]] for c, x in ((9, 0.5), (10, 1.0), (11, 1.5))]
+    got = deviation_sources({(0, "a"): rounds})
+    assert got["compute_pct"] == pytest.approx(100 * (1 / 11 + 0 + 1 / 11) / 3)
+    assert got["exchange_pct"] == pytest.approx(0.0)
 
 
 def test_repeatability_tool_refuses_an_emulated_oracle():

@@ -13,7 +13,9 @@ machine falls on different plans in different rounds. Printed, with the hardware
   task's plans alike);
 
 and, against the goals of the trustworthy-oracles issue (mean deviation <= 1.5%, p90 max/min <= 1.05,
-Spearman >= 0.8), a verdict per figure. ``--out`` writes every measurement as JSON lines.
+Spearman >= 0.8), a verdict per figure; then where the deviation comes from: the mean deviation again
+with every device's exchange held at its median over the rounds (the compute's share), and with its
+compute held there (the exchange's). ``--out`` writes every measurement as JSON lines.
 
 Example (about 2 min on a 2-core CPU)::
 
@@ -69,6 +71,22 @@ def summarize(costs: dict[tuple[int, str], list[float]], tasks: int, algs) -> di
             "spearman": float(np.mean(rhos)) if rhos else float("nan"), "plans": len(costs), "rounds": rounds}
 
 
+def deviation_sources(device_costs: dict[tuple[int, str], list]) -> dict:
+    """The mean deviation (%) of the plans' costs with one part of every device held at its median over
+    the rounds: ``compute_pct`` (the exchange held: what the compute's noise alone makes of the plan
+    cost) and ``exchange_pct`` (the compute held). ``device_costs[(task, alg)]``: per round the plan's
+    per-device :data:`~shardcore.costs.COST_PARTS`."""
+    out = {"compute_pct": [], "exchange_pct": []}
+    for rounds in device_costs.values():
+        d = np.asarray(rounds, dtype=float)          # rounds x devices x 4
+        comp, comm = d[:, :, 0] + d[:, :, 3], d[:, :, 1] + d[:, :, 2]
+        for key, cost in (("compute_pct", comp + np.median(comm, axis=0)),
+                          ("exchange_pct", np.median(comp, axis=0) + comm)):
+            plan = cost.max(axis=1)
+            out[key].extend(np.abs(plan / np.median(plan) - 1))
+    return {k: 100 * float(np.mean(v)) for k, v in out.items()}
+
+
 def parse_args(argv):
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"dataset directory (default {DEFAULT_DATA_DIR})")
@@ -110,6 +128,7 @@ def main(argv=None) -> None:
             plans[(t, a)] = plan.shard_tables(tables)
     args.no_cache = True
     costs: dict[tuple[int, str], list[float]] = {k: [] for k in plans}
+    parts: dict[tuple[int, str], list] = {k: [] for k in plans}
     records = []
     t0 = time.perf_counter()
     with cli.open_evaluator(args, args.data_dir, devices, ndevices) as ev:
@@ -121,11 +140,13 @@ def main(argv=None) -> None:
             for k in order:
                 res = ev.evaluate(plans[k], no_cache=True)
                 costs[k].append(res.cost_ms)
+                parts[k].append(res.device_costs_ms)
                 records.append({"round": r, "task": k[0], "alg": k[1], "cost_ms": res.cost_ms,
                                 "device_costs_ms": res.device_costs_ms, "hardware": hardware})
             print(f"  round {r + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)", flush=True)
         noise = ev.info.noise_pct
     s = summarize(costs, len(tasks), args.algs)
+    s["sources"] = deviation_sources(parts)
     print(f"\nplan costs (ms, {hardware}):")
     for k, vals in costs.items():
         print(f"  task {k[0]} {k[1]:<20} " + " ".join(f"{v:8.2f}" for v in vals)
@@ -139,6 +160,9 @@ def main(argv=None) -> None:
         print(f"  {label:<32} {fmt.format(s[key]):>8}   goal {goal:<8} {'met' if ok else 'NOT met'}")
     if noise is not None:
         print(f"  the oracle's own noise estimate: {noise:.2f}%")
+    print(f"  where it comes from: {s['sources']['compute_pct']:.2f}% with every device's exchange at its median "
+          f"over the rounds (the compute's noise), {s['sources']['exchange_pct']:.2f}% with its compute there "
+          "(the exchange's)")
     if args.out:
         with atomic_open(args.out) as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
