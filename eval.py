@@ -25,7 +25,7 @@ from shardcore.cli import common as cli
 from shardcore.cli.common import serve_if_torchrun_rank
 from shardcore.argtypes import seed_int
 from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, add_torchrec_args,
-                           device_ids, num_devices, open_evaluator, run_main)
+                           device_ids, num_devices, open_evaluator, prestart_oracle, run_main)
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.evaluation.compare import evaluate
@@ -150,6 +150,7 @@ def main(argv=None):
         from shardcore.oracles.measured.launch import rank_env
 
         models["local_world_size"] = rank_env().local_world_size
+    prestart_oracle(args)   # the workers' imports beside the planners' set-up
     sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=batch_size, **models) for name in names}
 
     def show(result, task):

@@ -21,7 +21,7 @@ from autoshard.sharder import AutoShardModel
 from autoshard.trainer import AutoShardTrainer
 from shardcore.baselines import make_baseline
 from shardcore.cli.common import serve_if_torchrun_rank
-from shardcore.cli.common import add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag, device_ids, num_devices, open_evaluator, run_main
+from shardcore.cli.common import add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag, device_ids, num_devices, open_evaluator, prestart_oracle, run_main
 from shardcore.argtypes import positive_float
 from shardcore.dataset import load_dataset
 from shardcore.errors import InfeasibleError, ShardError
@@ -121,10 +121,12 @@ def main(argv=None):
     print(f"AutoShard: {len(tasks)} training tasks, {ndevices} devices"
           f"{'' if ndevices == len(devices) else f' (measured on {len(devices)})'}, cap {args.max_memory:g} GB, "
           f"{num_actors} actors, {args.total_steps} steps -> {out_dir}/")
-    with open_evaluator(args, args.data_dir, devices, ndevices) as ev:
-        trainer = AutoShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev, out_dir,
-                                   precision=args.weights_precision, model=model,
-                                   checkpoint_interval_s=args.checkpoint_interval, log=tqdm.write)
+    prestart_oracle(args)   # the workers' imports beside the trainer's set-up
+    ev = open_evaluator(args, args.data_dir, devices, ndevices)
+    trainer = AutoShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev, out_dir,
+                               precision=args.weights_precision, model=model,
+                               checkpoint_interval_s=args.checkpoint_interval, log=tqdm.write)
+    with ev:
         with tqdm(total=args.total_steps, initial=trainer.model.steps, unit="step", desc="training") as bar:
             summary = trainer.run(args.total_steps, num_actors, progress=bar,
                                   time_limit_s=args.time_limit * 60 if args.time_limit else None)

@@ -20,7 +20,7 @@ from dreamshard.sharder import DreamShardModel
 from dreamshard.trainer import BEST, DreamShardTrainer
 from shardcore.cli.common import serve_if_torchrun_rank
 from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
-                           open_evaluator, run_main)
+                           open_evaluator, prestart_oracle, run_main)
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import load_tasks
@@ -76,6 +76,7 @@ def main(argv=None):
     cfg = model.cfg if model is not None else config_from_args(DreamShardConfig, args)
     print(f"DreamShard: {len(tasks)} training tasks, {ndevices} devices, cap {args.max_memory:g} GB, "
           f"{args.num_iterations} iterations -> {args.out_dir}/")
+    prestart_oracle(args)   # the workers' imports beside the trainer's set-up
     ev = open_evaluator(args, args.data_dir, devices)
     # built before the oracle's workers start: a --resume in another setting is refused first
     trainer = DreamShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev,

@@ -419,3 +419,47 @@ def test_a_driver_killed_while_its_workers_start_leaves_no_process(data, tmp_pat
     proc.kill()
     proc.wait(timeout=30)
     assert _gone_within(pids, 10) == []
+
+
+def test_prestart_only_for_workers_on_this_machine():
+    import argparse
+
+    from shardcore.cli.common import prestart_oracle
+
+    for ns in (argparse.Namespace(oracle="emulated:h200"), argparse.Namespace(oracle="measured", launcher="torchrun"),
+               argparse.Namespace(oracle="measured", launcher="spawn", plan_only=True)):
+        assert prestart_oracle(ns) is False, ns
+
+
+def test_a_script_stopped_after_the_prestart_ends_at_once_with_its_server(data, tmp_path):
+    """eval.py boots the measuring workers' forkserver before it resolves its planners; a planner that
+    fails there (a checkpoint not found) ends the script in one line, and the server, still importing
+    torch and holding the script's stdout and stderr, ends with it: the pipes close with the script,
+    no process of the run is left."""
+    path, tables = data
+    tasks = tmp_path / "t.txt"
+    tasks.write_text("0,1,2,3\n")
+    mark = f"shardkit-prestart-{os.getpid()}-{time.time_ns()}"
+    env = dict(os.environ, SHARDKIT_TEST_MARK=mark)
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "eval.py"), "--alg", f"lookup_greedy,{tmp_path / 'no.pt'}",
+                             "--data-dir", str(path), "--task-path", str(tasks), "--ndevices", "2", "--max-memory", "5",
+                             "--cache-path", str(tmp_path / "c.sqlite")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    proc.wait(timeout=120)   # the script itself; its few lines of output fit the pipes
+
+    def marked() -> list[int]:
+        pids = []
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                try:
+                    with open(f"/proc/{p}/environ", "rb") as fh:
+                        if mark.encode() in fh.read():
+                            pids.append(int(p))
+                except OSError:
+                    continue
+        return [p for p in pids if alive(p)]
+
+    left = _gone_within(marked(), 1.0)   # a server left importing would live on for seconds
+    out, err = proc.communicate(timeout=60)
+    assert left == [], f"processes of the run left: {left}"
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1 and "not found" in err, err[-2000:]

@@ -393,6 +393,21 @@ def add_refused_flag(parser, *names: str, pointer: str, takes_value: bool = True
                         metavar="X" if takes_value else None)
 
 
+def prestart_oracle(args: argparse.Namespace) -> bool:
+    """Where ``args`` choose the measured oracle with workers on this machine (not torchrun, not
+    ``--plan-only``), boot their forkserver now (:func:`~shardcore.oracles.measured.worker.prestart_forkserver`):
+    a script calls it once its inputs are checked, before its own set-up (planners, networks), which the
+    workers' imports then overlap. True if it was started."""
+    from shardcore.oracles.factory import MEASURED, parse_oracle
+
+    if (parse_oracle(getattr(args, "oracle", MEASURED)) != MEASURED or getattr(args, "launcher", "spawn") != "spawn"
+            or getattr(args, "plan_only", False)):
+        return False
+    from shardcore.oracles.measured.worker import prestart_forkserver
+
+    return prestart_forkserver()
+
+
 def serve_if_torchrun_rank(args: argparse.Namespace) -> int | None:
     """Under ``--launcher torchrun``, ranks other than 0 serve measurements here and return their exit
     status (the script returns it); rank 0 and the spawn launcher get None and go on."""
