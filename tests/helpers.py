@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import numpy as np
 import torch
@@ -84,3 +85,18 @@ def small_base(tmp_path_factory, name: str):
     make_dataset(d / "ds", num_tables=12, batch_size=8)
     (d / "tasks.txt").write_text("0,1,2,3\n4,5,6\n")
     return d
+
+
+def marked_processes(marker: str, where: str = "cmdline") -> list[int]:
+    """Pids of this machine's processes (this one aside) whose ``/proc/<pid>/<where>`` (``cmdline`` or
+    ``environ``) holds ``marker``: a test's own processes, found without knowing their parents."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/{where}", "rb") as fh:
+                    if marker.encode() in fh.read():
+                        pids.append(int(d))
+            except OSError:
+                pass
+    return [p for p in pids if p != os.getpid()]

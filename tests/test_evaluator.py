@@ -26,6 +26,8 @@ from shardcore.oracles.measured.driver import PlanEvaluator
 from shardcore.tables import TableConfig
 from shardcore.types import CommLayout
 
+from helpers import marked_processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B = 1000  # not a multiple of 3: the batch split has a remainder
 
@@ -447,19 +449,8 @@ def test_a_script_stopped_after_the_prestart_ends_at_once_with_its_server(data, 
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     proc.wait(timeout=120)   # the script itself; its few lines of output fit the pipes
 
-    def marked() -> list[int]:
-        pids = []
-        for p in os.listdir("/proc"):
-            if p.isdigit():
-                try:
-                    with open(f"/proc/{p}/environ", "rb") as fh:
-                        if mark.encode() in fh.read():
-                            pids.append(int(p))
-                except OSError:
-                    continue
-        return [p for p in pids if alive(p)]
-
-    left = _gone_within(marked(), 1.0)   # a server left importing would live on for seconds
+    marked = [p for p in marked_processes(mark, "environ") if alive(p)]
+    left = _gone_within(marked, 1.0)   # a server left importing would live on for seconds
     out, err = proc.communicate(timeout=60)
     assert left == [], f"processes of the run left: {left}"
     assert proc.returncode == 2 and len(err.strip().splitlines()) == 1 and "not found" in err, err[-2000:]

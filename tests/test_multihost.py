@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from helpers import make_dataset
+from helpers import make_dataset, marked_processes
 from shardcore.errors import ShardError
 from shardcore.oracles.measured.launch import JsonConnection, _decode, _encode, rank_env
 from shardcore.tables import TableConfig
@@ -63,16 +63,7 @@ def _rank_file(logs, local: int, name: str) -> str:
 
 
 def _ours(marker: str) -> list[int]:
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        pids.append(int(d))
-            except OSError:
-                pass
-    return [p for p in pids if p != os.getpid()]
+    return marked_processes(marker)
 
 
 @pytest.fixture(scope="module")
