@@ -6,6 +6,7 @@ Every problem caused by bad input (a missing file, a malformed line, an infeasib
 :mod:`shardcore.processes`.
 """
 
+
 class ShardError(Exception):
     """A clear, one-line error about the user's input or environment."""
 
