@@ -92,3 +92,17 @@ def release_forkserver() -> bool:
         return True
     except (AttributeError, ImportError, OSError):
         return False
+
+
+def end_forkserver() -> None:
+    """SIGKILL this process's forkserver, if it runs (at exit: its children end with it by their
+    parent-death signal; a server still importing would otherwise hold the caller's stdout and stderr
+    open for seconds). Reads ``multiprocessing.forkserver``'s state; a no-op where it differs."""
+    try:
+        from multiprocessing import forkserver
+
+        pid = forkserver._forkserver._forkserver_pid
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+    except (AttributeError, ImportError, OSError):
+        pass

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from shardcore.errors import ShardError
-from shardcore.processes import preloaded_context, set_parent_death_signal
+from shardcore.processes import end_forkserver, preloaded_context, set_parent_death_signal
 from shardcore.oracles.commmodel import CommModel, batch_slices, comm_splits
 from shardcore.tables import TableConfig
 
@@ -60,9 +60,10 @@ def worker_context(device_type: str):
 def prestart_forkserver() -> bool:
     """Boot the CPU workers' forkserver now, without waiting for it: its imports (:data:`PRELOAD`, ~3 s of
     CPU) then run beside the caller's own set-up, and the evaluator's workers are forked from it later.
-    At exit the server is ended at once (:func:`_end_forkserver`): a script that stops on a bad input
-    before it measures does not leave it importing, holding the script's stdout and stderr. False, and
-    nothing started, where a GPU is present (CUDA workers are spawned) or there is no forkserver."""
+    At exit the server is ended at once (:func:`~shardcore.processes.end_forkserver`): a script that
+    stops on a bad input before it measures does not leave it importing, holding the script's stdout
+    and stderr. False, and nothing started, where a GPU is present (CUDA workers are spawned) or there
+    is no forkserver."""
     if os.path.exists("/dev/nvidiactl"):
         return False
     ctx = worker_context("cpu")
@@ -72,23 +73,9 @@ def prestart_forkserver() -> bool:
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
-    atexit.unregister(_end_forkserver)
-    atexit.register(_end_forkserver)
+    atexit.unregister(end_forkserver)
+    atexit.register(end_forkserver)
     return True
-
-
-def _end_forkserver() -> None:
-    """SIGKILL this process's forkserver, if it runs (at exit: its children, the workers, end with it by
-    their parent-death signal; a server still importing would otherwise hold the script's stdout and
-    stderr open for seconds). Reads ``multiprocessing.forkserver``'s state; a no-op where it differs."""
-    try:
-        from multiprocessing import forkserver
-
-        pid = forkserver._forkserver._forkserver_pid
-        if pid:
-            os.kill(pid, signal.SIGKILL)
-    except (AttributeError, ImportError, OSError):
-        pass
 
 
 def _driver_gone(cfg: WorkerConfig) -> bool:
