@@ -99,8 +99,12 @@ FIGURES = (("mean_dev_pct", "mean deviation from the median", "{:.2f}%", "le"),
 
 
 def goal_met(key: str, value: float) -> bool:
-    better = dict((k, b) for k, _, _, b in FIGURES)[key]
+    better = next(b for k, _, _, b in FIGURES if k == key)
     return value <= GOALS[key] if better == "le" else value >= GOALS[key]
+
+
+def goal_text(key: str, fmt: str, better: str) -> str:
+    return ("<= " if better == "le" else ">= ") + fmt.format(GOALS[key])
 
 
 def across_runs(summaries: list[dict]) -> dict:
@@ -166,20 +170,19 @@ def main(argv=None) -> None:
                                          np.random.default_rng([args.seed, run]) if run else rng, run, records, t0)
         summaries.append(s)
         report(s, hardware, noise)
-    if args.runs > 1:
-        spread = across_runs(summaries)
+    spread = across_runs(summaries) if args.runs > 1 else None
+    if spread:
         print(f"\nover {args.runs} runs ({hardware}): least / median / largest, runs that met the goal")
         for key, label, fmt, better in FIGURES:
             f = spread[key]
-            goal = ("<= " if better == "le" else ">= ") + fmt.format(GOALS[key])
             print(f"  {label:<32} {fmt.format(f['min']):>8} {fmt.format(f['median']):>8} {fmt.format(f['max']):>8}"
-                  f"   goal {goal:<8} met in {f['met']} of {f['runs']}")
+                  f"   goal {goal_text(key, fmt, better):<8} met in {f['met']} of {f['runs']}")
     if args.out:
         with atomic_open(args.out) as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
             last = {"summary": summaries[-1], "hardware": hardware, "argv": sys.argv[1:]}
-            if args.runs > 1:
-                last.update(runs=summaries, across_runs=across_runs(summaries))
+            if spread:
+                last.update(runs=summaries, across_runs=spread)
             f.write(json.dumps(last) + "\n")
         print(f"wrote {args.out}")
 
@@ -216,8 +219,8 @@ def report(s: dict, hardware: str, noise) -> None:
     """One run's three figures against the goals, the oracle's noise and where the deviation comes from."""
     print(f"\nrepeatability over {s['plans']} plans x {s['rounds']} rounds ({hardware}):")
     for key, label, fmt, better in FIGURES:
-        goal = ("<= " if better == "le" else ">= ") + fmt.format(GOALS[key])
-        print(f"  {label:<32} {fmt.format(s[key]):>8}   goal {goal:<8} {'met' if goal_met(key, s[key]) else 'NOT met'}")
+        print(f"  {label:<32} {fmt.format(s[key]):>8}   goal {goal_text(key, fmt, better):<8} "
+              f"{'met' if goal_met(key, s[key]) else 'NOT met'}")
     if noise is not None:
         print(f"  the oracle's own noise estimate: {noise:.2f}%")
     print(f"  where it comes from: {s['sources']['compute_pct']:.2f}% with every device's exchange at its median "
