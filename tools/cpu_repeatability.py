@@ -98,12 +98,17 @@ FIGURES = (("mean_dev_pct", "mean deviation from the median", "{:.2f}%", "le"),
            ("spearman", "round-pair Spearman per task", "{:.2f}", "ge"))
 
 
+def _figure(key: str) -> tuple[str, str]:
+    """(format, "le" or "ge") of a figure."""
+    return next((fmt, better) for k, _, fmt, better in FIGURES if k == key)
+
+
 def goal_met(key: str, value: float) -> bool:
-    better = next(b for k, _, _, b in FIGURES if k == key)
-    return value <= GOALS[key] if better == "le" else value >= GOALS[key]
+    return value <= GOALS[key] if _figure(key)[1] == "le" else value >= GOALS[key]
 
 
-def goal_text(key: str, fmt: str, better: str) -> str:
+def goal_text(key: str) -> str:
+    fmt, better = _figure(key)
     return ("<= " if better == "le" else ">= ") + fmt.format(GOALS[key])
 
 
@@ -163,7 +168,7 @@ def main(argv=None) -> None:
     args.no_cache = True
     records, summaries = [], []
     t0 = time.perf_counter()
-    for run in range(args.runs):
+    for run in range(args.runs):   # run 0 goes on with the tasks' generator: one run measures as before --runs
         if args.runs > 1:
             print(f"run {run + 1}/{args.runs}", flush=True)
         s, hardware, noise = measure_run(args, plans, tasks, devices, ndevices,
@@ -173,10 +178,10 @@ def main(argv=None) -> None:
     spread = across_runs(summaries) if args.runs > 1 else None
     if spread:
         print(f"\nover {args.runs} runs ({hardware}): least / median / largest, runs that met the goal")
-        for key, label, fmt, better in FIGURES:
+        for key, label, fmt, _ in FIGURES:
             f = spread[key]
             print(f"  {label:<32} {fmt.format(f['min']):>8} {fmt.format(f['median']):>8} {fmt.format(f['max']):>8}"
-                  f"   goal {goal_text(key, fmt, better):<8} met in {f['met']} of {f['runs']}")
+                  f"   goal {goal_text(key):<8} met in {f['met']} of {f['runs']}")
     if args.out:
         with atomic_open(args.out) as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
@@ -218,8 +223,8 @@ def measure_run(args, plans, tasks, devices, ndevices, rng, run: int, records: l
 def report(s: dict, hardware: str, noise) -> None:
     """One run's three figures against the goals, the oracle's noise and where the deviation comes from."""
     print(f"\nrepeatability over {s['plans']} plans x {s['rounds']} rounds ({hardware}):")
-    for key, label, fmt, better in FIGURES:
-        print(f"  {label:<32} {fmt.format(s[key]):>8}   goal {goal_text(key, fmt, better):<8} "
+    for key, label, fmt, _ in FIGURES:
+        print(f"  {label:<32} {fmt.format(s[key]):>8}   goal {goal_text(key):<8} "
               f"{'met' if goal_met(key, s[key]) else 'NOT met'}")
     if noise is not None:
         print(f"  the oracle's own noise estimate: {noise:.2f}%")
