@@ -11,6 +11,8 @@ train_log.csv (per update), episodes.csv (per episode) and train_curve.png.
 
 import argparse
 import os
+import signal
+import threading
 
 
 from tqdm import tqdm
@@ -126,17 +128,38 @@ def main(argv=None):
     trainer = AutoShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev, out_dir,
                                precision=args.weights_precision, model=model,
                                checkpoint_interval_s=args.checkpoint_interval, log=tqdm.write)
-    with ev:
-        with tqdm(total=args.total_steps, initial=trainer.model.steps, unit="step", desc="training") as bar:
-            summary = trainer.run(args.total_steps, num_actors, progress=bar,
-                                  time_limit_s=args.time_limit * 60 if args.time_limit else None)
-    curve = plot_curve(os.path.join(out_dir, "episodes.csv"), os.path.join(out_dir, "train_curve.png"))
-    state = ("interrupted, saved" if summary["interrupted"] else
-             "time limit reached, saved" if summary["timed_out"] else "done")
-    print(f"{state}: {summary['checkpoint']} at step {summary['steps']} ({summary['episodes']} episodes, "
-          f"{summary['plans_measured']} plans measured this run, {summary['elapsed_s'] / 60:.1f} min)")
-    print(f"logs: {out_dir}/train_log.csv, {out_dir}/episodes.csv; curve: {curve}")
+    # the trainer restores this handler when it returns: once it has stopped on a Ctrl-C (and saved), a
+    # second, impatient one must not cut the summary below short, which says where the checkpoint is
+    main_thread = threading.current_thread() is threading.main_thread()
+    original = signal.getsignal(signal.SIGINT)
+    if main_thread:
+        signal.signal(signal.SIGINT, lambda signum, frame: _after_stop(trainer, signum, frame))
+    try:
+        with ev:
+            with tqdm(total=args.total_steps, initial=trainer.model.steps, unit="step", desc="training") as bar:
+                summary = trainer.run(args.total_steps, num_actors, progress=bar,
+                                      time_limit_s=args.time_limit * 60 if args.time_limit else None)
+        curve = plot_curve(os.path.join(out_dir, "episodes.csv"), os.path.join(out_dir, "train_curve.png"))
+        state = ("interrupted, saved" if summary["interrupted"] else
+                 "time limit reached, saved" if summary["timed_out"] else "done")
+        print(f"{state}: {summary['checkpoint']} at step {summary['steps']} ({summary['episodes']} episodes, "
+              f"{summary['plans_measured']} plans measured this run, {summary['elapsed_s'] / 60:.1f} min)")
+        print(f"logs: {out_dir}/train_log.csv, {out_dir}/episodes.csv; curve: {curve}")
+    finally:
+        if main_thread and not trainer.interrupted:   # after a Ctrl-C stop, the process only exits: keep deferring
+            signal.signal(signal.SIGINT, original)
     return 130 if summary["interrupted"] else 0
+
+
+def _after_stop(trainer: AutoShardTrainer, signum, frame) -> None:
+    """Ctrl-C outside the trainer's loop: an ordinary interrupt, unless the trainer has already stopped
+    on one (its checkpoint saved), when the run only finishes its plot and summary."""
+    if not trainer.interrupted:
+        signal.default_int_handler(signum, frame)
+    try:
+        os.write(2, b"interrupted: the checkpoint is saved; writing the curve and summary, please wait\n")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
