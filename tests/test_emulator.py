@@ -323,6 +323,57 @@ def test_parameter_sets_without_the_optional_terms_still_load(tables):
     assert m.predict([stranger], 65536) == m.predict([stranger], 65536, length_cv=[0.5])
 
 
+def test_the_devices_judge_never_sees_a_shard_made_only_of_the_plans_tables(tables):
+    """--emulator-fit devices: the fit leaves out every measured shard made only of the plan's tables (any
+    device a plan of them could have), and keeps the shards that mix them with other tables."""
+    from shardcore.oracles.cache import CachedOracle
+    from shardcore.oracles.emulated.emulator import heldout_model, judge_error, measured_landscapes, seen_tables
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
+    from shardcore.plan import Plan
+    from shardcore.tasks import load_tasks
+
+    land = measured_landscapes("h200")[0]
+    task = load_tasks(os.path.join(MEASUREMENTS_DIR, "tasks", "dlrm_tasks_50_test.txt"), num_tables=len(tables))[0]
+    ids = seen_tables(task.tables(tables))
+    within, holding = land.within(ids), land.holding(ids)
+    assert within.sum() >= 30 and (holding & ~within).sum() > within.sum()   # its tables, mixed with others
+    assert not (within & ~holding).any()
+    by_devices, by_tables = heldout_model(ids, rule="devices"), heldout_model(ids)
+    assert by_devices.params["heldout"]["rule"] == "devices"
+    assert by_devices.weights[65536][0] != pytest.approx(by_tables.weights[65536][0])
+    wf, wb = land.fit(~within)
+    assert np.allclose(by_devices.weights[65536][0], wf) and np.allclose(by_devices.weights[65536][1], wb)
+    # its own held-out error: the measured plan shards made only of the task's tables
+    assert len(judge_error(ids, rule="devices")) == int((within & np.array([s["kind"] == "plan" for s in land.meas["shards"]])).sum())
+    with pytest.raises(ShardError, match="hold-out rule"):
+        land.held_out(ids, "rows")
+    data_dir = os.path.dirname(CONFIGS)
+    oracle = EmulatedOracle(data_dir, 4, batch_size=65536, fit="devices")
+    assert "held out by devices" in oracle.hardware and "made only of" in oracle.parts["compute"]
+    assert oracle.context.hardware.endswith(":devices")
+    shards = Plan(tuple(k % 4 for k in range(len(task))), 4).shard_tables(task.tables(tables))
+    got = oracle.evaluate(shards)
+    fw, bw = by_devices.predict(shards[0], 65536)
+    assert got.device_costs_ms[0][0] == pytest.approx(fw) and got.device_costs_ms[0][3] == pytest.approx(bw)
+    with pytest.raises(ShardError, match="not cached"):
+        CachedOracle(oracle, True)
+
+
+def test_the_devices_judge_prices_the_anchors_measured_plans_closer():
+    """H200 run 4: re-scored whole, the measured plans of the anchors come out closer to their measured
+    cost under the judge held out by devices (which knows the tables from other shards, as the learned
+    methods' training oracle did) than under the one held out by tables."""
+    acc = load_tool("emulator_accuracy")
+    res = {"judged_rows": [], "figures": {}}
+    acc.judged_plan_rows(res, MEASUREMENTS_DIR, runs=acc.JUDGED_RUNS[1:2])
+    fig = res["figures"]
+    for name in ("DLRM-50", "DLRM-100"):
+        for alg in ("torchrec-tw", "dreamshard"):
+            f = fig[f"judged_gpucheck4_{name}_{alg}"]
+            assert f["devices_mape_pct"] < f["mape_pct"] and abs(f["devices_bias_pct"]) < 1.0
+    assert len(res["judged_rows"][0]) == 10
+
+
 def test_the_judge_prices_shardkit_and_torchrec_alike_on_their_measured_plans():
     """H200 run 4 (2026-11-27): shardkit's and TorchRec's plans of all 20 test tasks, measured; the
     held-out emulated judge re-scores each whole plan. With the replica kernel fitted on TorchRec's

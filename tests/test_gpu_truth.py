@@ -271,6 +271,22 @@ def test_eval_on_the_emulated_h200_needs_no_data_pt(tmp_path):
     assert mean["lookup_greedy"] < mean["random"]   # the GPU landscape: 4.2 vs 2.8 ms measured
 
 
+def test_eval_judged_by_devices_and_shardkit_still_plans_without_the_tables(tmp_path):
+    """--emulator-fit devices judges every plan with the fit that never saw a device of the task (its
+    tables seen among others); shardkit still plans with a model that never saw the tables at all."""
+    out = tmp_path / "emu.jsonl"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--alg", "lookup_greedy,shardkit",
+                           "--task-path", os.path.join(SHIPPED, "tasks", "dlrm_tasks_50_test.txt"),
+                           "--data-dir", os.path.join(SHIPPED, "dlrm_b65536"), "--max-tasks", "1",
+                           "--oracle", "emulated:h200", "--emulator-fit", "devices", "--shardkit-time", "0.5",
+                           "--out", str(out)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 2 and all("held out by devices" in r["hardware"] for r in recs)
+    sk = next(r for r in recs if r["alg"] == "shardkit")
+    assert "refitted without the task's 50 measured tables" in sk["shardkit_model"]
+
+
 def test_emulated_oracle_with_lookups_uses_the_measured_bag_lengths(tiny):
     from shardcore.oracles.emulated.oracle import EmulatedOracle
 

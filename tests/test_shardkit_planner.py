@@ -874,6 +874,60 @@ def test_robust_objective_never_worse_than_its_starts_under_the_models_error(dat
     assert got >= float((comp * draws.mean(axis=0) + m.shard_costs(shards) - comp).max()) - 1e-9
 
 
+def test_compare_tool_rejudges_the_records_plans_with_another_fit(tmp_path):
+    """--rejudge devices: the same plans scored again by the judge held out by devices; each record is
+    first reproduced with its own fit, or the tool stops in one line."""
+    from shardcore.dataset import load_table_configs
+    from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
+    from shardcore.plan import Plan
+    from shardcore.tasks import load_tasks
+    from tools import shardkit_compare
+
+    data_dir = str(MEASUREMENTS_DIR / "dlrm_b65536")
+    tables = load_table_configs(os.path.join(data_dir, "table_configs.json"))
+    tasks = load_tasks(MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt", num_tables=len(tables))[:3]
+    held = EmulatedOracle(data_dir, 4, batch_size=65536)
+    by_devices = EmulatedOracle(data_dir, 4, batch_size=65536, fit="devices")
+    recs, expect = [], {}
+    for t, task in enumerate(tasks):
+        tt = task.tables(tables)
+        order = sorted(range(len(tt)), key=lambda i: -tt[i].pooling_factor)
+        plans = {"shardkit": [0] * len(tt), "lookup_greedy": [k % 4 for k in range(len(tt))]}
+        for rank, i in enumerate(order):             # a lookup-balanced snake for "shardkit"
+            plans["shardkit"][i] = rank % 4 if (rank // 4) % 2 == 0 else 3 - rank % 4
+        for alg, alloc in plans.items():
+            shards = Plan(tuple(alloc), 4).shard_tables(tt)
+            r = held.evaluate(shards)
+            recs.append({"task": t, "alg": alg, "ndevices": 4, "batch_size": 65536, "allocation": alloc,
+                         "table_ids": list(task.table_ids), "cost_ms": r.cost_ms, "device_costs_ms": r.device_costs_ms,
+                         "hardware": held.hardware, "feasible": True})
+            expect[t, alg] = by_devices.evaluate(shards).cost_ms
+    path = tmp_path / "e.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    plain = shardkit_compare.summarize(str(path), "shardkit", None, draws=200)
+    assert shardkit_compare.summarize(str(path), "shardkit", None, draws=200, rejudge_fit="heldout") == plain
+    again = shardkit_compare.rejudge(str(path), recs, "devices", data_dir)
+    assert [r["cost_ms"] for r in again] == pytest.approx([expect[r["task"], r["alg"]] for r in recs])
+    assert all("held out by devices" in r["hardware"] for r in again)
+    text = shardkit_compare.summarize(str(path), "shardkit", None, draws=200, rejudge_fit="devices")
+    mean = {a: np.mean([expect[t, a] for t in range(3)]) for a in ("shardkit", "lookup_greedy")}
+    assert f"| shardkit | {mean['shardkit']:.4g} |" in text and "held out by devices" in text
+    assert "stressed judge (" in text
+    # a record its own fit does not reproduce (another exchange model, dataset, dims): one line
+    recs[0]["cost_ms"] *= 1.01
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    with pytest.raises(ShardError, match="cannot rejudge"):
+        shardkit_compare.summarize(str(path), "shardkit", None, rejudge_fit="devices")
+    with pytest.raises(ShardError, match="--rejudge"):
+        shardkit_compare.main([str(path), "--task-path", str(path)])
+    for r in recs:
+        r["hardware"] = "CPU (AMD EPYC), 4 logical device(s)"
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    with pytest.raises(ShardError, match="emulated H200"):
+        shardkit_compare.summarize(str(path), "shardkit", None, rejudge_fit="devices")
+
+
 def test_compare_tool_reads_a_gpu_check_summary():
     """The shipped H200 run of 2026-11-27: each task set in turn, the judge's noise named."""
     from tools import shardkit_compare

@@ -16,6 +16,15 @@ blocks, draws instead from the judge's error on the measured H200 devices of tha
 by the judge of its own task, on the same scale: emulator.piece_judge_error), --draws draws (the same for every plan of a
 task), the expected slowest device (shardcore.evaluation.compare.expected_slowest). A margin whose interval
 reaches zero is a tie.
+
+``--rejudge devices`` scores the same plans again with another fit of the emulated card before comparing
+them: ``devices`` (refitted without every measured shard made only of the task's tables, so never a device
+any plan of the task could have, while its tables are seen in shards that mix them with other tables, as the
+learned methods' training oracle saw them), ``heldout`` or ``full``. A judge held out by tables shares the
+blind spot of a planner held out the same way (shardkit); one held out by devices does not, and knows the
+tables as well as the learned methods' training did. The stressed judge then draws from the new fit's own
+held-out error. Every record is first re-scored with its own fit and must come out as recorded (the same
+exchange model and dataset), else the tool stops in one line.
 """
 
 import argparse
@@ -30,6 +39,7 @@ from shardcore import io
 from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
 from shardcore.argtypes import positive_int
 from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR
+from shardcore.oracles.emulated.oracle import DEVICES, EMULATOR_FITS, FULL, HELDOUT
 from shardcore.errors import ShardError
 
 DEFAULT_DATA_DIR = str(MEASUREMENTS_DIR / "dlrm_b65536")
@@ -50,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "held-out error is taken from (default %(default)s)")
     p.add_argument("--draws", type=positive_int, default=1000, metavar="N",
                    help="draws of the stressed judge per task (default %(default)s)")
+    p.add_argument("--rejudge", default=None, choices=EMULATOR_FITS, metavar="FIT",
+                   help="score the emulated records' plans again with this fit of the emulated card before comparing: "
+                        "devices (never a shard made only of the task's tables), heldout or full; see above")
+    p.add_argument("--task-path", default=None, metavar="FILE",
+                   help="with --rejudge: the records' task file, where its tasks carry their own dims (NeuroShard-style "
+                        "tasks); default: the tables of --data-dir at their own dims")
     p.add_argument("--devices-per-host", type=positive_int, default=None, metavar="G",
                    help="the records' hosts (eval.py --devices-per-host): also report, per algorithm, the share of "
                         "a training step's exchanged bytes that cross hosts and the busiest device's bytes to and "
@@ -57,9 +73,70 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int) -> dict | None:
-    """``{alg: {task: expected slowest device}}`` under the stressed judge; None when the records'
-    tables were never measured (no held-out error to draw from)."""
+def recorded_fit(hardware: str) -> str:
+    """The fit of the emulated card an eval.py record was judged by, from its ``hardware`` line."""
+    if "held out by devices" in hardware:
+        return DEVICES
+    return HELDOUT if "held out" in hardware else FULL
+
+
+def rejudge(path: str, recs: list[dict], fit: str, data_dir: str, task_path: str | None = None) -> list[dict]:
+    """The records with every plan scored again by the emulated card's ``fit`` (``cost_ms``,
+    ``device_costs_ms``, ``hardware``, ``parts`` replaced). Each plan is first scored with the fit its
+    record names and must come out as recorded (relative 1e-6), so that only the fit differs."""
+    from shardcore.dataset import load_table_configs
+    from shardcore.evaluation.compare import record_plan
+    from shardcore.oracles.factory import open_oracle
+    from shardcore.tasks import load_tasks
+
+    tables = load_table_configs(os.path.join(data_dir, "table_configs.json"))
+    tasks = load_tasks(task_path, num_tables=len(tables)) if task_path else None
+    hardware = {str(r.get("hardware", "")) for r in recs if r.get("cost_ms") is not None}
+    if not all(h.startswith("emulated NVIDIA H200") for h in hardware):
+        raise ShardError(f"{path}: --rejudge needs records of the emulated H200 (got {'; '.join(sorted(hardware))})")
+    oracles: dict = {}
+    out = []
+    try:
+        for k, r in enumerate(recs):
+            if r.get("cost_ms") is None:
+                out.append(r)
+                continue
+            if r.get("allocation") is None or r.get("table_ids") is None:
+                raise ShardError(f"{path}: record {k + 1} carries no plan or table_ids: run eval.py again")
+            if tasks is not None:
+                t = int(r["task"])
+                if not 0 <= t < len(tasks) or list(tasks[t].table_ids) != list(r["table_ids"]):
+                    raise ShardError(f"{path}: record {k + 1}: task {t} is not that of --task-path {task_path}")
+                task = tasks[t].tables(tables)
+            else:
+                if max(r["table_ids"]) >= len(tables):
+                    raise ShardError(f"--data-dir {len(tables)} tables, but {path} names table {max(r['table_ids'])}")
+                task = [tables[i] for i in r["table_ids"]]
+            n, batch = int(r["ndevices"]), int(r["batch_size"])
+            shards = record_plan(r, task).shard_tables(task)
+            costs = []
+            for f in (recorded_fit(str(r["hardware"])), fit):
+                if (n, batch, f) not in oracles:
+                    oracles[n, batch, f] = open_oracle(data_dir, n, oracle="emulated:h200", batch_size=batch,
+                                                       emulator_fit=f).__enter__()
+                costs.append(oracles[n, batch, f].evaluate(shards))
+            if abs(costs[0].cost_ms - float(r["cost_ms"])) > 1e-6 * float(r["cost_ms"]):
+                raise ShardError(f"{path}: record {k + 1} ({r['alg']}, task {r['task']}) scores {costs[0].cost_ms:.6g} ms "
+                                 f"with its own fit, not the recorded {float(r['cost_ms']):.6g}: another exchange model, "
+                                 "dataset or task dims (--task-path) than the emulated oracle's defaults; cannot rejudge")
+            new = costs[1]
+            out.append({**r, "cost_ms": new.cost_ms, "device_costs_ms": new.device_costs_ms,
+                        "hardware": oracles[n, batch, fit].hardware, "parts": oracles[n, batch, fit].parts})
+    finally:
+        for o in oracles.values():
+            o.__exit__(None, None, None)
+    return out
+
+
+def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int, rule: str = "tables") -> dict | None:
+    """``{alg: {task: expected slowest device}}`` under the stressed judge (its error: the held-out
+    judge's by ``rule``, see :data:`shardcore.oracles.emulated.emulator.HOLDOUT_RULES`); None when the
+    records' tables were never measured (no held-out error to draw from)."""
     from shardcore.evaluation.compare import expected_slowest
     from shardcore.oracles.emulated.emulator import PIECE_DEVICE_KINDS, judge_error, seen_tables
 
@@ -71,7 +148,7 @@ def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int) -> dic
                              "run eval.py again")
         if max(ids) >= len(tables):
             raise ShardError(f"--data-dir {len(tables)} tables, but the records name table {max(ids)}")
-        ratios, by_kind = judge_error(seen_tables([tables[i] for i in ids]), pieces=True)
+        ratios, by_kind = judge_error(seen_tables([tables[i] for i in ids]), pieces=True, rule=rule)
         if len(ratios) == 0:
             return None
         pools = [by_kind[k] for k in PIECE_DEVICE_KINDS]
@@ -142,11 +219,15 @@ def host_traffic(rec: dict, tables, devices_per_host: int) -> tuple[float, float
 
 
 def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DEFAULT_DATA_DIR,
-              draws: int = 1000, devices_per_host: int | None = None) -> str:
+              draws: int = 1000, devices_per_host: int | None = None, rejudge_fit: str | None = None,
+              task_path: str | None = None) -> str:
     """The comparison of one eval.py --out file, or of each task set of a gpu_check.json."""
     from shardcore.evaluation.compare import check_record
 
     if path.endswith(".json"):
+        if rejudge_fit:
+            raise ShardError(f"{path}: --rejudge applies to eval.py --out files of the emulated card, not to a GPU's "
+                             "measurements")
         return "\n\n".join(summarize_records(label, recs, alg, anchors, data_dir, draws) + ("\n" + note if note else "")
                            for label, recs, note in gpu_check_sets(path))
     try:
@@ -155,6 +236,8 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
         recs = [check_record(json.loads(x), f"{path}:{k}") for k, x in enumerate(lines, 1) if x.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ShardError(f"{path}: not a readable eval.py --out file ({io.first_line(exc, 200)})") from None
+    if rejudge_fit:
+        recs = rejudge(path, recs, rejudge_fit, data_dir, task_path)
     return summarize_records(path, recs, alg, anchors, data_dir, draws, devices_per_host)
 
 
@@ -215,8 +298,16 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
     if "emulated" in str(recs[0].get("hardware", "")):
         from shardcore.dataset import load_table_configs
 
-        stressed = stressed_costs(by, algs, order, load_table_configs(os.path.join(data_dir, "table_configs.json")),
-                                  draws)
+        rule = "devices" if recorded_fit(str(recs[0].get("hardware", ""))) == DEVICES else "tables"
+        task_tables = load_table_configs(os.path.join(data_dir, "table_configs.json"))
+        stressed = stressed_costs(by, algs, order, task_tables, draws, rule)
+        if stressed is None and rule == "devices":
+            # no measured shard is made only of these tasks' tables, so the devices judge's own error cannot be
+            # measured; that of the judge that never saw the tables is the larger one: draw from it, and say so
+            stressed = stressed_costs(by, algs, order, task_tables, draws, "tables")
+            if stressed is not None:
+                lines.append("  (stressed judge: no measured shard is made only of these tasks' tables, so its draws "
+                             "come from the error of the judge held out by tables, the larger one)")
         if stressed is None:
             lines.append("  stressed judge: not computed (the tasks' tables were never measured on the card)")
         else:
@@ -253,8 +344,13 @@ def margin_interval(ours, theirs, reps: int = 10000, seed: int = 0) -> tuple[flo
 def main(argv=None):
     args = build_parser().parse_args(argv)
     anchors = [a.strip() for a in args.anchors.split(",")] if args.anchors else None
+    if args.task_path and not args.rejudge:
+        raise ShardError("--task-path applies with --rejudge only")
+    if args.task_path and len(args.files) > 1:
+        raise ShardError("--task-path names one file's tasks: give one file with it")
     for path in args.files:
-        print(summarize(path, args.alg, anchors, args.data_dir, args.draws, args.devices_per_host))
+        print(summarize(path, args.alg, anchors, args.data_dir, args.draws, args.devices_per_host, args.rejudge,
+                        args.task_path))
         print()
 
 

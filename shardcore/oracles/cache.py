@@ -444,9 +444,9 @@ class CachedOracle:
         store = open_cache(cache)
         if store is None:
             raise ShardError("a cache layer needs a cache: give a CostCache or a path")
-        if getattr(oracle, "fit", None) == "heldout":
+        if getattr(oracle, "fit", None) in ("heldout", "devices"):
             raise ShardError("the held-out emulated oracle judges each plan with a fit made without that plan's "
-                             "tables, so its answers are not cached (use its full fit to cache)")
+                             "tables or devices, so its answers are not cached (use its full fit to cache)")
         self.oracle = oracle
         self.cache = store
         self.no_cache = bool(no_cache)

@@ -97,8 +97,11 @@ class OracleConfig(Config):
                                   "no data.pt, only the table configs)", type=str, metavar="NAME", group="oracle")
     emulator_fit: str = param(HELDOUT, "which fit of the emulated GPU judges a plan: 'heldout' (default: refitted "
                                        "without every measured shard that holds one of the plan's tables, so the "
-                                       "judge never saw the tables it judges) or 'full' (the shipped fit on every "
-                                       "measurement); emulated oracles only",
+                                       "judge never saw the tables it judges), 'devices' (refitted without every "
+                                       "measured shard made only of the plan's tables: no device any plan of them "
+                                       "could have, the tables seen among others, as a learned method's training "
+                                       "oracle saw them) or 'full' (the shipped fit on every measurement); emulated "
+                                       "oracles only",
                               type=str, choices=EMULATOR_FITS, group="oracle")
     comm_bandwidth: float = param(DEFAULT_COMM_BANDWIDTH_GBPS,
                                   "modelled all-to-all bandwidth per device and direction, used where the exchange "

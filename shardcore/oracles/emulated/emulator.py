@@ -985,6 +985,17 @@ class MeasuredLandscape:
         tables = frozenset(tables)
         return np.array([not s.isdisjoint(tables) for s in self.tables], dtype=bool)
 
+    def within(self, tables: "frozenset[int] | set[int]") -> np.ndarray:
+        """Mask of the shards made only of ``tables`` (any device a plan of those tables could have)."""
+        tables = frozenset(tables)
+        return np.array([s <= tables for s in self.tables], dtype=bool)
+
+    def held_out(self, tables: "frozenset[int] | set[int]", rule: str = "tables") -> np.ndarray:
+        """Mask of the shards a fit held out on ``tables`` by ``rule`` (:data:`HOLDOUT_RULES`) never sees."""
+        if rule not in HOLDOUT_RULES:
+            raise ShardError(f"hold-out rule must be one of {', '.join(HOLDOUT_RULES)}, got {rule!r}")
+        return self.holding(tables) if rule == "tables" else self.within(tables)
+
     def fit(self, rows: np.ndarray, ncols: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(fw weights, bw weights) fitted on the shards ``rows`` (a mask or indices), on the first
         ``ncols`` features (default all; the core features come first, see :data:`OPTIONAL_TERMS`)."""
@@ -1077,9 +1088,17 @@ def _parse_subset(subset: str) -> tuple[int, int] | None:
     raise ShardError(f"held-out subset must be 'all' or 'drop:k/K' (0 <= k < K, K >= 2), got {subset!r}")
 
 
-def _fit_rows(land: MeasuredLandscape, exclude: frozenset, subset: str) -> np.ndarray:
-    """The shards a held-out fit uses: those holding none of ``exclude``, less the dropped fold."""
-    rows = ~land.holding(exclude)
+# What a held-out fit of a plan with tables T never sees. "tables": every measured shard that holds one of T
+# (the judge never saw the plan's tables, the default); "devices": every measured shard made only of T --
+# no device that any plan of those tables could have -- while T's tables are seen in shards that mix them
+# with other tables, as the learned methods' training oracle saw them (it excludes only the tables of the
+# plans it labels, the training tables).
+HOLDOUT_RULES = ("tables", "devices")
+
+
+def _fit_rows(land: MeasuredLandscape, exclude: frozenset, subset: str, rule: str = "tables") -> np.ndarray:
+    """The shards a held-out fit uses: those ``rule`` does not hold out for ``exclude``, less the dropped fold."""
+    rows = ~land.held_out(exclude, rule)
     drop = _parse_subset(subset)
     if drop is not None:
         rows &= np.array([_fold_of(s, drop[1]) != drop[0] for s in land.tables], dtype=bool)
@@ -1087,11 +1106,12 @@ def _fit_rows(land: MeasuredLandscape, exclude: frozenset, subset: str) -> np.nd
 
 
 @functools.lru_cache(maxsize=256)
-def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -> GpuComputeModel:
+def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all", rule: str = "tables") -> GpuComputeModel:
     """The emulated ``card`` refitted, exactly as the shipped parameters are fitted, on every measured
-    shard that holds none of the tables ``exclude`` (``subset``: ``"all"`` of those shards, or
-    ``"drop:k/K"``: without the k-th of K fixed folds of them, a model that is not that judge).
-    Cached per process (a fit takes a fraction of a second)."""
+    shard that holds none of the tables ``exclude`` (``rule="devices"``: on every measured shard not made
+    only of them, see :data:`HOLDOUT_RULES`; ``subset``: ``"all"`` of those shards, or ``"drop:k/K"``:
+    without the k-th of K fixed folds of them, a model that is not that judge). Cached per process (a
+    fit takes a fraction of a second)."""
     lands = measured_landscapes(card)
     base = read_params(model_path(card))
     # Two shards per weight at least. Where the largest batch's set has too few for the full feature
@@ -1099,7 +1119,7 @@ def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -
     # as a parameter file without them would (a DLRM-100 task's tables leave 133-167 of 2,765 shards).
     spec = dict(base.get("spec") or DEFAULT_SPEC)
     ncols = len(feature_names(spec))
-    first = int(_fit_rows(lands[0], exclude, subset).sum())
+    first = int(_fit_rows(lands[0], exclude, subset, rule).sum())
     if first < 2 * ncols:
         core = {k: v for k, v in spec.items() if k not in OPTIONAL_TERMS}
         if first >= 2 * len(feature_names(core)):
@@ -1107,11 +1127,12 @@ def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -
     sets = {}
     used = []
     for land in lands:
-        rows = _fit_rows(land, exclude, subset)
+        rows = _fit_rows(land, exclude, subset, rule)
         if rows.sum() < 2 * ncols:
             if land is lands[0]:
                 raise ShardError(f"held-out emulator: only {int(rows.sum())} measured shards at batch {land.batch} "
-                                 f"hold none of the {len(exclude)} excluded tables (need {2 * ncols})")
+                                 f"are left without the {len(exclude)} excluded tables' "
+                                 f"{'shards' if rule == 'tables' else 'own shards'} (need {2 * ncols})")
             # a smaller batch's set (the launch-bound floor) that cannot be refitted without the excluded
             # tables is left out: above its batch the largest set alone predicts (it binds for ~2% of shards)
             used.append(f"batch {land.batch}: left out ({int(rows.sum())} shards hold none of them)")
@@ -1125,35 +1146,38 @@ def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all") -
     params["spec"] = spec
     params["features"] = feature_names(spec)
     params["sets"] = sets
-    params["fitted_on"] = (f"{base.get('fitted_on', '?')} -- refitted without the shards holding {len(exclude)} "
+    which = "holding" if rule == "tables" else "made only of"
+    params["fitted_on"] = (f"{base.get('fitted_on', '?')} -- refitted without the shards {which} {len(exclude)} "
                            f"held-out tables ({subset}: {'; '.join(used)})")
-    params["heldout"] = {"tables": sorted(exclude), "subset": subset}
+    params["heldout"] = {"tables": sorted(exclude), "subset": subset, "rule": rule}
     return GpuComputeModel(params)
 
 
 @functools.lru_cache(maxsize=256)
-def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False):
+def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False, rule: str = "tables"):
     """The held-out error of the judge of a plan with tables ``exclude`` (the fit of
-    :func:`heldout_model`): measured / predicted fw+bw of every measured plan shard that holds one of
-    those tables (never seen by that fit; all such shards when fewer than 30 are plan shards), divided
-    by their median (a common scale moves every plan alike). Empty when none of them was measured.
+    :func:`heldout_model` by ``rule``): measured / predicted fw+bw of every measured plan shard that fit
+    never saw (holding one of those tables, or by the "devices" rule made only of them; all such shards
+    when fewer than 30 are plan shards), divided by their median (a common scale moves every plan
+    alike). Empty when none of them was measured.
 
     ``pieces=True``: ``(that array, {kind: array})``, for each :data:`PIECE_DEVICE_KINDS` the
-    :func:`piece_judge_error` of devices of that kind divided by the same median, so that a bias of
-    the judge on such devices relative to whole-table shards stays in it."""
+    :func:`piece_judge_error` of devices of that kind (each predicted by the judge of its own task by
+    the same rule) divided by the same median, so that a bias of the judge on such devices relative to
+    whole-table shards stays in it."""
     land = measured_landscapes(card)[0]
-    held = land.holding(exclude)
+    held = land.held_out(exclude, rule)
     plan = held & np.array([s["kind"] == "plan" for s in land.meas["shards"]], dtype=bool)
     rows = plan if plan.sum() >= 30 else held
     if not rows.any():
         return (np.zeros(0), {k: np.zeros(0) for k in PIECE_DEVICE_KINDS}) if pieces else np.zeros(0)
-    wf, wb = heldout_model(exclude, card).weights[land.batch]
+    wf, wb = heldout_model(exclude, card, rule=rule).weights[land.batch]
     pred = land.X[rows] @ wf + land.X[rows] @ wb
     ratio = (land.fw[rows] + land.bw[rows]) / pred
     med = float(np.median(ratio))
     if not pieces:
         return ratio / med
-    return ratio / med, {k: piece_judge_error(k, card, land.batch) / med for k in PIECE_DEVICE_KINDS}
+    return ratio / med, {k: piece_judge_error(k, card, land.batch, rule=rule) / med for k in PIECE_DEVICE_KINDS}
 
 
 PIECE_DEVICE_KINDS = ("data_parallel", "row_wise")   # a device of the first kind it holds a piece of
@@ -1184,16 +1208,17 @@ def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536) -> di
     return out
 
 
-def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude: frozenset = frozenset()
-                      ) -> np.ndarray:
+def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude: frozenset = frozenset(),
+                      rule: str = "tables") -> np.ndarray:
     """measured / predicted fw+bw of every measured plan device of ``kind`` (:func:`piece_device_kind`:
     holding data-parallel replicas; holding row-wise blocks and no replica; runs 3-5 of
     ``tools/gpu_check.py``), each predicted whole (its shard kernel and replica kernel,
     :func:`predict_devices`) by the judge of its own task: :func:`heldout_model` without the task's
     tables, so neither the device's shards nor, in the replica law (:func:`fit_replica_weights`), the
-    task's devices were seen (:func:`piece_error_rows`). Not normalised. ``exclude``: devices whose
+    task's devices were seen (:func:`piece_error_rows`; ``rule="devices"``: by the judge held out by
+    that rule, which never saw the task's own devices). Not normalised. ``exclude``: devices whose
     tables all lie in it are left out."""
-    return np.asarray([r for k, tables, r in piece_error_rows(card, batch)
+    return np.asarray([r for k, tables, r in piece_error_rows(card, batch, rule)
                        if k == kind and not (exclude and tables <= exclude)], dtype=float)
 
 
@@ -1201,23 +1226,23 @@ PIECE_ERROR_FILES = {"h200": "h200_piece_errors.json"}   # beside the parameter 
 
 
 @functools.lru_cache(maxsize=None)
-def piece_error_rows(card: str = "h200", batch: int = 65536) -> tuple:
+def piece_error_rows(card: str = "h200", batch: int = 65536, rule: str = "tables") -> tuple:
     """``(kind, tables, measured / predicted)`` of every measured plan device holding pieces (see
     :func:`piece_judge_error`). Read from :data:`PIECE_ERROR_FILES` when that file was written for
     the current parameter file (its ``params_sha256``; ``tools/fit_gpu_emulator.py`` writes both), else
-    computed (a held-out refit per measured task: ~15 s on 2 cores)."""
+    computed (a held-out refit per measured task: ~15 s on 2 cores; always for ``rule="devices"``)."""
     import hashlib
 
     name = PIECE_ERROR_FILES.get(card)
-    if name and (MEASUREMENTS_DIR / name).is_file() and model_path(card).is_file():
+    if rule == "tables" and name and (MEASUREMENTS_DIR / name).is_file() and model_path(card).is_file():
         obj = json.loads((MEASUREMENTS_DIR / name).read_text())
         digest = hashlib.sha256(model_path(card).read_bytes()).hexdigest()
         if obj.get("params_sha256") == digest and int(obj.get("batch", -1)) == int(batch):
             return tuple((str(k), frozenset(int(i) for i in t), float(r)) for k, t, r in obj["devices"])
-    return compute_piece_error_rows(card, batch)
+    return compute_piece_error_rows(card, batch, rule)
 
 
-def compute_piece_error_rows(card: str = "h200", batch: int = 65536) -> tuple:
+def compute_piece_error_rows(card: str = "h200", batch: int = 65536, rule: str = "tables") -> tuple:
     """:func:`piece_error_rows` computed from the measurements and the current fit."""
     from shardcore.dataset import load_table_configs
     from shardcore.tasks import load_tasks
@@ -1233,7 +1258,7 @@ def compute_piece_error_rows(card: str = "h200", batch: int = 65536) -> tuple:
         kind = piece_device_kind(getattr(t, "kind", "table_wise") for t in pieces)
         if kind is None:
             continue
-        judge = heldout_model(frozenset(t.index for t in tasks[n][task].tables(tables)), card)
+        judge = heldout_model(frozenset(t.index for t in tasks[n][task].tables(tables)), card, rule=rule)
         pred = float(predict_devices(judge, [list(pieces)], batch)[0].sum())
         out.append((kind, frozenset(t.index for t in pieces), (fw + bw) / pred))
     return tuple(out)

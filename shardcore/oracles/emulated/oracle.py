@@ -20,8 +20,12 @@ from shardcore.types import CacheContext, CommLayout, CommSplits, ComputeCost, D
 
 EMULATED_CARDS = ("h200",)
 CARD_NAMES = {"h200": "NVIDIA H200"}
-HELDOUT, FULL = "heldout", "full"     # which fit of the emulated card judges a plan (EmulatedOracle's fit)
-EMULATOR_FITS = (HELDOUT, FULL)
+# which fit of the emulated card judges a plan (EmulatedOracle's fit): held out by the plan's tables (the
+# default), by its devices (never a shard made only of its tables; the tables seen mixed with others, as a
+# learned method's training oracle sees them), or the shipped fit
+HELDOUT, DEVICES, FULL = "heldout", "devices", "full"
+EMULATOR_FITS = (HELDOUT, DEVICES, FULL)
+HOLDOUT_RULE = {HELDOUT: "tables", DEVICES: "devices"}   # emulator.HOLDOUT_RULES
 
 
 def _length_cv(data_dir: str, batch_size: int) -> list[float] | None:
@@ -96,7 +100,8 @@ class EmulatedOracle:
     # -- what is measured --------------------------------------------------------------------
     @property
     def hardware(self) -> str:
-        held = ", held out: never fitted on a plan's own tables" if self.fit == HELDOUT else ""
+        held = {HELDOUT: ", held out: never fitted on a plan's own tables",
+                DEVICES: ", held out by devices: never fitted on a shard made only of a plan's tables"}.get(self.fit, "")
         return (f"emulated {CARD_NAMES.get(self.card, self.card)} (compute model fitted on real "
                 f"{CARD_NAMES.get(self.card, self.card)} measurements{held}), {self.ndevices} devices")
 
@@ -107,8 +112,9 @@ class EmulatedOracle:
 
     @property
     def parts(self) -> dict:
-        how = ("refitted per plan without the measured shards that hold any of its tables" if self.fit == HELDOUT
-               else "the shipped fit on every measured shard")
+        how = {HELDOUT: "refitted per plan without the measured shards that hold any of its tables",
+               DEVICES: "refitted per plan without the measured shards made only of its tables"}.get(
+            self.fit, "the shipped fit on every measured shard")
         return {"compute": f"modelled (emulated:{self.card}, {how})",
                 "comm": ("none (one device)" if self.ndevices == 1
                          else f"{self.comm_model.describe()}; {PIECES_NOTE}")}
@@ -117,7 +123,7 @@ class EmulatedOracle:
     def context(self) -> CacheContext:
         from shardcore.oracles.setting import dataset_digest
 
-        held = ":heldout" if self.fit == HELDOUT else ""   # a held-out answer depends on the plan's tables
+        held = {HELDOUT: ":heldout", DEVICES: ":devices"}.get(self.fit, "")   # a held-out answer depends on the plan's tables
         return CacheContext(f"emulated:{self.card}{held}", dataset_digest(self.dataset), self.batch_size,
                             self.optimizer, self.precision)
 
@@ -146,14 +152,15 @@ class EmulatedOracle:
 
     def compute_model(self, tables: Sequence[TableConfig]):
         """The compute model that judges a plan or shards holding ``tables``: the shipped fit, or (held
-        out, the default) the fit without every measured shard that holds one of them
-        (:func:`shardcore.oracles.emulated.emulator.heldout_model`; tables of another dataset were never measured)."""
+        out, the default) the fit without every measured shard that holds one of them, or (``devices``)
+        without every measured shard made only of them (:func:`shardcore.oracles.emulated.emulator.heldout_model`;
+        tables of another dataset were never measured)."""
         if self.fit == FULL:
             return self.model
         from shardcore.oracles.emulated.emulator import heldout_model, seen_tables
 
         seen = seen_tables(tables, self.card)
-        return heldout_model(seen, self.card) if seen else self.model
+        return heldout_model(seen, self.card, rule=HOLDOUT_RULE[self.fit]) if seen else self.model
 
     def measure_shards(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None, *,
                        judged: Sequence[TableConfig] | None = None) -> list[ComputeCost]:
