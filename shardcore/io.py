@@ -70,6 +70,22 @@ def save_checkpoint(obj: Any, path: str | os.PathLike) -> None:
     torch_save(obj, path)
 
 
+def read_maybe_gzipped(path: str | os.PathLike) -> bytes:
+    """A file's bytes, decompressed when it is gzip (``eval.py --out`` records shipped as ``.jsonl.gz``).
+    Raises ``OSError`` (a bad gzip stream included) as ``open`` does."""
+    import gzip
+    import zlib
+
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if data[:2] != b"\x1f\x8b":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (EOFError, zlib.error) as exc:
+        raise gzip.BadGzipFile(f"a truncated or corrupt gzip stream ({exc})") from None
+
+
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
     """A text file's contents as UTF-8 (a leading byte-order mark is dropped). An unreadable file or
     one that is not UTF-8 text raises :class:`~shardcore.errors.ShardError` with one line."""

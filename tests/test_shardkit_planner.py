@@ -928,6 +928,43 @@ def test_compare_tool_rejudges_the_records_plans_with_another_fit(tmp_path):
         shardkit_compare.summarize(str(path), "shardkit", None, rejudge_fit="devices")
 
 
+def test_the_shipped_honest_margin_plans_give_the_readmes_figures():
+    """results/honest_margins/2026-11-27: the plans of the README's first table, read gzipped, give its
+    DLRM-50 figures under both judges (plain and stressed, 1000 draws)."""
+    from tools import shardkit_compare
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "honest_margins",
+                        "2026-11-27", "emu_dlrm50.jsonl.gz")
+    text = shardkit_compare.summarize(path, "shardkit", None)
+    assert "shardkit: 4.7% below the best anchor (torchrec); best on 10/10 tasks" in text
+    assert "shardkit 3.457 ms, best anchor torchrec 3.614 ms: 4.3% below (2.6% .. 6.3%)" in text
+    text = shardkit_compare.summarize(path, "shardkit", None, rejudge_fit="devices")
+    assert "shardkit: 4.3% below the best anchor (torchrec); best on 9/10 tasks" in text
+    assert "best anchor neuroshard 3.6 ms: 3.5% below (1.6% .. 5.6%)" in text
+
+
+def test_compare_tool_and_gpu_check_read_gzipped_records_and_refuse_a_broken_one(tmp_path):
+    import gzip
+
+    from tools import shardkit_compare
+    from tools.gpu_check_lib import _eval_records
+
+    rec = {"task": 0, "alg": "shardkit", "cost_ms": 1.0, "device_costs_ms": [[0.5, 0.0, 0.0, 0.5]],
+           "hardware": "CPU, 1 logical device(s)"}
+    good = tmp_path / "r.jsonl.gz"
+    good.write_bytes(gzip.compress((json.dumps(rec) + "\n" + json.dumps({**rec, "alg": "lookup_greedy"}) + "\n").encode()))
+    assert "shardkit" in shardkit_compare.summarize(str(good), "shardkit", None)
+    seen = []
+    _eval_records(str(good), "--plans", lambda k, r: seen.append(r["alg"]))
+    assert seen == ["shardkit", "lookup_greedy"]
+    bad = tmp_path / "b.jsonl.gz"
+    bad.write_bytes(good.read_bytes()[:30])
+    with pytest.raises(ShardError, match="not a readable eval.py --out file"):
+        shardkit_compare.summarize(str(bad), "shardkit", None)
+    with pytest.raises(ShardError, match="--plans .*gzip"):
+        _eval_records(str(bad), "--plans", lambda k, r: None)
+
+
 def test_compare_tool_reads_a_gpu_check_summary():
     """The shipped H200 run of 2026-11-27: each task set in turn, the judge's noise named."""
     from tools import shardkit_compare

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import refuse_predictions
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
@@ -248,15 +249,14 @@ def _eval_records(path: str, flag: str, use) -> None:
     """Feed every record of an ``eval.py --out`` file to ``use(line_number, record)``; an unreadable
     or malformed file is one line naming ``flag``."""
     try:
-        with open(path, "rb") as fh:
-            lines = fh.read().decode("utf-8").splitlines()
+        lines = io.read_maybe_gzipped(path).decode("utf-8").splitlines()
         for k, line in enumerate(lines, 1):
             if line.strip():
                 rec = json.loads(line)
                 refuse_predictions(rec, f"{flag} {path}:{k}", "an oracle's costs (eval.py --out)")
                 use(k, rec)
     except OSError as exc:
-        raise ShardError(f"{flag} {path}: {exc.strerror}") from None
+        raise ShardError(f"{flag} {path}: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ShardError(f"{flag} {path}: not an eval.py --out file ({type(exc).__name__})") from None
 

@@ -231,8 +231,7 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
         return "\n\n".join(summarize_records(label, recs, alg, anchors, data_dir, draws) + ("\n" + note if note else "")
                            for label, recs, note in gpu_check_sets(path))
     try:
-        with open(path, "rb") as fh:
-            lines = fh.read().decode("utf-8").splitlines()
+        lines = io.read_maybe_gzipped(path).decode("utf-8").splitlines()
         recs = [check_record(json.loads(x), f"{path}:{k}") for k, x in enumerate(lines, 1) if x.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ShardError(f"{path}: not a readable eval.py --out file ({io.first_line(exc, 200)})") from None
