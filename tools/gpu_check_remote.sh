@@ -8,11 +8,15 @@
 #   here, once (about 3 minutes):
 #     echo /.gpu/ >> .git/info/exclude
 #     ../shared/tools/stage-fbgemm-gpu.sh .gpu && bash tools/gpu_check_remote.sh split .gpu
-#     cp my_plans.jsonl .gpu/p3/            # eval.py --out files whose plans the GPU should measure
+#     cp my_plans.jsonl .gpu/p3/            # eval.py --out files whose plans the GPU should measure (tracked
+#                                           # ones travel with the tree: results/honest_margins/*/emu_dlrm*.jsonl.gz)
 #   there, three calls made one after another (the machine goes back 30 s after a call):
 #     call 1, carry .gpu/p1:  bash tools/gpu_check_remote.sh part 1
 #     call 2, carry .gpu/p2:  bash tools/gpu_check_remote.sh part 2
 #     call 3, carry .gpu/p3:  bash tools/gpu_check_remote.sh run --plans DLRM-50=.gpu/p3/my_plans.jsonl ...
+#       e.g. the honest-margin plans:  R=results/honest_margins/2026-11-27; bash tools/gpu_check_remote.sh run \
+#         --alg lookup_greedy --plans DLRM-50=$R/emu_dlrm50.jsonl.gz --plans DLRM-100=$R/emu_dlrm100.jsonl.gz \
+#         --noise-repeats 3 --time-budget 550
 #
 # "run" waits for the dataset (by its pid: never `pgrep -f`, which matches the waiting shell itself),
 # unpacks FBGEMM into /tmp/site, runs tools/gpu_check.py --work-dir /tmp/gc with the flags given and
