@@ -28,6 +28,7 @@ exchange model and dataset), else the tool stops in one line.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -96,7 +97,7 @@ def rejudge(path: str, recs: list[dict], fit: str, data_dir: str, task_path: str
         raise ShardError(f"{path}: --rejudge needs records of the emulated H200 (got {'; '.join(sorted(hardware))})")
     oracles: dict = {}
     out = []
-    try:
+    with contextlib.ExitStack() as stack:
         for k, r in enumerate(recs):
             if r.get("cost_ms") is None:
                 out.append(r)
@@ -117,8 +118,8 @@ def rejudge(path: str, recs: list[dict], fit: str, data_dir: str, task_path: str
             costs = []
             for f in (recorded_fit(str(r["hardware"])), fit):
                 if (n, batch, f) not in oracles:
-                    oracles[n, batch, f] = open_oracle(data_dir, n, oracle="emulated:h200", batch_size=batch,
-                                                       emulator_fit=f).__enter__()
+                    oracles[n, batch, f] = stack.enter_context(open_oracle(
+                        data_dir, n, oracle="emulated:h200", batch_size=batch, emulator_fit=f))
                 costs.append(oracles[n, batch, f].evaluate(shards))
             if abs(costs[0].cost_ms - float(r["cost_ms"])) > 1e-6 * float(r["cost_ms"]):
                 raise ShardError(f"{path}: record {k + 1} ({r['alg']}, task {r['task']}) scores {costs[0].cost_ms:.6g} ms "
@@ -127,9 +128,6 @@ def rejudge(path: str, recs: list[dict], fit: str, data_dir: str, task_path: str
             new = costs[1]
             out.append({**r, "cost_ms": new.cost_ms, "device_costs_ms": new.device_costs_ms,
                         "hardware": oracles[n, batch, fit].hardware, "parts": oracles[n, batch, fit].parts})
-    finally:
-        for o in oracles.values():
-            o.__exit__(None, None, None)
     return out
 
 
