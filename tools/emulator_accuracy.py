@@ -212,7 +212,6 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
     """(e) every measured plan of ``runs`` re-scored by the emulated H200's held-out judges (held out by
     the plan's tables, ``--oracle emulated:h200``'s default, and by its devices, ``--emulator-fit
     devices``), plan cost against plan cost."""
-    import gzip
     import json
 
     from shardcore.oracles.emulated.emulator import GPUCHECK_SETS, TASK_FILES
@@ -230,11 +229,8 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
         for ts in summary["sets"]:
             name = ts["name"].split(" ")[0]
             tasks = load_tasks(os.path.join(directory, TASK_FILES[GPUCHECK_SETS[name]]), num_tables=len(tables))
-            records = {}
-            with gzip.open(os.path.join(directory, plan_files[name]), "rt") as fh:
-                for line in fh:
-                    r = json.loads(line)
-                    records[(r["task"], r["alg"])] = r
+            lines = io.read_maybe_gzipped(os.path.join(directory, plan_files[name])).decode("utf-8").splitlines()
+            records = {(r["task"], r["alg"]): r for r in map(json.loads, filter(str.strip, lines))}
             got: dict[str, list] = {}
             with open_oracle(data, int(ts["ndevices"]), oracle="emulated:h200") as judge, \
                     open_oracle(data, int(ts["ndevices"]), oracle="emulated:h200", emulator_fit="devices") as by_devices:
