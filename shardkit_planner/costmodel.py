@@ -47,7 +47,7 @@ import numpy as np
 
 from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_comm_model, id_width as piece_id_width,
                                  pooled_width, remote_bytes)
-from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, GpuComputeModel, fit_params, fit_weights, load_gpu_model, piece_device_kind, predict_devices,
+from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, PIECE_DEVICE_KINDS, GpuComputeModel, fit_params, fit_weights, load_gpu_model, piece_device_kind, predict_devices,
                                 shard_features, table_arrays)
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import EXACT_SGD
@@ -99,14 +99,36 @@ class CostModel:
     # on other tasks' devices: shardcore.oracles.emulated.emulator.piece_bias); such a shard's compute
     # is multiplied by its kind's factor
     kind_bias: dict | None = None
+    # its error on such devices ({kind: measured / predicted ratios of other tasks' devices of that
+    # kind, each divided by its median, as kind_bias carries the bias}): a device holding replicas or
+    # row-wise blocks draws from its kind's error in the objective (error_draws), the others from error
+    kind_error: dict | None = field(default=None, repr=False)
     _cv_cache: dict = field(default_factory=dict, repr=False)
 
     def error_draws(self, ndevices: int, draws: int = ERROR_DRAWS, seed: int = 0) -> np.ndarray | None:
-        """``[draws, ndevices]`` fixed factors drawn from :attr:`error` (None without it)."""
+        """``[1 + len(PIECE_DEVICE_KINDS), draws, ndevices]`` fixed factors (None without :attr:`error`):
+        layer 0 drawn from :attr:`error`, for a device of whole tables and column blocks; layer ``k`` for
+        a device of kind ``PIECE_DEVICE_KINDS[k - 1]`` (``piece_device_kind``), drawn from
+        :attr:`kind_error` of that kind where it is known, else layer 0 again."""
         if self.error is None or len(self.error) == 0:
             return None
-        rng = np.random.default_rng(seed)
-        return np.asarray(self.error, dtype=float)[rng.integers(0, len(self.error), size=(draws, int(ndevices)))]
+        shape = (draws, int(ndevices))
+        base = np.asarray(self.error, dtype=float)[np.random.default_rng(seed).integers(0, len(self.error), size=shape)]
+        layers = [base]
+        for k, kind in enumerate(PIECE_DEVICE_KINDS):
+            pool = (self.kind_error or {}).get(kind)
+            if pool is None or len(pool) == 0:
+                layers.append(base)
+            else:
+                pool = np.asarray(pool, dtype=float)
+                layers.append(pool[np.random.default_rng(seed + 1 + k).integers(0, len(pool), size=shape)])
+        return np.stack(layers)
+
+    @staticmethod
+    def device_kind_index(pieces: Sequence[TableConfig]) -> int:
+        """The layer of :meth:`error_draws` a device holding ``pieces`` draws from."""
+        kind = piece_device_kind([getattr(p, "kind", None) for p in pieces])
+        return 0 if kind is None else 1 + PIECE_DEVICE_KINDS.index(kind)
 
     # -- compute -------------------------------------------------------------------------------
     def _cv(self, t: TableConfig) -> float:

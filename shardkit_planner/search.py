@@ -88,16 +88,20 @@ class State:
         self.extra = np.array([sum(model.extra_bytes(p, self.n) for _, p in ps) for ps in self.pieces])
         self.ids = np.array([sum(model.id_width(p) for _, p in ps) for ps in self.pieces], dtype=float)
         self.costs = self.comp + model.comm_costs(self.dims, self.extra, self.ids)
-        self.draws = model.error_draws(self.n)
+        self.draws = model.error_draws(self.n)      # [layer, draw, device] or None
+        self.kinds = np.array([model.device_kind_index([p for _, p in ps]) for ps in self.pieces], dtype=int)
 
-    def slowest(self, comp: np.ndarray, costs: np.ndarray) -> np.ndarray:
-        """The objective's first term for plans with device compute ``comp`` and total ``costs`` (devices
-        on the last axis): the slowest device, or, when the model knows its error, the expected
-        slowest device with each device's compute off by a draw of it (the same draws for every plan)."""
+    def slowest(self, comp: np.ndarray, costs: np.ndarray, kinds: np.ndarray | None = None) -> np.ndarray:
+        """The objective's first term for plans with device compute ``comp``, total ``costs`` and error
+        layers ``kinds`` (``CostModel.device_kind_index``; default this state's; devices on the last
+        axis): the slowest device, or, when the model knows its error, the expected slowest device with
+        each device's compute off by a draw of its kind's error (the same draws for every plan)."""
         if self.draws is None:
             return costs.max(axis=-1)
+        kinds = self.kinds if kinds is None else kinds
+        factors = self.draws[kinds[..., None, :], np.arange(self.draws.shape[1])[:, None], np.arange(self.n)]
         comm = costs - comp
-        return (comp[..., None, :] * self.draws + comm[..., None, :]).max(axis=-1).mean(axis=-1)
+        return (comp[..., None, :] * factors + comm[..., None, :]).max(axis=-1).mean(axis=-1)
 
     def copy(self) -> "State":
         """An independent copy (the model, its error draws and the remembered shard costs shared)."""
@@ -106,7 +110,7 @@ class State:
         new.shardings = list(self.shardings)
         new.pieces = [list(ps) for ps in self.pieces]
         new.pos_devices = [set(ds) for ds in self.pos_devices]
-        for name in ("mem", "comp", "dims", "extra", "ids", "costs"):
+        for name in ("mem", "comp", "dims", "extra", "ids", "costs", "kinds"):
             setattr(new, name, getattr(self, name).copy())
         return new
 
@@ -189,6 +193,7 @@ class State:
             self.dims[d] = sum(self.model.pooled_dim(p) for p in ps)
             self.extra[d] = sum(self.model.extra_bytes(p, self.n) for p in ps)
             self.ids[d] = sum(self.model.id_width(p) for p in ps)
+            self.kinds[d] = self.model.device_kind_index(ps)
         self.costs = self.comp + self.model.comm_costs(self.dims, self.extra, self.ids)
 
 
@@ -385,11 +390,13 @@ def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, m
             dims_m = np.tile(st.dims, (C, 1))
             extra_m = np.tile(st.extra, (C, 1))
             ids_m = np.tile(st.ids, (C, 1))
+            kinds_m = np.tile(st.kinds, (C, 1))
             for (c, d), ps, v in zip(owner, flat, comp):
                 comp_m[c, d] = v
                 dims_m[c, d], extra_m[c, d], ids_m[c, d] = st.exchange_sums(ps)
+                kinds_m[c, d] = model.device_kind_index(ps)
             costs = comp_m + model.comm_costs(dims_m, extra_m, ids_m)
-            mx = st.slowest(comp_m, costs)
+            mx = st.slowest(comp_m, costs, kinds_m)
             sq = (costs ** 2).sum(axis=1)
             i = int(np.lexsort((sq, mx))[0])
             if best is None or (mx[i], sq[i]) < (best[0], best[1]):

@@ -313,11 +313,12 @@ class ShardkitSharder(Sharder):
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model
-        from shardcore.oracles.emulated.emulator import heldout_model, model_error, piece_bias, seen_tables
+        from shardcore.oracles.emulated.emulator import heldout_model, model_error, piece_bias, piece_spread, seen_tables
 
         card = model.landscape.split(":", 1)[1]
         seen = seen_tables(tables, card) if self.emulator_fit == "heldout" else frozenset()
         bias = piece_bias(seen, card, model.batch_size) or None   # measured on other tasks' devices
+        spread = (piece_spread(seen, card, model.batch_size) or None) if self.robust else None   # the same
         why = ""
         if seen:
             try:
@@ -327,12 +328,12 @@ class ShardkitSharder(Sharder):
         if not seen:
             _fit_lazy_parts(model.compute)
             error = model_error(frozenset(), card) if self.robust else None
-            out = dataclasses.replace(model, error=error, kind_bias=bias)
+            out = dataclasses.replace(model, error=error, kind_bias=bias, kind_error=spread)
             if why:
                 out = dataclasses.replace(out, source=f"{model.source}; the shipped fit, no held-out refit ({why})")
             return out
         _fit_lazy_parts(compute)
-        return dataclasses.replace(model, compute=compute, kind_bias=bias,
+        return dataclasses.replace(model, compute=compute, kind_bias=bias, kind_error=spread,
                                    error=model_error(seen, card, HELDOUT_SUBSET) if self.robust else None,
                                    source=f"emulator ({card}) refitted without the task's {len(seen)} measured "
                                           f"tables and fold {HELDOUT_SUBSET.split(':')[1]} of the rest")

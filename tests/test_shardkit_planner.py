@@ -856,8 +856,10 @@ def test_robust_objective_never_worse_than_its_starts_under_the_models_error(dat
     sk = _sharder(m, robust=True)
     sk.task_model = lambda _tables: m            # the data set's tables are not the card's: plan with m
     plan = sk.shard(task, Topology(4, 10.0))
-    draws = m.error_draws(4)
-    assert draws.shape == (64, 4) and set(np.unique(draws)) <= set(ratios)
+    layers = m.error_draws(4)
+    assert layers.shape == (3, 64, 4) and set(np.unique(layers)) <= set(ratios)
+    assert (layers[1] == layers[0]).all() and (layers[2] == layers[0]).all()   # no kind_error: one pool
+    draws = layers[0]
 
     def objective(p):
         shards = p.shard_tables(task)
@@ -872,6 +874,34 @@ def test_robust_objective_never_worse_than_its_starts_under_the_models_error(dat
     shards = plan.shard_tables(task)
     comp = m.shard_compute(shards)
     assert got >= float((comp * draws.mean(axis=0) + m.shard_costs(shards) - comp).max()) - 1e-9
+
+
+def test_robust_objective_draws_a_replica_device_from_its_kinds_error(data, model):
+    """With an error of its own for devices holding replicas (kind_error), such a device draws from it
+    in the objective, a device of whole tables from the model's error: the objective the search
+    minimises is that of the stressed judge, device kind by device kind."""
+    _, tables = data
+    task = tables[5:13]
+    plain, wide = np.array([0.99, 1.0, 1.01]), np.array([0.7, 1.0, 1.3])
+    m = dataclasses.replace(model, error=plain, kind_error={"data_parallel": wide})
+    layers = m.error_draws(4)
+    assert layers.shape == (3, 64, 4)
+    assert set(np.unique(layers[0])) <= set(plain) and set(np.unique(layers[1])) <= set(wide)
+    assert (layers[2] == layers[0]).all()          # no row-wise error given: the model's own
+    tw = Plan.from_shardings(task, [table_wise(i % 4) for i in range(len(task))], 4)
+    dp = Plan.from_shardings(task, [data_parallel(4)] + [table_wise(i % 4) for i in range(1, len(task))], 4)
+    for plan, kinds in ((tw, [0, 0, 0, 0]), (dp, [1, 1, 1, 1])):
+        st = State(m, task, plan.table_shardings(task), 4, 10.0, "fp16")
+        assert st.kinds.tolist() == kinds
+        f = layers[kinds, np.arange(64)[:, None], np.arange(4)]
+        want = (st.comp[None, :] * f + (st.costs - st.comp)[None, :]).max(axis=1).mean()
+        assert st.score[0] == pytest.approx(want, rel=1e-12)
+    # a move that gathers the replica table-wise puts every device back on the model's own error
+    st = State(m, task, dp.table_shardings(task), 4, 10.0, "fp16")
+    change = {0: table_wise(0)}
+    shards = st.changed_shards(change)
+    st.apply(change, shards, dict(zip(shards, st.compute_many(list(shards.values())))))
+    assert st.kinds.tolist() == [0, 0, 0, 0]
 
 
 def test_compare_tool_rejudges_the_records_plans_with_another_fit(tmp_path):

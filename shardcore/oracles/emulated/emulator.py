@@ -1208,6 +1208,20 @@ def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536) -> di
     return out
 
 
+def piece_spread(exclude: frozenset, card: str = "h200", batch: int = 65536) -> dict[str, np.ndarray]:
+    """``{kind: ratios}``: the :func:`piece_judge_error` of the measured devices of each
+    :data:`PIECE_DEVICE_KINDS` outside the task of tables ``exclude`` (as :func:`piece_bias`), divided
+    by their median, for kinds with at least :data:`MIN_BIAS_DEVICES` of them: the fitted model's error
+    on such a device once :func:`piece_bias` has corrected its bias (on the H200, runs 3-5: sd 4.6% on
+    devices with replicas, 3.9% with row-wise blocks, against 2.9% on whole-table shards)."""
+    out = {}
+    for kind in PIECE_DEVICE_KINDS:
+        r = piece_judge_error(kind, card, batch, exclude)
+        if len(r) >= MIN_BIAS_DEVICES:
+            out[kind] = r / float(np.median(r))
+    return out
+
+
 def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude: frozenset = frozenset(),
                       rule: str = "tables") -> np.ndarray:
     """measured / predicted fw+bw of every measured plan device of ``kind`` (:func:`piece_device_kind`:
