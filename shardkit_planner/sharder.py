@@ -318,7 +318,7 @@ class ShardkitSharder(Sharder):
         card = model.landscape.split(":", 1)[1]
         seen = seen_tables(tables, card) if self.emulator_fit == "heldout" else frozenset()
         bias = piece_bias(seen, card, model.batch_size) or None   # measured on other tasks' devices
-        spread = (piece_spread(seen, card, model.batch_size) or None) if self.robust else None   # the same
+        spread = (piece_spread(seen, card, model.batch_size) or None) if self.robust else None   # and its spread
         why = ""
         if seen:
             try:

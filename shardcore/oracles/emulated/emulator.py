@@ -1193,33 +1193,31 @@ def piece_device_kind(kinds) -> str | None:
 MIN_BIAS_DEVICES = 20     # piece_bias: measured devices of a kind needed to state the model's bias on it
 
 
-def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536) -> dict[str, float]:
-    """``{kind: factor}``: the median :func:`piece_judge_error` of the measured devices of each
+def _piece_errors(exclude: frozenset, card: str, batch: int) -> dict[str, np.ndarray]:
+    """``{kind: ratios}``: the :func:`piece_judge_error` of the measured devices of each
     :data:`PIECE_DEVICE_KINDS` outside the task of tables ``exclude`` (a device whose tables all lie in
     ``exclude`` is that task's own, as in :func:`fit_replica_weights`), for kinds with at least
-    :data:`MIN_BIAS_DEVICES` of them: how far the fitted model, unbiased on whole-table shards by its
-    least squares, under- (> 1) or over-prices a device holding such pieces. Measured on the H200
-    (runs 3-5, 2026-11-27): devices with row-wise blocks 1.026, with replicas 0.993."""
+    :data:`MIN_BIAS_DEVICES` of them."""
     out = {}
     for kind in PIECE_DEVICE_KINDS:
         r = piece_judge_error(kind, card, batch, exclude)
         if len(r) >= MIN_BIAS_DEVICES:
-            out[kind] = float(np.median(r))
+            out[kind] = r
     return out
+
+
+def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536) -> dict[str, float]:
+    """``{kind: factor}``: the median of :func:`_piece_errors`: how far the fitted model, unbiased on
+    whole-table shards by its least squares, under- (> 1) or over-prices a device holding such pieces.
+    Measured on the H200 (runs 3-5, 2026-11-27): devices with row-wise blocks 1.026, with replicas 0.993."""
+    return {kind: float(np.median(r)) for kind, r in _piece_errors(exclude, card, batch).items()}
 
 
 def piece_spread(exclude: frozenset, card: str = "h200", batch: int = 65536) -> dict[str, np.ndarray]:
-    """``{kind: ratios}``: the :func:`piece_judge_error` of the measured devices of each
-    :data:`PIECE_DEVICE_KINDS` outside the task of tables ``exclude`` (as :func:`piece_bias`), divided
-    by their median, for kinds with at least :data:`MIN_BIAS_DEVICES` of them: the fitted model's error
-    on such a device once :func:`piece_bias` has corrected its bias (on the H200, runs 3-5: sd 4.6% on
-    devices with replicas, 3.9% with row-wise blocks, against 2.9% on whole-table shards)."""
-    out = {}
-    for kind in PIECE_DEVICE_KINDS:
-        r = piece_judge_error(kind, card, batch, exclude)
-        if len(r) >= MIN_BIAS_DEVICES:
-            out[kind] = r / float(np.median(r))
-    return out
+    """``{kind: ratios}``: :func:`_piece_errors` divided by their median: the fitted model's error on
+    such a device once :func:`piece_bias` has corrected its bias (on the H200, runs 3-5: sd 4.6% on
+    devices with replicas, 3.8% with row-wise blocks, against 2.9% on whole-table shards)."""
+    return {kind: r / float(np.median(r)) for kind, r in _piece_errors(exclude, card, batch).items()}
 
 
 def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude: frozenset = frozenset(),
