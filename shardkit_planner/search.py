@@ -28,9 +28,12 @@ the start under the model, and the search cannot cycle.
 * *replicate*: a small hot table of ``m`` made data-parallel (a replica on every device);
 * *gather*: a row-wise, grid or data-parallel table touching ``m`` made table-wise on ``e``.
 
-A local optimum of these moves is left by a *kick* (:func:`kick`: a few random moves, taken whatever
-they cost) and a new search from there -- an iterated local search, run by the sharder while its
-budget lasts, keeping the best plan found.
+A local optimum of these moves is left by a *kick* and a new search from there -- an iterated local
+search, run by the sharder while its budget lasts, keeping the best plan found. A kick is either a few
+random moves taken whatever they cost (:func:`kick`) or a *ruin and recreate* (:func:`recreate`): a
+random share of the whole tables taken off their devices and put back, heaviest first, each where the
+load is least by then -- a rebalancing of many tables at once, which single moves from the slowest
+device cannot make once replicas fill every device.
 
 Each round scores the candidate moves in chunks (one batched compute prediction for every changed
 device shard of a chunk, remembered by shard contents; the exchanges of every candidate in one
@@ -340,6 +343,35 @@ def kick(st: State, rng: np.random.Generator, k: int, dp_max_gb: float = 0.05,
         st.apply({pos: new}, shards, {d: float(v) for d, v in zip(shards, comp)})
         applied += 1
     return applied
+
+
+def recreate(st: State, rng: np.random.Generator, share: float = 0.3) -> int:
+    """Ruin and recreate ``st`` in place: ``share`` of its table-wise tables (at least two), drawn at
+    random, taken off their devices and put back table-wise, heaviest first (the model's cost of the
+    table alone on a device), each on the device whose load is least by then, the loads being the
+    devices' costs less the taken tables' standalone costs. Nothing changes (0) where fewer than two
+    tables are table-wise, on one device, or where the result would overflow a device's memory.
+    Returns how many tables were put back."""
+    whole = [pos for pos, s in enumerate(st.shardings) if s.type == TABLE_WISE]
+    if len(whole) < 2 or st.n < 2:
+        return 0
+    taken = [whole[i] for i in rng.choice(len(whole), size=min(len(whole), max(2, int(share * len(whole)))),
+                                          replace=False)]
+    alone = st.model.shard_costs([[st.tables[pos]] for pos in taken])
+    load = st.costs.copy()
+    for pos, c in zip(taken, alone):
+        load[st.shardings[pos].devices[0]] -= c
+    change = {}
+    for j in np.argsort(-alone, kind="stable"):
+        d = int(np.argmin(load))
+        change[taken[int(j)]] = table_wise(d)
+        load[d] += alone[int(j)]
+    shards = st.changed_shards(change)
+    if shards is None:
+        return 0
+    comp = st.compute_many(list(shards.values()))
+    st.apply(change, shards, {d: float(v) for d, v in zip(shards, comp)})
+    return len(change)
 
 
 CHUNK_PIECES = 20000   # candidates scored together hold about this many pieces per touched device, at most

@@ -19,7 +19,7 @@ from shardcore.oracles.measured.driver import PlanResult
 from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise
 from shardcore.types import Topology
 from shardkit_planner.costmodel import CostModel, emulated_model
-from shardkit_planner.search import State, candidate_moves, kick, local_search
+from shardkit_planner.search import State, candidate_moves, kick, local_search, recreate
 from shardkit_planner.sharder import ShardkitSharder, hybrid_greedy, load_sharder, model_greedy, replicate_greedy
 from helpers import FnOracle, make_dataset
 
@@ -319,6 +319,48 @@ def test_kick_changes_a_copy_only_and_keeps_its_bookkeeping_exact(data, model):
     again = st.copy()
     kick(again, np.random.default_rng(0), 3)
     assert again.shardings == other.shardings
+
+
+def test_recreate_puts_a_share_of_the_whole_tables_back_heaviest_first_on_the_least_loaded(data, model):
+    """Ruin and recreate: a share of the table-wise tables re-placed at once (on a copy), every other
+    table where it was, each re-placed table table-wise, the books exact, the same seed the same plan;
+    nothing where it cannot (one device, a device's memory overflowing)."""
+    _, tables = data
+    task = tables[:16]
+    start = model_greedy(model, task, 4, 10.0, "fp16")
+    shardings = start.table_shardings(task)
+    shardings[0] = data_parallel(4)                      # a replica stays a replica
+    st = State(model, task, shardings, 4, 10.0, "fp16")
+    other = st.copy()
+    n = recreate(other, np.random.default_rng(0), 0.5)
+    assert n == 7                                        # half of the 15 whole tables, rounded down
+    moved = [i for i, (a, b) in enumerate(zip(st.shardings, other.shardings)) if a != b]
+    assert 0 not in moved and other.shardings[0] == data_parallel(4)
+    assert all(other.shardings[i].type == "table_wise" for i in range(1, len(task)))
+    assert st.shardings == shardings                     # the original untouched
+    fresh = State(model, task, other.shardings, 4, 10.0, "fp16")
+    assert np.allclose(fresh.costs, other.costs) and np.allclose(fresh.mem, other.mem)
+    again = st.copy()
+    recreate(again, np.random.default_rng(0), 0.5)
+    assert again.shardings == other.shardings
+    # the heaviest re-placed table went to the least loaded device once the taken ones were off
+    rng = np.random.default_rng(0)
+    whole = [i for i, s in enumerate(shardings) if s.type == "table_wise"]
+    taken = [whole[i] for i in rng.choice(len(whole), size=7, replace=False)]
+    alone = model.shard_costs([[task[i]] for i in taken])
+    load = st.costs.copy()
+    for i, c in zip(taken, alone):
+        load[shardings[i].devices[0]] -= c
+    heaviest = taken[int(np.argmax(alone))]
+    assert other.shardings[heaviest].devices == (int(np.argmin(load)),)
+    assert set(moved) <= set(taken)                      # only the taken tables may have moved
+    assert recreate(State(model, task, [table_wise(0)] * len(task), 1, 10.0, "fp16"), rng) == 0
+    # a re-placement that would overflow a device's memory (changed_shards says None) changes nothing
+    full = st.copy()
+    full.changed_shards = lambda change: None
+    before = (list(full.shardings), full.costs.copy())
+    assert recreate(full, np.random.default_rng(0), 0.5) == 0
+    assert full.shardings == before[0] and np.array_equal(full.costs, before[1])
 
 
 def test_iterated_search_kicks_while_the_budget_lasts_and_keeps_the_best(data, model):
