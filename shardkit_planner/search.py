@@ -92,6 +92,8 @@ class State:
         self.ids = np.array([sum(model.id_width(p) for _, p in ps) for ps in self.pieces], dtype=float)
         self.costs = self.comp + model.comm_costs(self.dims, self.extra, self.ids)
         self.draws = model.error_draws(self.n)      # [layer, draw, device] or None
+        if self.draws is not None:                  # slowest's index of each draw and device in a layer
+            self._draw_at = (np.arange(self.draws.shape[1])[:, None], np.arange(self.n))
         self.kinds = np.array([model.device_kind_index([p for _, p in ps]) for ps in self.pieces], dtype=int)
 
     def slowest(self, comp: np.ndarray, costs: np.ndarray, kinds: np.ndarray | None = None) -> np.ndarray:
@@ -102,7 +104,7 @@ class State:
         if self.draws is None:
             return costs.max(axis=-1)
         kinds = self.kinds if kinds is None else kinds
-        factors = self.draws[kinds[..., None, :], np.arange(self.draws.shape[1])[:, None], np.arange(self.n)]
+        factors = self.draws[(kinds[..., None, :],) + self._draw_at]
         comm = costs - comp
         return (comp[..., None, :] * factors + comm[..., None, :]).max(axis=-1).mean(axis=-1)
 
@@ -180,6 +182,16 @@ class State:
                     return None
             out[d] = kept + added
         return out
+
+    def make(self, change: dict[int, Sharding]) -> bool:
+        """Apply ``change`` with the model's compute of every device it touches; False (nothing
+        changed) where a device would overflow its memory."""
+        shards = self.changed_shards(change)
+        if shards is None:
+            return False
+        comp = self.compute_many(list(shards.values()))
+        self.apply(change, shards, {d: float(v) for d, v in zip(shards, comp)})
+        return True
 
     def apply(self, change: dict[int, Sharding], shards: dict[int, list[TableConfig]], comp: dict[int, float]) -> None:
         for pos, s in change.items():
@@ -336,12 +348,8 @@ def kick(st: State, rng: np.random.Generator, k: int, dp_max_gb: float = 0.05,
             new = table_wise(e + (e >= s.devices[0]))
         else:
             new = table_wise(int(rng.integers(st.n)))
-        shards = st.changed_shards({pos: new})
-        if shards is None:
-            continue
-        comp = st.compute_many(list(shards.values()))
-        st.apply({pos: new}, shards, {d: float(v) for d, v in zip(shards, comp)})
-        applied += 1
+        if st.make({pos: new}):
+            applied += 1
     return applied
 
 
@@ -366,12 +374,7 @@ def recreate(st: State, rng: np.random.Generator, share: float = 0.3) -> int:
         d = int(np.argmin(load))
         change[taken[int(j)]] = table_wise(d)
         load[d] += alone[int(j)]
-    shards = st.changed_shards(change)
-    if shards is None:
-        return 0
-    comp = st.compute_many(list(shards.values()))
-    st.apply(change, shards, {d: float(v) for d, v in zip(shards, comp)})
-    return len(change)
+    return len(change) if st.make(change) else 0
 
 
 CHUNK_PIECES = 20000   # candidates scored together hold about this many pieces per touched device, at most
