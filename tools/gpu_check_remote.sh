@@ -14,7 +14,7 @@
 #     call 1, carry .gpu/p1:  bash tools/gpu_check_remote.sh part 1
 #     call 2, carry .gpu/p2:  bash tools/gpu_check_remote.sh part 2
 #     call 3, carry .gpu/p3:  bash tools/gpu_check_remote.sh run --plans DLRM-50=.gpu/p3/my_plans.jsonl ...
-#       e.g. the honest-margin plans:  R=results/honest_margins/2026-11-27; bash tools/gpu_check_remote.sh run \
+#       e.g. the honest-margin plans:  R=results/honest_margins/2026-11-28; bash tools/gpu_check_remote.sh run \
 #         --alg lookup_greedy --plans DLRM-50=$R/emu_dlrm50.jsonl.gz --plans DLRM-100=$R/emu_dlrm100.jsonl.gz \
 #         --noise-repeats 3 --time-budget 550
 #
