@@ -872,6 +872,35 @@ def test_piece_bias_is_measured_on_other_tasks_devices():
     assert E.piece_device_kind(iter(["row_wise"])) == "row_wise" and E.piece_device_kind(["column_wise"]) is None
 
 
+def test_piece_devices_carry_their_plans_device_count_and_the_judge_can_draw_by_it():
+    """Each measured piece device's row names how many devices its plan had; the replica law's error
+    differs by it (4-device plans' replica devices priced ~2% high, 8-device ones ~2% low), and the
+    stressed judge can draw a device's error from plans of its own size only."""
+    from collections import Counter
+
+    from shardcore.oracles.emulated import emulator as E
+
+    rows = E.piece_error_rows()
+    assert Counter((k, n) for k, _, _, n in rows) == {("data_parallel", 4): 180, ("data_parallel", 8): 232,
+                                                       ("row_wise", 4): 13, ("row_wise", 8): 54}
+    four, eight = E.piece_judge_error("data_parallel", ndevices=4), E.piece_judge_error("data_parallel", ndevices=8)
+    assert len(four) + len(eight) == len(E.piece_judge_error("data_parallel"))
+    assert np.median(four) < 0.99 < 1.01 < np.median(eight)
+    assert len(E.piece_judge_error("data_parallel", ndevices=2)) == 0
+
+
+def test_the_stressed_judge_with_pools_per_device_count_gives_the_documented_margin():
+    from tools import shardkit_compare
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "honest_margins",
+                        "2026-11-28", "emu_dlrm50.jsonl.gz")
+    text = shardkit_compare.summarize(path, "shardkit", None, piece_pools="device-count")
+    assert "(on devices of 4-device plans)" in text
+    assert "shardkit 3.416 ms, best anchor torchrec 3.53 ms: 3.2% below (0.7% .. 6.0%)" in text
+    with pytest.raises(SystemExit):
+        shardkit_compare.build_parser().parse_args([path, "--piece-pools", "hosts"])
+
+
 def test_the_task_models_replica_law_is_fitted_before_the_budget_starts():
     """The held-out model's replica law (a fit over the measured replica devices, ~2 s on 2 cores)
     is part of the task's model fit, not of the planning budget, which it once ate on the first

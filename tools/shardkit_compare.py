@@ -15,7 +15,9 @@ shardcore.oracles.emulated.emulator.judge_error; a device holding data-parallel 
 blocks, draws instead from the judge's error on the measured H200 devices of that kind, each predicted
 by the judge of its own task, on the same scale: emulator.piece_judge_error), --draws draws (the same for every plan of a
 task), the expected slowest device (shardcore.evaluation.compare.expected_slowest). A margin whose interval
-reaches zero is a tie.
+reaches zero is a tie. ``--piece-pools device-count`` draws a piece device's error only from the measured
+devices of plans with as many devices as the task's (the replica law prices a 4-device plan's replica
+device ~2% high and an 8-device one ~2% low; the default pool mixes them: docs/oracles.md).
 
 ``--rejudge devices`` scores the same plans again with another fit of the emulated card before comparing
 them: ``devices`` (refitted without every measured shard made only of the task's tables, so never a device
@@ -48,6 +50,7 @@ DEFAULT_DATA_DIR = str(MEASUREMENTS_DIR / "dlrm_b65536")
 
 
 NOT_ANCHORS = ("shardkit-tw",)
+PIECE_POOLS = ("all", "device-count")
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-path", default=None, metavar="FILE",
                    help="with --rejudge: the records' task file, where its tasks carry their own dims (NeuroShard-style "
                         "tasks); default: the tables of --data-dir at their own dims")
+    p.add_argument("--piece-pools", default="all", choices=PIECE_POOLS,
+                   help="the stressed judge's error pools for devices holding replicas or row-wise blocks: all "
+                        "(every measured such device, the default) or device-count (only those of plans with as many "
+                        "devices as the task's: the replica law's error differs by device count, see docs/oracles.md)")
     p.add_argument("--devices-per-host", type=positive_int, default=None, metavar="G",
                    help="the records' hosts (eval.py --devices-per-host): also report, per algorithm, the share of "
                         "a training step's exchanged bytes that cross hosts and the busiest device's bytes to and "
@@ -131,10 +138,12 @@ def rejudge(path: str, recs: list[dict], fit: str, data_dir: str, task_path: str
     return out
 
 
-def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int, rule: str = "tables") -> dict | None:
+def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int, rule: str = "tables",
+                   piece_pools: str = "all") -> dict | None:
     """``{alg: {task: expected slowest device}}`` under the stressed judge (its error: the held-out
-    judge's by ``rule``, see :data:`shardcore.oracles.emulated.emulator.HOLDOUT_RULES`); None when the
-    records' tables were never measured (no held-out error to draw from)."""
+    judge's by ``rule``, see :data:`shardcore.oracles.emulated.emulator.HOLDOUT_RULES`; ``piece_pools``
+    "device-count": a piece device's error drawn only from measured devices of plans with as many
+    devices); None when the records' tables were never measured (no held-out error to draw from)."""
     from shardcore.evaluation.compare import expected_slowest
     from shardcore.oracles.emulated.emulator import PIECE_DEVICE_KINDS, judge_error, seen_tables
 
@@ -146,7 +155,8 @@ def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int, rule: 
                              "run eval.py again")
         if max(ids) >= len(tables):
             raise ShardError(f"--data-dir {len(tables)} tables, but the records name table {max(ids)}")
-        ratios, by_kind = judge_error(seen_tables([tables[i] for i in ids]), pieces=True, rule=rule)
+        ndev = len(by[algs[0]][t]["device_costs_ms"]) if piece_pools == "device-count" else None
+        ratios, by_kind = judge_error(seen_tables([tables[i] for i in ids]), pieces=True, rule=rule, ndevices=ndev)
         if len(ratios) == 0:
             return None
         pools = [by_kind[k] for k in PIECE_DEVICE_KINDS]
@@ -156,7 +166,8 @@ def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int, rule: 
             for d, kind in enumerate(kind_of):
                 if kind and len(by_kind[kind]) == 0:
                     raise ShardError(f"{a}, task {t}: device {d} holds {kind} pieces, and no measured device of "
-                                     "that kind to draw the judge's error on it from")
+                                     "that kind" + (f" in a plan of {ndev} devices" if ndev else "")
+                                     + " to draw the judge's error on it from")
             pool_of = [PIECE_DEVICE_KINDS.index(kind) + 1 if kind else 0 for kind in kind_of]
             out[a][t] = float(expected_slowest(dev[:, 0] + dev[:, 3], dev[:, 1] + dev[:, 2], ratios, draws, seed=t,
                                                pools=pools, pool_of=pool_of))
@@ -218,7 +229,7 @@ def host_traffic(rec: dict, tables, devices_per_host: int) -> tuple[float, float
 
 def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DEFAULT_DATA_DIR,
               draws: int = 1000, devices_per_host: int | None = None, rejudge_fit: str | None = None,
-              task_path: str | None = None) -> str:
+              task_path: str | None = None, piece_pools: str = "all") -> str:
     """The comparison of one eval.py --out file, or of each task set of a gpu_check.json."""
     from shardcore.evaluation.compare import check_record
 
@@ -226,7 +237,8 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
         if rejudge_fit:
             raise ShardError(f"{path}: --rejudge applies to eval.py --out files of the emulated card, not to a GPU's "
                              "measurements")
-        return "\n\n".join(summarize_records(label, recs, alg, anchors, data_dir, draws) + ("\n" + note if note else "")
+        return "\n\n".join(summarize_records(label, recs, alg, anchors, data_dir, draws, piece_pools=piece_pools)
+                           + ("\n" + note if note else "")
                            for label, recs, note in gpu_check_sets(path))
     try:
         lines = io.read_maybe_gzipped(path).decode("utf-8").splitlines()
@@ -235,11 +247,12 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
         raise ShardError(f"{path}: not a readable eval.py --out file ({io.first_line(exc, 200)})") from None
     if rejudge_fit:
         recs = rejudge(path, recs, rejudge_fit, data_dir, task_path)
-    return summarize_records(path, recs, alg, anchors, data_dir, draws, devices_per_host)
+    return summarize_records(path, recs, alg, anchors, data_dir, draws, devices_per_host, piece_pools)
 
 
 def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] | None,
-                      data_dir: str = DEFAULT_DATA_DIR, draws: int = 1000, devices_per_host: int | None = None) -> str:
+                      data_dir: str = DEFAULT_DATA_DIR, draws: int = 1000, devices_per_host: int | None = None,
+                      piece_pools: str = "all") -> str:
     by: dict[str, dict[int, dict]] = {}
     for r in recs:
         if int(r["task"]) in by.get(r["alg"], {}):   # two runs in one file: which one counts would be silent
@@ -297,11 +310,11 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
 
         rule = "devices" if recorded_fit(str(recs[0].get("hardware", ""))) == DEVICES else "tables"
         task_tables = load_table_configs(os.path.join(data_dir, "table_configs.json"))
-        stressed = stressed_costs(by, algs, order, task_tables, draws, rule)
+        stressed = stressed_costs(by, algs, order, task_tables, draws, rule, piece_pools)
         if stressed is None and rule == "devices":
             # no measured shard is made only of these tasks' tables, so the devices judge's own error cannot be
             # measured; that of the judge that never saw the tables is the larger one: draw from it, and say so
-            stressed = stressed_costs(by, algs, order, task_tables, draws, "tables")
+            stressed = stressed_costs(by, algs, order, task_tables, draws, "tables", piece_pools)
             if stressed is not None:
                 lines.append("  (stressed judge: no measured shard is made only of these tasks' tables, so its draws "
                              "come from the error of the judge held out by tables, the larger one)")
@@ -312,10 +325,12 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
             sbest = min((a for a in algs if a != alg), key=lambda a: smean[a])
             smargin = 100.0 * (1 - smean[alg] / smean[sbest])
             slo, shi = margin_interval([stressed[alg][t] for t in order], [stressed[sbest][t] for t in order])
+            pools_note = (f" (on devices of {len(by[alg][order[0]]['device_costs_ms'])}-device plans)"
+                          if piece_pools == "device-count" else "")
             verdict = ("a tie (the interval reaches zero)" if slo <= 0 <= shi else
                        f"target >= 5%: {'met' if smargin >= 5.0 else 'NOT met'}")
             lines.append(f"  stressed judge (device compute x the judge's held-out error, on replica and row-wise "
-                         f"devices its error there, {draws} draws, expected "
+                         f"devices its error there{pools_note}, {draws} draws, expected "
                          f"slowest device): {alg} {smean[alg]:.4g} ms, best anchor {sbest} {smean[sbest]:.4g} ms: "
                          f"{smargin:.1f}% below ({slo:.1f}% .. {shi:.1f}%); {verdict}")
             lines.append("    stressed means: " + ", ".join(f"{a} {smean[a]:.4g}" for a in sorted(algs, key=smean.get)))
@@ -347,7 +362,7 @@ def main(argv=None):
         raise ShardError("--task-path names one file's tasks: give one file with it")
     for path in args.files:
         print(summarize(path, args.alg, anchors, args.data_dir, args.draws, args.devices_per_host, args.rejudge,
-                        args.task_path))
+                        args.task_path, args.piece_pools))
         print()
 
 

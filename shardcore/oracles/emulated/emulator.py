@@ -1154,7 +1154,8 @@ def heldout_model(exclude: frozenset, card: str = "h200", subset: str = "all", r
 
 
 @functools.lru_cache(maxsize=256)
-def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False, rule: str = "tables"):
+def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False, rule: str = "tables",
+                ndevices: int | None = None):
     """The held-out error of the judge of a plan with tables ``exclude`` (the fit of
     :func:`heldout_model` by ``rule``): measured / predicted fw+bw of every measured plan shard that fit
     never saw (holding one of those tables, or by the "devices" rule made only of them; all such shards
@@ -1164,7 +1165,7 @@ def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False, ru
     ``pieces=True``: ``(that array, {kind: array})``, for each :data:`PIECE_DEVICE_KINDS` the
     :func:`piece_judge_error` of devices of that kind (each predicted by the judge of its own task by
     the same rule) divided by the same median, so that a bias of the judge on such devices relative to
-    whole-table shards stays in it."""
+    whole-table shards stays in it; ``ndevices``: only devices of plans with that many devices."""
     land = measured_landscapes(card)[0]
     held = land.held_out(exclude, rule)
     plan = held & np.array([s["kind"] == "plan" for s in land.meas["shards"]], dtype=bool)
@@ -1177,7 +1178,8 @@ def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False, ru
     med = float(np.median(ratio))
     if not pieces:
         return ratio / med
-    return ratio / med, {k: piece_judge_error(k, card, land.batch, rule=rule) / med for k in PIECE_DEVICE_KINDS}
+    return ratio / med, {k: piece_judge_error(k, card, land.batch, rule=rule, ndevices=ndevices) / med
+                         for k in PIECE_DEVICE_KINDS}
 
 
 PIECE_DEVICE_KINDS = ("data_parallel", "row_wise")   # a device of the first kind it holds a piece of
@@ -1221,7 +1223,7 @@ def piece_spread(exclude: frozenset, card: str = "h200", batch: int = 65536) -> 
 
 
 def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude: frozenset = frozenset(),
-                      rule: str = "tables") -> np.ndarray:
+                      rule: str = "tables", ndevices: int | None = None) -> np.ndarray:
     """measured / predicted fw+bw of every measured plan device of ``kind`` (:func:`piece_device_kind`:
     holding data-parallel replicas; holding row-wise blocks and no replica; runs 3-5 of
     ``tools/gpu_check.py``), each predicted whole (its shard kernel and replica kernel,
@@ -1229,9 +1231,12 @@ def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude
     tables, so neither the device's shards nor, in the replica law (:func:`fit_replica_weights`), the
     task's devices were seen (:func:`piece_error_rows`; ``rule="devices"``: by the judge held out by
     that rule, which never saw the task's own devices). Not normalised. ``exclude``: devices whose
-    tables all lie in it are left out."""
-    return np.asarray([r for k, tables, r in piece_error_rows(card, batch, rule)
-                       if k == kind and not (exclude and tables <= exclude)], dtype=float)
+    tables all lie in it are left out; ``ndevices``: only devices of plans with that many devices (the
+    replica law prices a 4-device plan's replica device about 2% high and an 8-device one 2% low:
+    docs/oracles.md)."""
+    return np.asarray([r for k, tables, r, n in piece_error_rows(card, batch, rule)
+                       if k == kind and not (exclude and tables <= exclude)
+                       and (ndevices is None or n == ndevices)], dtype=float)
 
 
 PIECE_ERROR_FILES = {"h200": "h200_piece_errors.json"}   # beside the parameter file, tied to it by digest
@@ -1239,9 +1244,9 @@ PIECE_ERROR_FILES = {"h200": "h200_piece_errors.json"}   # beside the parameter 
 
 @functools.lru_cache(maxsize=None)
 def piece_error_rows(card: str = "h200", batch: int = 65536, rule: str = "tables") -> tuple:
-    """``(kind, tables, measured / predicted)`` of every measured plan device holding pieces (see
-    :func:`piece_judge_error`). Read from :data:`PIECE_ERROR_FILES` when that file was written for
-    the current parameter file (its ``params_sha256``; ``tools/fit_gpu_emulator.py`` writes both), else
+    """``(kind, tables, measured / predicted, devices of its plan)`` of every measured plan device holding
+    pieces (see :func:`piece_judge_error`). Read from :data:`PIECE_ERROR_FILES` when that file was written
+    for the current parameter file (its ``params_sha256``; ``tools/fit_gpu_emulator.py`` writes both), else
     computed (a held-out refit per measured task: ~15 s on 2 cores; always for ``rule="devices"``)."""
     import hashlib
 
@@ -1249,8 +1254,9 @@ def piece_error_rows(card: str = "h200", batch: int = 65536, rule: str = "tables
     if rule == "tables" and name and (MEASUREMENTS_DIR / name).is_file() and model_path(card).is_file():
         obj = json.loads((MEASUREMENTS_DIR / name).read_text())
         digest = hashlib.sha256(model_path(card).read_bytes()).hexdigest()
-        if obj.get("params_sha256") == digest and int(obj.get("batch", -1)) == int(batch):
-            return tuple((str(k), frozenset(int(i) for i in t), float(r)) for k, t, r in obj["devices"])
+        if (obj.get("params_sha256") == digest and int(obj.get("batch", -1)) == int(batch)
+                and all(len(row) == 4 for row in obj["devices"])):
+            return tuple((str(k), frozenset(int(i) for i in t), float(r), int(n)) for k, t, r, n in obj["devices"])
     return compute_piece_error_rows(card, batch, rule)
 
 
@@ -1272,7 +1278,7 @@ def compute_piece_error_rows(card: str = "h200", batch: int = 65536, rule: str =
             continue
         judge = heldout_model(frozenset(t.index for t in tasks[n][task].tables(tables)), card, rule=rule)
         pred = float(predict_devices(judge, [list(pieces)], batch)[0].sum())
-        out.append((kind, frozenset(t.index for t in pieces), (fw + bw) / pred))
+        out.append((kind, frozenset(t.index for t in pieces), (fw + bw) / pred, int(n)))
     return tuple(out)
 
 
@@ -1283,10 +1289,11 @@ def piece_errors_json(card: str = "h200", batch: int = 65536) -> str:
     rows = compute_piece_error_rows(card, batch)
     return json.dumps({"about": "measured / predicted fw+bw of the measured H200 plan devices holding row-wise "
                                 "blocks or data-parallel replicas, each predicted by the held-out judge of its own "
-                                "task (shardcore.oracles.emulated.emulator.piece_judge_error); written by "
+                                "task (shardcore.oracles.emulated.emulator.piece_judge_error), each row [kind, tables, ratio, "
+                                "devices of its plan]; written by "
                                 "tools/fit_gpu_emulator.py for the parameter file of this digest",
                        "params_sha256": hashlib.sha256(model_path(card).read_bytes()).hexdigest(), "batch": batch,
-                       "devices": [[k, sorted(t), round(r, 6)] for k, t, r in rows]}) + "\n"
+                       "devices": [[k, sorted(t), round(r, 6), n] for k, t, r, n in rows]}) + "\n"
 
 
 MIN_PLAN_TABLES = 8     # model_error's shards: those of at least this many tables, like a plan's devices
