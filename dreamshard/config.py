@@ -56,6 +56,11 @@ class DreamShardConfig(Config):
     rl_lr: float = param(5e-4, "policy learning rate (default {default})", type=learning_rate_type)
     lr_decay: float = 0.9        # policy learning rate multiplied by this after every iteration
     entropy_weight: float = param(1e-3, "entropy bonus of the policy loss (default {default})", type=finite_float)
+    adv_std_floor: float = param(0.0, "REINFORCE divides a batch's centred returns by their spread; with this > 0 by at "
+                                      "least this fraction of their mean, so that plans the cost network tells apart by "
+                                      "less than its own error do not become full-size updates (0.03 keeps the policy "
+                                      "from drifting in late iterations; default {default}: the spread alone, as the "
+                                      "paper)", type=fraction)
     grad_clip: float = 1.0
     pf_augment: float = param(0.0, "share of the training tasks' tables looked up 2x or 4x as often (pooling factor "
                               "scaled, reuse bins shifted alike; drawn once per task from --seed): heavier tables "

@@ -155,3 +155,18 @@ def test_pf_augment_makes_a_share_of_the_training_tables_heavier_on_an_emulated_
     from autoshard.config import AutoShardConfig
 
     assert DreamShardConfig().pf_augment == 0.0 and AutoShardConfig().pf_augment == 0.0   # the papers' tasks
+
+
+def test_the_advantage_floor_keeps_near_identical_plans_from_full_size_updates():
+    from dreamshard.trainer import advantages
+
+    spread_out = torch.tensor([-3.0, -2.8, -3.2, -2.9])
+    plain = advantages(spread_out)                       # the paper's: centred, over the batch's spread
+    assert plain.mean().abs() < 1e-6 and plain.std() == pytest.approx(1.0, abs=1e-5)
+    assert torch.allclose(advantages(spread_out, 0.03), plain)   # a spread above the floor: unchanged
+    near = torch.tensor([-3.000, -3.001, -2.999, -3.000])        # plans 0.03% apart: below any cost model's error
+    assert advantages(near).abs().max() > 1.0                    # the spread alone blows them up to full size
+    floored = advantages(near, 0.03)                             # the floor: 3% of 3 ms = 0.09 ms of spread
+    assert floored.abs().max() == pytest.approx(0.001 / 0.09, rel=1e-3)
+    assert torch.equal(torch.sign(floored), torch.sign(advantages(near)))   # the same direction, smaller steps
+    assert DreamShardConfig().adv_std_floor == 0.0                # the paper's normalisation by default
