@@ -21,7 +21,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     Ctrl-C exits 130 without a traceback.
 
     The script's own torch work (planning, training small networks) runs on one thread
-    (``SHARDKIT_NUM_THREADS`` overrides): these tensors are tiny, and on a busy machine idle OpenMP
+    (``SHARDKIT_NUM_THREADS`` overrides), and so does numpy's OpenBLAS (:func:`limit_blas_threads`): these tensors are tiny, and on a busy machine idle OpenMP
     threads spinning against other processes made RL training ~60x slower with 2 threads than with 1.
     The benchmark's workers pin their own threads. Where torch is not imported yet, the count is set
     the moment it is (:class:`_ThreadsOnImport`), so that ``--help`` and a bad flag answer without the
@@ -30,6 +30,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     which skips the 0.5-0.9 s of CPU that Python's teardown of torch costs; called from other code
     (tests, entry points, an explicit ``argv``) it raises ``SystemExit`` as before."""
     threads = int(os.environ.get("SHARDKIT_NUM_THREADS", "1"))
+    limit_blas_threads(threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
     elif not any(isinstance(f, _ThreadsOnImport) for f in sys.meta_path):
@@ -55,6 +56,41 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
             code = 1
         exit_now(code)
     sys.exit(code)
+
+
+#: the thread-count setters of the BLAS libraries numpy may have loaded (scipy-openblas, OpenBLAS)
+_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                 "openblas_set_num_threads64_", "openblas_set_num_threads")
+
+
+def limit_blas_threads(threads: int) -> list[str]:
+    """Set the OpenBLAS that numpy loaded (already, by the time a script's ``main`` runs) to ``threads``
+    threads, unless ``OPENBLAS_NUM_THREADS`` says otherwise; the paths of the libraries set (none where
+    there is no OpenBLAS or no ``/proc``). Like torch's threads, and for the same reason: the emulated
+    oracle's held-out refits are small least-squares problems, and on this 2-core machine two processes
+    with OpenBLAS's default two threads each spun against each other, 40 refits taking 8.9 s instead of
+    1.5-1.8 s with one thread each (1.6 s alone, 2.1-2.3 s alone with two). The environment is left alone."""
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        return []
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    import ctypes
+
+    done = []
+    for path in sorted({line.split()[-1] for line in maps.splitlines() if "openblas" in line.lower()}):
+        if not path.startswith("/"):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        setter = next((getattr(lib, n) for n in _BLAS_SETTERS if hasattr(lib, n)), None)
+        if setter is not None:
+            setter(ctypes.c_int(threads))
+            done.append(path)
+    return done
 
 
 class _ThreadsOnImport:
