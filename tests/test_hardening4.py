@@ -417,9 +417,10 @@ def test_help_answers_without_torch_and_scripts_keep_one_torch_thread():
 def test_scripts_run_numpys_openblas_on_the_same_threads_as_torch():
     """run_main sets the OpenBLAS numpy has already loaded to SHARDKIT_NUM_THREADS (default 1), as torch,
     unless OPENBLAS_NUM_THREADS is given; the environment is left alone."""
-    code = ("import os, sys, ctypes\nimport numpy\nsys.argv = ['x']\nfrom shardcore.cli.common import run_main, "
-            "limit_blas_threads\n"
-            "def main(argv):\n    paths = limit_blas_threads(int(os.environ.get('SHARDKIT_NUM_THREADS', '1')))\n"
+    code = ("import os, sys, ctypes\nimport numpy\nsys.argv = ['x']\nfrom shardcore.cli.common import run_main\n"
+            "def main(argv):\n"   # what run_main left set: read back from the library, not set again here
+            "    paths = sorted({l.split()[-1] for l in open('/proc/self/maps') if 'openblas' in l.lower()})\n"
+            "    paths = [p for p in paths if p.startswith('/')]\n"
             "    lib = ctypes.CDLL(paths[0]) if paths else None\n"
             "    get = next((getattr(lib, n) for n in ('scipy_openblas_get_num_threads64_', "
             "'openblas_get_num_threads64_', 'openblas_get_num_threads') if lib is not None and hasattr(lib, n)), None)\n"
@@ -436,7 +437,7 @@ def test_scripts_run_numpys_openblas_on_the_same_threads_as_torch():
                               timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[given] = proc.stdout.split("BLAS ")[1].split()
-    if runs[None][0] == "0":
+    if runs[None][0] == "0" or runs[None][1] == "None":
         pytest.skip("numpy here is not linked against a loadable OpenBLAS")
     assert runs[None] == ["1", "1", "None"] and runs["2"] == ["1", "2", "None"]
-    assert runs["user"] == ["0", "None", "2"]          # the user's OPENBLAS_NUM_THREADS stands
+    assert runs["user"] == ["1", "2", "2"]          # the user's OPENBLAS_NUM_THREADS stands

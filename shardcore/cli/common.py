@@ -21,8 +21,9 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     Ctrl-C exits 130 without a traceback.
 
     The script's own torch work (planning, training small networks) runs on one thread
-    (``SHARDKIT_NUM_THREADS`` overrides), and so does numpy's OpenBLAS (:func:`limit_blas_threads`): these tensors are tiny, and on a busy machine idle OpenMP
-    threads spinning against other processes made RL training ~60x slower with 2 threads than with 1.
+    (``SHARDKIT_NUM_THREADS`` overrides), and so does numpy's OpenBLAS (:func:`limit_blas_threads`):
+    these tensors are tiny, and on a busy machine idle OpenMP threads spinning against other processes
+    made RL training ~60x slower with 2 threads than with 1.
     The benchmark's workers pin their own threads. Where torch is not imported yet, the count is set
     the moment it is (:class:`_ThreadsOnImport`), so that ``--help`` and a bad flag answer without the
     2 s of importing torch. Where ``main`` is the running script's own (``python eval.py``: its module is
@@ -79,9 +80,8 @@ def limit_blas_threads(threads: int) -> list[str]:
     import ctypes
 
     done = []
-    for path in sorted({line.split()[-1] for line in maps.splitlines() if "openblas" in line.lower()}):
-        if not path.startswith("/"):
-            continue
+    paths = {line.split()[-1] for line in maps.splitlines() if "openblas" in line.lower()}
+    for path in sorted(p for p in paths if p.startswith("/")):
         try:
             lib = ctypes.CDLL(path)
         except OSError:
