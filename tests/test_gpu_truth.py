@@ -240,6 +240,18 @@ def test_special_shards_are_shaped_like_a_plan_device():
     assert "pieces" not in shard_line(tables[:3], 1.0, 2.0)
 
 
+def test_special_shards_at_other_slices_pair_with_the_default_ones():
+    from shardcore.plan import DATA_PARALLEL
+    from tools.gpu_check_lib import special_shards
+
+    tables = [TableConfig(i, 1000 + 10 * i, 16, 2.0 + i % 5) for i in range(40)]
+    default, other = special_shards(tables, 12), special_shards(tables, 12, slices=(2, 16))
+    for a, b in zip(default, other):
+        assert [t.index for t in a] == [t.index for t in b]        # the same tables, shard by shard
+    parts = {t.batch_part for s in other for t in s if getattr(t, "kind", None) == DATA_PARALLEL}
+    assert parts and {n for _, n in parts} <= {2, 16} and all(0 <= j < n for j, n in parts)
+
+
 def test_gpu_check_bad_input(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu",
                            "--compare", str(tmp_path / "nope.jsonl")], capture_output=True, text=True, timeout=60)

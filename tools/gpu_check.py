@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also measure N random shards of row-wise blocks and data-parallel replicas (with some "
                         "whole tables), compare the emulated H200 on them per class and append them to "
                         "SHARDS_OUT's _pieces file (default 0)")
+    p.add_argument("--special-slices", type=int_list, default=(4, 8), metavar="NS",
+                   help="batch slices the special shards' data-parallel replicas are drawn from: a replica holds "
+                        "1/n of the batch, n one of these (default 4,8, the DLRM sets' device counts); the same "
+                        "tables and row blocks whatever the slices, so other slices pair with 4 and 8")
     p.add_argument("--shards-out", type=Path, default=None,
                    help="append every measured shard here, one JSON line each (default WORK_DIR/measured_shards.jsonl)")
     p.add_argument("--time-budget", type=positive_float, default=450.0, metavar="S",
@@ -82,6 +86,8 @@ def main(argv=None):
     for flag, n in (("--random-shards", args.random_shards), ("--special-shards", args.special_shards)):
         if n < 0:
             raise ShardError(f"{flag} must be >= 0, got {n}")
+    if any(n < 1 for n in args.special_slices):
+        raise ShardError(f"--special-slices must be positive, got {','.join(map(str, args.special_slices))}")
     for sname in args.sets:
         if sname not in ("DLRM-50", "DLRM-100"):
             raise ShardError(f"--sets: unknown task set {sname!r} (DLRM-50 or DLRM-100)")
@@ -101,7 +107,8 @@ def main(argv=None):
                       batch_size=args.batch_size, algs=tuple(args.alg), checkpoints=tuple(args.checkpoint),
                       max_memory=args.max_memory, noise_repeats=args.noise_repeats, bench_iters=args.bench_iters,
                       comm_iters=args.comm_iters, compare=tuple(args.compare), plans=tuple(args.plans), random_shards=args.random_shards,
-                      special_shards=args.special_shards, shards_out=args.shards_out, time_budget_s=args.time_budget,
+                      special_shards=args.special_shards,
+                      special_slices=tuple(args.special_slices), shards_out=args.shards_out, time_budget_s=args.time_budget,
                       sets=tuple(args.sets), max_tasks=args.max_tasks, gpus=tuple(args.gpu_devices) if args.gpu_devices else None)
     summary = run_check(cfg)
     return 1 if summary.get("stopped") else 0

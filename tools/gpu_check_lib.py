@@ -75,6 +75,7 @@ class CheckConfig:
     plans: tuple[str, ...] = ()
     random_shards: int = 0
     special_shards: int = 0
+    special_slices: tuple[int, ...] = (4, 8)
     shards_out: Path | None = None
     time_budget_s: float = 450.0
     sets: tuple[str, ...] = ("DLRM-50", "DLRM-100")
@@ -181,12 +182,14 @@ def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60) -> list:
     return out
 
 
-def special_shards(tables, n: int, seed: int = 1, max_tables: int = 30) -> list:
+def special_shards(tables, n: int, seed: int = 1, max_tables: int = 30, slices=(4, 8)) -> list:
     """``n`` random shards of row-wise blocks and data-parallel replicas, the pieces no GPU had measured
     before, shaped as a real plan's device: 1..max_tables distinct tables of the whole dataset, the
     even shards row-wise (each table, at random, one row block of it split over 2, 4 or 8 devices, or
     the whole table), the odd ones data-parallel (each table the replica of one batch slice ``(j, n)``,
-    the same for the shard, n 4 or 8, or the whole table); 60% pieces, 40% whole tables."""
+    the same for the shard, n drawn from ``slices`` (default 4 or 8), or the whole table); 60% pieces, 40%
+    whole tables. Other slices draw the same tables and row blocks (one random stream), so shards at 2 or
+    16 ranks pair with those measured at 4 and 8."""
     import numpy as np
 
     from shardcore.plan import DATA_PARALLEL, ROW_WISE, Sharding
@@ -194,7 +197,7 @@ def special_shards(tables, n: int, seed: int = 1, max_tables: int = 30) -> list:
     rng = np.random.default_rng(seed)
     out = []
     for k in range(n):
-        n_dp = int(rng.choice((4, 8)))
+        n_dp = int(rng.choice(tuple(slices)))
         j = int(rng.integers(n_dp))
         shard = []
         for i in rng.choice(len(tables), size=int(rng.integers(1, max_tables + 1)), replace=False):
@@ -585,7 +588,7 @@ def measure_special(cfg: CheckConfig, ev, tables, data_dir: Path, batch: int, em
     (:func:`special_shards`), append them to ``shard_lines`` and compare the emulated H200 on them."""
     from shardcore.oracles.emulated.oracle import EmulatedOracle
 
-    shards = special_shards(tables, cfg.special_shards)
+    shards = special_shards(tables, cfg.special_shards, slices=cfg.special_slices)
     t1 = time.perf_counter()
     measured = []
     for i in range(0, len(shards), 10):   # in chunks, so a budget cut keeps what was measured
