@@ -1077,6 +1077,30 @@ def test_compare_tool_reads_a_gpu_check_summary():
         shardkit_compare.gpu_check_sets(os.path.join(os.path.dirname(path), "h200_emulator.json"))
 
 
+def test_compare_tool_takes_a_repeat_run_of_the_same_speed_only():
+    """The H200 runs of 2026-11-28: run 7 measured 15 plans per set of run 6 again on a second machine; one
+    TorchRec plan per set had measured 7-14% slow in run 6 and counts at run 7's cost. Run 4 (1.1% faster
+    machine) is refused as a repeat: the lower cost would favour the plans measured again."""
+    from tools import shardkit_compare
+
+    d = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "gpu_measurements")
+    run6, run7, run4 = (os.path.join(d, f) for f in ("h200_gpucheck6_2026-11-28.json", "h200_gpucheck7_2026-11-28.json",
+                                                     "h200_gpucheck4_2026-11-27.json"))
+    plain, again = shardkit_compare.summarize(run6, "shardkit", None), shardkit_compare.summarize(run6, "shardkit", None,
+                                                                                                   repeat=run7)
+    assert "3.9% below the best anchor (torchrec)" in plain and "2.7% below the best anchor (torchrec)" in again
+    assert "15 plans, median ratio 1.0005" in again and "torchrec task 4 3.609 / 3.174 ms" in again
+    assert again.count("3.4% below the best anchor (neuroshard)") == 1
+    with pytest.raises(ShardError, match=r"median \+1\.10% \(machines of different speeds"):
+        shardkit_compare.summarize(run4, "shardkit", None, repeat=run7)
+    recs = [{"task": 0, "alg": "a", "cost_ms": 2.0}, {"task": 0, "alg": "b", "cost_ms": 1.0}]
+    out, note = shardkit_compare.apply_repeat("S", recs, "r.json", [{"task": 0, "alg": "a", "cost_ms": 1.99},
+                                                                    {"task": 0, "alg": "b", "cost_ms": 1.001}])
+    assert [r["cost_ms"] for r in out] == [1.99, 1.0] and "0 differ" in note
+    with pytest.raises(ShardError, match="no plan of S measured in both"):
+        shardkit_compare.apply_repeat("S", recs, "r.json", [{"task": 1, "alg": "a", "cost_ms": 1.0}])
+
+
 def test_a_start_that_is_another_planner_plans_for_the_same_hardware():
     """shardkit's TorchRec start (or its last-resort fallback) is configured as eval.py configures
     ``--alg torchrec``: for the judged landscape (the emulated H200's HBM and links), not TorchRec's defaults."""

@@ -203,9 +203,9 @@ def piece_rows(res: dict, directory=MEASUREMENTS_DIR) -> None:
 
 
 # gpu_check runs whose plans are shipped: (summary, {set name: the eval.py --out plans file})
-JUDGED_RUNS = tuple((f"h200_gpucheck{k}_2026-11-27.json",
+JUDGED_RUNS = tuple((f"h200_gpucheck{k}_{day}.json",
                      {"DLRM-50": f"h200_gpucheck{k}_plans_dlrm50.jsonl.gz", "DLRM-100": f"h200_gpucheck{k}_plans_dlrm100.jsonl.gz"})
-                    for k in (3, 4, 5))
+                    for k, day in ((3, "2026-11-27"), (4, "2026-11-27"), (5, "2026-11-27"), (6, "2026-11-28")))
 
 
 def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) -> None:

@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", help="eval.py --out files (measured or emulated), or tools/gpu_check.py "
                                             "summaries (gpu_check.json: each task set in turn)")
     p.add_argument("--alg", default="shardkit", help="the algorithm compared (default shardkit)")
+    p.add_argument("--repeat", default=None, metavar="JSON",
+                   help="with gpu_check summaries: another gpu_check.json that measured some of the same plans "
+                        "again on a machine of the same speed; a plan measured in both counts at the lower cost "
+                        "(a transient slows a measurement down, none speeds one up); refused unless the plans "
+                        "measured in both agree to a median within 0.5%%")
     p.add_argument("--anchors", default=None, help="comma-separated anchors (default: every other algorithm but "
                                                    "shardkit-tw, shardkit's own table-wise variant)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, metavar="DIR",
@@ -186,6 +191,35 @@ def device_kinds(rec: dict, ndevices: int) -> list:
     return [piece_device_kind(h) for h in held]
 
 
+SAME_SPEED = 0.005   # --repeat: the largest |median ratio - 1| of two runs' common plans taken as one speed
+MOVED = 0.02        # --repeat: a plan whose two measurements differ by more is named
+
+
+def apply_repeat(name: str, recs: list[dict], repeat_path: str, repeat_recs: list[dict]) -> tuple[list[dict], str]:
+    """``recs`` with every plan that ``repeat_recs`` measured again at the lower of its two costs (devices
+    from the same run as the cost), and a note of what moved; :class:`ShardError` if the plans in common
+    do not agree to a median within :data:`SAME_SPEED` (runs on machines of different speeds do not mix)."""
+    again = {(r["task"], r["alg"]): r for r in repeat_recs}
+    common = [(r, again[(r["task"], r["alg"])]) for r in recs if (r["task"], r["alg"]) in again]
+    if not common:
+        raise ShardError(f"--repeat {repeat_path}: no plan of {name} measured in both runs")
+    ratios = [b["cost_ms"] / a["cost_ms"] for a, b in common]
+    med = statistics.median(ratios)
+    if abs(med - 1.0) > SAME_SPEED:
+        raise ShardError(f"--repeat {repeat_path}: the {len(common)} plans of {name} measured in both runs differ by a "
+                         f"median {100 * (med - 1):+.2f}% (machines of different speeds; the lower cost would favour "
+                         "the plans measured again)")
+    out, moved = [], []
+    for r in recs:
+        b = again.get((r["task"], r["alg"]))
+        if b is not None and abs(b["cost_ms"] / r["cost_ms"] - 1.0) > MOVED:
+            moved.append(f"{r['alg']} task {r['task']} {r['cost_ms']:.3f} / {b['cost_ms']:.3f} ms")
+        out.append(dict(b) if b is not None and b["cost_ms"] < r["cost_ms"] else r)
+    note = (f"  measured again in {repeat_path}: {len(common)} plans, median ratio {med:.4f}; the lower of the two "
+            f"costs counts; {len(moved)} differ by more than {100 * MOVED:.0f}%" + (": " + "; ".join(moved) if moved else ""))
+    return out, note
+
+
 def gpu_check_sets(path: str) -> list[tuple[str, list[dict], str]]:
     """The task sets of a ``tools/gpu_check.py`` summary (``gpu_check.json``) as eval-like records:
     ``(label, records, note)`` per set, the note naming the GPU and the micro-benchmark's noise."""
@@ -211,6 +245,11 @@ def gpu_check_sets(path: str) -> list[tuple[str, list[dict], str]]:
     return out
 
 
+def _set_name(label: str) -> str:
+    """``DLRM-50 (4)`` of a :func:`gpu_check_sets` label ``PATH [DLRM-50 (4)...]``."""
+    return label.rpartition(" [")[2].split(",")[0].rstrip("]")
+
+
 def host_traffic(rec: dict, tables, devices_per_host: int) -> tuple[float, float]:
     """``(share of the step's exchanged bytes that cross hosts, the busiest device's inter-host MB)`` of
     an eval.py record's plan (:meth:`CommModel.step_bytes`: pooled outputs and gradients, ids, all-reduce)."""
@@ -229,17 +268,27 @@ def host_traffic(rec: dict, tables, devices_per_host: int) -> tuple[float, float
 
 def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DEFAULT_DATA_DIR,
               draws: int = 1000, devices_per_host: int | None = None, rejudge_fit: str | None = None,
-              task_path: str | None = None, piece_pools: str = "all") -> str:
-    """The comparison of one eval.py --out file, or of each task set of a gpu_check.json."""
+              task_path: str | None = None, piece_pools: str = "all", repeat: str | None = None) -> str:
+    """The comparison of one eval.py --out file, or of each task set of a gpu_check.json (with ``repeat``,
+    another gpu_check.json whose plans replace the first's where they measured lower: :func:`apply_repeat`)."""
     from shardcore.evaluation.compare import check_record
 
     if path.endswith(".json"):
         if rejudge_fit:
             raise ShardError(f"{path}: --rejudge applies to eval.py --out files of the emulated card, not to a GPU's "
                              "measurements")
-        return "\n\n".join(summarize_records(label, recs, alg, anchors, data_dir, draws, piece_pools=piece_pools)
-                           + ("\n" + note if note else "")
-                           for label, recs, note in gpu_check_sets(path))
+        again = {_set_name(label): recs for label, recs, _ in gpu_check_sets(repeat)} if repeat else {}
+        parts = []
+        for label, recs, note in gpu_check_sets(path):
+            notes = [note] if note else []
+            if _set_name(label) in again:
+                recs, rnote = apply_repeat(_set_name(label), recs, repeat, again[_set_name(label)])
+                notes.append(rnote)
+            parts.append(summarize_records(label, recs, alg, anchors, data_dir, draws, piece_pools=piece_pools)
+                         + "".join("\n" + n for n in notes))
+        return "\n\n".join(parts)
+    if repeat:
+        raise ShardError("--repeat applies to gpu_check.json summaries, not to eval.py --out files")
     try:
         lines = io.read_maybe_gzipped(path).decode("utf-8").splitlines()
         recs = [check_record(json.loads(x), f"{path}:{k}") for k, x in enumerate(lines, 1) if x.strip()]
@@ -362,7 +411,7 @@ def main(argv=None):
         raise ShardError("--task-path names one file's tasks: give one file with it")
     for path in args.files:
         print(summarize(path, args.alg, anchors, args.data_dir, args.draws, args.devices_per_host, args.rejudge,
-                        args.task_path, args.piece_pools))
+                        args.task_path, args.piece_pools, args.repeat))
         print()
 
 
