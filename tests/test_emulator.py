@@ -128,10 +128,26 @@ def test_refit_reproduces_shipped_parameters():
     for key in fresh:
         if key != "sets":
             assert fresh[key] == shipped[key], key
+    # Columns identical over a set's shards (the batch-4096 set's launch floors max(1, lookups / 10^k) for k = 7,
+    # 7.5 equal the constant: no shard there reaches 10^7 lookups) share their weight however the last bits of
+    # the CPU's BLAS fall: on the machine that fitted the shipped file the backward weight went to
+    # floor_lookups1e7, on an AVX-512 one (2026-11-28) to the constant. Such a group is compared by its sum,
+    # and so is the prediction on every measured shard, each to within the constant's floor of 1 us
+    # (fit_weights keeps the constant's weight >= 1e-3 ms: on the first machine it was 0 before that floor).
+    from shardcore.oracles.emulated.emulator import measured_landscapes
+
+    lands = {str(land.batch): land for land in measured_landscapes("h200")}
     for batch, s in shipped["sets"].items():
         assert fresh["sets"][batch]["shards"] == s["shards"]
+        X = lands[batch].X
+        first = [next(k for k in range(j + 1) if np.array_equal(X[:, k], X[:, j])) for j in range(X.shape[1])]
         for part in ("fw", "bw"):
-            np.testing.assert_allclose(fresh["sets"][batch][part], s[part], rtol=1e-8, atol=1e-15)
+            got, want = np.asarray(fresh["sets"][batch][part]), np.asarray(s[part])
+            np.testing.assert_allclose(X @ got, X @ want, rtol=1e-9, atol=1.000001e-3)
+            for g in sorted(set(first)):
+                cols = [j for j in range(len(first)) if first[j] == g]
+                np.testing.assert_allclose(got[cols].sum(), want[cols].sum(), rtol=1e-8,
+                                           atol=1.000001e-3 if 0 in cols else 1e-15)
 
 
 def _run_predict(argv, capsys):
