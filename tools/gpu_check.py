@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batch slices the special shards' data-parallel replicas are drawn from: a replica holds "
                         "1/n of the batch, n one of these (default 4,8, the DLRM sets' device counts); the same "
                         "tables and row blocks whatever the slices, so other slices pair with 4 and 8")
+    p.add_argument("--no-confirm", dest="confirm", action="store_false",
+                   help="measure each plan once; by default each plan's slowest device is measured again afresh and, "
+                        "where the two differ by more than 2%%, a third time, the median counting")
     p.add_argument("--shards-out", type=Path, default=None,
                    help="append every measured shard here, one JSON line each (default WORK_DIR/measured_shards.jsonl)")
     p.add_argument("--time-budget", type=positive_float, default=450.0, metavar="S",
@@ -108,7 +111,7 @@ def main(argv=None):
                       max_memory=args.max_memory, noise_repeats=args.noise_repeats, bench_iters=args.bench_iters,
                       comm_iters=args.comm_iters, compare=tuple(args.compare), plans=tuple(args.plans), random_shards=args.random_shards,
                       special_shards=args.special_shards,
-                      special_slices=tuple(args.special_slices), shards_out=args.shards_out, time_budget_s=args.time_budget,
+                      special_slices=tuple(args.special_slices), confirm=args.confirm, shards_out=args.shards_out, time_budget_s=args.time_budget,
                       sets=tuple(args.sets), max_tasks=args.max_tasks, gpus=tuple(args.gpu_devices) if args.gpu_devices else None)
     summary = run_check(cfg)
     return 1 if summary.get("stopped") else 0

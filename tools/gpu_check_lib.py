@@ -76,6 +76,7 @@ class CheckConfig:
     random_shards: int = 0
     special_shards: int = 0
     special_slices: tuple[int, ...] = (4, 8)
+    confirm: bool = True
     shards_out: Path | None = None
     time_budget_s: float = 450.0
     sets: tuple[str, ...] = ("DLRM-50", "DLRM-100")
@@ -212,6 +213,41 @@ def special_shards(tables, n: int, seed: int = 1, max_tables: int = 30, slices=(
             shard.append(t)
         out.append(shard)
     return out
+
+
+CONFIRM_TOL = 0.02   # a device measured again that differs by more is measured a third time
+
+
+def confirm_slowest(ev, result, shards, tol: float = CONFIRM_TOL) -> tuple[int, list[str]]:
+    """Measure the plan's slowest device again afresh; where the two differ by more than ``tol``, a third
+    time, and the device counts at the median of the three (fw and bw of that measurement). Repeated
+    while the slowest device is one not yet confirmed. A transient that slows one measurement down (an
+    H200, 2026-11-28: one device of a TorchRec plan 0.4-0.7 ms slow, the plan 14%) decides a plan's cost
+    only through its slowest device. Updates ``result.cost_ms`` and ``result.device_costs_ms`` in place;
+    returns (measurements made, a note per changed device)."""
+    costs = [[float(x) for x in c] for c in result.device_costs_ms]
+    done: set[int] = set()
+    made, notes = 0, []
+    while True:
+        d = max(range(len(costs)), key=lambda i: sum(costs[i]))
+        if d in done or not shards[d]:
+            break
+        done.add(d)
+        runs = [(costs[d][0], costs[d][3])]
+        for _ in range(2):
+            c = ev.measure_shards([shards[d]], no_cache=True)[0]
+            made += 1
+            runs.append((float(c.fw_ms), float(c.bw_ms)))
+            if abs(sum(runs[1]) / max(sum(runs[0]), 1e-12) - 1.0) <= tol:
+                break
+        if len(runs) == 3:
+            med = sorted(runs, key=sum)[1]
+            notes.append(f"device {d}: " + " / ".join(f"{sum(r):.3f}" for r in runs) + f" ms, {sum(med):.3f} counts")
+            costs[d][0], costs[d][3] = med
+    if notes:
+        result.device_costs_ms = costs
+        result.cost_ms = max(sum(c) for c in costs)
+    return made, notes
 
 
 def shard_class(tables) -> str:
@@ -484,7 +520,15 @@ def run_check(cfg: CheckConfig) -> dict:
                                                                 shard_lines, now)
                 plans = {}
 
+                confirmed = {"plans": 0, "measurements": 0, "changed": []}
+
                 def keep(result, task):
+                    if cfg.confirm and result.measured is not None and result.cost_ms is not None:
+                        shards = result.plan().shard_tables(task.tables(ds.tables))
+                        extra, notes = confirm_slowest(ev, result, shards)
+                        confirmed["plans"] += 1
+                        confirmed["measurements"] += extra
+                        confirmed["changed"] += [f"{result.alg} task {result.task} {n}" for n in notes]
                     if result.measured is not None:   # every measured shard, for the emulator's data
                         shard_tables = result.plan().shard_tables(task.tables(ds.tables))
                         for tables, (fw, _fc, _bc, bw) in zip(shard_tables, result.device_costs_ms):
@@ -504,6 +548,12 @@ def run_check(cfg: CheckConfig) -> dict:
                                    oracle=ev, on_result=keep)
                 entry["measure_s"] = time.perf_counter() - t1
                 noise_pct = ev.info.noise_pct
+                if cfg.confirm:
+                    entry["confirmed"] = confirmed
+                    _say(cfg, f"   confirmed: each plan's slowest device measured again afresh ({confirmed['plans']} "
+                              f"plans, {confirmed['measurements']} more measurements); {len(confirmed['changed'])} "
+                              f"differed by more than {100 * CONFIRM_TOL:.0f}% and count at the median of three"
+                              + (": " + "; ".join(confirmed["changed"]) if confirmed["changed"] else ""))
             _say(cfg, report.measured_summary(results))
             verdict = report.noise_verdict(results, noise_pct)
             if verdict:
