@@ -20,9 +20,9 @@
 #
 # Timing on 2026-11-28 (runs 6 and 7): a fresh machine started and ran call 1 in ~31 s of device time, call 2
 # took ~5 s, and run's wait for the dataset (~40-47 s) overlaps the turnaround; all ten planners' plans of
-# both sets with 60 special shards took 490 s (about 4 s per plan with its slowest device confirmed: allow
-# 10-20% more than that), and 5 tasks x 3 planners per set 147 s in all. A second machine with 251 s left
-# sufficed for a 15-plan repeat per set.
+# both sets with 60 special shards took 490 s (about 2.3 s per plan, measured once; the confirmation of each
+# plan's slowest device, default since, adds one shard per plan: 12-25% more), and 5 tasks x 3 planners per
+# set 147 s in all. A second machine with 251 s left sufficed for that 15-plan repeat per set.
 #
 # "run" waits for the dataset (by its pid: never `pgrep -f`, which matches the waiting shell itself),
 # unpacks FBGEMM into /tmp/site, runs tools/gpu_check.py --work-dir /tmp/gc with the flags given and
