@@ -222,6 +222,7 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
     from shardcore.oracles.factory import open_oracle
     from shardcore.evaluation.compare import record_plan
     from shardcore.tasks import load_tasks
+    from tools.shardkit_compare import apply_repeat, gpu_check_sets, gpu_set_name
 
     data = os.path.join(directory, "dlrm_b65536")
     tables = load_table_configs(os.path.join(data, "table_configs.json"))
@@ -230,14 +231,13 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
             continue
         with open(os.path.join(directory, summary_name)) as fh:
             summary = json.load(fh)
-        again: dict = {}
+        again = {}
         if repeat and os.path.isfile(os.path.join(directory, repeat)):
-            with open(os.path.join(directory, repeat)) as fh:
-                for ts in json.load(fh)["sets"]:
-                    for p in ts["plans"]:
-                        if p.get("cost_ms") is not None:
-                            again[(ts["name"], p["task"], p["alg"])] = float(p["cost_ms"])
+            again = {gpu_set_name(label): recs for label, recs, _ in gpu_check_sets(os.path.join(directory, repeat))}
         for ts in summary["sets"]:
+            plans = [p for p in ts["plans"] if p.get("cost_ms") is not None]
+            if ts["name"] in again:
+                plans = apply_repeat(ts["name"], plans, repeat, again[ts["name"]])[0]
             name = ts["name"].split(" ")[0]
             tasks = load_tasks(os.path.join(directory, TASK_FILES[GPUCHECK_SETS[name]]), num_tables=len(tables))
             lines = io.read_maybe_gzipped(os.path.join(directory, plan_files[name])).decode("utf-8").splitlines()
@@ -245,14 +245,13 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
             got: dict[str, list] = {}
             with open_oracle(data, int(ts["ndevices"]), oracle="emulated:h200") as judge, \
                     open_oracle(data, int(ts["ndevices"]), oracle="emulated:h200", emulator_fit="devices") as by_devices:
-                for p in ts["plans"]:
+                for p in plans:
                     rec = records.get((p["task"], p["alg"]))
-                    if rec is None or p.get("cost_ms") is None:   # planned on the GPU machine (no record here)
+                    if rec is None:   # planned on the GPU machine (no record here)
                         continue
                     task = tasks[p["task"]].tables(tables)
                     shards = record_plan(rec, task).shard_tables(task)
-                    measured = min(p["cost_ms"], again.get((ts["name"], p["task"], p["alg"]), p["cost_ms"]))
-                    got.setdefault(p["alg"], []).append((measured, judge.evaluate(shards).cost_ms,
+                    got.setdefault(p["alg"], []).append((p["cost_ms"], judge.evaluate(shards).cost_ms,
                                                          by_devices.evaluate(shards).cost_ms))
             run = summary_name.split("_")[1]
             for alg, pairs in got.items():

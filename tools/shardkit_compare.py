@@ -245,7 +245,7 @@ def gpu_check_sets(path: str) -> list[tuple[str, list[dict], str]]:
     return out
 
 
-def _set_name(label: str) -> str:
+def gpu_set_name(label: str) -> str:
     """``DLRM-50 (4)`` of a :func:`gpu_check_sets` label ``PATH [DLRM-50 (4)...]``."""
     return label.rpartition(" [")[2].split(",")[0].rstrip("]")
 
@@ -277,12 +277,12 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
         if rejudge_fit:
             raise ShardError(f"{path}: --rejudge applies to eval.py --out files of the emulated card, not to a GPU's "
                              "measurements")
-        again = {_set_name(label): recs for label, recs, _ in gpu_check_sets(repeat)} if repeat else {}
+        again = {gpu_set_name(label): recs for label, recs, _ in gpu_check_sets(repeat)} if repeat else {}
         parts = []
         for label, recs, note in gpu_check_sets(path):
             notes = [note] if note else []
-            if _set_name(label) in again:
-                recs, rnote = apply_repeat(_set_name(label), recs, repeat, again[_set_name(label)])
+            if gpu_set_name(label) in again:
+                recs, rnote = apply_repeat(gpu_set_name(label), recs, repeat, again[gpu_set_name(label)])
                 notes.append(rnote)
             parts.append(summarize_records(label, recs, alg, anchors, data_dir, draws, piece_pools=piece_pools)
                          + "".join("\n" + n for n in notes))
