@@ -618,3 +618,16 @@ def test_piece_lines_are_read_back_as_pieces(tables):
     assert piece_of({"index": 100, "dim": 8, "kind": "column_wise", "rows": t.row}, tables).dim == 8
     with pytest.raises(ShardError, match="not a measured piece"):
         piece_of({"index": 100, "dim": 16, "kind": "grid", "rows": 3}, tables)
+
+
+def test_replica_devices_by_batch_slice():
+    """Run 6 (2026-11-28) measured run 4's random replica devices again at slices 1/2 and 1/16: the shipped
+    replica law, fitted at 1/4 and 1/8, carries to 1/2 and prices 1/16 some 18% low (the median device)."""
+    acc = load_tool("emulator_accuracy")
+    res = {"shard_rows": [], "figures": {}}
+    acc.slice_rows(res, MEASUREMENTS_DIR)
+    fig = {k.split("_slice")[1]: v for k, v in res["figures"].items()}
+    assert sorted(fig) == ["16_gpucheck6", "2_gpucheck6", "4_gpucheck4", "8_gpucheck4"]
+    assert [fig[k]["devices"] for k in ("2_gpucheck6", "4_gpucheck4", "8_gpucheck4", "16_gpucheck6")] == [14, 14, 16, 16]
+    assert abs(fig["2_gpucheck6"]["median_ratio"] - fig["4_gpucheck4"]["median_ratio"]) < 0.01
+    assert fig["16_gpucheck6"]["median_ratio"] > 1.15 > fig["8_gpucheck4"]["median_ratio"]

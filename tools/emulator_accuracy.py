@@ -202,6 +202,47 @@ def piece_rows(res: dict, directory=MEASUREMENTS_DIR) -> None:
         res["figures"][f"b65536_pieces_{class_slug(cls)}"] = _mapes(pred, fw, bw)
 
 
+# random row-block / replica devices measured at several batch slices (gpu_check --special-shards, the same
+# tables in both runs): run 4 at 1/4 and 1/8 of the batch (in the replica law's fit), run 6 at 1/2 and 1/16 (not)
+SLICE_RUNS = (("gpucheck4", "h200_b65536_gpucheck4_pieces.jsonl"), ("gpucheck6", "h200_b65536_gpucheck6_pieces.jsonl"))
+
+
+def slice_rows(res: dict, directory=MEASUREMENTS_DIR, runs=SLICE_RUNS) -> None:
+    """(d') the random devices with data-parallel replicas of ``runs``, by the replicas' batch slice, each
+    predicted by the judge held out by its tables (its own device left out of the replica law's fit too):
+    how the replica law carries to slices it was not fitted at."""
+    import json
+
+    from shardcore.oracles.emulated.emulator import heldout_model, piece_of, predict_devices
+
+    tables = load_table_configs(os.path.join(directory, "dlrm_b65536", "table_configs.json"))
+    for run, fname in runs:
+        path = os.path.join(directory, fname)
+        if not os.path.isfile(path):
+            continue
+        by_slice: dict[int, list] = {}
+        with open(path) as fh:
+            for k, line in enumerate(fh, 1):
+                obj = json.loads(line)
+                if obj.get("kind") != "random_pieces":
+                    continue
+                pieces = [piece_of(p, tables, f"{fname}:{k}") for p in obj["pieces"]]
+                parts = {t.batch_part for t in pieces if getattr(t, "kind", None) == "data_parallel"}
+                if not parts:
+                    continue
+                judge = heldout_model(frozenset(t.index for t in pieces))
+                by_slice.setdefault(next(iter(parts))[1], []).append(
+                    (predict_devices(judge, [pieces], 65536)[0], obj["fw_ms"], obj["bw_ms"]))
+        for n, got in sorted(by_slice.items()):
+            pred = np.array([g[0] for g in got])
+            fw, bw = np.array([g[1] for g in got]), np.array([g[2] for g in got])
+            ratio = float(np.median((fw + bw) / pred.sum(1)))
+            res["shard_rows"].append(shard_row(f"b65536 random replica devices, slice 1/{n} ({run}), tables held out; "
+                                               f"median measured/predicted {ratio:.3f}", pred, fw, bw))
+            res["figures"][f"b65536_random_replicas_slice{n}_{run}"] = {**_mapes(pred, fw, bw), "median_ratio": ratio,
+                                                                        "devices": len(got)}
+
+
 # gpu_check runs whose plans are shipped: (summary, {set name: the eval.py --out plans file}, the summary of
 # a run that measured some of its plans again on a machine of the same speed, or None: such a plan counts at
 # the lower of its two costs, as tools/shardkit_compare.py --repeat counts it)
@@ -324,6 +365,7 @@ def evaluate(directory=MEASUREMENTS_DIR, params_path=None, unknown_cv=True) -> d
         fig[f"b65536_original_only_spearman_{source}"] = _plan_row(res, "b65536 original files only", big, source, rhos, pm, n)
 
     piece_rows(res, directory)
+    slice_rows(res, directory)
     judged_plan_rows(res, directory)
 
     # the shipped parameters: in-sample, and batch 65536's set extrapolated to batch 4096
