@@ -287,6 +287,23 @@ def test_a_plans_slowest_device_is_confirmed_by_a_second_and_a_third_measurement
     assert result.device_costs_ms == [[1.0, 0.0, 0.0, 1.0]] and result.cost_ms == 2.0
 
 
+def test_gpu_check_measures_the_ns_set(tmp_path):
+    """--sets NS: the NeuroShard-style set (dims 4-128, its own 0.5 GB cap), here at the tiny size."""
+    work = tmp_path / "gc"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu",
+                           "--sets", "NS", "--alg", "lookup_greedy", "--max-tasks", "1", "--noise-repeats", "1",
+                           "--work-dir", str(work), "--time-budget", "200"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((work / "gpu_check.json").read_text())
+    (s,) = summary["sets"]
+    assert s["name"].startswith("NS-tiny") and s["ndevices"] == 4 and len(s["plans"]) == 1
+    task_line = (work / "tasks_ns_10_test.txt").read_text().splitlines()[0].split()
+    assert len(task_line) == 2 and set(map(int, task_line[1].split(","))) <= {4, 8, 16, 32, 64, 128}
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu", "--sets", "XY"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --sets: unknown task set 'XY' (DLRM-50, DLRM-100, NS)"
+
+
 def test_gpu_check_bad_input(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu",
                            "--compare", str(tmp_path / "nope.jsonl")], capture_output=True, text=True, timeout=60)

@@ -22,7 +22,7 @@ from shardcore.argtypes import int_list, name_list, positive_float, positive_int
 from shardcore.cli.common import make_parser, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.oracles.factory import batch_size_int  # noqa: E402
-from tools.gpu_check_lib import DEFAULT_ALGS, CheckConfig, run_check  # noqa: E402
+from tools.gpu_check_lib import DEFAULT_ALGS, SHIPPED_SETS, CheckConfig, run_check  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,13 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", action="append", default=[], metavar="PT",
                    help="a trained model's checkpoint to plan with as well (repeatable)")
     p.add_argument("--sets", type=name_list, default=("DLRM-50", "DLRM-100"),
-                   help="task sets: DLRM-50 (4 devices), DLRM-100 (8 devices) (default both)")
+                   help="task sets: DLRM-50 (4 devices), DLRM-100 (8 devices), NS (4 devices, dims 4-128, 0.5 GB "
+                        "per device: the honest-margin records' NeuroShard-style set) (default DLRM-50,DLRM-100)")
     p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N",
                    help="measure only the first N tasks of each set (default all 10)")
     p.add_argument("--gpu-devices", type=int_list, default=None, metavar="IDS",
                    help="GPUs that measure (default: every GPU present, up to the plan's devices)")
     p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GB",
-                   help="memory cap per device, fp16 weights (default 5)")
+                   help="memory cap per device, fp16 weights (default 5; the NS set keeps its own 0.5)")
     p.add_argument("--noise-repeats", type=positive_int, default=7,
                    help="times one shard is measured afresh for the noise figure (default 7)")
     p.add_argument("--bench-iters", type=positive_int, default=None,
@@ -92,8 +93,8 @@ def main(argv=None):
     if any(n < 1 for n in args.special_slices):
         raise ShardError(f"--special-slices must be positive, got {','.join(map(str, args.special_slices))}")
     for sname in args.sets:
-        if sname not in ("DLRM-50", "DLRM-100"):
-            raise ShardError(f"--sets: unknown task set {sname!r} (DLRM-50 or DLRM-100)")
+        if sname not in SHIPPED_SETS:
+            raise ShardError(f"--sets: unknown task set {sname!r} ({', '.join(SHIPPED_SETS)})")
     for pt in args.checkpoint:
         if not os.path.isfile(pt):
             raise ShardError(f"checkpoint not found: {pt}")

@@ -57,6 +57,14 @@ class TaskSetSpec:
     name: str
     task_path: Path
     ndevices: int
+    max_memory: float | None = None   # the set's own cap per device (GB), else CheckConfig.max_memory
+
+
+# The shipped test sets: task file, plan devices, the set's own memory cap (None: --max-memory). NS is the
+# honest-margin records' NeuroShard-style set (results/honest_margins/2026-11-28/: 10-60 tables, dims 4-128,
+# 0.5 GB per device), so its records' plans can be measured as they were made.
+SHIPPED_SETS = {"DLRM-50": ("dlrm_tasks_50_test.txt", 4, None), "DLRM-100": ("dlrm_tasks_100_test.txt", 8, None),
+                "NS": ("ns_tasks_test.txt", 4, 0.5)}
 
 
 @dataclass
@@ -132,23 +140,22 @@ def task_sets(cfg: CheckConfig, data_dir: Path) -> list[TaskSetSpec]:
 
     tables = load_dataset(data_dir, with_lookups=False).tables
     ntables = len(tables)
-    shipped = {"DLRM-50": (MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt", 4),
-               "DLRM-100": (MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_100_test.txt", 8)}
     out = []
     if ntables >= 856:
         for name in cfg.sets:
-            path, n = shipped[name]
+            fname, n, cap = SHIPPED_SETS[name]
+            path = MEASUREMENTS_DIR / "tasks" / fname
             if not path.is_file():
                 raise ShardError(f"{path}: shipped task file missing")
-            out.append(TaskSetSpec(f"{name} ({n})", path, n))
+            out.append(TaskSetSpec(f"{name} ({n})", path, n, cap))
         return out
-    small = {"DLRM-50": (10, 4), "DLRM-100": (16, 8)}
+    small = {"DLRM-50": (10, 4, None), "DLRM-100": (16, 8, None), "NS": (10, 4, (4, 8, 16, 32, 64, 128))}
     for name in cfg.sets:
-        T, n = small[name]
-        path = cfg.work_dir / f"tasks_{T}_test.txt"
-        _, test = generate_tasks(tables, TaskSpec(T, T, num_train=0, num_test=3, train_fraction=0.5))
+        T, n, dims = small[name]
+        path = cfg.work_dir / f"tasks_{name.lower().replace('-', '')}_{T}_test.txt"
+        _, test = generate_tasks(tables, TaskSpec(T, T, num_train=0, num_test=3, train_fraction=0.5, dims=dims))
         save_tasks(path, test)
-        out.append(TaskSetSpec(f"{name}-tiny T{T} ({n})", path, n))
+        out.append(TaskSetSpec(f"{name}-tiny T{T} ({n})", path, n, SHIPPED_SETS[name][2]))
     return out
 
 
@@ -544,7 +551,7 @@ def run_check(cfg: CheckConfig) -> dict:
                         entry["plans"].append({"task": result.task, "alg": result.alg, "error": result.error})
 
                 t1 = time.perf_counter()
-                results = evaluate(tasks, ds.tables, set_sharders, Topology(ts.ndevices, cfg.max_memory, "fp16"),
+                results = evaluate(tasks, ds.tables, set_sharders, Topology(ts.ndevices, ts.max_memory or cfg.max_memory, "fp16"),
                                    oracle=ev, on_result=keep)
                 entry["measure_s"] = time.perf_counter() - t1
                 noise_pct = ev.info.noise_pct

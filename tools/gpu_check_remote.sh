@@ -17,6 +17,8 @@
 #       e.g. the honest-margin plans:  R=results/honest_margins/2026-11-28; bash tools/gpu_check_remote.sh run \
 #         --alg lookup_greedy --plans DLRM-50=$R/emu_dlrm50.jsonl.gz --plans DLRM-100=$R/emu_dlrm100.jsonl.gz \
 #         --noise-repeats 3 --time-budget 550
+#       the NS set's plans (4 devices, dims 4-128, 0.5 GB; not yet measured on a GPU):
+#         bash tools/gpu_check_remote.sh run --alg lookup_greedy --sets NS --plans NS=$R/emu_ns.jsonl.gz --time-budget 300
 #
 # Timing on 2026-11-28 (runs 6 and 7): a fresh machine started and ran call 1 in ~31 s of device time, call 2
 # took ~5 s, and run's wait for the dataset (~40-47 s) overlaps the turnaround; all ten planners' plans of
