@@ -1091,6 +1091,9 @@ def test_compare_tool_takes_a_repeat_run_of_the_same_speed_only():
     assert "3.9% below the best anchor (torchrec)" in plain and "2.7% below the best anchor (torchrec)" in again
     assert "15 plans, median ratio 1.0005" in again and "torchrec task 4 3.609 / 3.174 ms" in again
     assert again.count("3.4% below the best anchor (neuroshard)") == 1
+    # every anchor with its own paired interval and the tasks shardkit wins against it
+    assert "| torchrec | 3.515 | 1.018 | -2.7% | -6.6% .. +1.1% | 6/10 |" in again
+    assert "| torchrec | 4.145 | 1.056 | -6.0% | -8.1% .. -3.7% | 9/10 |" in again
     with pytest.raises(ShardError, match=r"median \+1\.10% \(machines of different speeds"):
         shardkit_compare.summarize(run4, "shardkit", None, repeat=run7)
     recs = [{"task": 0, "alg": "a", "cost_ms": 2.0}, {"task": 0, "alg": "b", "cost_ms": 1.0}]

@@ -321,23 +321,29 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
     if not tasks:
         raise ShardError(f"{path}: no task every algorithm planned and measured")
     lines = [f"{path}: {len(tasks)} tasks, {recs[0].get('hardware', '?')}",
-             f"| alg | mean cost ms | mean imbalance | vs {alg} |", "|---|---|---|---|"]
+             f"| alg | mean cost ms | mean imbalance | {alg} vs it | 95% paired interval | {alg} faster on |",
+             "|---|---|---|---|---|---|"]
     mean = {a: statistics.fmean(by[a][t]["cost_ms"] for t in tasks) for a in algs}
 
     def imb(r):
         tot = [sum(c) for c in r["device_costs_ms"]]
         return max(tot) / (sum(tot) / len(tot))
 
+    order = sorted(tasks)
     for a in sorted(algs, key=lambda a: mean[a]):
         im = statistics.fmean(imb(by[a][t]) for t in tasks)
-        rel = "" if a == alg else f"{100.0 * (mean[alg] / mean[a] - 1):+.1f}%"
-        lines.append(f"| {a} | {mean[a]:.4g} | {im:.3f} | {rel} |")
+        rel = ival = faster = ""
+        if a != alg:
+            rel = f"{100.0 * (mean[alg] / mean[a] - 1):+.1f}%"
+            lo, hi = margin_interval([by[alg][t]["cost_ms"] for t in order], [by[a][t]["cost_ms"] for t in order])
+            ival = f"{-hi:+.1f}% .. {-lo:+.1f}%"
+            faster = f"{sum(by[alg][t]['cost_ms'] < by[a][t]['cost_ms'] for t in order)}/{len(order)}"
+        lines.append(f"| {a} | {mean[a]:.4g} | {im:.3f} | {rel} | {ival} | {faster} |")
     best = min((a for a in algs if a != alg), key=lambda a: mean[a])
     margin = 100.0 * (1 - mean[alg] / mean[best])
     wins = sum(by[alg][t]["cost_ms"] <= min(by[a][t]["cost_ms"] for a in algs if a != alg) for t in tasks)
     lines.append(f"{alg}: {abs(margin):.1f}% {'below' if margin >= 0 else 'ABOVE'} the best anchor ({best}); best on {wins}/{len(tasks)} tasks; "
                  f"target >= 5%: {'met' if margin >= 5.0 else 'NOT met'}")
-    order = sorted(tasks)
     lo, hi = margin_interval([by[alg][t]["cost_ms"] for t in order], [by[best][t]["cost_ms"] for t in order])
     lines.append(f"  95% paired bootstrap interval of the margin (tasks resampled): {lo:.1f}% .. {hi:.1f}%")
     choice = [by[alg][t].get("shardkit_model_choice_ms") for t in order]
