@@ -530,14 +530,13 @@ def run_check(cfg: CheckConfig) -> dict:
                 confirmed = {"plans": 0, "measurements": 0, "changed": []}
 
                 def keep(result, task):
-                    if cfg.confirm and result.measured is not None and result.cost_ms is not None:
-                        shards = result.plan().shard_tables(task.tables(ds.tables))
-                        extra, notes = confirm_slowest(ev, result, shards)
-                        confirmed["plans"] += 1
-                        confirmed["measurements"] += extra
-                        confirmed["changed"] += [f"{result.alg} task {result.task} {n}" for n in notes]
                     if result.measured is not None:   # every measured shard, for the emulator's data
                         shard_tables = result.plan().shard_tables(task.tables(ds.tables))
+                        if cfg.confirm and result.cost_ms is not None:
+                            extra, notes = confirm_slowest(ev, result, shard_tables)
+                            confirmed["plans"] += 1
+                            confirmed["measurements"] += extra
+                            confirmed["changed"] += [f"{result.alg} task {result.task} {n}" for n in notes]
                         for tables, (fw, _fc, _bc, bw) in zip(shard_tables, result.device_costs_ms):
                             if tables:
                                 shard_lines.append(shard_line(tables, fw, bw, batch_size=ev.batch_size,
