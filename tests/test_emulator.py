@@ -631,3 +631,37 @@ def test_replica_devices_by_batch_slice():
     assert [fig[k]["devices"] for k in ("2_gpucheck6", "4_gpucheck4", "8_gpucheck4", "16_gpucheck6")] == [14, 14, 16, 16]
     assert abs(fig["2_gpucheck6"]["median_ratio"] - fig["4_gpucheck4"]["median_ratio"]) < 0.01
     assert fig["16_gpucheck6"]["median_ratio"] > 1.15 > fig["8_gpucheck4"]["median_ratio"]
+
+
+def test_a_piece_line_names_its_task_set_and_an_old_one_its_device_counts(tmp_path, monkeypatch):
+    """A measured device with pieces is judged by the held-out judge of its own task: lines since
+    2026-11-28 name their set (NS and the training-pool sets have 4 or 8 devices too); runs 3-7's lines
+    do not and are the test set of their device count."""
+    from shardcore.oracles.emulated import emulator as E
+
+    (tmp_path / "dlrm_b65536").mkdir()
+    os.symlink(os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json"),
+               tmp_path / "dlrm_b65536" / "table_configs.json")
+    piece = {"index": 3, "dim": 16, "kind": "data_parallel", "rows": 1000, "batch_part": [0, 4]}
+    lines = [{"tables": [[3, 16]], "pieces": [piece], "fw_ms": 1.0, "bw_ms": 2.0, "task": 2, "alg": "x",
+              "hardware": "NVIDIA H200, 4 plan devices"},
+             {"tables": [[3, 16]], "pieces": [piece], "fw_ms": 1.0, "bw_ms": 2.0, "task": 1, "alg": "x", "set": "NS",
+              "hardware": "NVIDIA H200, 4 plan devices"},
+             {"tables": [[3, 16]], "pieces": [piece], "fw_ms": 1.0, "bw_ms": 2.0, "task": 0, "alg": "x",
+              "set": "DLRM-100-train", "hardware": "NVIDIA H200, 8 plan devices"},
+             {"tables": [[3, 16]], "pieces": [piece], "fw_ms": 1.0, "bw_ms": 2.0, "kind": "random_pieces",
+              "hardware": "NVIDIA H200"}]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    monkeypatch.setattr(E, "MEASUREMENTS_DIR", tmp_path)
+    monkeypatch.setattr(E, "PIECE_FILES", {65536: ("p.jsonl",)})
+    E.measured_piece_devices.cache_clear()
+    try:
+        got = [(d[3], d[4], d[5]) for d in E.measured_piece_devices("h200", 65536)]
+        assert got == [(2, 4, "dlrm_tasks_50"), (1, 4, "ns_tasks"), (0, 8, "dlrm_tasks_100_train"), (None, None, None)]
+        lines[1]["set"] = "XY"
+        (tmp_path / "p.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        E.measured_piece_devices.cache_clear()
+        with pytest.raises(ShardError, match=r"p.jsonl:2: unknown task set 'XY'"):
+            E.measured_piece_devices("h200", 65536)
+    finally:
+        E.measured_piece_devices.cache_clear()

@@ -301,7 +301,65 @@ def test_gpu_check_measures_the_ns_set(tmp_path):
     assert len(task_line) == 2 and set(map(int, task_line[1].split(","))) <= {4, 8, 16, 32, 64, 128}
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu", "--sets", "XY"],
                          capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: --sets: unknown task set 'XY' (DLRM-50, DLRM-100, NS)"
+    assert bad.returncode == 2 and bad.stderr.strip() == ("error: --sets: unknown task set 'XY' "
+                                                         "(DLRM-50, DLRM-100, NS, DLRM-50-train, DLRM-100-train)")
+
+
+def test_the_training_pool_holds_no_test_table_and_the_train_sets_only_its_tables():
+    """The training pool (gen_tasks.py's default split) is disjoint from every shipped test set, and the
+    shipped -train sets draw from it alone: their plans' devices never hold a test task's table."""
+    from shardcore.oracles.emulated.emulator import GPUCHECK_SETS, TASK_FILES
+    from tools.gpu_check_lib import SHIPPED_SETS, training_pool
+
+    pool = set(training_pool(856))
+    assert len(pool) == 428
+    for name, (fname, ndev, _cap) in SHIPPED_SETS.items():
+        with open(os.path.join(SHIPPED, "tasks", fname)) as fh:
+            ids = {int(v) for line in fh if line.strip() for v in line.split()[0].split(",")}
+        assert (ids <= pool) if name.endswith("-train") else not (ids & pool), name
+        assert TASK_FILES[GPUCHECK_SETS[name]] == "tasks/" + fname   # the emulator's loader knows every set
+
+
+def test_random_and_special_shards_from_a_pool():
+    from tools.gpu_check_lib import random_shards, special_shards
+
+    tables = [TableConfig(i, 1000 + 10 * i, 16, 2.0 + i % 5) for i in range(80)]
+    every = list(range(80))
+    # the whole dataset as the pool draws exactly the shards of before (the runs' random streams are kept)
+    assert ([[(t.index, t.dim) for t in s] for s in random_shards(tables, 6)]
+            == [[(t.index, t.dim) for t in s] for s in random_shards(tables, 6, pool=every)])
+    assert ([[t.index for t in s] for s in special_shards(tables, 6)]
+            == [[t.index for t in s] for s in special_shards(tables, 6, pool=every)])
+    pool = list(range(0, 80, 7))
+    for shards in (random_shards(tables, 20, pool=pool), special_shards(tables, 20, pool=pool)):
+        assert all(s and {t.index for t in s} <= set(pool) for s in shards)
+
+
+def test_gpu_check_measures_a_training_set_and_shards_of_the_training_pool(tmp_path):
+    """--sets DLRM-50-train --shard-pool train (tiny, on the CPU): plan devices and random shards of the
+    training pool only; every plan device's line names its set."""
+    from tools.gpu_check_lib import training_pool
+
+    work = tmp_path / "gc"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--device", "cpu",
+                           "--sets", "DLRM-50-train", "--alg", "lookup_greedy", "--max-tasks", "1", "--noise-repeats", "1",
+                           "--bench-iters", "2", "--random-shards", "3", "--special-shards", "2", "--shard-pool", "train",
+                           "--no-confirm", "--work-dir", str(work), "--time-budget", "200"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((work / "gpu_check.json").read_text())
+    (s,) = summary["sets"]
+    assert s["name"].startswith("DLRM-50-train-tiny") and summary["shard_pool"] == "train"
+    pool = set(training_pool(60))
+    with open(work / "tasks_dlrm50_10_train.txt") as fh:
+        assert {int(v) for v in fh.readline().split()[0].split(",")} <= pool
+    lines = [json.loads(x) for x in (work / "measured_shards.jsonl").read_text().splitlines()]
+    lines += [json.loads(x) for x in (work / "measured_shards_pieces.jsonl").read_text().splitlines()]
+    randoms = [x for x in lines if x.get("kind") in ("random", "random_pieces")]
+    assert len(randoms) == 5 and all(x["pool"] == "train" for x in randoms)
+    assert all({i for i, _ in x["tables"]} <= pool for x in lines)
+    assert all(x["set"] == "DLRM-50-train-tiny" for x in lines if "task" in x)
+    assert "of the 30 tables of the training pool" in proc.stdout
 
 
 def test_gpu_check_bad_input(tmp_path):
@@ -414,3 +472,13 @@ def test_plans_made_elsewhere_are_measured_as_given(tmp_path):
         _load_plans(str(bad), ["A (2)"], tasks)
     with pytest.raises(ShardError, match="no task set named 'B'"):
         _load_plans(f"B={f}", ["A (2)"], tasks)
+
+
+def test_the_noise_shard_is_dlrm50s_first_task_whichever_set_comes_first():
+    """Runs compare their machines by one shard (runs 1-7: the first 25 tables of DLRM-50's task 0)."""
+    from tools.gpu_check_lib import noise_task
+
+    with open(os.path.join(SHIPPED, "tasks", "dlrm_tasks_50_test.txt")) as fh:
+        first = tuple(int(v) for v in fh.readline().split()[0].split(","))
+    assert tuple(noise_task(856, ["not this"]).table_ids) == first
+    assert noise_task(60, ["the first set's"]) == "the first set's"

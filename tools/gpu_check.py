@@ -22,7 +22,7 @@ from shardcore.argtypes import int_list, name_list, positive_float, positive_int
 from shardcore.cli.common import make_parser, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.oracles.factory import batch_size_int  # noqa: E402
-from tools.gpu_check_lib import DEFAULT_ALGS, SHIPPED_SETS, CheckConfig, run_check  # noqa: E402
+from tools.gpu_check_lib import DEFAULT_ALGS, SHARD_POOLS, SHIPPED_SETS, CheckConfig, run_check  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a trained model's checkpoint to plan with as well (repeatable)")
     p.add_argument("--sets", type=name_list, default=("DLRM-50", "DLRM-100"),
                    help="task sets: DLRM-50 (4 devices), DLRM-100 (8 devices), NS (4 devices, dims 4-128, 0.5 GB "
-                        "per device: the honest-margin records' NeuroShard-style set) (default DLRM-50,DLRM-100)")
+                        "per device: the honest-margin records' NeuroShard-style set); DLRM-50-train (4) and "
+                        "DLRM-100-train (8): tasks of the training pool's tables, which no test task holds, so "
+                        "their plans' devices are cost-model data no held-out judge leaves out (default "
+                        "DLRM-50,DLRM-100)")
     p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N",
                    help="measure only the first N tasks of each set (default all 10)")
     p.add_argument("--gpu-devices", type=int_list, default=None, metavar="IDS",
@@ -71,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also measure N random shards of row-wise blocks and data-parallel replicas (with some "
                         "whole tables), compare the emulated H200 on them per class and append them to "
                         "SHARDS_OUT's _pieces file (default 0)")
+    p.add_argument("--shard-pool", choices=SHARD_POOLS, default="all",
+                   help="the tables random and special shards are drawn from: all (default, the whole dataset) "
+                        "or train (the training pool of gen_tasks.py's default split, which no test task "
+                        "holds: shards a judge held out by a test task's tables keeps)")
     p.add_argument("--special-slices", type=int_list, default=(4, 8), metavar="NS",
                    help="batch slices the special shards' data-parallel replicas are drawn from: a replica holds "
                         "1/n of the batch, n one of these (default 4,8, the DLRM sets' device counts); the same "
@@ -111,7 +118,7 @@ def main(argv=None):
                       batch_size=args.batch_size, algs=tuple(args.alg), checkpoints=tuple(args.checkpoint),
                       max_memory=args.max_memory, noise_repeats=args.noise_repeats, bench_iters=args.bench_iters,
                       comm_iters=args.comm_iters, compare=tuple(args.compare), plans=tuple(args.plans), random_shards=args.random_shards,
-                      special_shards=args.special_shards,
+                      special_shards=args.special_shards, shard_pool=args.shard_pool,
                       special_slices=tuple(args.special_slices), confirm=args.confirm, shards_out=args.shards_out, time_budget_s=args.time_budget,
                       sets=tuple(args.sets), max_tasks=args.max_tasks, gpus=tuple(args.gpu_devices) if args.gpu_devices else None)
     summary = run_check(cfg)

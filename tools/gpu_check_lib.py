@@ -63,8 +63,24 @@ class TaskSetSpec:
 # The shipped test sets: task file, plan devices, the set's own memory cap (None: --max-memory). NS is the
 # honest-margin records' NeuroShard-style set (results/honest_margins/2026-11-28/: 10-60 tables, dims 4-128,
 # 0.5 GB per device), so its records' plans can be measured as they were made.
+# The -train sets are tasks of the training pool's tables (gen_tasks.py's default split: none of them is in
+# any test task; DLRM-50-train is the learned anchors' 50 training tasks): the devices of their plans are
+# cost-model data that a judge held out by a test task's tables never has to leave out.
 SHIPPED_SETS = {"DLRM-50": ("dlrm_tasks_50_test.txt", 4, None), "DLRM-100": ("dlrm_tasks_100_test.txt", 8, None),
-                "NS": ("ns_tasks_test.txt", 4, 0.5)}
+                "NS": ("ns_tasks_test.txt", 4, 0.5),
+                "DLRM-50-train": ("dlrm_tasks_50_train.txt", 4, None), "DLRM-100-train": ("dlrm_tasks_100_train.txt", 8, None)}
+SHARD_POOLS = ("all", "train")   # --shard-pool: the tables random and special shards are drawn from
+
+
+def training_pool(ntables: int) -> list[int]:
+    """The training pool of ``tools/gen_tasks.py``'s default split (train fraction 0.5, seed 0): the tables
+    the shipped test tasks never hold (on the 856-table dataset: 428 tables; tests/test_gpu_check.py checks
+    the shipped test sets against it)."""
+    import numpy as np
+
+    from shardcore.data.taskgen import split_pools
+
+    return sorted(int(i) for i in split_pools(ntables, 0.5, np.random.default_rng(0))[0])
 
 
 @dataclass
@@ -84,6 +100,7 @@ class CheckConfig:
     random_shards: int = 0
     special_shards: int = 0
     special_slices: tuple[int, ...] = (4, 8)
+    shard_pool: str = "all"
     confirm: bool = True
     shards_out: Path | None = None
     time_budget_s: float = 450.0
@@ -151,10 +168,13 @@ def task_sets(cfg: CheckConfig, data_dir: Path) -> list[TaskSetSpec]:
         return out
     small = {"DLRM-50": (10, 4, None), "DLRM-100": (16, 8, None), "NS": (10, 4, (4, 8, 16, 32, 64, 128))}
     for name in cfg.sets:
-        T, n, dims = small[name]
-        path = cfg.work_dir / f"tasks_{name.lower().replace('-', '')}_{T}_test.txt"
-        _, test = generate_tasks(tables, TaskSpec(T, T, num_train=0, num_test=3, train_fraction=0.5, dims=dims))
-        save_tasks(path, test)
+        base, _, which = name.partition("-train")
+        T, n, dims = small[base]
+        part = "train" if name != base else "test"
+        path = cfg.work_dir / f"tasks_{base.lower().replace('-', '')}_{T}_{part}.txt"
+        train, test = generate_tasks(tables, TaskSpec(T, T, num_train=3 if part == "train" else 0,
+                                                      num_test=3 if part == "test" else 0, train_fraction=0.5, dims=dims))
+        save_tasks(path, train if part == "train" else test)
         out.append(TaskSetSpec(f"{name}-tiny T{T} ({n})", path, n, SHIPPED_SETS[name][2]))
     return out
 
@@ -172,17 +192,18 @@ def _open(cfg: CheckConfig, data_dir: Path, ndevices: int, batch: int | None):
                        batch_size=batch, cache=None, timeout_s=DEFAULT_TIMEOUT_S, host_lock=(cfg.device == "cpu"), **kw)
 
 
-def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60) -> list:
-    """``n`` random shards for cost-model data: 1..max_tables distinct tables of the whole dataset,
-    in half of them each table given a random dim from 4..128 (a column shard below its own dim,
-    a wider table above it)."""
+def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60, pool: Sequence[int] | None = None) -> list:
+    """``n`` random shards for cost-model data: 1..max_tables distinct tables of the whole dataset (of
+    ``pool``, table indices, when given), in half of them each table given a random dim from 4..128 (a
+    column shard below its own dim, a wider table above it)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     dims = (4, 8, 16, 32, 64, 128)
+    ids_of = np.arange(len(tables)) if pool is None else np.asarray(sorted(pool), dtype=int)
     out = []
     for k in range(n):
-        ids = rng.choice(len(tables), size=int(rng.integers(1, max_tables + 1)), replace=False)
+        ids = ids_of[rng.choice(len(ids_of), size=int(rng.integers(1, min(max_tables, len(ids_of)) + 1)), replace=False)]
         shard = [tables[int(i)] for i in ids]
         if k % 2:
             shard = [t.with_dim(int(rng.choice(dims))) for t in shard]
@@ -190,25 +211,27 @@ def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60) -> list:
     return out
 
 
-def special_shards(tables, n: int, seed: int = 1, max_tables: int = 30, slices=(4, 8)) -> list:
+def special_shards(tables, n: int, seed: int = 1, max_tables: int = 30, slices=(4, 8),
+                   pool: Sequence[int] | None = None) -> list:
     """``n`` random shards of row-wise blocks and data-parallel replicas, the pieces no GPU had measured
     before, shaped as a real plan's device: 1..max_tables distinct tables of the whole dataset, the
     even shards row-wise (each table, at random, one row block of it split over 2, 4 or 8 devices, or
     the whole table), the odd ones data-parallel (each table the replica of one batch slice ``(j, n)``,
     the same for the shard, n drawn from ``slices`` (default 4 or 8), or the whole table); 60% pieces, 40%
     whole tables. Other slices draw the same tables and row blocks (one random stream), so shards at 2 or
-    16 ranks pair with those measured at 4 and 8."""
+    16 ranks pair with those measured at 4 and 8. ``pool``: the tables are drawn from these indices only."""
     import numpy as np
 
     from shardcore.plan import DATA_PARALLEL, ROW_WISE, Sharding
 
     rng = np.random.default_rng(seed)
+    ids_of = np.arange(len(tables)) if pool is None else np.asarray(sorted(pool), dtype=int)
     out = []
     for k in range(n):
         n_dp = int(rng.choice(tuple(slices)))
         j = int(rng.integers(n_dp))
         shard = []
-        for i in rng.choice(len(tables), size=int(rng.integers(1, max_tables + 1)), replace=False):
+        for i in ids_of[rng.choice(len(ids_of), size=int(rng.integers(1, min(max_tables, len(ids_of)) + 1)), replace=False)]:
             t = tables[int(i)]
             if rng.random() < 0.6:
                 if k % 2 == 0:
@@ -276,6 +299,17 @@ def shard_line(tables, fw: float, bw: float, **extra) -> dict:
                            "full_row": int(getattr(t, "full_row", 0) or t.row),
                            "batch_part": list(getattr(t, "batch_part", None) or ()) or None} for t in tables]
     return line
+
+
+def noise_task(ntables: int, first_set_tasks):
+    """The task whose first 25 tables are the noise shard: on the full dataset always DLRM-50's task 0 (the
+    shard of every H200 run so far, 5.62-5.71 ms in runs 1-7: runs compare their machines by it), whichever
+    set comes first; on a tiny dataset the first set's first task."""
+    from shardcore.tasks import load_tasks
+
+    if ntables >= 856:
+        return load_tasks(MEASUREMENTS_DIR / "tasks" / SHIPPED_SETS["DLRM-50"][0], num_tables=ntables)[0]
+    return first_set_tasks[0]
 
 
 def measure_noise(cfg: CheckConfig, ev, tables) -> dict:
@@ -470,6 +504,11 @@ def run_check(cfg: CheckConfig) -> dict:
                                         (f" (the shipped H200 measurements used {ref})" if ref else "")))
         sets = task_sets(cfg, data_dir)
         names = [s.name for s in sets]
+        if cfg.shard_pool not in SHARD_POOLS:
+            raise ShardError(f"--shard-pool must be one of {', '.join(SHARD_POOLS)}, got {cfg.shard_pool!r}")
+        pool = training_pool(ds.num_tables) if cfg.shard_pool == "train" else None
+        pool_text = "the whole dataset" if pool is None else f"the {len(pool)} tables of the training pool"
+        summary["shard_pool"] = cfg.shard_pool
         compares = [_load_compare(c, names) for c in cfg.compare]
         all_tasks = {ts.name: load_tasks(ts.task_path, num_tables=ds.num_tables) for ts in sets}
         tasks_of = {name: tasks[: cfg.max_tasks] for name, tasks in all_tasks.items()}
@@ -496,6 +535,7 @@ def run_check(cfg: CheckConfig) -> dict:
                 _say(cfg, f"{ts.name}: skipped, {remaining():.0f} s of the time budget left")
                 continue
             tasks = tasks_of[ts.name]
+            set_key = ts.name.split(" ")[0]   # the SHIPPED_SETS name (emulator.GPUCHECK_SETS reads it)
             set_sharders = dict(sharders)
             for alg, sh in elsewhere.get(ts.name, {}).items():
                 set_sharders[alg if alg not in set_sharders else f"{alg} (planned elsewhere)"] = sh
@@ -507,24 +547,24 @@ def run_check(cfg: CheckConfig) -> dict:
                                "tasks": len(tasks), "plans": [], "finished": False}
                 summary["sets"].append(entry)   # kept, with the plans measured so far, if the budget runs out
                 if k == 0:
-                    noise = measure_noise(cfg, ev, tasks[0].tables(ds.tables))
+                    noise = measure_noise(cfg, ev, noise_task(ds.num_tables, tasks).tables(ds.tables))
                     summary["noise"] = noise
                     _say(cfg, f"   micro-benchmark noise: one {noise['tables']}-table shard measured {noise['repeats']} "
                               f"times afresh: {noise['mean_ms']:.4f} ms, CV {noise['cv_pct']:.2f}% "
                               f"(range {noise['min_ms']:.4f}..{noise['max_ms']:.4f})")
                 if k == 0 and cfg.random_shards:
-                    shards = random_shards(ds.tables, cfg.random_shards)
+                    shards = random_shards(ds.tables, cfg.random_shards, pool=pool)
                     t1 = time.perf_counter()
                     for i in range(0, len(shards), 10):   # in chunks, so a budget cut keeps what was measured
                         costs = ev.measure_shards(shards[i:i + 10], no_cache=True)
                         for sh, c in zip(shards[i:i + 10], costs):
                             shard_lines.append(shard_line(sh, c.fw_ms, c.bw_ms, batch_size=ev.batch_size, kind="random",
-                                                          hardware=ev.hardware, date=now))
-                    _say(cfg, f"   {len(shards)} random shards (1-60 tables, dims 4-128) measured in "
+                                                          hardware=ev.hardware, date=now, pool=cfg.shard_pool))
+                    _say(cfg, f"   {len(shards)} random shards (1-60 tables of {pool_text}, dims 4-128) measured in "
                               f"{time.perf_counter() - t1:.0f} s")
                 if k == 0 and cfg.special_shards:
                     summary["special_shards"] = measure_special(cfg, ev, ds.tables, data_dir, batch, emu_ok,
-                                                                shard_lines, now)
+                                                                shard_lines, now, pool)
                 plans = {}
 
                 confirmed = {"plans": 0, "measurements": 0, "changed": []}
@@ -541,7 +581,7 @@ def run_check(cfg: CheckConfig) -> dict:
                             if tables:
                                 shard_lines.append(shard_line(tables, fw, bw, batch_size=ev.batch_size,
                                                               hardware=ev.hardware, date=now,
-                                                              task=result.task, alg=result.alg))
+                                                              task=result.task, alg=result.alg, set=set_key))
                     if result.cost_ms is not None:
                         plans[(result.task, result.alg)] = (task.tables(ds.tables), result)
                         entry["plans"].append({"task": result.task, "alg": result.alg, "cost_ms": result.cost_ms,
@@ -639,12 +679,13 @@ def class_errors(by_class: dict) -> dict:
 
 
 def measure_special(cfg: CheckConfig, ev, tables, data_dir: Path, batch: int, emu_ok: bool,
-                    shard_lines: list, now: str) -> dict:
+                    shard_lines: list, now: str, pool: Sequence[int] | None = None) -> dict:
     """Measure ``cfg.special_shards`` random shards of row-wise blocks and data-parallel replicas
-    (:func:`special_shards`), append them to ``shard_lines`` and compare the emulated H200 on them."""
+    (:func:`special_shards`, of the tables ``pool`` when given), append them to ``shard_lines`` and
+    compare the emulated H200 on them."""
     from shardcore.oracles.emulated.oracle import EmulatedOracle
 
-    shards = special_shards(tables, cfg.special_shards, slices=cfg.special_slices)
+    shards = special_shards(tables, cfg.special_shards, slices=cfg.special_slices, pool=pool)
     t1 = time.perf_counter()
     measured = []
     for i in range(0, len(shards), 10):   # in chunks, so a budget cut keeps what was measured
@@ -652,7 +693,7 @@ def measure_special(cfg: CheckConfig, ev, tables, data_dir: Path, batch: int, em
         for sh, c in zip(shards[i:i + 10], costs):
             measured.append(c.fw_ms + c.bw_ms)
             shard_lines.append(shard_line(sh, c.fw_ms, c.bw_ms, batch_size=ev.batch_size, kind="random_pieces",
-                                          hardware=ev.hardware, date=now))
+                                          hardware=ev.hardware, date=now, pool=cfg.shard_pool))
     _say(cfg, f"   {len(shards)} random shards of row-wise blocks and data-parallel replicas measured in "
               f"{time.perf_counter() - t1:.0f} s")
     out: dict = {"shards": len(shards)}

@@ -17,8 +17,19 @@
 #       e.g. the honest-margin plans:  R=results/honest_margins/2026-11-28; bash tools/gpu_check_remote.sh run \
 #         --alg lookup_greedy --plans DLRM-50=$R/emu_dlrm50.jsonl.gz --plans DLRM-100=$R/emu_dlrm100.jsonl.gz \
 #         --noise-repeats 3 --time-budget 550
-#       the NS set's plans (4 devices, dims 4-128, 0.5 GB; not yet measured on a GPU):
-#         bash tools/gpu_check_remote.sh run --alg lookup_greedy --sets NS --plans NS=$R/emu_ns.jsonl.gz --time-budget 300
+#   NEXT (not yet measured on a GPU), call 3 and, at once, a fourth "run" call on the same machine (it needs no
+#   carry: FBGEMM is unpacked by then; each run starts a fresh shard file, the last run's went to its $OUT):
+#       the NS set's plans (4 devices, dims 4-128, 0.5 GB) and the first 10 training-pool DLRM-50 tasks' plans
+#       (~110 + ~70 plans, ~400 s):
+#         T=results/train_pool_plans/2026-11-28; bash tools/gpu_check_remote.sh run --alg lookup_greedy \
+#           --sets NS,DLRM-50-train --max-tasks 10 --plans NS=$R/emu_ns.jsonl.gz \
+#           --plans DLRM-50-train=$T/emu_dlrm50_train.jsonl.gz --noise-repeats 3 --time-budget 480
+#       then cost-model data no test task's held-out judge must leave out (a DLRM-100 task's judge is fitted on
+#       133-167 shards today): the training-pool DLRM-100 tasks' plans, random and special shards of the
+#       training pool's tables (~50 plans of 8 devices + 240 shards, ~330 s):
+#         bash tools/gpu_check_remote.sh run --alg lookup_greedy --sets DLRM-100-train --max-tasks 6 \
+#           --plans DLRM-100-train=$T/emu_dlrm100_train.jsonl.gz --random-shards 200 --special-shards 40 \
+#           --shard-pool train --noise-repeats 3 --time-budget 420
 #
 # Timing on 2026-11-28 (runs 6 and 7): a fresh machine started and ran call 1 in ~31 s of device time, call 2
 # took ~5 s, and run's wait for the dataset (~40-47 s) overlaps the turnaround; all ten planners' plans of
@@ -63,6 +74,9 @@ case "$mode" in
       cat /tmp/fb/fbx.00 /tmp/fb/fbx.01 .gpu/p3/fbx.02 | xz -dc -T0 | tar x -C /tmp/site || { echo "error: unpacking FBGEMM failed" >&2; exit 3; }
     fi
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    # a run's shard files hold its own measurements only: an earlier run's (copied to its call's $OUT) set aside
+    mkdir -p /tmp/gc/earlier && for f in /tmp/gc/measured_shards*.jsonl; do
+      [ -f "$f" ] && mv "$f" "/tmp/gc/earlier/$(date +%s)_$(basename "$f")"; done
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
     # FBGEMM 1.6 warns in every worker that its compatibility table has no 1.6 entry: left out of the log
     python3 tools/gpu_check.py --work-dir /tmp/gc "$@" 2>&1 \

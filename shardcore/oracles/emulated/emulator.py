@@ -561,8 +561,10 @@ def piece_of(obj: Mapping, tables: Sequence[TableConfig], where: str = "piece") 
 
 @functools.lru_cache(maxsize=None)
 def measured_piece_devices(card: str = "h200", batch: int = 65536) -> tuple:
-    """Every line of the ``PIECE_FILES``: ``(pieces, fw_ms, bw_ms, task, plan devices)``, the last two
-    None for a device measured outside a plan (a random piece set)."""
+    """Every line of the ``PIECE_FILES``: ``(pieces, fw_ms, bw_ms, task, plan devices, task set)``, the
+    last three None for a device measured outside a plan (a random piece set); the task set is a
+    :data:`TASK_FILES` key (the line's ``set``, a :data:`GPUCHECK_SETS` name; a line without one is of the
+    test set of its device count)."""
     from shardcore.dataset import load_table_configs
 
     if card != "h200" or not PIECE_FILES.get(batch):
@@ -577,13 +579,18 @@ def measured_piece_devices(card: str = "h200", batch: int = 65536) -> tuple:
                     pieces = tuple(piece_of(p, tables, f"{name}:{k}") for p in obj["pieces"])
                     task = int(obj["task"]) if "task" in obj else None
                     n = (4 if " 4 plan devices" in obj["hardware"] else 8) if task is not None else None
-                    out.append((pieces, float(obj["fw_ms"]), float(obj["bw_ms"]), task, n))
+                    which = None
+                    if task is not None:
+                        which = GPUCHECK_SETS.get(str(obj["set"])) if "set" in obj else SET_OF_DEVICES[n]
+                        if which is None:
+                            raise ShardError(f"{name}:{k}: unknown task set {obj['set']!r}")
+                    out.append((pieces, float(obj["fw_ms"]), float(obj["bw_ms"]), task, n, which))
     return tuple(out)
 
 
 def replica_devices(card: str = "h200", batch: int = 65536) -> tuple:
     """The measured devices holding data-parallel replicas: ``(pieces, fw_ms, bw_ms)`` each."""
-    return tuple((pieces, fw, bw) for pieces, fw, bw, _t, _n in measured_piece_devices(card, batch)
+    return tuple((pieces, fw, bw) for pieces, fw, bw, *_ in measured_piece_devices(card, batch)
                  if any(getattr(t, "kind", None) == "data_parallel" for t in pieces))
 
 
@@ -799,8 +806,17 @@ GPUCHECK_RUNS = {65536: (("gpucheck1", "h200_b65536_gpucheck1_shards.jsonl", "h2
                          ("gpucheck5", "h200_b65536_gpucheck5_shards.jsonl", "h200_gpucheck5_2026-11-27.json",
                           "h200_b65536_gpucheck5_pieces.jsonl")),
                  4096: ()}
-TASK_FILES = {"dlrm_tasks_50": "tasks/dlrm_tasks_50_test.txt", "dlrm_tasks_100": "tasks/dlrm_tasks_100_test.txt"}
-GPUCHECK_SETS = {"DLRM-50": "dlrm_tasks_50", "DLRM-100": "dlrm_tasks_100"}
+# The task sets a gpu_check run may measure plans of (tools/gpu_check_lib.SHIPPED_SETS): the test sets, and
+# the training-pool sets, whose tables no test task holds (gen_tasks.py's default split, seed 0), so the
+# devices of their plans are cost-model data that no held-out judge of a test task ever has to leave out
+TASK_FILES = {"dlrm_tasks_50": "tasks/dlrm_tasks_50_test.txt", "dlrm_tasks_100": "tasks/dlrm_tasks_100_test.txt",
+              "ns_tasks": "tasks/ns_tasks_test.txt",
+              "dlrm_tasks_50_train": "tasks/dlrm_tasks_50_train.txt",
+              "dlrm_tasks_100_train": "tasks/dlrm_tasks_100_train.txt"}
+GPUCHECK_SETS = {"DLRM-50": "dlrm_tasks_50", "DLRM-100": "dlrm_tasks_100", "NS": "ns_tasks",
+                 "DLRM-50-train": "dlrm_tasks_50_train", "DLRM-100-train": "dlrm_tasks_100_train"}
+# a piece line written before lines named their set (runs 3-7): the test set of its plan's device count
+SET_OF_DEVICES = {4: "dlrm_tasks_50", 8: "dlrm_tasks_100"}
 
 
 def shard_key(configs: Sequence[TableConfig]) -> tuple:
@@ -1269,14 +1285,14 @@ def compute_piece_error_rows(card: str = "h200", batch: int = 65536, rule: str =
     if not devices:
         return ()
     tables = load_table_configs(MEASUREMENTS_DIR / f"dlrm_b{batch}" / "table_configs.json")
-    tasks = {n: load_tasks(MEASUREMENTS_DIR / TASK_FILES[f"dlrm_tasks_{s}"], num_tables=len(tables))
-             for n, s in ((4, 50), (8, 100))}
+    tasks = {which: load_tasks(MEASUREMENTS_DIR / TASK_FILES[which], num_tables=len(tables))
+             for which in sorted({d[5] for d in devices})}
     out = []
-    for pieces, fw, bw, task, n in devices:
+    for pieces, fw, bw, task, n, which in devices:
         kind = piece_device_kind(getattr(t, "kind", "table_wise") for t in pieces)
         if kind is None:
             continue
-        judge = heldout_model(frozenset(t.index for t in tasks[n][task].tables(tables)), card, rule=rule)
+        judge = heldout_model(frozenset(t.index for t in tasks[which][task].tables(tables)), card, rule=rule)
         pred = float(predict_devices(judge, [list(pieces)], batch)[0].sum())
         out.append((kind, frozenset(t.index for t in pieces), (fw + bw) / pred, int(n)))
     return tuple(out)
