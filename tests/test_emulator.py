@@ -665,3 +665,21 @@ def test_a_piece_line_names_its_task_set_and_an_old_one_its_device_counts(tmp_pa
             E.measured_piece_devices("h200", 65536)
     finally:
         E.measured_piece_devices.cache_clear()
+
+
+def test_the_judges_error_on_devices_no_fit_saw_grows_as_its_shards_shrink():
+    """emulator_accuracy's last table: runs 6-7's whole-table plan devices, in no fit, predicted by each
+    task's judge (as shipped), by it on fewer shards, and by the full fit. On the H200 (2026-11-28) the
+    judge's spread grows as its shards shrink, and the full fit, which has seen the tables, is the tightest."""
+    acc = load_tool("emulator_accuracy")
+    res = {"unseen_rows": [], "figures": {}}
+    acc.unseen_device_rows(res, draws=1)
+    fig = res["figures"]
+    for which in ("dlrm_tasks_50", "dlrm_tasks_100"):
+        sd = {k[len(f"unseen_{which}_"):]: v["sd_pct"] for k, v in fig.items() if k.startswith(f"unseen_{which}_")}
+        judge = sd["held out by the task's tables (the judge)"]
+        full = sd["the full fit (has seen the tables, not these devices)"]
+        assert full < judge < sd["the same, a random 0.25 of its shards"]
+    got = {r[0]: r[2] for r in res["unseen_rows"]}
+    assert got == {"DLRM-50": 389, "DLRM-100": 793}
+    assert fig["unseen_dlrm_tasks_100_held out by the task's tables (the judge)"]["sd_pct"] == pytest.approx(6.08, abs=0.1)
