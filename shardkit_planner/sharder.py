@@ -309,13 +309,16 @@ class ShardkitSharder(Sharder):
 
             measured_landscapes(model.landscape.split(":", 1)[1])
 
-    def task_model(self, tables: Sequence[TableConfig]) -> CostModel:
+    def task_model(self, tables: Sequence[TableConfig], ndevices: int | None = None) -> CostModel:
         """The model a task is planned with. Planning for the held-out emulated card
         (``emulator_fit="heldout"``): its compute is the emulator refitted without every measured shard
         that holds one of the task's tables and without one fixed fifth of the rest
         (:func:`shardcore.oracles.emulated.emulator.heldout_model` with :data:`HELDOUT_SUBSET`), so shardkit never plans
         with a model that saw the task's tables, nor with the judge itself. Where that leaves too few
-        shards to refit (hundreds of measured tables), the shipped fit, said in the model's ``source``."""
+        shards to refit (hundreds of measured tables), the shipped fit, said in the model's ``source``.
+        Its bias and error on devices holding row-wise blocks or replicas are those measured on other
+        tasks' devices of plans with ``ndevices`` devices where enough were measured (the replica law
+        prices replica devices of 4-device plans ~2% high and of 8-device plans ~2% low), else of all."""
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model
@@ -323,8 +326,8 @@ class ShardkitSharder(Sharder):
 
         card = model.landscape.split(":", 1)[1]
         seen = seen_tables(tables, card) if self.emulator_fit == "heldout" else frozenset()
-        bias = piece_bias(seen, card, model.batch_size) or None   # measured on other tasks' devices
-        spread = (piece_spread(seen, card, model.batch_size) or None) if self.robust else None   # and its spread
+        bias = piece_bias(seen, card, model.batch_size, ndevices) or None   # measured on other tasks' devices
+        spread = (piece_spread(seen, card, model.batch_size, ndevices) or None) if self.robust else None   # and its spread
         why = ""
         if seen:
             try:
@@ -400,7 +403,7 @@ class ShardkitSharder(Sharder):
         ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         tables = list(tables)
         self.load()
-        model = self.task_model(tables)
+        model = self.task_model(tables, ndevices)
         # the budget covers everything after the task's model is fitted: the starts, their evaluation,
         # the search and the choice; only the first start that places the task is always made (no
         # answer without one), so at 100k tables a tiny budget costs that one start's O(tables) time

@@ -472,6 +472,10 @@ def test_plans_made_elsewhere_are_measured_as_given(tmp_path):
         _load_plans(str(bad), ["A (2)"], tasks)
     with pytest.raises(ShardError, match="no task set named 'B'"):
         _load_plans(f"B={f}", ["A (2)"], tasks)
+    # --plans-algs: only those algorithms' plans are measured
+    assert list(_load_plans(str(f), ["A (2)"], tasks, ("torchrec", "shardkit"))[1]) == ["torchrec"]
+    with pytest.raises(ShardError, match="no feasible plan of --plans-algs shardkit in it"):
+        _load_plans(str(f), ["A (2)"], tasks, ("shardkit",))
 
 
 def test_the_noise_shard_is_dlrm50s_first_task_whichever_set_comes_first():

@@ -483,9 +483,9 @@ def main(argv=None):
                             "devices judge ms", "its mean error %", "its MAPE %"], res["judged_rows"]))
     if res["unseen_rows"]:
         print()
-        print(f"What the held-out judge lacks: the whole-table plan devices of runs 6-7 (NVIDIA H200, 2026-11-28, in no "
-              f"fit), each predicted by fits for its own task; error = log(measured / predicted), in %; MAPE after "
-              f"the median (the machine's factor) is taken out")
+        print("What the held-out judge lacks: the whole-table plan devices of runs 6-7 (NVIDIA H200, 2026-11-28, in no "
+              "fit), each predicted by fits for its own task; error = log(measured / predicted), in %; MAPE after "
+              "the median (the machine's factor) is taken out")
         print(format_table(["set", "fit", "devices", "shards fitted", "mean error %", "sd %", "MAPE %"], res["unseen_rows"]))
     if args.out:
         io.write_json(args.out, {"card": res["card"], "figures": res["figures"]})

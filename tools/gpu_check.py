@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plans", action="append", default=[], metavar="[SET=]FILE",
                    help="also measure the plans of an eval.py --out file made elsewhere on the same tasks "
                         "(default set: the first), e.g. TorchRec's on a machine where TorchRec imports (repeatable)")
+    p.add_argument("--plans-algs", type=name_list, default=None, metavar="ALGS",
+                   help="measure only these algorithms' plans of the --plans files, e.g. shardkit,torchrec (default "
+                        "all of them)")
     p.add_argument("--random-shards", type=int, default=0, metavar="N",
                    help="also measure N random shards (1-60 tables of the whole dataset, half with dims 4-128) "
                         "and append them to --shards-out, as cost-model data (default 0)")
@@ -118,6 +121,7 @@ def main(argv=None):
                       batch_size=args.batch_size, algs=tuple(args.alg), checkpoints=tuple(args.checkpoint),
                       max_memory=args.max_memory, noise_repeats=args.noise_repeats, bench_iters=args.bench_iters,
                       comm_iters=args.comm_iters, compare=tuple(args.compare), plans=tuple(args.plans), random_shards=args.random_shards,
+                      plans_algs=tuple(args.plans_algs) if args.plans_algs else None,
                       special_shards=args.special_shards, shard_pool=args.shard_pool,
                       special_slices=tuple(args.special_slices), confirm=args.confirm, shards_out=args.shards_out, time_budget_s=args.time_budget,
                       sets=tuple(args.sets), max_tasks=args.max_tasks, gpus=tuple(args.gpu_devices) if args.gpu_devices else None)

@@ -97,6 +97,7 @@ class CheckConfig:
     comm_iters: int | None = None
     compare: tuple[str, ...] = ()
     plans: tuple[str, ...] = ()
+    plans_algs: tuple[str, ...] | None = None   # only these algorithms of the --plans files (None: all)
     random_shards: int = 0
     special_shards: int = 0
     special_slices: tuple[int, ...] = (4, 8)
@@ -380,9 +381,10 @@ class PlannedElsewhere(Sharder):
         return plan
 
 
-def _load_plans(spec: str, names: Sequence[str], tasks_of: dict) -> tuple[str, dict[str, PlannedElsewhere]]:
+def _load_plans(spec: str, names: Sequence[str], tasks_of: dict,
+                algs: Sequence[str] | None = None) -> tuple[str, dict[str, PlannedElsewhere]]:
     """``[SET=]FILE``: the feasible plans of an eval.py --out file, per algorithm, keyed by the task's
-    table ids (the file's task numbers index that set's task file)."""
+    table ids (the file's task numbers index that set's task file); ``algs``: only those algorithms'."""
     from shardcore.plan import Plan
 
     name, _, path = spec.rpartition("=")
@@ -412,6 +414,10 @@ def _load_plans(spec: str, names: Sequence[str], tasks_of: dict) -> tuple[str, d
         by_alg.setdefault(str(rec["alg"]), {})[tuple(tasks[t].table_ids)] = plan
 
     _eval_records(path, "--plans", use)
+    if algs is not None:
+        by_alg = {a: p for a, p in by_alg.items() if a in algs}
+        if not by_alg:
+            raise ShardError(f"--plans {path}: no feasible plan of --plans-algs {','.join(algs)} in it")
     if not by_alg:
         raise ShardError(f"--plans {path}: no feasible plan in it")
     return name, {alg: PlannedElsewhere(alg, plans) for alg, plans in by_alg.items()}
@@ -514,7 +520,7 @@ def run_check(cfg: CheckConfig) -> dict:
         tasks_of = {name: tasks[: cfg.max_tasks] for name, tasks in all_tasks.items()}
         elsewhere: dict[str, dict[str, PlannedElsewhere]] = {}
         for spec in cfg.plans:   # a --plans file is checked against the whole set, --max-tasks or not
-            name, got = _load_plans(spec, names, all_tasks)
+            name, got = _load_plans(spec, names, all_tasks, cfg.plans_algs)
             elsewhere.setdefault(name, {}).update(got)
             _say(cfg, f"{name}: plans made elsewhere for {', '.join(got)} ({spec})")
         algs = list(cfg.algs) + list(cfg.checkpoints)

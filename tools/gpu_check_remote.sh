@@ -17,19 +17,25 @@
 #       e.g. the honest-margin plans:  R=results/honest_margins/2026-11-28; bash tools/gpu_check_remote.sh run \
 #         --alg lookup_greedy --plans DLRM-50=$R/emu_dlrm50.jsonl.gz --plans DLRM-100=$R/emu_dlrm100.jsonl.gz \
 #         --noise-repeats 3 --time-budget 550
-#   NEXT (not yet measured on a GPU), call 3 and, at once, a fourth "run" call on the same machine (it needs no
-#   carry: FBGEMM is unpacked by then; each run starts a fresh shard file, the last run's went to its $OUT):
-#       the NS set's plans (4 devices, dims 4-128, 0.5 GB) and the first 10 training-pool DLRM-50 tasks' plans
-#       (~110 + ~70 plans, ~400 s):
-#         T=results/train_pool_plans/2026-11-28; bash tools/gpu_check_remote.sh run --alg lookup_greedy \
-#           --sets NS,DLRM-50-train --max-tasks 10 --plans NS=$R/emu_ns.jsonl.gz \
-#           --plans DLRM-50-train=$T/emu_dlrm50_train.jsonl.gz --noise-repeats 3 --time-budget 480
-#       then cost-model data no test task's held-out judge must leave out (a DLRM-100 task's judge is fitted on
-#       133-167 shards today): the training-pool DLRM-100 tasks' plans, random and special shards of the
-#       training pool's tables (~50 plans of 8 devices + 240 shards, ~330 s):
-#         bash tools/gpu_check_remote.sh run --alg lookup_greedy --sets DLRM-100-train --max-tasks 6 \
-#           --plans DLRM-100-train=$T/emu_dlrm100_train.jsonl.gz --random-shards 200 --special-shards 40 \
-#           --shard-pool train --noise-repeats 3 --time-budget 420
+#   NEXT (not yet measured on a GPU): on one machine, calls 3-5 made at once (only call 3 carries .gpu/p3; FBGEMM
+#   is unpacked by then; each run starts a fresh shard file, the previous run's went to its call's $OUT):
+#     3. the NS set's plans, every planner (4 devices, dims 4-128, 0.5 GB; ~110 plans, ~200 s):
+#          R=results/honest_margins/2026-11-28b; bash tools/gpu_check_remote.sh run --alg lookup_greedy --sets NS \
+#            --plans NS=$R/emu_ns.jsonl.gz --noise-repeats 3 --time-budget 300
+#     4. shardkit's DLRM plans replanned with its replica bias per device count, beside TorchRec's and NeuroShard's
+#        (the anchors' plans are those run 6 measured; ~70 plans, ~200 s):
+#          bash tools/gpu_check_remote.sh run --alg lookup_greedy --plans-algs shardkit,torchrec,neuroshard \
+#            --plans DLRM-50=$R/emu_dlrm50.jsonl.gz --plans DLRM-100=$R/emu_dlrm100.jsonl.gz --noise-repeats 3 \
+#            --time-budget 300
+#     5. cost-model data no test task's held-out judge leaves out (a DLRM-100 task's judge keeps 157 shards today):
+#        training-pool tasks' plans, random and special shards of the training pool's tables (~300 s):
+#          T=results/train_pool_plans/2026-11-28; bash tools/gpu_check_remote.sh run --alg lookup_greedy \
+#            --sets DLRM-50-train,DLRM-100-train --max-tasks 4 --plans DLRM-50-train=$T/emu_dlrm50_train.jsonl.gz \
+#            --plans DLRM-100-train=$T/emu_dlrm100_train.jsonl.gz --random-shards 100 --special-shards 30 \
+#            --shard-pool train --noise-repeats 3 --time-budget 330
+#   With ~36 s for calls 1-2 that is ~800 of a session's 900 s: drop a part rather than squeeze the budgets.
+#   Register each run in shardcore/oracles/emulated/emulator.py (GPUCHECK_RUNS, SHARD_FILES, PIECE_FILES) only
+#   when it should join the fit: 3 and 4 are tests of the judge (keep them out, as runs 6-7), 5 is fit data.
 #
 # Timing on 2026-11-28 (runs 6 and 7): a fresh machine started and ran call 1 in ~31 s of device time, call 2
 # took ~5 s, and run's wait for the dataset (~40-47 s) overlaps the turnaround; all ten planners' plans of

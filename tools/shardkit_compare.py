@@ -15,9 +15,13 @@ shardcore.oracles.emulated.emulator.judge_error; a device holding data-parallel 
 blocks, draws instead from the judge's error on the measured H200 devices of that kind, each predicted
 by the judge of its own task, on the same scale: emulator.piece_judge_error), --draws draws (the same for every plan of a
 task), the expected slowest device (shardcore.evaluation.compare.expected_slowest). A margin whose interval
-reaches zero is a tie. ``--piece-pools device-count`` draws a piece device's error only from the measured
-devices of plans with as many devices as the task's (the replica law prices a 4-device plan's replica
-device ~2% high and an 8-device one ~2% low; the default pool mixes them: docs/oracles.md).
+reaches zero is a tie. A piece device's error is drawn from the measured devices of plans with as many
+devices as the task's (``--piece-pools device-count``, the default since 2026-11-28; a kind with fewer
+than 20 such devices, e.g. row-wise blocks of 4-device plans, from all of that kind): the replica law
+prices a 4-device plan's replica device ~2% high and an 8-device one ~2% low. On the H200's run 6 (plans
+in no fit) this judge put TorchRec's plans 1.5% / 0.8% above their measured cost (DLRM-50 / DLRM-100,
+after the machine's factor) where the pools of every device count (``--piece-pools all``, the default
+before) put them 3.9% / -0.2% off: docs/oracles.md.
 
 ``--rejudge devices`` scores the same plans again with another fit of the emulated card before comparing
 them: ``devices`` (refitted without every measured shard made only of the task's tables, so never a device
@@ -75,10 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-path", default=None, metavar="FILE",
                    help="with --rejudge: the records' task file, where its tasks carry their own dims (NeuroShard-style "
                         "tasks); default: the tables of --data-dir at their own dims")
-    p.add_argument("--piece-pools", default="all", choices=PIECE_POOLS,
-                   help="the stressed judge's error pools for devices holding replicas or row-wise blocks: all "
-                        "(every measured such device, the default) or device-count (only those of plans with as many "
-                        "devices as the task's: the replica law's error differs by device count, see docs/oracles.md)")
+    p.add_argument("--piece-pools", default="device-count", choices=PIECE_POOLS,
+                   help="the stressed judge's error pools for devices holding replicas or row-wise blocks: "
+                        "device-count (the default: those of plans with as many devices as the task's, where at "
+                        "least 20 were measured; the replica law's error differs by device count, see "
+                        "docs/oracles.md) or all (every measured such device, the default before 2026-11-28)")
     p.add_argument("--devices-per-host", type=positive_int, default=None, metavar="G",
                    help="the records' hosts (eval.py --devices-per-host): also report, per algorithm, the share of "
                         "a training step's exchanged bytes that cross hosts and the busiest device's bytes to and "
@@ -144,7 +149,7 @@ def rejudge(path: str, recs: list[dict], fit: str, data_dir: str, task_path: str
 
 
 def stressed_costs(by: dict, algs: list, tasks: list, tables, draws: int, rule: str = "tables",
-                   piece_pools: str = "all") -> dict | None:
+                   piece_pools: str = "device-count") -> dict | None:
     """``{alg: {task: expected slowest device}}`` under the stressed judge (its error: the held-out
     judge's by ``rule``, see :data:`shardcore.oracles.emulated.emulator.HOLDOUT_RULES`; ``piece_pools``
     "device-count": a piece device's error drawn only from measured devices of plans with as many
@@ -268,7 +273,7 @@ def host_traffic(rec: dict, tables, devices_per_host: int) -> tuple[float, float
 
 def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DEFAULT_DATA_DIR,
               draws: int = 1000, devices_per_host: int | None = None, rejudge_fit: str | None = None,
-              task_path: str | None = None, piece_pools: str = "all", repeat: str | None = None) -> str:
+              task_path: str | None = None, piece_pools: str = "device-count", repeat: str | None = None) -> str:
     """The comparison of one eval.py --out file, or of each task set of a gpu_check.json (with ``repeat``,
     another gpu_check.json whose plans replace the first's where they measured lower: :func:`apply_repeat`)."""
     from shardcore.evaluation.compare import check_record
@@ -301,7 +306,7 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
 
 def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] | None,
                       data_dir: str = DEFAULT_DATA_DIR, draws: int = 1000, devices_per_host: int | None = None,
-                      piece_pools: str = "all") -> str:
+                      piece_pools: str = "device-count") -> str:
     by: dict[str, dict[int, dict]] = {}
     for r in recs:
         if int(r["task"]) in by.get(r["alg"], {}):   # two runs in one file: which one counts would be silent

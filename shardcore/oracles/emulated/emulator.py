@@ -1181,7 +1181,8 @@ def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False, ru
     ``pieces=True``: ``(that array, {kind: array})``, for each :data:`PIECE_DEVICE_KINDS` the
     :func:`piece_judge_error` of devices of that kind (each predicted by the judge of its own task by
     the same rule) divided by the same median, so that a bias of the judge on such devices relative to
-    whole-table shards stays in it; ``ndevices``: only devices of plans with that many devices."""
+    whole-table shards stays in it; ``ndevices``: only devices of plans with that many devices, for a kind
+    with at least :data:`MIN_BIAS_DEVICES` of them (else all of that kind)."""
     land = measured_landscapes(card)[0]
     held = land.held_out(exclude, rule)
     plan = held & np.array([s["kind"] == "plan" for s in land.meas["shards"]], dtype=bool)
@@ -1194,8 +1195,11 @@ def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False, ru
     med = float(np.median(ratio))
     if not pieces:
         return ratio / med
-    return ratio / med, {k: piece_judge_error(k, card, land.batch, rule=rule, ndevices=ndevices) / med
-                         for k in PIECE_DEVICE_KINDS}
+    pools = {}
+    for k in PIECE_DEVICE_KINDS:   # by device count where enough such devices were measured, as _piece_errors
+        r = piece_judge_error(k, card, land.batch, rule=rule, ndevices=ndevices) if ndevices else np.zeros(0)
+        pools[k] = (r if len(r) >= MIN_BIAS_DEVICES else piece_judge_error(k, card, land.batch, rule=rule)) / med
+    return ratio / med, pools
 
 
 PIECE_DEVICE_KINDS = ("data_parallel", "row_wise")   # a device of the first kind it holds a piece of
@@ -1211,31 +1215,40 @@ def piece_device_kind(kinds) -> str | None:
 MIN_BIAS_DEVICES = 20     # piece_bias: measured devices of a kind needed to state the model's bias on it
 
 
-def _piece_errors(exclude: frozenset, card: str, batch: int) -> dict[str, np.ndarray]:
+def _piece_errors(exclude: frozenset, card: str, batch: int, ndevices: int | None = None) -> dict[str, np.ndarray]:
     """``{kind: ratios}``: the :func:`piece_judge_error` of the measured devices of each
     :data:`PIECE_DEVICE_KINDS` outside the task of tables ``exclude`` (a device whose tables all lie in
     ``exclude`` is that task's own, as in :func:`fit_replica_weights`), for kinds with at least
-    :data:`MIN_BIAS_DEVICES` of them."""
+    :data:`MIN_BIAS_DEVICES` of them. ``ndevices``: those of plans with that many devices where a kind
+    has at least :data:`MIN_BIAS_DEVICES` of them, else (another device count, or too few) all of them."""
     out = {}
     for kind in PIECE_DEVICE_KINDS:
-        r = piece_judge_error(kind, card, batch, exclude)
+        r = piece_judge_error(kind, card, batch, exclude, ndevices=ndevices) if ndevices else np.zeros(0)
+        if len(r) < MIN_BIAS_DEVICES:
+            r = piece_judge_error(kind, card, batch, exclude)
         if len(r) >= MIN_BIAS_DEVICES:
             out[kind] = r
     return out
 
 
-def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536) -> dict[str, float]:
+def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536,
+               ndevices: int | None = None) -> dict[str, float]:
     """``{kind: factor}``: the median of :func:`_piece_errors`: how far the fitted model, unbiased on
     whole-table shards by its least squares, under- (> 1) or over-prices a device holding such pieces.
-    Measured on the H200 (runs 3-5, 2026-11-27): devices with row-wise blocks 1.026, with replicas 0.993."""
-    return {kind: float(np.median(r)) for kind, r in _piece_errors(exclude, card, batch).items()}
+    Measured on the H200 (runs 3-5, 2026-11-27): devices with row-wise blocks 1.024, with replicas 0.997;
+    by the plan's device count (``ndevices``), replica devices 0.977 in 4-device plans (180 devices) and
+    1.020 in 8-device ones (232): the replica law, fitted on both, prices a quarter of the batch high and
+    an eighth low (run 6, 2026-11-28, in no fit: 0.978-0.984 and 1.011-1.012 after its machine factor)."""
+    return {kind: float(np.median(r)) for kind, r in _piece_errors(exclude, card, batch, ndevices).items()}
 
 
-def piece_spread(exclude: frozenset, card: str = "h200", batch: int = 65536) -> dict[str, np.ndarray]:
+def piece_spread(exclude: frozenset, card: str = "h200", batch: int = 65536,
+                 ndevices: int | None = None) -> dict[str, np.ndarray]:
     """``{kind: ratios}``: :func:`_piece_errors` divided by their median: the fitted model's error on
     such a device once :func:`piece_bias` has corrected its bias (on the H200, runs 3-5: sd 4.6% on
-    devices with replicas, 3.8% with row-wise blocks, against 2.9% on whole-table shards)."""
-    return {kind: r / float(np.median(r)) for kind, r in _piece_errors(exclude, card, batch).items()}
+    devices with replicas, 3.8% with row-wise blocks, against 2.9% on whole-table shards; replica
+    devices of 4- and 8-device plans apart, 4.1% and 4.2%)."""
+    return {kind: r / float(np.median(r)) for kind, r in _piece_errors(exclude, card, batch, ndevices).items()}
 
 
 def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude: frozenset = frozenset(),
