@@ -259,14 +259,15 @@ JUDGED_RUNS = tuple((f"h200_gpucheck{k}_{day}.json",
 def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) -> None:
     """(e) every measured plan of ``runs`` re-scored by the emulated H200's held-out judges (held out by
     the plan's tables, ``--oracle emulated:h200``'s default, and by its devices, ``--emulator-fit
-    devices``), plan cost against plan cost."""
+    devices``), plan cost against plan cost; and the stressed judge's expected slowest device of the same
+    plans (tools/shardkit_compare.py's, its default pools; "-" where the records carry no table ids)."""
     import json
 
     from shardcore.oracles.emulated.emulator import GPUCHECK_SETS, TASK_FILES
     from shardcore.oracles.factory import open_oracle
     from shardcore.evaluation.compare import record_plan
     from shardcore.tasks import load_tasks
-    from tools.shardkit_compare import apply_repeat, gpu_check_sets, gpu_set_name
+    from tools.shardkit_compare import apply_repeat, gpu_check_sets, gpu_set_name, stressed_costs
 
     data = os.path.join(directory, "dlrm_b65536")
     tables = load_table_configs(os.path.join(data, "table_configs.json"))
@@ -287,6 +288,7 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
             lines = io.read_maybe_gzipped(os.path.join(directory, plan_files[name])).decode("utf-8").splitlines()
             records = {(r["task"], r["alg"]): r for r in map(json.loads, filter(str.strip, lines))}
             got: dict[str, list] = {}
+            judged: dict[str, dict] = {}   # alg -> task -> the record with the current judge's device costs
             with open_oracle(data, int(ts["ndevices"]), oracle="emulated:h200") as judge, \
                     open_oracle(data, int(ts["ndevices"]), oracle="emulated:h200", emulator_fit="devices") as by_devices:
                 for p in plans:
@@ -295,22 +297,34 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
                         continue
                     task = tasks[p["task"]].tables(tables)
                     shards = record_plan(rec, task).shard_tables(task)
-                    got.setdefault(p["alg"], []).append((p["cost_ms"], judge.evaluate(shards).cost_ms,
-                                                         by_devices.evaluate(shards).cost_ms))
+                    now = judge.evaluate(shards)
+                    got.setdefault(p["alg"], []).append((p["cost_ms"], now.cost_ms, by_devices.evaluate(shards).cost_ms))
+                    judged.setdefault(p["alg"], {})[p["task"]] = {**rec, "device_costs_ms": now.device_costs_ms}
             run = summary_name.split("_")[1]
             for alg, pairs in got.items():
                 m, j, jd = np.array(pairs).T
                 err, errd = 100.0 * (j / m - 1.0), 100.0 * (jd / m - 1.0)
+                order = [p["task"] for p in plans if p["alg"] == alg and (p["task"], alg) in records]
+                try:
+                    st = stressed_costs(judged, [alg], order, tables, 1000)
+                except ShardError:   # records written before they carried their tables' ids
+                    st = None
+                js = np.array([st[alg][t] for t in order]) if st else None
+                errs = 100.0 * (js / m - 1.0) if js is not None else None
                 label = alg.split("/")[-2] if alg.endswith(".pt") else alg
                 res["judged_rows"].append([f"{run} {name}", label, len(m), f"{m.mean():.3f}", f"{j.mean():.3f}",
                                            f"{err.mean():+.1f}", f"{np.abs(err).mean():.1f}", f"{jd.mean():.3f}",
-                                           f"{errd.mean():+.1f}", f"{np.abs(errd).mean():.1f}"])
+                                           f"{errd.mean():+.1f}", f"{np.abs(errd).mean():.1f}",
+                                           f"{js.mean():.3f}" if js is not None else "-",
+                                           f"{errs.mean():+.1f}" if errs is not None else "-"])
                 res["figures"][f"judged_{run}_{name}_{label}"] = {"plans": len(m), "measured_ms": float(m.mean()),
                                                                    "judge_ms": float(j.mean()), "bias_pct": float(err.mean()),
                                                                    "mape_pct": float(np.abs(err).mean()),
                                                                    "devices_judge_ms": float(jd.mean()),
                                                                    "devices_bias_pct": float(errd.mean()),
-                                                                   "devices_mape_pct": float(np.abs(errd).mean())}
+                                                                   "devices_mape_pct": float(np.abs(errd).mean()),
+                                                                   "stressed_judge_ms": float(js.mean()) if js is not None else None,
+                                                                   "stressed_bias_pct": float(errs.mean()) if errs is not None else None}
 
 
 # gpu_check runs in no fit (their whole-table plan devices test the judges on devices none of them saw)
@@ -477,10 +491,12 @@ def main(argv=None):
         print()
         print(f"Plans re-scored whole (compute + modelled all-to-alls) by the emulated judges vs measured on the GPU, "
               f"{CARD_LINE}; error = judge / measured - 1; the judge held out by tables (the default) and by "
-              f"devices (--emulator-fit devices); gpucheck6 (2026-11-28) with the plans gpucheck7 measured again at the "
-              f"lower cost")
+              f"devices (--emulator-fit devices), and the stressed judge's expected slowest device (tools/shardkit_compare.py's, "
+              f"1000 draws, its pools per device count); gpucheck6 (2026-11-28) with the plans gpucheck7 measured again at "
+              f"the lower cost")
         print(format_table(["run, set", "planner", "plans", "measured ms", "judge ms", "mean error %", "MAPE %",
-                            "devices judge ms", "its mean error %", "its MAPE %"], res["judged_rows"]))
+                            "devices judge ms", "its mean error %", "its MAPE %", "stressed judge ms",
+                            "its mean error %"], res["judged_rows"]))
     if res["unseen_rows"]:
         print()
         print("What the held-out judge lacks: the whole-table plan devices of runs 6-7 (NVIDIA H200, 2026-11-28, in no "

@@ -19,9 +19,9 @@ reaches zero is a tie. A piece device's error is drawn from the measured devices
 devices as the task's (``--piece-pools device-count``, the default since 2026-11-28; a kind with fewer
 than 20 such devices, e.g. row-wise blocks of 4-device plans, from all of that kind): the replica law
 prices a 4-device plan's replica device ~2% high and an 8-device one ~2% low. On the H200's run 6 (plans
-in no fit) this judge put TorchRec's plans 1.5% / 0.8% above their measured cost (DLRM-50 / DLRM-100,
-after the machine's factor) where the pools of every device count (``--piece-pools all``, the default
-before) put them 3.9% / -0.2% off: docs/oracles.md.
+in no fit) this judge priced TorchRec's plans at +0.6% / -0.4% of their measured cost (DLRM-50 / DLRM-100)
+and shardkit's at -0.7% / -0.4%, where the pools of every device count (``--piece-pools all``, the default
+before) said +2.9% / -1.4% and +0.7% / -0.5% (tools/emulator_accuracy.py; docs/oracles.md).
 
 ``--rejudge devices`` scores the same plans again with another fit of the emulated card before comparing
 them: ``devices`` (refitted without every measured shard made only of the task's tables, so never a device
