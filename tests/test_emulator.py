@@ -698,3 +698,39 @@ def test_the_judges_error_on_devices_no_fit_saw_grows_as_its_shards_shrink():
     got = {r[0]: r[2] for r in res["unseen_rows"]}
     assert got == {"DLRM-50": 389, "DLRM-100": 793}
     assert fig["unseen_dlrm_tasks_100_held out by the task's tables (the judge)"]["sd_pct"] == pytest.approx(6.08, abs=0.1)
+
+
+def test_a_run_of_training_pool_sets_joins_the_fit_and_every_test_judge_keeps_it(tmp_path, monkeypatch):
+    """What registering a gpu_check run of the training-pool sets (--sets DLRM-50-train, --shard-pool train)
+    does: its plan devices and random shards load as measured shards of their own tasks, and a judge held
+    out by a test task's tables keeps every one of them. (The run here is made up to test the loader; its
+    costs are no measurement.)"""
+    from shardcore.oracles.emulated import emulator as E
+    from shardcore.tasks import load_tasks
+
+    for f in os.listdir(MEASUREMENTS_DIR):
+        os.symlink(os.path.join(MEASUREMENTS_DIR, f), tmp_path / f)
+    tables = load_table_configs(os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json"))
+    train = load_tasks(os.path.join(MEASUREMENTS_DIR, E.TASK_FILES["dlrm_tasks_50_train"]), num_tables=len(tables))
+    ids = list(train[0].table_ids)
+    devices = [ids[k::4] for k in range(4)]
+    costs = [[1.0 + k / 10, 0.1, 0.1, 2.0 + k / 10] for k in range(4)]
+    lines = [{"tables": [[i, tables[i].dim] for i in dev], "fw_ms": c[0], "bw_ms": c[3], "task": 0, "alg": "x",
+              "set": "DLRM-50-train", "hardware": "NVIDIA H200, 4 plan devices"} for dev, c in zip(devices, costs)]
+    lines.append({"tables": [[ids[0], 16], [ids[1], 32]], "fw_ms": 0.3, "bw_ms": 0.5, "kind": "random", "pool": "train",
+                  "hardware": "NVIDIA H200"})
+    (tmp_path / "run8_shards.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "run8.json").write_text(json.dumps({"sets": [
+        {"name": "DLRM-50-train (4)", "hardware": "NVIDIA H200, 4 plan devices",
+         "plans": [{"task": 0, "alg": "x", "cost_ms": 3.0, "device_costs_ms": costs}]}]}))
+    monkeypatch.setitem(E.GPUCHECK_RUNS, 65536, E.GPUCHECK_RUNS[65536] + (("gpucheck8", "run8_shards.jsonl", "run8.json", None),))
+    meas = E.load_measurements(65536, tmp_path)
+    new = [s for s in meas["shards"] if any(run == "gpucheck8" for run, _, _ in s["measured"])]
+    assert len(new) == 5 and sum(s["kind"] == "random" for s in new) == 1
+    assert all(s["tasks"] == {("dlrm_tasks_50_train", 0)} for s in new if s["kind"] == "plan")
+    assert [p for p in meas["plans"] if p["source"] == "gpucheck8"][0]["set"] == "dlrm_tasks_50_train"
+    land = E.MeasuredLandscape(65536, tmp_path)
+    for name in ("dlrm_tasks_50", "dlrm_tasks_100"):
+        for task in load_tasks(os.path.join(MEASUREMENTS_DIR, E.TASK_FILES[name]), num_tables=len(tables)):
+            held = land.holding(frozenset(task.table_ids))
+            assert not any(held[i] for i, s in enumerate(land.meas["shards"]) if s in new)
