@@ -337,8 +337,8 @@ def unseen_device_rows(res: dict, directory=MEASUREMENTS_DIR, files=UNSEEN_SHARD
     shipped; on the core features only; refitted on a random half and quarter of its shards (``draws``
     draws each); and by the full fit, which has seen the task's tables in runs 1-5's shards though never
     these devices. Per set: the devices' mean and spread of log(measured / predicted)."""
-    from shardcore.oracles.emulated.emulator import (GPUCHECK_SETS, OPTIONAL_TERMS, SET_OF_DEVICES, TASK_FILES,
-                                                     MeasuredLandscape, feature_names, read_shard_lines)
+    from shardcore.oracles.emulated.emulator import (GPUCHECK_SETS, OPTIONAL_TERMS, TASK_FILES, MeasuredLandscape,
+                                                     feature_names, line_task_set, read_shard_lines)
     from shardcore.tasks import load_tasks
 
     land = MeasuredLandscape(65536, directory)
@@ -350,11 +350,9 @@ def unseen_device_rows(res: dict, directory=MEASUREMENTS_DIR, files=UNSEEN_SHARD
         path = os.path.join(directory, fname)
         if not os.path.isfile(path):
             continue
-        for obj in read_shard_lines(path, tables, allow_wider=True):
+        for k, obj in enumerate(read_shard_lines(path, tables, allow_wider=True), 1):
             if "task" in obj:
-                which = (GPUCHECK_SETS.get(str(obj["set"])) if "set" in obj
-                         else SET_OF_DEVICES[4 if " 4 plan devices" in obj["hardware"] else 8])
-                by_set.setdefault(which, []).append(obj)
+                by_set.setdefault(line_task_set(obj, f"{fname}:{k}"), []).append(obj)
     if not by_set:
         return
     known = known_index(land.known)

@@ -169,7 +169,7 @@ def task_sets(cfg: CheckConfig, data_dir: Path) -> list[TaskSetSpec]:
         return out
     small = {"DLRM-50": (10, 4, None), "DLRM-100": (16, 8, None), "NS": (10, 4, (4, 8, 16, 32, 64, 128))}
     for name in cfg.sets:
-        base, _, which = name.partition("-train")
+        base = name.removesuffix("-train")
         T, n, dims = small[base]
         part = "train" if name != base else "test"
         path = cfg.work_dir / f"tasks_{base.lower().replace('-', '')}_{T}_{part}.txt"

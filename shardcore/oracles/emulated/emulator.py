@@ -578,12 +578,8 @@ def measured_piece_devices(card: str = "h200", batch: int = 65536) -> tuple:
                     obj = json.loads(line)
                     pieces = tuple(piece_of(p, tables, f"{name}:{k}") for p in obj["pieces"])
                     task = int(obj["task"]) if "task" in obj else None
-                    n = (4 if " 4 plan devices" in obj["hardware"] else 8) if task is not None else None
-                    which = None
-                    if task is not None:
-                        which = GPUCHECK_SETS.get(str(obj["set"])) if "set" in obj else SET_OF_DEVICES[n]
-                        if which is None:
-                            raise ShardError(f"{name}:{k}: unknown task set {obj['set']!r}")
+                    n = plan_devices(obj) if task is not None else None
+                    which = line_task_set(obj, f"{name}:{k}") if task is not None else None
                     out.append((pieces, float(obj["fw_ms"]), float(obj["bw_ms"]), task, n, which))
     return tuple(out)
 
@@ -817,6 +813,22 @@ GPUCHECK_SETS = {"DLRM-50": "dlrm_tasks_50", "DLRM-100": "dlrm_tasks_100", "NS":
                  "DLRM-50-train": "dlrm_tasks_50_train", "DLRM-100-train": "dlrm_tasks_100_train"}
 # a piece line written before lines named their set (runs 3-7): the test set of its plan's device count
 SET_OF_DEVICES = {4: "dlrm_tasks_50", 8: "dlrm_tasks_100"}
+
+
+def plan_devices(obj: Mapping) -> int:
+    """The device count of the plan a measured plan device's line (gpu_check) belongs to: 4 or 8."""
+    return 4 if " 4 plan devices" in obj["hardware"] else 8
+
+
+def line_task_set(obj: Mapping, where: str = "shard line") -> str:
+    """The :data:`TASK_FILES` key of a measured plan device's line: its ``set`` (a :data:`GPUCHECK_SETS`
+    name), or for a line written before lines named it, the test set of its plan's device count."""
+    if "set" not in obj:
+        return SET_OF_DEVICES[plan_devices(obj)]
+    which = GPUCHECK_SETS.get(str(obj["set"]))
+    if which is None:
+        raise ShardError(f"{where}: unknown task set {obj['set']!r}")
+    return which
 
 
 def shard_key(configs: Sequence[TableConfig]) -> tuple:
@@ -1195,11 +1207,8 @@ def judge_error(exclude: frozenset, card: str = "h200", pieces: bool = False, ru
     med = float(np.median(ratio))
     if not pieces:
         return ratio / med
-    pools = {}
-    for k in PIECE_DEVICE_KINDS:   # by device count where enough such devices were measured, as _piece_errors
-        r = piece_judge_error(k, card, land.batch, rule=rule, ndevices=ndevices) if ndevices else np.zeros(0)
-        pools[k] = (r if len(r) >= MIN_BIAS_DEVICES else piece_judge_error(k, card, land.batch, rule=rule)) / med
-    return ratio / med, pools
+    return ratio / med, {k: _piece_pool(k, card, land.batch, rule=rule, ndevices=ndevices) / med
+                         for k in PIECE_DEVICE_KINDS}
 
 
 PIECE_DEVICE_KINDS = ("data_parallel", "row_wise")   # a device of the first kind it holds a piece of
@@ -1215,6 +1224,14 @@ def piece_device_kind(kinds) -> str | None:
 MIN_BIAS_DEVICES = 20     # piece_bias: measured devices of a kind needed to state the model's bias on it
 
 
+def _piece_pool(kind: str, card: str, batch: int, exclude: frozenset = frozenset(), rule: str = "tables",
+                ndevices: int | None = None) -> np.ndarray:
+    """:func:`piece_judge_error` of ``kind``'s devices in plans of ``ndevices`` devices where at least
+    :data:`MIN_BIAS_DEVICES` were measured, else of every plan's."""
+    r = piece_judge_error(kind, card, batch, exclude, rule=rule, ndevices=ndevices) if ndevices else np.zeros(0)
+    return r if len(r) >= MIN_BIAS_DEVICES else piece_judge_error(kind, card, batch, exclude, rule=rule)
+
+
 def _piece_errors(exclude: frozenset, card: str, batch: int, ndevices: int | None = None) -> dict[str, np.ndarray]:
     """``{kind: ratios}``: the :func:`piece_judge_error` of the measured devices of each
     :data:`PIECE_DEVICE_KINDS` outside the task of tables ``exclude`` (a device whose tables all lie in
@@ -1223,9 +1240,7 @@ def _piece_errors(exclude: frozenset, card: str, batch: int, ndevices: int | Non
     has at least :data:`MIN_BIAS_DEVICES` of them, else (another device count, or too few) all of them."""
     out = {}
     for kind in PIECE_DEVICE_KINDS:
-        r = piece_judge_error(kind, card, batch, exclude, ndevices=ndevices) if ndevices else np.zeros(0)
-        if len(r) < MIN_BIAS_DEVICES:
-            r = piece_judge_error(kind, card, batch, exclude)
+        r = _piece_pool(kind, card, batch, exclude, ndevices=ndevices)
         if len(r) >= MIN_BIAS_DEVICES:
             out[kind] = r
     return out
