@@ -1163,3 +1163,29 @@ def test_host_moves_table_row_wise_and_grid(data, model):
     assert "grid" not in {k for k, _ in candidate_moves(flat, m, 3, 8, 1.0)}
     assert "grid" not in {k for k, _ in candidate_moves(st, m, 3, 8, 1.0,
                                                           types=("table_wise", "row_wise"))}
+
+
+def test_honest_margins_tool_writes_the_records_and_the_margins_in_one_go(tmp_path):
+    """tools/honest_margins.py (make honest-margins), here one task and two planners: the gzipped records,
+    the margins read from them, the commands; an existing --out-dir is refused, a bad set is one line."""
+    import gzip
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "hm"
+    cmd = [sys.executable, os.path.join(root, "tools", "honest_margins.py"), "--sets", "DLRM-50", "--max-tasks", "1",
+           "--algs", "lookup_greedy,shardkit", "--shardkit-time", "0.3", "--out-dir", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(os.listdir(out)) == ["commands.txt", "compare.txt", "emu_dlrm50.jsonl.gz"]
+    recs = [json.loads(x) for x in gzip.open(out / "emu_dlrm50.jsonl.gz", "rt")]
+    assert sorted(r["alg"] for r in recs) == ["lookup_greedy", "shardkit"] and all(r["table_ids"] for r in recs)
+    text = (out / "compare.txt").read_text()
+    assert "below the best anchor (lookup_greedy)" in text and "stressed judge" in text and str(out) in text
+    assert "python eval.py --alg lookup_greedy,shardkit" in (out / "commands.txt").read_text()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and again.stderr.strip() == f"error: --out-dir {out} exists (--force replaces it)"
+    bad = subprocess.run(cmd[:2] + ["--sets", "XY", "--out-dir", str(tmp_path / "x")], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "unknown task set 'XY'" in bad.stderr and not (tmp_path / "x").exists()
