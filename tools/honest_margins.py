@@ -70,8 +70,14 @@ def algorithms(anchors: Path) -> tuple[list[str], list[str]]:
     missing = [str(f) for f in ns + learned if not f.is_file()]
     if missing:
         raise ShardError(f"--anchors {anchors}: {missing[0]} not found (make anchors builds them)")
-    algs = list(BASE_ALGS) + [str(f) for f in learned] + ["shardkit-tw", "shardkit"]
-    flags = ["--compute-model", str(ns[0]), "--fw-comm-model", str(ns[1]), "--bw-comm-model", str(ns[2])]
+    def name(f: Path) -> str:   # relative to the repository (eval.py runs there): the records name it so
+        try:
+            return str(f.resolve().relative_to(ROOT))
+        except ValueError:
+            return str(f)
+
+    algs = list(BASE_ALGS) + [name(f) for f in learned] + ["shardkit-tw", "shardkit"]
+    flags = ["--compute-model", name(ns[0]), "--fw-comm-model", name(ns[1]), "--bw-comm-model", name(ns[2])]
     return algs, flags
 
 
