@@ -31,6 +31,16 @@ up over a rank's shards exactly as the oracle's byte counts do (its sent side); 
 latency is left out, since a sum over shards would count it once per shard (it is the same constant on
 every rank that exchanges anything).
 
+**Ties.** TorchRec enumerates each table's sharding types and compute kernels in the order of a Python
+``set`` of their names (``EmbeddingEnumerator``), which changes with the process's string hash seed, and
+where two options cost the same its proposers keep the first: the emulator prices the ``fused`` and ``dense``
+kernels of a type alike, so without more the plan changed from one process to the next (the honest-margin
+records' ``torchrec-emu``, 2026-11-28: DLRM-50 task 4 at 3.360 or 4.043 ms by ``PYTHONHASHSEED``). Each
+option's forward compute therefore carries a tie-break of :data:`TIE_BREAK_MS` (a femtosecond per step)
+times its rank in a fixed order of types (:data:`TYPE_ORDER`) and kernels (:data:`KERNEL_ORDER`: ``fused``
+first, the kernel the emulator models, then by name): equal options are ordered the same way in every
+process.
+
 **Table statistics.** A sharding option names its table and gives its pooling factor
 (``input_lengths``, from ``ParameterConstraints``); ``tables`` (``{table name: TableConfig}``, e.g.
 from :func:`shardkit_torchrec.stats.table_stats`) adds the reuse histogram and the pooling factor
@@ -44,6 +54,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ParameterConstraints, Perf, ShardEstimator, ShardingOption, Topology
 
 from shardcore.oracles.commmodel import ID_ELEMENT_SIZE, CommModel, allreduce_bytes, id_width, pooled_width
@@ -55,6 +66,20 @@ from shardcore.tables import TableConfig
 
 WHOLE_ROW_TYPES = ("table_wise", "column_wise", "table_column_wise")
 ROW_BLOCK_TYPES = ("row_wise", "table_row_wise", "grid_shard")
+TYPE_ORDER = WHOLE_ROW_TYPES + ROW_BLOCK_TYPES + ("data_parallel",)
+TIE_BREAK_MS = 1e-12    # per step of the tie-break order (module notes, "Ties"): far below any cost's precision
+# compute kernels: fused first (the kernel the emulator models), then TorchRec's others by name
+KERNEL_ORDER = ("fused",) + tuple(sorted(k.value for k in EmbeddingComputeKernel if k.value != "fused"))
+
+
+def tie_break_ms(option: ShardingOption) -> float:
+    """The option's tie-break (module notes, "Ties"): :data:`TIE_BREAK_MS` times its rank, by sharding type
+    (:data:`TYPE_ORDER`, an unknown one last) and then compute kernel (:data:`KERNEL_ORDER`, an unknown one
+    last)."""
+    kind, kernel = str(option.sharding_type), str(option.compute_kernel)
+    t = TYPE_ORDER.index(kind) if kind in TYPE_ORDER else len(TYPE_ORDER)
+    k = KERNEL_ORDER.index(kernel) if kernel in KERNEL_ORDER else len(KERNEL_ORDER)
+    return TIE_BREAK_MS * (t * (len(KERNEL_ORDER) + 1) + k)
 
 
 def option_pieces(option: ShardingOption, table: TableConfig, world: int) -> list[TableConfig | None]:
@@ -126,6 +151,7 @@ class EmulatedPerfEstimator(ShardEstimator):
             precision = "fp16" if option.tensor.dtype == torch.float16 else "fp32"
             cv = self.length_cv.get(option.name)
             cv = self.model.table_cv(table) if cv is None else float(cv)
+            tie = tie_break_ms(option)
             for shard, piece in zip(option.shards, option_pieces(option, table, world)):
                 if piece is None:
                     shard.perf = Perf(fwd_compute=0.0, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0)
@@ -133,10 +159,11 @@ class EmulatedPerfEstimator(ShardEstimator):
                 fw_b, bw_b = shard_comm_bytes(piece, batch, world, precision)
                 per_ms = self.comm.bandwidth_gbps * 1e6          # bytes per ms
                 shard.perf = Perf(fwd_compute=0.0, fwd_comms=fw_b / per_ms, bwd_compute=0.0, bwd_comms=bw_b / per_ms)
-                todo.setdefault(batch, []).append((shard, piece, cv))
+                todo.setdefault(batch, []).append((shard, piece, cv, tie))
         for batch, items in todo.items():
-            pred = self.model.predict_many([[p] for _s, p, _c in items], batch, length_cv=[[c] for _s, _p, c in items])
-            for (shard, _p, _c), (fw, bw) in zip(items, np.asarray(pred)):
-                shard.perf.fwd_compute = float(fw)
+            pred = self.model.predict_many([[p] for _s, p, _c, _t in items], batch,
+                                           length_cv=[[c] for _s, _p, c, _t in items])
+            for (shard, _p, _c, tie), (fw, bw) in zip(items, np.asarray(pred)):
+                shard.perf.fwd_compute = float(fw) + tie
                 shard.perf.bwd_compute = float(bw)
 
