@@ -385,7 +385,8 @@ def unseen_device_rows(res: dict, directory=MEASUREMENTS_DIR, files=UNSEEN_SHARD
         for label, e in errs.items():
             e = np.asarray(e)
             ape = np.abs(np.exp(e - np.median(e)) - 1.0)
-            res["unseen_rows"].append([next(k for k, v in GPUCHECK_SETS.items() if v == which), label, ndev, f"{np.mean(fitted[label]):.0f}", f"{100 * e.mean():+.2f}",
+            set_name = next(k for k, v in GPUCHECK_SETS.items() if v == which)
+            res["unseen_rows"].append([set_name, label, ndev, f"{np.mean(fitted[label]):.0f}", f"{100 * e.mean():+.2f}",
                                        f"{100 * e.std():.2f}", f"{100 * ape.mean():.2f}"])
             res["figures"][f"unseen_{which}_{label}"] = {"shards_fitted": float(np.mean(fitted[label])),
                                                          "bias_pct": float(100 * e.mean()), "sd_pct": float(100 * e.std()),

@@ -74,7 +74,7 @@ SHARD_POOLS = ("all", "train")   # --shard-pool: the tables random and special s
 
 def training_pool(ntables: int) -> list[int]:
     """The training pool of ``tools/gen_tasks.py``'s default split (train fraction 0.5, seed 0): the tables
-    the shipped test tasks never hold (on the 856-table dataset: 428 tables; tests/test_gpu_check.py checks
+    the shipped test tasks never hold (on the 856-table dataset: 428 tables; tests/test_gpu_truth.py checks
     the shipped test sets against it)."""
     import numpy as np
 
@@ -193,6 +193,11 @@ def _open(cfg: CheckConfig, data_dir: Path, ndevices: int, batch: int | None):
                        batch_size=batch, cache=None, timeout_s=DEFAULT_TIMEOUT_S, host_lock=(cfg.device == "cpu"), **kw)
 
 
+def _draw_tables(rng, ids_of, max_tables: int):
+    """1..max_tables distinct indices of ``ids_of`` (the random stream random and special shards share)."""
+    return ids_of[rng.choice(len(ids_of), size=int(rng.integers(1, min(max_tables, len(ids_of)) + 1)), replace=False)]
+
+
 def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60, pool: Sequence[int] | None = None) -> list:
     """``n`` random shards for cost-model data: 1..max_tables distinct tables of the whole dataset (of
     ``pool``, table indices, when given), in half of them each table given a random dim from 4..128 (a
@@ -204,7 +209,7 @@ def random_shards(tables, n: int, seed: int = 0, max_tables: int = 60, pool: Seq
     ids_of = np.arange(len(tables)) if pool is None else np.asarray(sorted(pool), dtype=int)
     out = []
     for k in range(n):
-        ids = ids_of[rng.choice(len(ids_of), size=int(rng.integers(1, min(max_tables, len(ids_of)) + 1)), replace=False)]
+        ids = _draw_tables(rng, ids_of, max_tables)
         shard = [tables[int(i)] for i in ids]
         if k % 2:
             shard = [t.with_dim(int(rng.choice(dims))) for t in shard]
@@ -232,7 +237,7 @@ def special_shards(tables, n: int, seed: int = 1, max_tables: int = 30, slices=(
         n_dp = int(rng.choice(tuple(slices)))
         j = int(rng.integers(n_dp))
         shard = []
-        for i in ids_of[rng.choice(len(ids_of), size=int(rng.integers(1, min(max_tables, len(ids_of)) + 1)), replace=False)]:
+        for i in _draw_tables(rng, ids_of, max_tables):
             t = tables[int(i)]
             if rng.random() < 0.6:
                 if k % 2 == 0:
