@@ -392,17 +392,18 @@ def test_the_devices_judge_prices_the_anchors_measured_plans_closer():
 
 def test_the_stressed_judge_per_device_count_prices_run_6s_plans_closer():
     """H200 run 6 (2026-11-28, in no fit): the stressed judge with its replica pools per device count (the
-    default) prices shardkit's and TorchRec's measured plans within 1% on both sets, and is kinder to
-    shardkit than to TorchRec by 1.3 points on DLRM-50 (the single pool for both device counts: 2.2)."""
+    default) prices shardkit's and TorchRec's measured plans within 1.2% on both sets, and is kinder to
+    shardkit than to TorchRec by 1.5 points on DLRM-50 (with the replica law of before 2026-11-29, which
+    had no cost per replica: 1.3; with that law and one pool for both device counts: 2.2)."""
     acc = load_tool("emulator_accuracy")
     res = {"judged_rows": [], "figures": {}}
     acc.judged_plan_rows(res, MEASUREMENTS_DIR, runs=acc.JUDGED_RUNS[-1:])
     fig = res["figures"]
     for name in ("DLRM-50", "DLRM-100"):
         sk, tr = fig[f"judged_gpucheck6_{name}_shardkit"], fig[f"judged_gpucheck6_{name}_torchrec"]
-        assert abs(sk["stressed_bias_pct"]) < 1.0 and abs(tr["stressed_bias_pct"]) < 1.0
+        assert abs(sk["stressed_bias_pct"]) < 1.2 and abs(tr["stressed_bias_pct"]) < 1.2
     sk, tr = fig["judged_gpucheck6_DLRM-50_shardkit"], fig["judged_gpucheck6_DLRM-50_torchrec"]
-    assert tr["stressed_bias_pct"] - sk["stressed_bias_pct"] == pytest.approx(1.3, abs=0.1)
+    assert tr["stressed_bias_pct"] - sk["stressed_bias_pct"] == pytest.approx(1.5, abs=0.1)
 
 
 def test_the_judge_prices_shardkit_and_torchrec_alike_on_their_measured_plans():
@@ -559,8 +560,10 @@ def test_replica_kernels_rest_on_the_h200_measurements_held_out_by_task(model):
     w, n = fit_replica_weights(model)
     assert n == len(replica_devices()) == 442
     assert w.shape == (2, len(REPLICA_FEATURES)) and (w >= 0).all()
-    assert 0.05 < w[0, 0] < w[1, 0] < 0.4                     # about a launch, the backward's larger
-    assert (w[:, 1:] > 0).all()                                # a replica kernel grows with its traffic
+    fixed = w[:, 0] + 3.0 * w[:, 3]                             # a kernel of 30 replicas, before its traffic
+    assert 0.05 < fixed[0] < fixed[1] < 0.4                    # about a launch, the backward's larger
+    assert (w[:, 1:3] > 0).all()                               # a replica kernel grows with its traffic
+    assert (w[:, 3] > 0).all()                                 # and with its number of replicas
     task_sets = []
     for name in ("dlrm_tasks_50_test.txt", "dlrm_tasks_100_test.txt"):
         with open(os.path.join(MEASUREMENTS_DIR, "tasks", name)) as fh:
@@ -734,3 +737,23 @@ def test_a_run_of_training_pool_sets_joins_the_fit_and_every_test_judge_keeps_it
         for task in load_tasks(os.path.join(MEASUREMENTS_DIR, E.TASK_FILES[name]), num_tables=len(tables)):
             held = land.holding(frozenset(task.table_ids))
             assert not any(held[i] for i, s in enumerate(land.meas["shards"]) if s in new)
+
+
+def test_the_piece_errors_file_is_used_only_for_the_replica_law_it_was_written_with(tmp_path, monkeypatch):
+    """h200_piece_errors.json is a cache of the held-out judge's error on the measured piece devices; the
+    replica law is code, not part of the parameter file its digest ties it to, so the file also names the
+    law's features and is computed afresh when they differ (2026-11-29: the law took a cost per replica)."""
+    from shardcore.oracles.emulated import emulator as E
+
+    shipped = json.loads((E.MEASUREMENTS_DIR / E.PIECE_ERROR_FILES["h200"]).read_text())
+    assert shipped["replica_features"] == list(E.REPLICA_FEATURES)
+    fresh = (("data_parallel", frozenset({1}), 1.0, 4),)
+    monkeypatch.setattr(E, "compute_piece_error_rows", lambda card, batch, rule: fresh)
+    for law, expect_cached in ((list(E.REPLICA_FEATURES), True), (list(E.REPLICA_FEATURES[:3]), False)):
+        path = tmp_path / f"piece_errors_{len(law)}.json"
+        path.write_text(json.dumps({**shipped, "replica_features": law}))
+        monkeypatch.setattr(E, "PIECE_ERROR_FILES", {"h200": str(path)})   # absolute: joins to itself
+        rows = E.piece_error_rows.__wrapped__("h200", 65536, "tables")
+        assert (rows != fresh) == expect_cached
+        if expect_cached:
+            assert len(rows) == len(shipped["devices"])

@@ -102,7 +102,7 @@ def test_emulator_parameters_must_be_finite(where, tmp_path, capsys):
     elif where == "default_cv":
         params["default_cv"] = float("inf")
     else:
-        params["replica_weights"] = [[0.1, float("nan"), 0.04], [0.2, 0.05, 0.05]]
+        params["replica_weights"] = [[0.1, float("nan"), 0.04, 0.01], [0.2, 0.05, 0.05, 0.01]]
     p = tmp_path / "params.json"
     p.write_text(json.dumps(params))   # json writes NaN / Infinity, and reads them back
     code, _, err = run_script("tools/emulator_accuracy.py", ["--params", p], capsys)

@@ -72,7 +72,7 @@ kernel at the batch (a row block: its rows, the table's lookups in proportion, t
 its data-parallel replicas a second kernel over its batch slice, priced by
 :meth:`GpuComputeModel.predict_replicas` — per direction a fixed cost plus a weight times the slice's
 lookup traffic (lookups x dim) plus a weight times its distinct-row traffic (at most min(rows, lookups)
-x dim per table), fitted on the devices with replicas measured on an H200 (``*_pieces.jsonl``,
+x dim per table) plus a cost per replica (since 2026-11-29), fitted on the devices with replicas measured on an H200 (``*_pieces.jsonl``,
 :func:`fit_replica_weights`). The first such fit (a fixed cost plus a factor times the shard model at the
 slice, on TorchRec's replicas alone) priced a forward replica kernel at ~0.2 ms whatever its lookups;
 shardkit replicated heavy tables into that error and its plans measured 12-25% above their price.
@@ -590,13 +590,16 @@ def replica_devices(card: str = "h200", batch: int = 65536) -> tuple:
                  if any(getattr(t, "kind", None) == "data_parallel" for t in pieces))
 
 
-REPLICA_FEATURES = ("1", "lookups x dim / 1e7", "distinct rows x dim / 1e7")
+REPLICA_FEATURES = ("1", "lookups x dim / 1e7", "distinct rows x dim / 1e7", "replicas / 10")
 
 
 def replica_features(kernels: Sequence[Sequence[TableConfig]], batch_size: int) -> np.ndarray:
-    """``[len(kernels), 3]``: per data-parallel kernel over a batch slice of ``batch_size`` samples, 1,
+    """``[len(kernels), 4]``: per data-parallel kernel over a batch slice of ``batch_size`` samples, 1,
     its lookups times dim and its distinct rows (at most ``min(rows, lookups)`` per table: a slice has
-    less reuse than the batch whose statistics a table carries) times dim, the last two / 1e7."""
+    less reuse than the batch whose statistics a table carries) times dim, the last two / 1e7, and its
+    number of replicas / 10 (a cost per table: without it the law, fitted on 4- and 8-device plans
+    alike, priced the held-out replica devices of 4-device plans 3.5% high and of 8-device ones 2.8%
+    low, runs 3-5; with it 1.0% high and 0.9% low; docs/oracles.md)."""
     X = np.zeros((len(kernels), len(REPLICA_FEATURES)))
     for i, k in enumerate(kernels):
         if not k:
@@ -604,7 +607,7 @@ def replica_features(kernels: Sequence[Sequence[TableConfig]], batch_size: int) 
         L = np.array([float(batch_size) * t.pooling_factor for t in k])
         dim = np.array([float(t.dim) for t in k])
         rows = np.array([float(t.row) for t in k])
-        X[i] = (1.0, float((L * dim).sum()) / 1e7, float((np.minimum(rows, L) * dim).sum()) / 1e7)
+        X[i] = (1.0, float((L * dim).sum()) / 1e7, float((np.minimum(rows, L) * dim).sum()) / 1e7, len(k) / 10.0)
     return X
 
 
@@ -1251,9 +1254,9 @@ def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536,
     """``{kind: factor}``: the median of :func:`_piece_errors`: how far the fitted model, unbiased on
     whole-table shards by its least squares, under- (> 1) or over-prices a device holding such pieces.
     Measured on the H200 (runs 3-5, 2026-11-27): devices with row-wise blocks 1.024, with replicas 0.997;
-    by the plan's device count (``ndevices``), replica devices 0.977 in 4-device plans (180 devices) and
-    1.020 in 8-device ones (232): the replica law, fitted on both, prices a quarter of the batch high and
-    an eighth low (run 6, 2026-11-28, in no fit: 0.978-0.984 and 1.011-1.012 after its machine factor)."""
+    by the plan's device count (``ndevices``), replica devices 0.989 in 4-device plans (180 devices) and
+    1.008 in 8-device ones (232) since the replica law's cost per replica (2026-11-29; before it 0.977 and
+    1.020: the law, fitted on both, priced a quarter of the batch high and an eighth low)."""
     return {kind: float(np.median(r)) for kind, r in _piece_errors(exclude, card, batch, ndevices).items()}
 
 
@@ -1276,8 +1279,8 @@ def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude
     task's devices were seen (:func:`piece_error_rows`; ``rule="devices"``: by the judge held out by
     that rule, which never saw the task's own devices). Not normalised. ``exclude``: devices whose
     tables all lie in it are left out; ``ndevices``: only devices of plans with that many devices (the
-    replica law prices a 4-device plan's replica device about 2% high and an 8-device one 2% low:
-    docs/oracles.md)."""
+    replica law without its cost per replica priced a 4-device plan's replica device about 2% high and
+    an 8-device one 2% low, with it about 1%: docs/oracles.md)."""
     return np.asarray([r for k, tables, r, n in piece_error_rows(card, batch, rule)
                        if k == kind and not (exclude and tables <= exclude)
                        and (ndevices is None or n == ndevices)], dtype=float)
@@ -1290,7 +1293,8 @@ PIECE_ERROR_FILES = {"h200": "h200_piece_errors.json"}   # beside the parameter 
 def piece_error_rows(card: str = "h200", batch: int = 65536, rule: str = "tables") -> tuple:
     """``(kind, tables, measured / predicted, devices of its plan)`` of every measured plan device holding
     pieces (see :func:`piece_judge_error`). Read from :data:`PIECE_ERROR_FILES` when that file was written
-    for the current parameter file (its ``params_sha256``; ``tools/fit_gpu_emulator.py`` writes both), else
+    for the current parameter file (its ``params_sha256``; ``tools/fit_gpu_emulator.py`` writes both) and
+    replica law (its ``replica_features``), else
     computed (a held-out refit per measured task: ~15 s on 2 cores; always for ``rule="devices"``)."""
     import hashlib
 
@@ -1299,6 +1303,7 @@ def piece_error_rows(card: str = "h200", batch: int = 65536, rule: str = "tables
         obj = json.loads((MEASUREMENTS_DIR / name).read_text())
         digest = hashlib.sha256(model_path(card).read_bytes()).hexdigest()
         if (obj.get("params_sha256") == digest and int(obj.get("batch", -1)) == int(batch)
+                and obj.get("replica_features") == list(REPLICA_FEATURES)
                 and all(len(row) == 4 for row in obj["devices"])):
             return tuple((str(k), frozenset(int(i) for i in t), float(r), int(n)) for k, t, r, n in obj["devices"])
     return compute_piece_error_rows(card, batch, rule)
@@ -1337,6 +1342,7 @@ def piece_errors_json(card: str = "h200", batch: int = 65536) -> str:
                                 "devices of its plan]; written by "
                                 "tools/fit_gpu_emulator.py for the parameter file of this digest",
                        "params_sha256": hashlib.sha256(model_path(card).read_bytes()).hexdigest(), "batch": batch,
+                       "replica_features": list(REPLICA_FEATURES),
                        "devices": [[k, sorted(t), round(r, 6), n] for k, t, r, n in rows]}) + "\n"
 
 
