@@ -1192,3 +1192,15 @@ def test_honest_margins_tool_writes_the_records_and_the_margins_in_one_go(tmp_pa
     bad = subprocess.run(cmd[:2] + ["--sets", "XY", "--out-dir", str(tmp_path / "x")], capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "unknown task set 'XY'" in bad.stderr and not (tmp_path / "x").exists()
+
+
+def test_records_scored_before_the_replica_law_took_a_cost_per_replica_are_not_rejudged():
+    """results/honest_margins/2026-11-28 (TorchRec's plans replicate): read as recorded, but --rejudge,
+    which first re-scores each record with its own fit, refuses them and says why."""
+    from tools import shardkit_compare
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "honest_margins",
+                        "2026-11-28", "emu_dlrm50.jsonl.gz")
+    assert "shardkit: 5.1% below the best anchor (torchrec)" in shardkit_compare.summarize(path, "shardkit", None)
+    with pytest.raises(ShardError, match="earlier emulator .*cannot rejudge"):
+        shardkit_compare.summarize(path, "shardkit", None, rejudge_fit="devices")

@@ -141,7 +141,9 @@ def rejudge(path: str, recs: list[dict], fit: str, data_dir: str, task_path: str
             if abs(costs[0].cost_ms - float(r["cost_ms"])) > 1e-6 * float(r["cost_ms"]):
                 raise ShardError(f"{path}: record {k + 1} ({r['alg']}, task {r['task']}) scores {costs[0].cost_ms:.6g} ms "
                                  f"with its own fit, not the recorded {float(r['cost_ms']):.6g}: another exchange model, "
-                                 "dataset or task dims (--task-path) than the emulated oracle's defaults; cannot rejudge")
+                                 "dataset or task dims (--task-path) than the emulated oracle's defaults, or a record "
+                                 "scored by an earlier emulator (the replica law took a cost per replica on "
+                                 "2026-11-29); cannot rejudge")
             new = costs[1]
             out.append({**r, "cost_ms": new.cost_ms, "device_costs_ms": new.device_costs_ms,
                         "hardware": oracles[n, batch, fit].hardware, "parts": oracles[n, batch, fit].parts})
