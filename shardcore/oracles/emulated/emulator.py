@@ -72,7 +72,8 @@ kernel at the batch (a row block: its rows, the table's lookups in proportion, t
 its data-parallel replicas a second kernel over its batch slice, priced by
 :meth:`GpuComputeModel.predict_replicas` — per direction a fixed cost plus a weight times the slice's
 lookup traffic (lookups x dim) plus a weight times its distinct-row traffic (at most min(rows, lookups)
-x dim per table) plus a cost per replica (since 2026-11-29), fitted on the devices with replicas measured on an H200 (``*_pieces.jsonl``,
+x dim per table) plus a cost per replica (since 2026-11-29), fitted on the devices with replicas
+measured on an H200 (``*_pieces.jsonl``,
 :func:`fit_replica_weights`). The first such fit (a fixed cost plus a factor times the shard model at the
 slice, on TorchRec's replicas alone) priced a forward replica kernel at ~0.2 ms whatever its lookups;
 shardkit replicated heavy tables into that error and its plans measured 12-25% above their price.
@@ -598,8 +599,8 @@ def replica_features(kernels: Sequence[Sequence[TableConfig]], batch_size: int) 
     its lookups times dim and its distinct rows (at most ``min(rows, lookups)`` per table: a slice has
     less reuse than the batch whose statistics a table carries) times dim, the last two / 1e7, and its
     number of replicas / 10 (a cost per table: without it the law, fitted on 4- and 8-device plans
-    alike, priced the held-out replica devices of 4-device plans 3.5% high and of 8-device ones 2.8%
-    low, runs 3-5; with it 1.0% high and 0.9% low; docs/oracles.md)."""
+    alike, priced the held-out replica devices of 4-device plans 2.3% high and of 8-device ones 2.0%
+    low, runs 3-5 (:func:`piece_judge_error`); with it 1.1% high and 0.8% low; docs/oracles.md)."""
     X = np.zeros((len(kernels), len(REPLICA_FEATURES)))
     for i, k in enumerate(kernels):
         if not k:
