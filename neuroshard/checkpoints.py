@@ -133,6 +133,19 @@ class CommCostModel:
         self.net.eval()
         self._np = NumpyCommNet(self.net)
 
+    @property
+    def device_counts(self) -> tuple[int, ...] | None:
+        """The device counts of the all-to-alls the model was fitted on: recorded at fitting since
+        2026-11-29 (``metrics["ndevices"]``); for an older model, its scaler's ``ndevices`` feature where
+        that was constant (a deviation of exactly 1, the constant feature's, around an integral mean);
+        None where unknown. A plan of another count makes the model extrapolate in that feature."""
+        recorded = (self.metrics or {}).get("ndevices")
+        if recorded:
+            return tuple(sorted(int(v) for v in recorded))
+        i = BW_FEATURES.index("ndevices")
+        mean, std = self.scaler.mean[i], self.scaler.std[i]
+        return (int(mean),) if std == 1.0 and float(mean).is_integer() and mean >= 1 else None
+
     def predict(self, dim_sums: np.ndarray, delays_ms: np.ndarray | None = None) -> np.ndarray:
         """Per-device time in ms, ``[G, D]`` for ``dim_sums [G, D]`` (a single plan ``[D]`` -> ``[D]``)."""
         single = np.asarray(dim_sums).ndim == 1

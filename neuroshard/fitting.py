@@ -273,6 +273,7 @@ def fit_comm_model(kind: str, dim_sums: Sequence[Sequence[float]], targets_ms: S
     test = {"per_device": score(te)}
     result = FitResult(best_epoch, best_val, test, len(tr), len(va), len(te), time.perf_counter() - t0, history)
     model.metrics = {"best_epoch": best_epoch, "val_mape": best_val, "test_mape": test,
-                     "num_train": len(tr), "num_val": len(va), "num_test": len(te)}
+                     "num_train": len(tr), "num_val": len(va), "num_test": len(te),
+                     "ndevices": sorted({len(d) for d in dims})}   # CommCostModel.device_counts
     model.refresh()
     return model, result

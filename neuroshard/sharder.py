@@ -17,6 +17,7 @@ at) is checked against the models' training data. Other keyword arguments are ig
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -40,6 +41,24 @@ class NeuroShardSharder(Sharder):
     simulator: Simulator = None
     search: SearchConfig = field(default_factory=SearchConfig)
     last_result: SearchResult | None = field(default=None, init=False, repr=False)
+    _warned: set = field(default_factory=set, init=False, repr=False)   # device counts warned about
+
+    def check_device_count(self, ndevices: int) -> str | None:
+        """A warning (printed once per device count, also returned) when the communication models were
+        fitted on all-to-alls of other device counts: their ``ndevices`` feature is then extrapolated
+        (the anchors' were fitted on 4 devices; on DLRM-100's 8, models fitted on 4- and 8-device
+        samples planned within 0.2% of them: docs/methods.md)."""
+        counts = sorted({c for m in (self.simulator.fw_comm, self.simulator.bw_comm)
+                         for c in (getattr(m, "device_counts", None) or ())})
+        if not counts or ndevices in counts or ndevices in self._warned:
+            return None
+        self._warned.add(ndevices)
+        text = (f"warning: {self.name}: its communication models were fitted on all-to-alls of "
+                f"{', '.join(map(str, counts))} devices; planning for {ndevices} extrapolates them (collect "
+                f"with collect_comm_cost_data.py --gpu-devices for {ndevices} devices and train "
+                f"train_comm_cost_model.py on both folders)")
+        print(text, file=sys.stderr)
+        return text
 
     def search_plan(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
                     precision: str = "fp16") -> SearchResult:
@@ -49,6 +68,7 @@ class NeuroShardSharder(Sharder):
         ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         if not tables:
             return Plan((), ndevices)
+        self.check_device_count(ndevices)
         result = self.search_plan(tables, ndevices, max_memory_gb, precision)
         self.last_result = result
         if result.plan is None:

@@ -163,3 +163,36 @@ def test_per_lookup_extrapolates_to_heavier_tables_than_seen(tmp_path):
     save_model(model, tmp_path / "c.pt")
     back = load_model(tmp_path / "c.pt", "compute")
     assert back.cfg.per_lookup and np.allclose(back.predict_shards(test), model.predict_shards(test))
+
+
+def test_comm_models_know_the_device_counts_they_were_fitted_on_and_the_sharder_warns_beyond_them(
+        tmp_path, compute_model, comm_models, capsys):
+    """A comm model records the device counts of its all-to-alls (2026-11-29); an older one is read from
+    its scaler's constant ``ndevices`` feature. NeuroShard planning for another count warns once per count
+    (the anchors' models were fitted on 4 devices and plan DLRM-100's 8)."""
+    from neuroshard.sharder import NeuroShardSharder
+    from neuroshard.simulator import Simulator
+    from shardcore.types import Topology
+
+    fw, bw = comm_models["fw_comm"][0], comm_models["bw_comm"][0]
+    assert fw.device_counts == bw.device_counts == (4,)
+    save_model(fw, tmp_path / "fw.pt")
+    assert load_model(tmp_path / "fw.pt", "fw_comm").device_counts == (4,)
+    older = CommCostModel(fw.kind, fw.cfg, fw.scaler, fw.net, fw.target_scale,
+                          {k: v for k, v in fw.metrics.items() if k != "ndevices"})
+    assert older.device_counts == (4,)                        # the constant feature's mean
+    dims4, delays4, fw4, _ = comm_data(60, ndevices=4, seed=2)
+    dims8, delays8, fw8, _ = comm_data(60, ndevices=8, seed=3)
+    mixed, _ = fit_comm_model("fw_comm", dims4 + dims8, fw4 + fw8, delays4 + delays8, small_cfg(2, hidden=16, embed=8,
+                                                                                                 head_hidden=16))
+    assert mixed.device_counts == (4, 8)
+    assert CommCostModel(mixed.kind, mixed.cfg, mixed.scaler, mixed.net, mixed.target_scale, {}).device_counts is None
+
+    sharder = NeuroShardSharder(name="ns", simulator=Simulator(compute_model[0], fw, bw))
+    tables, _ = compute_data(1, seed=5, max_tables=8)
+    sharder.shard(tables[0], Topology(4, 100.0))
+    assert "warning" not in capsys.readouterr().err
+    sharder.shard(tables[0], Topology(8, 100.0))
+    sharder.shard(tables[0], Topology(8, 100.0))
+    err = capsys.readouterr().err
+    assert err.count("fitted on all-to-alls of 4 devices; planning for 8 extrapolates them") == 1
