@@ -44,12 +44,15 @@ def test_with_the_judges_own_model_one_pass_beats_lookup_greedy(capsys):
     judge's compute model is below lookup_greedy, with a shipped learned anchor's cost model it is judged
     too (2026-11-29, all 10 tasks: judge 5.3% below, NeuroShard's model 3.8%, DreamShard's 0.3%)."""
     tool = load_tool("myopic_decoder")
-    tool.main(["--models", f"judge,neuroshard:{ANCHORS}/neuroshard/compute.pt", "--max-tasks", "2"])
+    tool.main(["--models", f"judge,neuroshard:{ANCHORS}/neuroshard/compute.pt,dreamshard:{ANCHORS}/dreamshard/best.pt,"
+               f"autoshard:{ANCHORS}/autoshard/model.pt", "--max-tasks", "2"])
     out = capsys.readouterr().out
     assert "2 tasks of" in out and "judged by emulated NVIDIA H200" in out
     rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in out.splitlines()
             if line.startswith("| ") and "placement" not in line}
-    assert set(rows) == {"lookup_greedy", "judge", f"neuroshard:{ANCHORS}/neuroshard/compute.pt"}
+    assert set(rows) == {"lookup_greedy", "judge", f"neuroshard:{ANCHORS}/neuroshard/compute.pt",
+                         f"dreamshard:{ANCHORS}/dreamshard/best.pt", f"autoshard:{ANCHORS}/autoshard/model.pt"}
+    assert all(float(v[0]) > 0 for v in rows.values())
     assert float(rows["judge"][0]) < float(rows["lookup_greedy"][0])
     assert rows["judge"][1].strip().startswith("+")
 

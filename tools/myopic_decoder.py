@@ -98,22 +98,17 @@ class DeviceModel:
             return lambda shards: self.ns.predict_shards([[tables[i] for i in s] for s in shards]).sum(1)
         import torch
 
+        def summed(emb, shards):   # each device's table representations summed, as both networks pool them
+            return torch.stack([emb[list(s)].sum(0) if s else torch.zeros(emb.shape[1]) for s in shards])
+
         if self.kind == "autoshard":
             cm = self.auto.cost_model
             emb = cm.embed(torch.from_numpy(self.auto.scaler.transform(list(tables))).float())
-
-            def costs(shards):
-                h = torch.stack([emb[list(s)].sum(0) if s else torch.zeros(emb.shape[1]) for s in shards])
-                used = torch.tensor([float(bool(s)) for s in shards])
-                return (cm.cost(h) * used).numpy() * self.auto.cost_scale
-            return costs
+            return lambda shards: ((cm.cost(summed(emb, shards)) * torch.tensor([float(bool(s)) for s in shards]))
+                                   .numpy() * self.auto.cost_scale)
         net, emb = self.ds.cost_net, self.ds.cost_net.embed(self.ds.features(tables))
-
-        def costs(shards):
-            h = torch.stack([emb[list(s)].sum(0) if s else torch.zeros(emb.shape[1]) for s in shards])
-            count = torch.tensor([float(len(s)) for s in shards])
-            return net.device_costs(h, count).sum(-1).numpy() * self.ds.cost_scale
-        return costs
+        return lambda shards: (net.device_costs(summed(emb, shards), torch.tensor([float(len(s)) for s in shards]))
+                               .sum(-1).numpy() * self.ds.cost_scale)
 
 
 def myopic_plan(costs, alone: np.ndarray, memory: list[float], ndevices: int, cap_gb: float) -> list[list[int]]:
