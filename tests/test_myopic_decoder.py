@@ -53,6 +53,9 @@ def test_with_the_judges_own_model_one_pass_beats_lookup_greedy(capsys):
     assert set(rows) == {"lookup_greedy", "judge", f"neuroshard:{ANCHORS}/neuroshard/compute.pt",
                          f"dreamshard:{ANCHORS}/dreamshard/best.pt", f"autoshard:{ANCHORS}/autoshard/model.pt"}
     assert all(float(v[0]) > 0 for v in rows.values())
+    import torch
+
+    assert torch.is_grad_enabled()      # the learned models are asked under no_grad, not by switching it off
     assert float(rows["judge"][0]) < float(rows["lookup_greedy"][0])
     assert rows["judge"][1].strip().startswith("+")
 

@@ -71,19 +71,13 @@ class DeviceModel:
 
             self.ns = load_model(path, "compute")
         elif kind == "dreamshard":
-            import torch
-
             from dreamshard.sharder import DreamShardModel
 
-            torch.set_grad_enabled(False)
             self.ds = DreamShardModel.load(path)
             self.ds.cost_net.eval()
         elif kind == "autoshard":
-            import torch
-
             from autoshard.sharder import AutoShardModel
 
-            torch.set_grad_enabled(False)
             self.auto = AutoShardModel.load(path)
             self.auto.cost_model.eval()
 
@@ -103,12 +97,23 @@ class DeviceModel:
 
         if self.kind == "autoshard":
             cm = self.auto.cost_model
-            emb = cm.embed(torch.from_numpy(self.auto.scaler.transform(list(tables))).float())
-            return lambda shards: ((cm.cost(summed(emb, shards)) * torch.tensor([float(bool(s)) for s in shards]))
-                                   .numpy() * self.auto.cost_scale)
-        net, emb = self.ds.cost_net, self.ds.cost_net.embed(self.ds.features(tables))
-        return lambda shards: (net.device_costs(summed(emb, shards), torch.tensor([float(len(s)) for s in shards]))
-                               .sum(-1).numpy() * self.ds.cost_scale)
+            with torch.no_grad():
+                emb = cm.embed(torch.from_numpy(self.auto.scaler.transform(list(tables))).float())
+
+            @torch.no_grad()
+            def costs(shards):
+                used = torch.tensor([float(bool(s)) for s in shards])
+                return (cm.cost(summed(emb, shards)) * used).numpy() * self.auto.cost_scale
+            return costs
+        net = self.ds.cost_net
+        with torch.no_grad():
+            emb = net.embed(self.ds.features(tables))
+
+        @torch.no_grad()
+        def costs(shards):
+            count = torch.tensor([float(len(s)) for s in shards])
+            return net.device_costs(summed(emb, shards), count).sum(-1).numpy() * self.ds.cost_scale
+        return costs
 
 
 def myopic_plan(costs, alone: np.ndarray, memory: list[float], ndevices: int, cap_gb: float) -> list[list[int]]:
