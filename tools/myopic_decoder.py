@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardcore.argtypes import positive_float, positive_int
 from shardcore.baselines import make_baseline
 from shardcore.cli.common import make_parser, run_main
 from shardcore.dataset import load_table_configs
@@ -144,21 +145,17 @@ def main(argv=None):
                                                      "autoshard:PATH (default %(default)s)")
     p.add_argument("--task-path", default=DEFAULT_TASKS, help="task file (default %(default)s)")
     p.add_argument("--data-dir", default=DEFAULT_DATA, help="dataset the tasks index (default %(default)s)")
-    p.add_argument("--ndevices", type=int, default=4, help="devices per plan (default %(default)s)")
-    p.add_argument("--max-memory", type=float, default=5.0, metavar="GB",
+    p.add_argument("--ndevices", type=positive_int, default=4, help="devices per plan (default %(default)s)")
+    p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GB",
                    help="weights per device, fp16 (default %(default)s)")
     p.add_argument("--oracle", default="emulated:h200",
                    help="the judge: emulated:<card> (held out by each plan's tables; default %(default)s)")
-    p.add_argument("--max-tasks", type=int, default=None, metavar="N", help="only the first N tasks")
+    p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N", help="only the first N tasks")
     args = p.parse_args(argv)
     if not args.oracle.startswith("emulated:"):
         raise ShardError(f"--oracle {args.oracle}: this check judges with an emulated oracle (emulated:h200)")
-    if args.ndevices < 1 or not args.max_memory > 0:
-        raise ShardError("--ndevices must be at least 1 and --max-memory positive")
-    if args.max_tasks is not None and args.max_tasks < 1:
-        raise ShardError("--max-tasks must be at least 1")
     card = args.oracle.split(":", 1)[1]
-    models = [(f"{k}" + (f":{p_}" if p_ else ""), DeviceModel(k, p_, card)) for k, p_ in parse_models(args.models)]
+    models = [(k + (f":{p_}" if p_ else ""), DeviceModel(k, p_, card)) for k, p_ in parse_models(args.models)]
     all_tables = load_table_configs(f"{args.data_dir}/table_configs.json")
     tasks = load_tasks(args.task_path, num_tables=len(all_tables))[: args.max_tasks]
     topo = Topology(args.ndevices, args.max_memory, "fp16")
