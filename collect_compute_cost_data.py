@@ -4,8 +4,8 @@
   python collect_compute_cost_data.py --gpu_devices 0,1,2,3 --max_tables 15 --max_mem 4 \\
       --max_dim 128 --dataset_dir data/dlrm_datasets --out_dir data/cost_data/compute
 
-Each sample is a shard of 1..--max_tables tables from the dataset's training pool (the same seeded
-train/test split as tools/gen_tasks.py; --pool all uses every table) with dims drawn from
+Each sample is a shard of 1..--max_tables tables of the dataset (every table, as the original; --pool
+train keeps to the training pool of tools/gen_tasks.py's seeded split, so its test tables stay unseen) with dims drawn from
 --max_dim, --max_dim/2, .., 4 and at most --max_mem GB of weights; its forward and backward compute
 are measured (and stored in the measurement cache, which also answers shards measured before).
 Rows go to <out_dir>/compute_costs.csv; an existing file is appended to until it holds --data_size

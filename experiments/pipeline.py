@@ -167,8 +167,11 @@ def train_all(cfg: ExperimentConfig, algs: list[str], task_dirs: dict, notes: li
             print(f"note: {method} is skipped (see results.md)")
             continue
         learned[method] = models
-        if cfg.task_seed != 0 and spec.task_seed_note and any(m.source == "trained" for m in models.values()):
+        trained = any(m.source == "trained" for m in models.values())
+        if cfg.task_seed != 0 and spec.task_seed_note and trained:
             notes.append(f"{method}: " + spec.task_seed_note.format(task_seed=cfg.task_seed))
+        if spec.seen_note and trained:
+            notes.append(f"{method}: " + spec.seen_note)
     return learned
 
 

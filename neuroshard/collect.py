@@ -5,8 +5,9 @@ tables (pandas) into an output directory, next to a ``meta.json`` that records t
 setting (hardware fingerprint, dataset digest, batch size, optimizer, precision).
 
 **Compute** (``compute_costs.csv``, one row per shard): a random shard has 1..``max_tables``
-distinct tables drawn from the dataset's *training pool* (the same seeded train/test split as
-``tools/gen_tasks.py``, so test tasks keep unseen tables; ``pool="all"`` uses every table), each with
+distinct tables drawn from every table of the dataset (``pool="all"``, the default: the original
+pre-trains on the whole dataset and plans new *tasks* of its tables), or from one pool of the seeded
+train/test split of ``tools/gen_tasks.py`` (``pool="train"``: the test tasks' tables never seen), each with
 a dim drawn from ``max_dim, max_dim/2, ..., 4`` (data augmentation: the same table at many dims) or,
 with probability ``whole_share``, every table at its own dim (a table-wise plan's device); with
 probability ``pf_augment`` a table is made 2x or 4x heavier (:func:`heavier`; emulated oracles only);

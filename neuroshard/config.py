@@ -82,8 +82,11 @@ class CollectionConfig(Config):
     #   it judges a plan without the plan's tables): a call of 16 shards of ~100 random tables costs one
     #   refit (~0.5 s) for 16 samples; a call of 256 shards of one 100-table subset, one refit for 256.
     #   On measured hardware the grouping changes only which tables a chunk's shards draw from.
-    pool: str = param("train", "tables to draw the random shards from: tools/gen_tasks.py's training pool (default), "
-                      "its test pool, or all tables", choices=("train", "test", "all"), group="compute")
+    pool: str = param("all", "tables to draw the random shards from: all the dataset's tables, as the original, "
+                      "which pre-trains on the whole dataset and generalises to new tasks (default); "
+                      "tools/gen_tasks.py's training pool only (train: the tables of its test tasks never "
+                      "seen, DreamShard's protocol), or its test pool", choices=("train", "test", "all"),
+                      group="compute")
     train_fraction: float = param(0.5, "train pool share, as given to tools/gen_tasks.py (default {default})",
                                   type=fraction, group="pool-split")
     pool_seed: int = param(0, "seed of the train/test split, as tools/gen_tasks.py's --seed (default {default})",

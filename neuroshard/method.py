@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def train_args(ctx: TrainContext) -> list[str]:
-    # Cost data are collected on the training pool of the same table split (seed 0, half the tables)
-    # as tools/gen_tasks.py and the runner's task sets; --pool all only at the tiny scale. No task file.
+    # Cost data are collected on every table of the dataset (collect_compute_cost_data.py's default
+    # --pool all, as the original pre-trains on the whole dataset); no task file.
     return (["--gpu-devices", ctx.gpu_devices, "--dataset-dir", ctx.data_dir,
              "--compute-data-dir", str(ctx.folder / "compute"),
              "--comm-data-dir", str(ctx.folder / f"comm_{ctx.ndevices}"),
@@ -27,8 +27,8 @@ METHOD = MethodSpec(
                  "small": ("--compute-samples", "400", "--comm-samples", "120", "--epochs", "200",
                            "--comm-epochs", "300"),
                  "tiny": ("--compute-samples", "16", "--comm-samples", "8", "--max-tables", "5",
-                          "--T-range", "2,10", "--epochs", "5", "--comm-epochs", "5", "--pool", "all")},
+                          "--T-range", "2,10", "--epochs", "5", "--comm-epochs", "5")},
     needs_train_tasks=False, flag_spellings=("--max_mem",), model_help=" (the bundle neuroshard.pt)",
-    task_seed_note="its cost data come from the table split of seed 0 (train_neuroshard.py --pool train), "
-                   "the task sets from seed {task_seed}: test tables may have been seen",
+    seen_note="pre-trained on random shards of every table of the dataset, the test tasks' tables included, as "
+              "the original (collect_compute_cost_data.py --pool train keeps to the training pool)",
 )

@@ -66,6 +66,7 @@ class MethodSpec:
     flag_spellings: tuple[str, ...] = ()   # flags of the original code the shared CLI also accepts
     model_help: str = ""             # appended to the runner's --<name>-model help
     task_seed_note: str = ""         # a note when the runner's task seed differs from 0 and it trained
+    seen_note: str = ""              # a note whenever it trained: what of the test tasks its training saw
 
     def find_checkpoint(self, folder: str | os.PathLike) -> Path | None:
         """The checkpoint the training script leaves in ``folder``, or None."""

@@ -177,3 +177,26 @@ def test_whole_tables_and_heavier_tables_in_the_collection(tmp_path):
     assert not (tmp_path / "m").exists()
     with pytest.raises(ShardError, match="--whole-share must be in"):
         collect_compute(ev, tmp_path / "w", 5, pool="train", progress=False, whole_share=1.5)
+
+
+def test_the_collection_draws_every_table_by_default_as_the_original(tmp_path):
+    """The original pre-trains on random shards of every table of the dataset (its tasks are new
+    combinations of those tables), so the default pool is ``all``: the test pool's tables appear;
+    ``pool="train"`` keeps to the training pool of gen_tasks.py's split (test tables unseen)."""
+    from neuroshard import config
+    from neuroshard.collect import table_pool
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
+
+    assert config.COLLECTION.pool == "all"
+    ev = EmulatedOracle("data/gpu_measurements/dlrm_b65536", 1)
+    train = set(table_pool(len(ev.dataset.tables), "train"))
+    assert set(table_pool(len(ev.dataset.tables))) == set(range(len(ev.dataset.tables)))
+    seen = {}
+    for pool in ("all", "train"):
+        kw = {} if pool == "all" else {"pool": pool}
+        collect_compute(ev, tmp_path / pool, 24, max_tables=8, max_mem_gb=5.0, max_dim=16, progress=False,
+                        group_tables=60, group_shards=24, **kw)
+        shards, _, _ = load_compute_data(tmp_path / pool)
+        seen[pool] = {t.index for s in shards for t in s}
+    assert seen["all"] - train and seen["train"] <= train
+    assert collect_compute_cost_data.build_parser().parse_args([]).pool == "all"

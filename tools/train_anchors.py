@@ -9,8 +9,9 @@ manifest of how each was made.
 Stages, each a subprocess of this interpreter with its output in <work-dir>/logs/<stage>.log:
 (1) tasks: tools/gen_tasks.py --T 50 --num-train 50 --num-test 10 with its default seed; its
     test.txt must equal --expected-test (the shipped DLRM-50 test tasks), else one line and stop;
-(2) NeuroShard: collect_compute_cost_data.py, collect_comm_cost_data.py (on the training pool of the
-    same table split), train_compute_cost_model.py, train_comm_cost_model.py;
+(2) NeuroShard: collect_compute_cost_data.py (random shards of every table of the dataset, as the
+    original pre-trains: the test tasks' tables included), collect_comm_cost_data.py,
+    train_compute_cost_model.py, train_comm_cost_model.py;
 (3) DreamShard: train_dreamshard.py on the training tasks;
 (4) AutoShard: train_autoshard.py on the training tasks (the steps reached are in the manifest).
 Every method runs with its scripts' default flags (the method as a user trains it) plus the task, data,
@@ -259,7 +260,7 @@ def stage_neuroshard(args, run: Runner, work: Path) -> dict:
     compute_data = run("neuroshard_compute_data", [
         "collect_compute_cost_data.py", *given("--data_size", args.ns_compute_samples), "--dataset_dir", args.data_dir,
         *given("--max_tables", args.ns_max_tables), "--max-memory", f"{args.max_memory:g}",
-        "--weights-precision", "fp16", "--pool", "train", "--pool-seed", "0",
+        "--weights-precision", "fp16", "--pool", "all",
         "--out_dir", rel(ns / "compute")] + common)
     comm_data = run("neuroshard_comm_data", [
         "collect_comm_cost_data.py", *given("--data_size", args.ns_comm_samples), "--dataset_dir", args.data_dir,
@@ -278,8 +279,8 @@ def stage_neuroshard(args, run: Runner, work: Path) -> dict:
         check_checkpoint(ns / name, "neuroshard")
         out[f"neuroshard/{name}"] = {
             "source": ns / name, "stages": [data, model],
-            "note": "cost data from random shards / all-to-alls of the training pool of the seed-0 table split "
-                    "(the pool the training tasks are drawn from), not from the task file itself"}
+            "note": "cost data from random shards of every table of the dataset (the original's pre-training: "
+                    "the test tasks' tables included) and random all-to-alls, not from the task file itself"}
     return out
 
 
