@@ -1052,18 +1052,35 @@ def test_compare_tool_rejudges_the_records_plans_with_another_fit(tmp_path):
 
 
 def test_the_shipped_honest_margin_plans_give_the_readmes_figures():
-    """results/honest_margins/2026-11-29: the plans of the README's emulated table, read gzipped, give its
-    DLRM-50 figures under both judges (plain and stressed, 1000 draws, pools per device count)."""
+    """results/honest_margins/2026-11-29b: the plans of the README's emulated table, read gzipped, give its
+    DLRM-50 figures under both judges (plain and stressed, 1000 draws, pools per device count), and the
+    learned methods' figures against lookup_greedy and the table-wise search (issue #24's table)."""
+    import gzip
+
     from tools import shardkit_compare
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "honest_margins",
-                        "2026-11-29", "emu_dlrm50.jsonl.gz")
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "honest_margins",
+                          "2026-11-29b")
+    path = os.path.join(folder, "emu_dlrm50.jsonl.gz")
     text = shardkit_compare.summarize(path, "shardkit", None)
     assert "shardkit: 4.9% below the best anchor (torchrec); best on 10/10 tasks" in text
-    assert "shardkit 3.368 ms, best anchor torchrec 3.525 ms: 4.4% below (2.3% .. 6.9%)" in text
+    assert "shardkit 3.369 ms, best anchor torchrec 3.525 ms: 4.4% below (2.3% .. 6.9%)" in text
     text = shardkit_compare.summarize(path, "shardkit", None, rejudge_fit="devices")
     assert "shardkit: 4.8% below the best anchor (torchrec); best on 10/10 tasks" in text
     assert "shardkit 3.39 ms, best anchor torchrec 3.539 ms: 4.2% below (2.1% .. 6.7%)" in text
+    means = {}
+    for name in ("dlrm50", "dlrm100"):
+        costs = {}
+        with gzip.open(os.path.join(folder, f"emu_{name}.jsonl.gz"), "rt") as f:
+            for line in f:
+                r = json.loads(line)
+                costs.setdefault(r["alg"].split("/")[-2] if "/" in r["alg"] else r["alg"], []).append(r["cost_ms"])
+        means[name] = {k: round(sum(v) / len(v), 3) for k, v in costs.items()}
+    assert [means[n]["neuroshard"] for n in means] == [3.592, 4.138]
+    assert [means[n]["lookup_greedy"] for n in means] == [3.804, 4.365]
+    assert [means[n]["shardkit-tw"] for n in means] == [3.577, 4.051]
+    for m in means.values():   # NeuroShard: >= 5% below greedy, within 3% of the table-wise search
+        assert m["neuroshard"] <= 0.95 * m["lookup_greedy"] and m["neuroshard"] <= 1.03 * m["shardkit-tw"]
 
 
 def test_compare_tool_and_gpu_check_read_gzipped_records_and_refuse_a_broken_one(tmp_path):

@@ -20,11 +20,12 @@
 #   NEXT (not yet measured on a GPU): on one machine, calls 3-5 made at once (only call 3 carries .gpu/p3; FBGEMM
 #   is unpacked by then; each run starts a fresh shard file, the previous run's went to its call's $OUT):
 #     3. the NS set's plans, every planner (4 devices, dims 4-128, 0.5 GB; ~110 plans, ~200 s):
-#          R=results/honest_margins/2026-11-29; bash tools/gpu_check_remote.sh run --alg lookup_greedy --sets NS \
+#          R=results/honest_margins/2026-11-29b; bash tools/gpu_check_remote.sh run --alg lookup_greedy --sets NS \
 #            --plans NS=$R/emu_ns.jsonl.gz --noise-repeats 3 --time-budget 300
 #     4. shardkit's DLRM plans replanned with its replica bias per device count and the replica law's cost per
-#        replica (2026-11-29), beside TorchRec's and NeuroShard's
-#        (the anchors' plans are those run 6 measured; ~70 plans, ~200 s):
+#        replica (2026-11-29), beside TorchRec's and NeuroShard's (its anchor pre-trained on every table since
+#        2026-11-29b: plans run 6 never measured)
+#        (TorchRec's plans are those run 6 measured; ~70 plans, ~200 s):
 #          bash tools/gpu_check_remote.sh run --alg lookup_greedy --plans-algs shardkit,torchrec,neuroshard \
 #            --plans DLRM-50=$R/emu_dlrm50.jsonl.gz --plans DLRM-100=$R/emu_dlrm100.jsonl.gz --noise-repeats 3 \
 #            --time-budget 300
