@@ -32,6 +32,7 @@ def _dirs(tmp_path):
     (["--data-dir", "no/such/dir"], "no table_configs.json"),
     (["--oracle", "emulated:tpu"], "unknown oracle"),
     (["--expected-test", "no/such/file.txt"], "--expected-test no/such/file.txt: no such file"),
+    (["--ns-comm-devices", "4,1"], "--ns-comm-devices: device counts of an all-to-all, each at least 2"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tool, tmp_path, argv, message):
     with pytest.raises(ShardError, match=message) as err:
@@ -71,9 +72,18 @@ def test_manifest_of_a_tiny_run_and_a_failed_rerun_keeps_it(tool, tmp_path, monk
         assert rec["seed"] == 3 and rec["oracle"] == "emulated:h200" and rec["emulator_fit"] == "heldout"
         assert rec["batch_size"] == 65536 and rec["ndevices"] == 4 and rec["max_memory_gb"] == 5.0
         assert rec["training_tasks"]["sha256"] == hashlib.sha256(train).hexdigest()
-        assert len(rec["commands"]) == 2 and all(c.startswith("python ") and "--seed 3" in c for c in rec["commands"])
+        # compute: collect + train; communication: one collection per device count (4 and 8) + train on both
+        assert len(rec["commands"]) == (2 if key.endswith("compute.pt") else 3)
+        assert all(c.startswith("python ") and "--seed 3" in c for c in rec["commands"])
         assert "--oracle emulated:h200 --emulator-fit heldout" in rec["commands"][0]
         assert rec["wall_s"] > 0 and rec["date"] and rec["machine"]["cpu"]
+    comm = man["checkpoints"]["neuroshard/fw_comm.pt"]["commands"]
+    assert "--gpu-devices 0,1,2,3 " in comm[0] and "--gpu-devices 0,1,2,3,4,5,6,7 " in comm[1]
+    assert "comm_4," in comm[2] and "comm_8" in comm[2]
+    assert "--pool all" in man["checkpoints"]["neuroshard/compute.pt"]["commands"][0]
+    from neuroshard.checkpoints import load_model
+
+    assert load_model(out / "neuroshard" / "fw_comm.pt", "fw_comm").device_counts == (4, 8)
     assert man["command"].startswith("python tools/train_anchors.py")
     assert not list(out.parent.glob(".*"))          # no staging folder left behind
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}

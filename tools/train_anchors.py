@@ -10,8 +10,9 @@ Stages, each a subprocess of this interpreter with its output in <work-dir>/logs
 (1) tasks: tools/gen_tasks.py --T 50 --num-train 50 --num-test 10 with its default seed; its
     test.txt must equal --expected-test (the shipped DLRM-50 test tasks), else one line and stop;
 (2) NeuroShard: collect_compute_cost_data.py (random shards of every table of the dataset, as the
-    original pre-trains: the test tasks' tables included), collect_comm_cost_data.py,
-    train_compute_cost_model.py, train_comm_cost_model.py;
+    original pre-trains: the test tasks' tables included), collect_comm_cost_data.py (all-to-alls of
+    each of --ns-comm-devices, default 4 and 8: the device counts it plans for),
+    train_compute_cost_model.py, train_comm_cost_model.py (on every comm folder);
 (3) DreamShard: train_dreamshard.py on the training tasks;
 (4) AutoShard: train_autoshard.py on the training tasks (the steps reached are in the manifest).
 Every method runs with its scripts' default flags (the method as a user trains it) plus the task, data,
@@ -47,7 +48,7 @@ if str(ROOT) not in sys.path:          # run as a script: this checkout's packag
     sys.path.insert(0, str(ROOT))
 
 from shardcore.cli.common import make_parser, run_main  # noqa: E402
-from shardcore.argtypes import nonnegative_int, positive_float, positive_int  # noqa: E402
+from shardcore.argtypes import int_list, nonnegative_int, positive_float, positive_int  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 
 METHODS = ("neuroshard", "dreamshard", "autoshard")    # the order they run in
@@ -107,6 +108,10 @@ def build_parser():
                    help="train_compute_cost_model.py --epochs (default: the script's)")
     g.add_argument("--ns-comm-epochs", type=positive_int, default=None,
                    help="train_comm_cost_model.py --epochs (default: the script's)")
+    g.add_argument("--ns-comm-devices", type=int_list, default=[4, 8], metavar="N,N",
+                   help="device counts of the all-to-alls NeuroShard's communication data are collected on, one "
+                        "folder each, its models trained on all of them: the counts it plans for, as the original "
+                        "collects on the GPUs it will use (default 4,8: DLRM-50's and DLRM-100's)")
     return p
 
 
@@ -255,32 +260,33 @@ def stage_neuroshard(args, run: Runner, work: Path) -> dict:
     if ns.exists():
         shutil.rmtree(ns)
     ns.mkdir(parents=True)
-    n = args.ndevices
     common = oracle_flags(args) + ["--seed", str(args.seed), "--quiet"]
     compute_data = run("neuroshard_compute_data", [
         "collect_compute_cost_data.py", *given("--data_size", args.ns_compute_samples), "--dataset_dir", args.data_dir,
         *given("--max_tables", args.ns_max_tables), "--max-memory", f"{args.max_memory:g}",
         "--weights-precision", "fp16", "--pool", "all",
         "--out_dir", rel(ns / "compute")] + common)
-    comm_data = run("neuroshard_comm_data", [
+    comm_data = [run(f"neuroshard_comm_data_{n}", [
         "collect_comm_cost_data.py", *given("--data_size", args.ns_comm_samples), "--dataset_dir", args.data_dir,
         "--gpu-devices", ",".join(str(d) for d in range(n)), "--weights-precision", "fp16",
-        "--out_dir", rel(ns / f"comm_{n}")] + common)
+        "--out_dir", rel(ns / f"comm_{n}")] + common) for n in args.ns_comm_devices]
     compute_model = run("neuroshard_compute_model", [
         "train_compute_cost_model.py", "--data_dir", rel(ns / "compute"), *given("--epochs", args.ns_epochs),
         "--seed", str(args.seed), "--quiet", "--out_path", rel(ns / "compute.pt")])
     comm_models = run("neuroshard_comm_models", [
-        "train_comm_cost_model.py", "--data_dir", rel(ns / f"comm_{n}"), *given("--epochs", args.ns_comm_epochs),
+        "train_comm_cost_model.py", "--data_dir", ",".join(rel(ns / f"comm_{n}") for n in args.ns_comm_devices),
+        *given("--epochs", args.ns_comm_epochs),
         "--seed", str(args.seed), "--quiet", "--fw_out_path", rel(ns / "fw_comm.pt"),
         "--bw_out_path", rel(ns / "bw_comm.pt")])
     out = {}
-    for name, data, model in (("compute.pt", compute_data, compute_model), ("fw_comm.pt", comm_data, comm_models),
+    for name, data, model in (("compute.pt", [compute_data], compute_model), ("fw_comm.pt", comm_data, comm_models),
                               ("bw_comm.pt", comm_data, comm_models)):
         check_checkpoint(ns / name, "neuroshard")
         out[f"neuroshard/{name}"] = {
-            "source": ns / name, "stages": [data, model],
+            "source": ns / name, "stages": [*data, model],
             "note": "cost data from random shards of every table of the dataset (the original's pre-training: "
-                    "the test tasks' tables included) and random all-to-alls, not from the task file itself"}
+                    "the test tasks' tables included) and random all-to-alls of "
+                    f"{' and '.join(str(n) for n in args.ns_comm_devices)} devices, not from the task file itself"}
     return out
 
 
@@ -380,6 +386,9 @@ def check_args(args) -> list[str]:
     if bad or not stages:
         raise ShardError(f"--stages: unknown method {', '.join(bad) or '(none given)'}: choose from {', '.join(METHODS)}")
     args.oracle = parse_oracle(args.oracle)
+    if not args.ns_comm_devices or min(args.ns_comm_devices) < 2:
+        raise ShardError(f"--ns-comm-devices: device counts of an all-to-all, each at least 2, got {args.ns_comm_devices}")
+    args.ns_comm_devices = sorted(set(args.ns_comm_devices))
     if not (Path(args.data_dir) / "table_configs.json").is_file():
         raise ShardError(f"--data-dir {args.data_dir}: no table_configs.json there")
     if not Path(args.expected_test).is_file():
