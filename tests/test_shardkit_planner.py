@@ -1055,8 +1055,7 @@ def test_the_shipped_honest_margin_plans_give_the_readmes_figures():
     """results/honest_margins/2026-11-29b: the plans of the README's emulated table, read gzipped, give its
     DLRM-50 figures under both judges (plain and stressed, 1000 draws, pools per device count), and the
     learned methods' figures against lookup_greedy and the table-wise search (issue #24's table)."""
-    import gzip
-
+    from shardcore.io import read_maybe_gzipped
     from tools import shardkit_compare
 
     folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "honest_margins",
@@ -1071,10 +1070,9 @@ def test_the_shipped_honest_margin_plans_give_the_readmes_figures():
     means = {}
     for name in ("dlrm50", "dlrm100"):
         costs = {}
-        with gzip.open(os.path.join(folder, f"emu_{name}.jsonl.gz"), "rt") as f:
-            for line in f:
-                r = json.loads(line)
-                costs.setdefault(r["alg"].split("/")[-2] if "/" in r["alg"] else r["alg"], []).append(r["cost_ms"])
+        for line in read_maybe_gzipped(os.path.join(folder, f"emu_{name}.jsonl.gz")).decode("utf-8").splitlines():
+            r = json.loads(line)
+            costs.setdefault(r["alg"], []).append(r["cost_ms"])
         means[name] = {k: round(sum(v) / len(v), 3) for k, v in costs.items()}
     assert [means[n]["neuroshard"] for n in means] == [3.596, 4.109]
     assert [means[n]["lookup_greedy"] for n in means] == [3.804, 4.365]
