@@ -5,8 +5,10 @@
       --compute-samples 2000 --comm-samples 500 --out-dir models/neuroshard
 
 Steps (each with a progress bar): (1) random shards -> data/cost_data/compute/compute_costs.csv;
-(2) random all-to-alls with start delays -> data/cost_data/comm_<N>/comm_costs.csv; (3) the
-compute cost model; (4) the forward and backward communication models. Collection resumes from
+(2) random all-to-alls with start delays -> data/cost_data/comm_<N>/comm_costs.csv, one folder per device
+count of --comm-devices (default: the plan's); (3) the compute cost model; (4) the forward and backward
+communication models, trained on every count's data (a model fitted on 4-device all-to-alls only
+extrapolates on 8 devices: collect on every count you will plan for, as the original collects on its GPUs). Collection resumes from
 existing data (only the missing samples are measured; --skip-collection trains on what is there).
 Writes <out-dir>/compute.pt, fw_comm.pt, bw_comm.pt and neuroshard.pt (all three in one file:
 `eval.py --alg <out-dir>/neuroshard.pt`, or `--alg neuroshard` with the default paths).
@@ -26,6 +28,7 @@ from neuroshard.collect import (check_comm_args, check_compute_args, collect_com
 from neuroshard.config import SearchConfig
 from neuroshard.curve import write_curve
 from neuroshard.fitting import fit_comm_model, fit_compute_model
+from shardcore.argtypes import int_list
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices, open_evaluator
 from shardcore.cli.common import run_main, serve_if_torchrun_rank
@@ -38,8 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_args(p, default_ndevices=4)
     p.add_argument("--compute-data-dir", default=config.COMPUTE_DATA_DIR,
                    help="compute cost data directory (default %(default)s)")
-    p.add_argument("--comm-data-dir", default=None,
-                   help="communication cost data directory (default data/cost_data/comm_<number of devices>)")
+    p.add_argument("--comm-devices", type=int_list, default=None, metavar="N,N",
+                   help="device counts whose all-to-alls are collected, one folder each; the communication models "
+                        "are trained on all of them: every count you will plan for (default: the plan's device "
+                        "count). A count other than the plan's measures on devices 0..N-1 (or the first N of "
+                        "--gpu-devices)")
+    p.add_argument("--comm-data-dir", default=None, metavar="DIR[,DIR]",
+                   help="communication cost data directories, one per --comm-devices count (default "
+                        "data/cost_data/comm_<number of devices>)")
     p.add_argument("--out-dir", "--out_dir", dest="out_dir", default=config.MODEL_DIR,
                    help="where the models go (default %(default)s)")
     add_memory_args(p, default_max_memory=config.COLLECTION.max_mem_gb,
@@ -52,6 +61,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def comm_plan(args: argparse.Namespace, ndevices: int) -> tuple[list[int], list[str]]:
+    """The device counts of the communication data (``--comm-devices``, default the plan's) and their
+    folders (``--comm-data-dir``, one per count, default data/cost_data/comm_<N>); one-line errors."""
+    counts = list(args.comm_devices) if args.comm_devices else [ndevices]
+    if min(counts) < 2:
+        raise ShardError(f"--comm-devices: NeuroShard's communication data need at least 2 devices, got "
+                         f"{','.join(map(str, counts))}")
+    if len(set(counts)) != len(counts):
+        raise ShardError(f"--comm-devices lists a count twice: {','.join(map(str, counts))}")
+    if getattr(args, "launcher", "spawn") == "torchrun" and counts != [ndevices]:
+        raise ShardError(f"--comm-devices {','.join(map(str, counts))}: under torchrun every all-to-all runs on "
+                         f"its {ndevices} ranks; collect other counts in another launch")
+    if args.comm_data_dir is None:
+        return counts, [os.path.join(config.COST_DATA_DIR, f"comm_{n}") for n in counts]
+    dirs = [d for d in args.comm_data_dir.split(",") if d]
+    if len(dirs) != len(counts):
+        raise ShardError(f"--comm-data-dir lists {len(dirs)} folder(s) for {len(counts)} device count(s) "
+                         f"({','.join(map(str, counts))}): give one per count")
+    return counts, dirs
+
+
+def collect_comm_of(args: argparse.Namespace, ev, n: int, comm_dir: str) -> None:
+    print(f"[2/4] communication data, {n} devices")
+    s = collect_comm(ev, comm_dir, args.comm_samples, t_range=args.T_range, sleep_range=args.sleep_range,
+                     max_dim=args.max_dim, seed=args.seed, from_cache=args.from_cache, progress=not args.quiet)
+    print(f"      {s.path}: {s.total} samples ({s.added} added) in {s.seconds:.1f} s")
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
@@ -59,15 +96,13 @@ def main(argv=None):
         return served
     ids = device_ids(args)
     ndevices = num_devices(args)
-    if ndevices < 2:
-        raise ShardError("NeuroShard's communication data need at least 2 devices")
-    comm_dir = args.comm_data_dir or os.path.join(config.COST_DATA_DIR, f"comm_{ndevices}")
+    counts, comm_dirs = comm_plan(args, ndevices)
     compute_cfg = training_config(args, config.compute_model_config(), seed=args.seed)
     comm_cfg = training_config(args, config.comm_model_config(), prefix="comm-", seed=args.seed)
     # everything the later steps need is checked now, not after the collection (which takes long)
     check_compute_args(args.max_tables, args.max_memory, args.max_dim)
     check_comm_args(args.T_range, args.sleep_range, args.max_dim)
-    for d in (args.out_dir, args.compute_data_dir, comm_dir):
+    for d in (args.out_dir, args.compute_data_dir, *comm_dirs):
         check_output_dir(d, "output directory")
     t0 = time.perf_counter()
     if not args.skip_collection:
@@ -81,11 +116,12 @@ def main(argv=None):
                                 whole_share=args.whole_share, pf_augment=args.pf_augment)
             print(f"      {s.path}: {s.total} shards ({s.added} added, {s.from_cache} from the cache) "
                   f"in {s.seconds:.1f} s")
-            print("[2/4] communication data")
-            s = collect_comm(ev, comm_dir, args.comm_samples, t_range=args.T_range, sleep_range=args.sleep_range,
-                             max_dim=args.max_dim, seed=args.seed, from_cache=args.from_cache,
-                             progress=not args.quiet)
-            print(f"      {s.path}: {s.total} samples ({s.added} added) in {s.seconds:.1f} s")
+            if ndevices in counts:
+                collect_comm_of(args, ev, ndevices, comm_dirs[counts.index(ndevices)])
+        for n, d in zip(counts, comm_dirs):
+            if n != ndevices:
+                with open_evaluator(args, args.dataset_dir, ids[:n] if n <= len(ids) else list(range(n)), ndevices=n) as ev:
+                    collect_comm_of(args, ev, n, d)
     shards, costs, setting = load_compute_data(args.compute_data_dir)
     print(f"[3/4] compute model on {len(shards)} shards")
     with tqdm(total=compute_cfg.epochs, desc="compute model", unit="epoch", disable=args.quiet,
@@ -95,8 +131,8 @@ def main(argv=None):
     t = res.test_mape
     print(f"      held-out test MAPE: total {t['total']:.2f}%, forward {t['fw']:.2f}%, backward {t['bw']:.2f}% "
           f"(best epoch {res.best_epoch}, {res.num_test} test shards)")
-    dims, delays, fw, bw, setting = load_comm_data(comm_dir)
-    print(f"[4/4] communication models on {len(dims)} samples")
+    dims, delays, fw, bw, setting = load_comm_data(",".join(comm_dirs))
+    print(f"[4/4] communication models on {len(dims)} samples of {' and '.join(map(str, counts))} devices")
     models = {}
     for kind, targets in (("fw_comm", fw), ("bw_comm", bw)):
         with tqdm(total=comm_cfg.epochs, desc=kind, unit="epoch", disable=args.quiet, dynamic_ncols=True) as bar:

@@ -85,7 +85,9 @@ def train_command(cfg: ExperimentConfig, spec: MethodSpec, train_set: TaskSetDef
     """The training script's command line (a subprocess of this interpreter)."""
     ctx = TrainContext(task_path=train_path, data_dir=os.path.abspath(cfg.data_dir), ndevices=train_set.ndevices,
                        max_memory=cfg.max_memory, precision=cfg.precision, seed=cfg.seed, folder=folder,
-                       oracle_flags=tuple(oracle_flags(cfg)))
+                       oracle_flags=tuple(oracle_flags(cfg)),
+                       device_counts=tuple(sorted({ts.ndevices for ts in cfg.task_sets}
+                                                  | {ts.ndevices for ts in cfg.train_sets})))
     return [sys.executable, str(spec.train_script)] + spec.train_args(ctx) + train_flags(cfg, spec)
 
 

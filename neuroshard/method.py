@@ -11,10 +11,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def train_args(ctx: TrainContext) -> list[str]:
     # Cost data are collected on every table of the dataset (collect_compute_cost_data.py's default
-    # --pool all, as the original pre-trains on the whole dataset); no task file.
+    # --pool all, as the original pre-trains on the whole dataset); no task file. All-to-alls are
+    # collected on every device count the experiment plans for (one model serves its sets).
+    counts = ctx.plan_device_counts
     return (["--gpu-devices", ctx.gpu_devices, "--dataset-dir", ctx.data_dir,
              "--compute-data-dir", str(ctx.folder / "compute"),
-             "--comm-data-dir", str(ctx.folder / f"comm_{ctx.ndevices}"),
+             "--comm-devices", ",".join(map(str, counts)),
+             "--comm-data-dir", ",".join(str(ctx.folder / f"comm_{n}") for n in counts),
              "--out-dir", str(ctx.folder), "--weights-precision", ctx.precision, "--seed", str(ctx.seed)]
             + list(ctx.oracle_flags))
 

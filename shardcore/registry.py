@@ -38,6 +38,12 @@ class TrainContext:
     seed: int
     folder: Path                     # where the checkpoint must end up
     oracle_flags: tuple[str, ...] = ()   # the hardware oracle's flags as eval.py spells them
+    device_counts: tuple[int, ...] = ()  # every device count the model will plan for (default: ndevices)
+
+    @property
+    def plan_device_counts(self) -> tuple[int, ...]:
+        """The device counts the model will plan for, ``ndevices`` among them, ascending."""
+        return tuple(sorted({self.ndevices, *self.device_counts}))
 
     @property
     def gpu_devices(self) -> str:

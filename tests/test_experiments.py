@@ -236,6 +236,8 @@ def test_training_commands_come_from_the_registry(tmp_path):
                                   batch_size=64, models_dir=str(tmp_path / "m"),
                                   train_args={"autoshard": "--seed=5"}).resolved()
     ts = config.TaskSetDef(6, 2)
+    d = tmp_path / "ck"
+    d.mkdir()
     cmds = {}
     for name, spec in registry.available().items():
         folder = training.method_dir(cfg.models_dir, name, 2)
@@ -247,9 +249,16 @@ def test_training_commands_come_from_the_registry(tmp_path):
     assert "--bench-batch-size" in cmds["autoshard"] and cmds["autoshard"][-1] == "--seed=5"
     assert cmds["autoshard"][cmds["autoshard"].index("--xpid") + 1] == "autoshard_2dev"
     assert "--batch-size" in cmds["neuroshard"] and "--task-path" not in cmds["neuroshard"]
+    # NeuroShard's one model serves every set: its all-to-alls are collected on each device count planned for
+    ns = cmds["neuroshard"]
+    counts = sorted({t.ndevices for t in cfg.task_sets} | {2})
+    assert ns[ns.index("--comm-devices") + 1] == ",".join(map(str, counts))
+    assert ns[ns.index("--comm-data-dir") + 1].split(",") == [str(training.method_dir(cfg.models_dir, "neuroshard", 2)
+                                                                  / f"comm_{n}") for n in counts]
+    small = config.ExperimentConfig(data_dir=str(tmp_path), scale="small").resolved()
+    cmd = training.train_command(small, registry.get("neuroshard"), small.train_sets[0], tmp_path / "t.txt", d)
+    assert cmd[cmd.index("--comm-devices") + 1] == "4,8"      # DLRM-50 (4) trains it; DLRM-40/80 plan on 8
     # the checkpoint each leaves: a numbered one (the newest), or a fixed name
-    d = tmp_path / "ck"
-    d.mkdir()
     for f in ("1.pt", "10.pt", "2.pt", "model.pt"):
         (d / f).write_text("x")
     assert registry.get("dreamshard").find_checkpoint(d).name == "10.pt"

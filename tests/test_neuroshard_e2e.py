@@ -200,3 +200,31 @@ def test_the_collection_draws_every_table_by_default_as_the_original(tmp_path):
         seen[pool] = {t.index for s in shards for t in s}
     assert seen["all"] - train and seen["train"] <= train
     assert collect_compute_cost_data.build_parser().parse_args([]).pool == "all"
+
+
+def test_train_neuroshard_collects_all_to_alls_of_every_device_count(tmp_path, capsys):
+    """``--comm-devices 2,3``: one folder of all-to-alls per count, the communication models trained on
+    both (a 2-device model would extrapolate on 3 devices); bad lists are one-line errors before any work."""
+    from neuroshard.checkpoints import load_model
+
+    out, comm2, comm3 = tmp_path / "m", tmp_path / "comm_2", tmp_path / "comm_3"
+    base = ["--gpu-devices", "0,1", "--dataset-dir", "data/gpu_measurements/dlrm_b65536", "--oracle", "emulated:h200",
+            "--compute-data-dir", str(tmp_path / "compute"), "--out-dir", str(out), "--compute-samples", "12",
+            "--comm-samples", "6", "--max-tables", "4", "--T-range", "2,6", "--epochs", "3", "--comm-epochs", "3",
+            "--weights-precision", "fp16", "--max-memory", "5",
+            "--quiet"]
+    train_neuroshard.main(base + ["--comm-devices", "2,3", "--comm-data-dir", f"{comm2},{comm3}"])
+    text = capsys.readouterr().out
+    assert "communication data, 2 devices" in text and "communication data, 3 devices" in text
+    assert "12 samples of 2 and 3 devices" in text
+    for d, n in ((comm2, 2), (comm3, 3)):
+        dims, *_ = load_comm_data(d)
+        assert len(dims) == 6 and all(len(x) == n for x in dims)
+    assert load_model(out / "fw_comm.pt", "fw_comm").device_counts == (2, 3)
+    assert load_model(out / "neuroshard.pt", "bw_comm").device_counts == (2, 3)
+    for extra, why in ((["--comm-devices", "1,2"], "at least 2 devices"),
+                       (["--comm-devices", "2,2"], "lists a count twice"),
+                       (["--comm-devices", "2,3", "--comm-data-dir", str(comm2)], "one per count")):
+        with pytest.raises(ShardError, match=why):
+            train_neuroshard.main(base + ["--out-dir", str(tmp_path / "never")] + extra)
+    assert not (tmp_path / "never").exists()
