@@ -8,8 +8,9 @@ Steps (each with a progress bar): (1) random shards -> data/cost_data/compute/co
 (2) random all-to-alls with start delays -> data/cost_data/comm_<N>/comm_costs.csv, one folder per device
 count of --comm-devices (default: the plan's); (3) the compute cost model; (4) the forward and backward
 communication models, trained on every count's data (a model fitted on 4-device all-to-alls only
-extrapolates on 8 devices: collect on every count you will plan for, as the original collects on its GPUs). Collection resumes from
-existing data (only the missing samples are measured; --skip-collection trains on what is there).
+extrapolates on 8 devices: collect on every count you will plan for, as the original collects on its
+GPUs). Collection resumes from existing data (only the missing samples are measured; --skip-collection
+trains on what is there).
 Writes <out-dir>/compute.pt, fw_comm.pt, bw_comm.pt and neuroshard.pt (all three in one file:
 `eval.py --alg <out-dir>/neuroshard.pt`, or `--alg neuroshard` with the default paths).
 """
@@ -65,20 +66,20 @@ def comm_plan(args: argparse.Namespace, ndevices: int) -> tuple[list[int], list[
     """The device counts of the communication data (``--comm-devices``, default the plan's) and their
     folders (``--comm-data-dir``, one per count, default data/cost_data/comm_<N>); one-line errors."""
     counts = list(args.comm_devices) if args.comm_devices else [ndevices]
+    shown = ",".join(map(str, counts))
     if min(counts) < 2:
-        raise ShardError(f"--comm-devices: NeuroShard's communication data need at least 2 devices, got "
-                         f"{','.join(map(str, counts))}")
+        raise ShardError(f"--comm-devices: NeuroShard's communication data need at least 2 devices, got {shown}")
     if len(set(counts)) != len(counts):
-        raise ShardError(f"--comm-devices lists a count twice: {','.join(map(str, counts))}")
+        raise ShardError(f"--comm-devices lists a count twice: {shown}")
     if getattr(args, "launcher", "spawn") == "torchrun" and counts != [ndevices]:
-        raise ShardError(f"--comm-devices {','.join(map(str, counts))}: under torchrun every all-to-all runs on "
-                         f"its {ndevices} ranks; collect other counts in another launch")
+        raise ShardError(f"--comm-devices {shown}: under torchrun every all-to-all runs on its {ndevices} ranks; "
+                         "collect other counts in another launch")
     if args.comm_data_dir is None:
         return counts, [os.path.join(config.COST_DATA_DIR, f"comm_{n}") for n in counts]
     dirs = [d for d in args.comm_data_dir.split(",") if d]
     if len(dirs) != len(counts):
         raise ShardError(f"--comm-data-dir lists {len(dirs)} folder(s) for {len(counts)} device count(s) "
-                         f"({','.join(map(str, counts))}): give one per count")
+                         f"({shown}): give one per count")
     return counts, dirs
 
 
@@ -120,7 +121,8 @@ def main(argv=None):
                 collect_comm_of(args, ev, ndevices, comm_dirs[counts.index(ndevices)])
         for n, d in zip(counts, comm_dirs):
             if n != ndevices:
-                with open_evaluator(args, args.dataset_dir, ids[:n] if n <= len(ids) else list(range(n)), ndevices=n) as ev:
+                devices = ids[:n] if n <= len(ids) else list(range(n))
+                with open_evaluator(args, args.dataset_dir, devices, ndevices=n) as ev:
                     collect_comm_of(args, ev, n, d)
     shards, costs, setting = load_compute_data(args.compute_data_dir)
     print(f"[3/4] compute model on {len(shards)} shards")

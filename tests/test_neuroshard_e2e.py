@@ -211,8 +211,7 @@ def test_train_neuroshard_collects_all_to_alls_of_every_device_count(tmp_path, c
     base = ["--gpu-devices", "0,1", "--dataset-dir", "data/gpu_measurements/dlrm_b65536", "--oracle", "emulated:h200",
             "--compute-data-dir", str(tmp_path / "compute"), "--out-dir", str(out), "--compute-samples", "12",
             "--comm-samples", "6", "--max-tables", "4", "--T-range", "2,6", "--epochs", "3", "--comm-epochs", "3",
-            "--weights-precision", "fp16", "--max-memory", "5",
-            "--quiet"]
+            "--weights-precision", "fp16", "--max-memory", "5", "--quiet"]
     train_neuroshard.main(base + ["--comm-devices", "2,3", "--comm-data-dir", f"{comm2},{comm3}"])
     text = capsys.readouterr().out
     assert "communication data, 2 devices" in text and "communication data, 3 devices" in text
