@@ -80,14 +80,17 @@ def train_flags(cfg: ExperimentConfig, spec: MethodSpec) -> list[str]:
     return list(spec.scale_flags.get(cfg.scale, ())) + shlex.split(cfg.train_args.get(spec.name) or "")
 
 
+def planned_device_counts(cfg: ExperimentConfig) -> tuple[int, ...]:
+    """Every device count the run's sets plan for (a model trained once serves them all)."""
+    return tuple(sorted({ts.ndevices for ts in cfg.task_sets} | {ts.ndevices for ts in cfg.train_sets}))
+
+
 def train_command(cfg: ExperimentConfig, spec: MethodSpec, train_set: TaskSetDef, train_path: Path,
                   folder: Path) -> list[str]:
     """The training script's command line (a subprocess of this interpreter)."""
     ctx = TrainContext(task_path=train_path, data_dir=os.path.abspath(cfg.data_dir), ndevices=train_set.ndevices,
                        max_memory=cfg.max_memory, precision=cfg.precision, seed=cfg.seed, folder=folder,
-                       oracle_flags=tuple(oracle_flags(cfg)),
-                       device_counts=tuple(sorted({ts.ndevices for ts in cfg.task_sets}
-                                                  | {ts.ndevices for ts in cfg.train_sets})))
+                       oracle_flags=tuple(oracle_flags(cfg)), device_counts=planned_device_counts(cfg))
     return [sys.executable, str(spec.train_script)] + spec.train_args(ctx) + train_flags(cfg, spec)
 
 
@@ -105,6 +108,15 @@ def prepare_learned(cfg: ExperimentConfig, spec: MethodSpec, train_paths: dict, 
         folder = method_dir(cfg.models_dir, method, ts.ndevices)
         ckpt = spec.find_checkpoint(folder)
         complete = ckpt is not None and spec.is_final(ckpt, train_flags(cfg, spec))
+        stale = spec.stale(model_checkpoint(spec, folder), planned_device_counts(cfg)) \
+            if complete and spec.stale is not None else None
+        if stale and not cfg.retrain and not cfg.skip_train:
+            print(f"{method}: the checkpoint in {folder} {stale}: training again")
+            notes.append(f"{method}: trained again: the checkpoint of an earlier run {stale}")
+            complete = False
+            shutil.rmtree(folder)
+        elif stale:
+            notes.append(f"{method}: the checkpoint used {stale} (--skip-train kept it)")
         if complete and not cfg.retrain:
             models[ts.ndevices] = LearnedModel(method, ts.ndevices, str(model_checkpoint(spec, folder)), "existing",
                                                ts.name, note="reused from an earlier run (--retrain trains again)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shardcore.errors import ShardError
 from shardcore.registry import MethodSpec, TrainContext
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +23,22 @@ def train_args(ctx: TrainContext) -> list[str]:
             + list(ctx.oracle_flags))
 
 
+def stale(checkpoint: Path, device_counts) -> str | None:
+    """Communication models fitted on all-to-alls of fewer device counts than the run plans for (a
+    bundle trained before --comm-devices existed) extrapolate on the others: train again."""
+    from neuroshard.checkpoints import load_model
+
+    try:
+        seen = load_model(checkpoint, "fw_comm").device_counts
+    except (ShardError, OSError):   # an unreadable bundle is the loader's error to report, later
+        return None
+    missing = sorted(set(device_counts) - set(seen or device_counts))
+    if not missing:
+        return None
+    return (f"has communication models of {' and '.join(map(str, seen))}-device all-to-alls only, "
+            f"not of {' and '.join(map(str, missing))}")
+
+
 METHOD = MethodSpec(
     name="neuroshard", label="NeuroShard", train_script=ROOT / "train_neuroshard.py",
     train_hint="python train_neuroshard.py (or train_compute_cost_model.py and train_comm_cost_model.py)",
@@ -33,7 +50,7 @@ METHOD = MethodSpec(
                            "--epochs", "200", "--comm-epochs", "300"),
                  "tiny": ("--compute-samples", "16", "--comm-samples", "8", "--max-tables", "5",
                           "--T-range", "2,10", "--epochs", "5", "--comm-epochs", "5")},
-    needs_train_tasks=False, flag_spellings=("--max_mem",), model_help=" (the bundle neuroshard.pt)",
+    needs_train_tasks=False, flag_spellings=("--max_mem",), model_help=" (the bundle neuroshard.pt)", stale=stale,
     seen_note="pre-trained on random shards of every table of the dataset, the test tasks' tables included, as "
               "the original (collect_compute_cost_data.py --pool train keeps to the training pool)",
 )

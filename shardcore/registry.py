@@ -73,6 +73,9 @@ class MethodSpec:
     model_help: str = ""             # appended to the runner's --<name>-model help
     task_seed_note: str = ""         # a note when the runner's task seed differs from 0 and it trained
     seen_note: str = ""              # a note whenever it trained: what of the test tasks its training saw
+    # why a finished checkpoint does not fit a run that plans for these device counts (it is trained
+    # again), or None: e.g. cost models fitted on exchanges of fewer device counts than the run plans for
+    stale: Callable[[Path, Sequence[int]], str | None] | None = None
 
     def find_checkpoint(self, folder: str | os.PathLike) -> Path | None:
         """The checkpoint the training script leaves in ``folder``, or None."""

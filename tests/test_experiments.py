@@ -209,6 +209,18 @@ def test_training_orchestration(tmp_path, monkeypatch):
     # a finished checkpoint is reused
     models = training.prepare_learned(cfg, spec, paths, notes, echo=False)
     assert models[2].source == "existing"
+    # ... unless its method finds it stale for the run's device counts: trained again (--skip-train: kept)
+    seen = []
+    stale = dataclasses.replace(spec, stale=lambda ck, counts: seen.append((ck.name, counts)) or "knows 1 device only")
+    skip = dataclasses.replace(cfg, skip_train=True)
+    models = training.prepare_learned(skip, stale, paths, notes, echo=False)
+    assert models[2].source == "existing" and "(--skip-train kept it)" in notes[-1]
+    notes = []
+    models = training.prepare_learned(cfg, stale, paths, notes, echo=False)
+    assert models[2].source == "trained" and notes == ["dreamshard: trained again: the checkpoint of an earlier run "
+                                                       "knows 1 device only"]
+    assert seen[0] == ("2.pt", (2,))
+    notes = []
 
     monkeypatch.setenv("FAKE_MODE", "fail")
     notes = []

@@ -221,6 +221,11 @@ def test_train_neuroshard_collects_all_to_alls_of_every_device_count(tmp_path, c
         assert len(dims) == 6 and all(len(x) == n for x in dims)
     assert load_model(out / "fw_comm.pt", "fw_comm").device_counts == (2, 3)
     assert load_model(out / "neuroshard.pt", "bw_comm").device_counts == (2, 3)
+    # make experiments trains such a bundle again when its sets plan for a count its models never saw
+    from neuroshard.method import stale
+    assert stale(out / "neuroshard.pt", (2, 3)) is None
+    assert stale(out / "neuroshard.pt", (2, 4)) == "has communication models of 2 and 3-device all-to-alls only, not of 4"
+    assert stale(tmp_path / "missing.pt", (2, 4)) is None
     for extra, why in ((["--comm-devices", "1,2"], "at least 2 devices"),
                        (["--comm-devices", "2,2"], "lists a count twice"),
                        (["--comm-devices", "2,3", "--comm-data-dir", str(comm2)], "one per count")):
