@@ -109,8 +109,8 @@ def prepare_learned(cfg: ExperimentConfig, spec: MethodSpec, train_paths: dict, 
         ckpt = spec.find_checkpoint(folder)
         complete = ckpt is not None and spec.is_final(ckpt, train_flags(cfg, spec))
         stale = spec.stale(model_checkpoint(spec, folder), planned_device_counts(cfg)) \
-            if complete and spec.stale is not None else None
-        if stale and not cfg.retrain and not cfg.skip_train:
+            if complete and spec.stale is not None and not cfg.retrain else None
+        if stale and not cfg.skip_train:
             print(f"{method}: the checkpoint in {folder} {stale}: training again")
             notes.append(f"{method}: trained again: the checkpoint of an earlier run {stale}")
             complete = False

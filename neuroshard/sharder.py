@@ -54,9 +54,8 @@ class NeuroShardSharder(Sharder):
             return None
         self._warned.add(ndevices)
         text = (f"warning: {self.name}: its communication models were fitted on all-to-alls of "
-                f"{', '.join(map(str, counts))} devices; planning for {ndevices} extrapolates them (collect "
-                f"with collect_comm_cost_data.py --gpu-devices for {ndevices} devices and train "
-                f"train_comm_cost_model.py on both folders)")
+                f"{', '.join(map(str, counts))} devices; planning for {ndevices} extrapolates them (train_neuroshard.py "
+                f"--comm-devices {','.join(map(str, sorted({*counts, ndevices})))} collects and trains on every count)")
         print(text, file=sys.stderr)
         return text
 

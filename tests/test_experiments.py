@@ -221,6 +221,8 @@ def test_training_orchestration(tmp_path, monkeypatch):
                                                        "knows 1 device only"]
     assert seen[0] == ("2.pt", (2,))
     notes = []
+    models = training.prepare_learned(dataclasses.replace(cfg, retrain=True), stale, paths, notes, echo=False)
+    assert models[2].source == "trained" and notes == [] and len(seen) == 2   # --retrain: not asked
 
     monkeypatch.setenv("FAKE_MODE", "fail")
     notes = []
