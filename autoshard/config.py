@@ -68,10 +68,20 @@ class AutoShardConfig(Config):
     cost_lr: float = param(1e-3, "cost model learning rate (default {default})", flags=("--cost-learning-rate",),
                            type=learning_rate_type)
     cost_batch_size: int = 64
-    cost_steps_per_update: int = param(4, "cost model gradient steps per learner update (default {default})",
+    cost_steps_per_update: int = param(16, "cost model gradient steps per learner update (default {default}; 4 "
+                                           "before 2026-11-29)",
                                        flags=("--num-cost-updates",), dest="cost_updates", type=positive_int)
     cost_min_buffer: int = param(0, "measured shards the cost model's buffer must hold before it trains "
                                     "(default {default})", flags=("--num-min-buf-size",), type=nonnegative_int)
+    # observation (autoshard/env.py); a checkpoint written before these existed loads with both off
+    scaled_device_features: bool = param(True, "describe each device by the plain sums of its tables' features (as "
+                                               "before 2026-11-29; default: the sums over the task's tables per "
+                                               "device, one table's scale at any task size)",
+                                         flags=("--raw-device-features",), action="store_false")
+    relative_costs: bool = param(True, "give each device's predicted cost now and after taking the table over the ideal "
+                                       "load only (as before 2026-11-29; default: minus the currently slowest device's "
+                                       "predicted cost, so that 'this device becomes the slowest' reads after > 0 at "
+                                       "every step)", flags=("--absolute-costs",), action="store_false")
     # rewards
     overflow_penalty: float = 1.0   # reward of an over-cap plan: -penalty x overflow / cap
     reward: str = param("balance", "final reward of a plan within the cap: balance = min/max of the devices' measured "
@@ -84,7 +94,8 @@ class AutoShardConfig(Config):
                                 "0 gives the paper's final reward only (default {default})", type=nonnegative_float)
     eval_interval: int | None = param(None, "environment steps between checks of the greedy (argmax) policy on up "
                                             "to 10 training tasks against the lookup greedy, written to "
-                                            "policy_eval.csv and the curve; 0: none (default: 2000 on an emulated "
+                                            "policy_eval.csv and the curve, the best check's weights to best.pt "
+                                            "(what is evaluated); 0: none (default: 2000 on an emulated "
                                             "oracle, 10000 on a measured one, where each check measures 10 plans)",
                                       type=nonnegative_int)
     # inference

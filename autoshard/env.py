@@ -5,7 +5,13 @@ cost model: by dim x pooling factor, the lookup heuristic's key). The observatio
 table's features and the fraction of tables placed; each device is described by the summed features
 of its tables, its shard's predicted cost now and after taking the current table (over the task's
 ideal per-device load, i.e. the sum of predicted single-table costs / D), and its memory used now
-and after (over the cap). Devices without room for the current table are masked; when no device has
+and after (over the cap). Two options (``AutoShardConfig``, both on by default since 2026-11-29; off,
+the description above): ``scaled_device_features`` divides a device's summed features by the task's
+tables per device (T / D), so they keep the scale of one table's standardised features whatever the
+task's size, where the sums grew to tens of units beside the cost features' fractions of one;
+``relative_costs`` gives the predicted costs now and after minus the currently slowest device's
+predicted cost now (still over the ideal load), so "this device would become the slowest" reads the
+same at every step: after > 0. Devices without room for the current table are masked; when no device has
 room every device is allowed and the plan ends over the cap.
 
 The reward arrives at the end (:func:`final_reward`): the measured balance min/max over the devices'
@@ -29,8 +35,10 @@ EPS = 1e-9
 
 class ShardingEnv:
     def __init__(self, scaler: FeatureScaler, cost_model: CostModel | None, ndevices: int, max_memory_gb: float,
-                 precision: str = "fp16"):
+                 precision: str = "fp16", *, scaled_device_features: bool = False, relative_costs: bool = False):
         self.scaler = scaler
+        self.scaled_device_features = bool(scaled_device_features)
+        self.relative_costs = bool(relative_costs)
         self.cost_model = cost_model
         self.ndevices = int(ndevices)
         self.cap = float(max_memory_gb)
@@ -82,7 +90,13 @@ class ShardingEnv:
             mask = torch.ones(self.ndevices, dtype=torch.bool)
         now = self._predicted(self.dev_emb, self.dev_count > 0)
         after = self._predicted(self.dev_emb + self.emb[i], torch.ones(self.ndevices, dtype=torch.bool))
-        action = torch.cat([self.dev_feat, now.unsqueeze(-1), after.unsqueeze(-1),
+        feat = self.dev_feat
+        if self.scaled_device_features:
+            feat = feat / max(1.0, len(self.tables) / self.ndevices)
+        if self.relative_costs:
+            top = now.max()
+            now, after = now - top, after - top
+        action = torch.cat([feat, now.unsqueeze(-1), after.unsqueeze(-1),
                             (self.dev_mem / self.cap).float().unsqueeze(-1),
                             (after_mem / self.cap).float().unsqueeze(-1)], -1)
         return {"table": self.x[i], "frac": torch.tensor(self.pos / len(self.tables)), "action": action,

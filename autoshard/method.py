@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def train_args(ctx: TrainContext) -> list[str]:
     # train_autoshard.py's --batch-size is the learner's; the benchmark batch is --bench-batch-size.
-    # It writes <savedir>/<xpid>/model.pt.
+    # It writes <savedir>/<xpid>/model.pt, and best.pt (the policy check with the lowest cost over the
+    # lookup greedy's on the training tasks, what is evaluated) at every check that improves on the others.
     return (["--task-path", str(ctx.task_path), "--data-dir", ctx.data_dir, "--gpu-devices", ctx.gpu_devices,
              "--max-memory", f"{ctx.max_memory:g}", "--weights-precision", ctx.precision,
              "--savedir", str(ctx.folder.parent), "--xpid", ctx.folder.name, "--seed", str(ctx.seed)]
@@ -21,7 +22,7 @@ def train_args(ctx: TrainContext) -> list[str]:
 METHOD = MethodSpec(
     name="autoshard", label="AutoShard", train_script=ROOT / "train_autoshard.py",
     train_hint="python train_autoshard.py (or run_autoshard.py)", default_precision="fp16",
-    train_args=train_args, checkpoint="model.pt",
+    train_args=train_args, checkpoint="model.pt", selected="best.pt",
     scale_flags={"full": (),
                  "small": ("--total-steps", "40000", "--time-limit", "10", "--bench-iters", "3"),
                  "tiny": ("--total-steps", "60", "--num-actors", "1")},

@@ -51,7 +51,8 @@ class AutoShardModel:
 
     def env(self, ndevices: int, max_memory_gb: float, precision: str = "fp16") -> ShardingEnv:
         return ShardingEnv(self.scaler, self.cost_model if self.cfg.use_cost_model else None, ndevices,
-                           max_memory_gb, precision)
+                           max_memory_gb, precision, scaled_device_features=self.cfg.scaled_device_features,
+                           relative_costs=self.cfg.relative_costs)
 
     def save(self, path: str | os.PathLike) -> None:
         io.save_checkpoint({"method": METHOD, "version": VERSION, "config": self.cfg.to_dict(),
@@ -65,7 +66,9 @@ class AutoShardModel:
     def load(cls, path: str | os.PathLike) -> "AutoShardModel":
         obj = io.load_checkpoint(path, METHOD, VERSION, "an AutoShard")
         with io.checkpoint_contents(path):
-            cfg = AutoShardConfig.from_dict({"length_cv_feature": False, **obj["config"]})   # older: no CV feature
+            # older checkpoints: no CV feature, the plain observation (the options' defaults changed 2026-11-29)
+            cfg = AutoShardConfig.from_dict({"length_cv_feature": False, "scaled_device_features": False,
+                                             "relative_costs": False, **obj["config"]})
             model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), AutoShardNet(cfg), CostModel(cfg),
                         float(obj["cost_scale"]), int(obj["steps"]), obj.get("extra", {}))
             model.net.load_state_dict(obj["net"])

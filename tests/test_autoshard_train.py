@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from autoshard.config import AutoShardConfig
+from autoshard.sharder import AutoShardModel
 from autoshard.trainer import AutoShardTrainer
 from shardcore.dataset import load_dataset
 from shardcore.oracles.cache import CachedOracle
@@ -211,3 +212,15 @@ def test_speedup_reward_bounded_queue_and_policy_checks_in_process(tiny):
     assert {r["alg"] for r in checks} == {"lookup_greedy", "policy"}
     assert sorted({int(r["step"]) for r in checks if r["alg"] == "policy"}) == [20, 60, 100]
     assert all(float(r["cost_ms"]) > 0 for r in checks)
+    # best.pt: the weights of the check with the lowest mean cost over the lookup greedy's (what is evaluated)
+    greedy = {r["task"]: float(r["cost_ms"]) for r in checks if r["alg"] == "lookup_greedy"}
+    ratio = {}
+    for r in checks:
+        if r["alg"] == "policy":
+            ratio.setdefault(int(r["step"]), []).append(float(r["cost_ms"]) / greedy[r["task"]])
+    best_step = min(ratio, key=lambda k: (sum(ratio[k]) / len(ratio[k]), k))
+    best = AutoShardModel.load(d / "speedup" / "best.pt")
+    assert best.steps == best_step
+    assert best.extra["best_ratio"] == pytest.approx(sum(ratio[best_step]) / len(ratio[best_step]), rel=1e-3)
+    assert "optimizer" not in best.extra and "cost_buffer" not in best.extra   # planning weights only
+    assert AutoShardModel.load(d / "speedup" / "model.pt").extra["best_ratio"] == best.extra["best_ratio"]

@@ -225,6 +225,47 @@ def test_bad_checkpoints_give_clear_errors(tmp_path):
         AutoShardModel.load(tmp_path / "junk.pt")
 
 
+def test_scaled_device_features_and_relative_costs():
+    """The two observation options (on by default): a device's summed features over the task's tables per
+    device, and its predicted costs minus the currently slowest device's; off, the plain observation."""
+    ts = tables(8)
+    cfg = AutoShardConfig(length_cv_feature=False)
+    torch.manual_seed(0)
+    model = CostModel(cfg)
+    obs = {}
+    for on in (False, True):
+        env = ShardingEnv(FeatureScaler.fit(ts), model, 2, 5.0, scaled_device_features=on, relative_costs=on)
+        env.reset(ts)
+        env.step(0)
+        env.step(0)
+        obs[on] = (env.observation()["action"], env)
+    plain, env = obs[False]
+    opt, _ = obs[True]
+    nf = NUM_ACTION_FEATURES - 4
+    assert torch.allclose(opt[:, :nf], plain[:, :nf] / (8 / 2))           # sums over 4 tables per device
+    assert torch.equal(opt[:, nf + 2:], plain[:, nf + 2:])                 # memory features unchanged
+    top = plain[:, nf].max()                                               # the slowest device's cost now
+    assert torch.allclose(opt[:, nf:nf + 2], plain[:, nf:nf + 2] - top)
+    assert float(opt[:, nf].max()) == pytest.approx(0.0)                   # device 0 is the slowest now
+    assert float(opt[1, nf + 1]) < 0 < float(opt[0, nf + 1])               # taking the table: device 0 grows
+
+
+def test_checkpoints_of_before_the_observation_options_load_without_them(tmp_path):
+    ts = tables(6)
+    model = AutoShardModel.new(AutoShardConfig(length_cv_feature=False), FeatureScaler.fit(ts))
+    assert model.cfg.scaled_device_features and model.cfg.relative_costs   # the defaults
+    path = tmp_path / "model.pt"
+    model.save(path)
+    obj = torch.load(path, weights_only=True)
+    for key in ("scaled_device_features", "relative_costs"):
+        del obj["config"][key]                                              # as written before 2026-11-29
+    torch.save(obj, path)
+    back = AutoShardModel.load(path)
+    assert not back.cfg.scaled_device_features and not back.cfg.relative_costs
+    env = back.env(3, 5.0)
+    assert not env.scaled_device_features and not env.relative_costs
+
+
 def test_stack_obs_batches_steps():
     ts = tables(3)
     env = make_env(ts)

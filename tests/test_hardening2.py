@@ -184,6 +184,27 @@ def test_gen_tasks_zero_keeps_file(base, tmp_path, capsys):
     one_line_error(code, err, r"both 0")
 
 
+def test_gen_tasks_all_tables_draws_autoshard_style_tasks(base, tmp_path, capsys):
+    """--all-tables: training and test tasks over every table (AutoShard's protocol), not disjoint pools."""
+    from shardcore.dataset import load_dataset
+    from shardcore.tasks import load_tasks
+
+    out = tmp_path / "as"
+    code, stdout, err = run_script("tools/gen_tasks.py", ["--data-dir", base / "ds", "--T", 4, "--all-tables",
+                                                          "--num-train", 40, "--num-test", 40, "--out-dir", out], capsys)
+    assert code == 0, err
+    assert "AutoShard" in stdout
+    n = load_dataset(base / "ds", with_lookups=False).num_tables
+    train, test = (load_tasks(out / f, num_tables=n) for f in ("train.txt", "test.txt"))
+    assert len(train) == len(test) == 40 and all(len(t) == 4 for t in train + test)
+    seen = {i for t in train for i in t.table_ids}
+    assert {i for t in test for i in t.table_ids} & seen      # a test task's tables may be seen in training
+    code, _, err = run_script("tools/gen_tasks.py", ["--data-dir", base / "ds", "--T", 4, "--all-tables",
+                                                     "--train-fraction", 0.3, "--out-dir", tmp_path / "x"], capsys)
+    one_line_error(code, err, r"--all-tables .* takes no")
+    assert not (tmp_path / "x").exists()
+
+
 def test_cache_path_problems_are_named(tmp_path):
     d = tmp_path / "adir"
     d.mkdir()

@@ -120,3 +120,26 @@ def test_failure_while_assembling_leaves_no_staging(tool, tmp_path, monkeypatch)
         tool.main(_dirs(tmp_path) + TINY)
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     assert not list(out.parent.glob(".*"))
+
+
+def test_autoshard_trains_on_tasks_of_every_table(tool, tmp_path):
+    """AutoShard's anchor draws its training tasks from every table (its original's protocol), recorded in the
+    manifest and copied beside the checkpoint; a tiny real run (100 steps)."""
+    from shardcore.tasks import load_tasks
+
+    out = tmp_path / "anchors" / "h200"
+    assert tool.main(_dirs(tmp_path) + ["--stages", "autoshard", "--as-steps", "100", "--as-actors", "2"]) == 0
+    rec = json.loads((out / "MANIFEST.json").read_text())["checkpoints"]["autoshard/model.pt"]
+    own = out / "autoshard" / "train_tasks.txt"
+    assert rec["training_tasks"]["file"] == "autoshard/train_tasks.txt"
+    assert rec["training_tasks"]["sha256"] == hashlib.sha256(own.read_bytes()).hexdigest()
+    assert "--all-tables" in rec["training_tasks"]["generated_by"]
+    assert f"--task-path {tmp_path / 'work' / 'tasks_autoshard' / 'train.txt'}" in rec["commands"][0]
+    tasks = load_tasks(own, num_tables=856)
+    test = load_tasks(ROOT / "data/gpu_measurements/tasks/dlrm_tasks_50_test.txt", num_tables=856)
+    assert len(tasks) == 50 and all(len(t) == 50 for t in tasks)
+    assert {i for t in tasks for i in t.table_ids} & {i for t in test for i in t.table_ids}
+    torch.load(out / "autoshard" / "model.pt", map_location="cpu", weights_only=True)
+    best = json.loads((out / "MANIFEST.json").read_text())["checkpoints"]["autoshard/best.pt"]   # what is evaluated
+    assert "check at step" in best["selected"] and best["training_tasks"] == rec["training_tasks"]
+    torch.load(out / "autoshard" / "best.pt", map_location="cpu", weights_only=True)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Generate sharding tasks (train.txt and test.txt) over disjoint train/test table pools.
+"""Generate sharding tasks (train.txt and test.txt), by default over disjoint train/test table pools.
 
 DreamShard style:  python tools/gen_tasks.py --T 50 --out-dir data/dlrm_tasks_50
+AutoShard style:   python tools/gen_tasks.py --T 50 --all-tables --out-dir data/as_tasks_50   # every table in both
 NeuroShard style:  python tools/gen_tasks.py --T-range 10,61 --max-dim 128 --max-mem 1 --out-dir data/ns_tasks
 NeuroShard's file: python tools/gen_tasks.py --data_size 100 --T_range 10,60 --max_mem 15 --max_dim 128 \
                        --out_dir data/tasks/4_gpu      # one data.txt, as NeuroShard's tools/gen_tasks.py
@@ -21,7 +22,8 @@ from shardcore.cli.common import original_range, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.tasks import save_tasks
-from shardcore.data.taskgen import TaskSpec, generate_single_pool_tasks, generate_tasks, halving_dims
+from shardcore.data.taskgen import (TaskSpec, generate_single_pool_tasks, generate_tasks, generate_transfer_tasks,
+                                   halving_dims)
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import nonnegative_int
 from shardcore.io import check_output_dir
@@ -50,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "emulated judge refitted without a test task's tables (the held-out judge) keeps at least "
                         "those shards; for test tasks of hundreds of tables, which a random split leaves too few "
                         "shards to judge (the default dataset's tables only)")
+    p.add_argument("--all-tables", action="store_true",
+                   help="instead of disjoint pools: training and test tasks both drawn from every table of the "
+                        "dataset (a test task's tables may be seen in training), as AutoShard's gen_dlrm_data.py "
+                        "writes them without --transfer")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     ns = p.add_argument_group("NeuroShard style (writes 'ids dims' lines)")
     dims = ns.add_mutually_exclusive_group()
@@ -100,6 +106,10 @@ def main(argv=None):
     precision = args.weights_precision or ("fp32" if args.total_mem is not None else "fp16")
     out_dir = args.out_dir or os.path.join("data", f"dlrm_tasks_{t_max if t_min == t_max else f'{t_min}_{t_max}'}")
     check_output_dir(out_dir, "--out-dir")
+    if args.all_tables and (args.judge_pool is not None or dims is not None or args.max_mem is not None
+                            or args.total_mem is not None or args.train_fraction != 0.5):
+        raise ShardError("--all-tables draws AutoShard-style tasks from every table: it takes no --judge-pool, "
+                         "--train-fraction, --dims/--max-dim or --max-mem")
     tables = load_dataset(args.data_dir, with_lookups=False).tables
     train_pool = None
     if args.judge_pool is not None:
@@ -116,14 +126,19 @@ def main(argv=None):
                     total_mem_gb=args.total_mem, train_pool=train_pool)
     if args.num_train == 0 and args.num_test == 0:
         raise ShardError("--num-train and --num-test are both 0: nothing to write")
-    train, test = generate_tasks(tables, spec)
+    if args.all_tables:
+        train, test = generate_transfer_tasks(len(tables), t_min, t_max, num_train=args.num_train,
+                                              num_test=args.num_test, seed=args.seed)
+    else:
+        train, test = generate_tasks(tables, spec)
     kept = []
     for name, tasks, count in (("train.txt", train, args.num_train), ("test.txt", test, args.num_test)):
         if count == 0:   # 0 tasks asked: an existing file is left as it is, never emptied
             kept.append(name)
             continue
         save_tasks(os.path.join(out_dir, name), tasks)
-    style = "NeuroShard (ids dims)" if dims else "DreamShard (ids)"
+    style = ("NeuroShard (ids dims)" if dims else "AutoShard (ids, every table in both)" if args.all_tables
+             else "DreamShard (ids)")
     note = f" ({', '.join(kept)} not written: 0 tasks asked)" if kept else ""
     print(f"wrote {len(train)} train and {len(test)} test tasks, {t_min}..{t_max} tables each, "
           f"{style} style, to {out_dir}/{note}")

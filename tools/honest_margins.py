@@ -66,7 +66,10 @@ def build_parser():
 def algorithms(anchors: Path) -> tuple[list[str], list[str]]:
     """(the planners, NeuroShard's model flags) of docs/shardkit.md's honest-margin commands."""
     ns = [anchors / "neuroshard" / f for f in ("compute.pt", "fw_comm.pt", "bw_comm.pt")]
-    learned = [anchors / "dreamshard" / "best.pt", anchors / "autoshard" / "model.pt"]
+    # the checkpoints the trainers select (the best learning-curve iteration / policy check), else the last
+    learned = [anchors / "dreamshard" / "best.pt",
+               next((p for p in (anchors / "autoshard" / "best.pt", anchors / "autoshard" / "model.pt") if p.is_file()),
+                    anchors / "autoshard" / "best.pt")]
     missing = [str(f) for f in ns + learned if not f.is_file()]
     if missing:
         raise ShardError(f"--anchors {anchors}: {missing[0]} not found (make anchors builds them)")

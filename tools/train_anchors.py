@@ -14,7 +14,11 @@ Stages, each a subprocess of this interpreter with its output in <work-dir>/logs
     each of --ns-comm-devices, default 4 and 8: the device counts it plans for),
     train_compute_cost_model.py, train_comm_cost_model.py (on every comm folder);
 (3) DreamShard: train_dreamshard.py on the training tasks;
-(4) AutoShard: train_autoshard.py on the training tasks (the steps reached are in the manifest).
+(4) AutoShard: train_autoshard.py (model.pt, the last weights, and best.pt, those of its best check of
+    the greedy policy on the training tasks: the anchor evaluated) on 50 tasks of 50 tables drawn from
+    every table of the dataset (gen_tasks.py --all-tables, as AutoShard's gen_dlrm_data.py draws them
+    without --transfer: the test tasks' tables included; --as-tasks train gives it DreamShard's training
+    tasks instead); the steps reached are in the manifest.
 Every method runs with its scripts' default flags (the method as a user trains it) plus the task, data,
 device, cap, seed and oracle flags; --ds-*, --as-*, --ns-* override one flag each. AutoShard's anchor
 keeps what planning needs; the learner's resume state (optimizers, cost-model buffer: 95% of the file)
@@ -22,7 +26,8 @@ stays in the full checkpoint in <work-dir>/autoshard/model.pt.
 
 Outputs (<out-dir>, default models/anchors/h200): dreamshard/<N-1>.pt and dreamshard/best.pt (the
 iteration whose learning-curve plans of the training tasks cost least), autoshard/model.pt,
-neuroshard/{compute,fw_comm,bw_comm}.pt, train_tasks.txt and MANIFEST.json (per checkpoint: the
+autoshard/best.pt and autoshard/train_tasks.txt, neuroshard/{compute,fw_comm,bw_comm}.pt,
+train_tasks.txt and MANIFEST.json (per checkpoint: the
 commands, seed, oracle and its fit, batch, device count, cap, training tasks digest, wall time, date,
 machine, size and sha256). Everything is built in a hidden staging folder beside <out-dir> and
 swapped in only when every stage succeeded: a failed or interrupted run leaves <out-dir> as it was.
@@ -97,6 +102,11 @@ def build_parser():
                         "steps reached)")
     g.add_argument("--as-actors", type=positive_int, default=None,
                    help="train_autoshard.py --num-actors (default: the script's)")
+    g.add_argument("--as-tasks", choices=["all", "train"], default="all",
+                   help="AutoShard's training tasks: all = 50 tasks of 50 tables drawn from every table (the "
+                        "original's protocol: gen_dlrm_data.py without --transfer; the test tasks' tables "
+                        "included, as NeuroShard's pre-training sees them); train = the DreamShard-style training "
+                        "tasks, none of whose tables is in a test task (default all)")
     g = p.add_argument_group("NeuroShard (each flag's default: its script's)")
     g.add_argument("--ns-compute-samples", type=positive_int, default=None,
                    help="collect_compute_cost_data.py --data_size (default: the script's)")
@@ -255,6 +265,21 @@ def stage_tasks(args, run: Runner, work: Path) -> dict:
     return info
 
 
+def stage_autoshard_tasks(args, run: Runner, work: Path) -> dict:
+    """AutoShard's own training tasks (``--as-tasks all``): drawn from every table, as its original's."""
+    tasks = work / "tasks_autoshard"
+    if tasks.exists():
+        shutil.rmtree(tasks)
+    info = run("autoshard_tasks", ["-m", "tools.gen_tasks", "--data-dir", args.data_dir, "--T", str(TASKS_T),
+                                   "--all-tables", "--num-train", str(TASKS_TRAIN), "--num-test", "0",
+                                   "--seed", str(args.seed), "--out-dir", rel(tasks)])
+    train = tasks / "train.txt"
+    if not train.is_file():
+        raise ShardError(f"autoshard_tasks: gen_tasks.py wrote no train.txt in {rel(tasks)}")
+    info.update(train=train, sha256=sha256(train))
+    return info
+
+
 def stage_neuroshard(args, run: Runner, work: Path) -> dict:
     ns = work / "neuroshard"
     if ns.exists():
@@ -321,7 +346,9 @@ def stage_dreamshard(args, run: Runner, work: Path, train: Path) -> dict:
     return out
 
 
-def stage_autoshard(args, run: Runner, work: Path, train: Path) -> dict:
+def stage_autoshard(args, run: Runner, work: Path, train: Path, own_tasks: dict | None = None) -> dict:
+    """``own_tasks``: :func:`stage_autoshard_tasks`' result (its tasks are then ``train``), recorded as the
+    checkpoint's training tasks and copied beside it."""
     xp = work / "autoshard"
     if xp.exists():
         shutil.rmtree(xp)
@@ -343,17 +370,31 @@ def stage_autoshard(args, run: Runner, work: Path, train: Path) -> dict:
     slim = xp / "model.anchor.pt"
     torch_save(ckpt, slim)
     episodes = _count_rows(xp / "episodes.csv")
-    return {"autoshard/model.pt": {
-        "source": slim, "stages": [info], "steps_reached": steps, "episodes": episodes,
+    shared = {"stages": [info], "steps_reached": steps, "episodes": episodes,
+              "budget": (f"--total-steps {args.as_steps or 'default'} or --time-limit "
+                         f"{'default' if args.as_time_limit is None else f'{args.as_time_limit:g}'} min, "
+                         "whichever first"),
+              "note": "the actor-learner is asynchronous: the steps reached within the time limit and the exact "
+                      "weights depend on the machine's speed, so a rerun is comparable, not bit-identical"}
+    if own_tasks is not None:
+        shared["training_tasks"] = {"file": "autoshard/train_tasks.txt", "sha256": own_tasks["sha256"],
+                                    "generated_by": own_tasks["command"],
+                                    "tables": "every table of the dataset, the test tasks' included (AutoShard's "
+                                              "original protocol; --as-tasks train: DreamShard's training tasks)"}
+    out = {"autoshard/model.pt": {
+        **shared, "source": slim,
         "learner_state_dropped": {
             "keys": [f"extra.{k}" for k in dropped], "full_checkpoint": rel(full), "full_bytes": full.stat().st_size,
             "full_sha256": sha256(full),
             "why": "the learner's resume state (optimizers, the cost model's shard buffer) is not needed to plan "
                    "and is most of the file; --resume needs the full checkpoint, kept in the work folder"},
-        "budget": (f"--total-steps {args.as_steps or 'default'} or --time-limit "
-                   f"{'default' if args.as_time_limit is None else f'{args.as_time_limit:g}'} min, whichever first"),
-        "note": "the actor-learner is asynchronous: the steps reached within the time limit and the exact "
-                "weights depend on the machine's speed, so a rerun is comparable, not bit-identical"}}
+        **({} if own_tasks is None else {"copy": {"autoshard/train_tasks.txt": own_tasks["train"]}})}}
+    best = xp / "best.pt"
+    if best.is_file():   # the policy check with the lowest cost over the lookup greedy's: the anchor evaluated
+        check_checkpoint(best, "autoshard")
+        selected = (torch.load(best, map_location="cpu", weights_only=True).get("extra") or {}).get("selected")
+        out["autoshard/best.pt"] = {**shared, "source": best, "selected": selected}
+    return out
 
 
 def _csv_tail(path: Path) -> dict | None:
@@ -441,13 +482,19 @@ def write_manifest(staging: Path, args, tasks: dict, entries: dict, old: dict, a
                "logs": [s["log"] for s in stages], "log_tail": stages[-1]["log_tail"]}
         rec["code"] = code
         rec.update(shared)
-        rec.update({k: v for k, v in e.items() if k not in ("source", "stages")})
+        for name, src in (e.get("copy") or {}).items():   # files the checkpoint depends on, beside it
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, staging / name)
+        rec.update({k: v for k, v in e.items() if k not in ("source", "stages", "copy")})
         ckpts[key] = rec
     manifest = {
         "what": (f"learned anchors trained against {args.oracle}"
                  + (f" ({args.emulator_fit} fit)" if args.oracle != "measured" else "")
                  + f" at batch {args.batch_size} on the {TASKS_TRAIN} training tasks of DLRM-{TASKS_T} "
-                   f"({args.ndevices} devices, cap {args.max_memory:g} GB)"),
+                   f"({args.ndevices} devices, cap {args.max_memory:g} GB)"
+                 + ("; AutoShard on its own tasks, drawn from every table (its checkpoint's training_tasks)"
+                    if "autoshard/model.pt" in ckpts and ckpts["autoshard/model.pt"]["training_tasks"]["file"]
+                    != "train_tasks.txt" else "")),
         "command": shlex.join(["python", rel(Path(__file__)), *argv]),
         "started": started, "finished": now(), "code": code,
         "python": sys.version.split()[0], "torch": torch.__version__, "machine": mach,
@@ -497,7 +544,7 @@ def build(argv=None) -> int:
             old = json.loads((out / MANIFEST).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ShardError(f"{out / MANIFEST}: unreadable ({exc}); move it away to rebuild every stage") from None
-    nsub = {"neuroshard": 4, "dreamshard": 1, "autoshard": 1}
+    nsub = {"neuroshard": 4, "dreamshard": 1, "autoshard": 1 + (args.as_tasks == "all")}
     run = Runner(work / "logs", 1 + sum(nsub[m] for m in methods))
     print(f"anchors -> {out}/ ({', '.join(methods)}; {args.oracle}"
           + (f", {args.emulator_fit} fit" if args.oracle != "measured" else "")
@@ -513,6 +560,9 @@ def build(argv=None) -> int:
                 entries.update(stage_neuroshard(args, run, work))
             elif m == "dreamshard":
                 entries.update(stage_dreamshard(args, run, work, tasks["train"]))
+            elif args.as_tasks == "all":
+                own = stage_autoshard_tasks(args, run, work)
+                entries.update(stage_autoshard(args, run, work, own["train"], own))
             else:
                 entries.update(stage_autoshard(args, run, work, tasks["train"]))
         if staging.exists():
