@@ -278,12 +278,14 @@ def test_training_commands_come_from_the_registry(tmp_path):
     assert registry.get("dreamshard").find_checkpoint(d).name == "10.pt"
     assert registry.get("autoshard").find_checkpoint(d).name == "model.pt"
     assert registry.get("neuroshard").find_checkpoint(d) is None
-    # the one evaluated: DreamShard's best.pt where its training wrote one, else the same
+    # the one evaluated: DreamShard's and AutoShard's best.pt where their training wrote one, else the same
     assert training.model_checkpoint(registry.get("dreamshard"), d).name == "10.pt"
+    assert training.model_checkpoint(registry.get("autoshard"), d).name == "model.pt"
     (d / "best.pt").write_text("x")
     assert training.model_checkpoint(registry.get("dreamshard"), d).name == "best.pt"
     assert registry.get("dreamshard").find_checkpoint(d).name == "10.pt"      # still says how far it trained
-    assert training.model_checkpoint(registry.get("autoshard"), d).name == "model.pt"
+    assert training.model_checkpoint(registry.get("autoshard"), d).name == "best.pt"
+    assert registry.get("autoshard").find_checkpoint(d).name == "model.pt"
 
 
 def test_config_errors():
