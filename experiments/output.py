@@ -98,7 +98,9 @@ def _header(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], info: dict, f
                "all-to-all modelled; not measured on this machine")
             + f"). Scale `{cfg.scale}`: task sets {', '.join(ts.name for ts in cfg.task_sets)}, "
             f"{cfg.num_test} test tasks each; learned methods trained on the train split "
-            f"({cfg.num_train} tasks) of {', '.join(ts.name for ts in cfg.train_sets)}." + _hosts(cfg), ""]
+            f"({cfg.num_train} tasks) of {', '.join(ts.name for ts in cfg.train_sets)} (a method whose original "
+            "draws its training tasks from every table, AutoShard, on as many such tasks; see the notes)."
+            + _hosts(cfg), ""]
 
 
 def _hosts(cfg: ExperimentConfig) -> str:
@@ -170,7 +172,7 @@ def results_sections(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], lear
                 lrows.append([label(method), m.checkpoint, m.train_set or "-",
                               f"{m.train_seconds:.0f}" if m.train_seconds is not None else "-",
                               m.source + (f": {m.note}" if m.note else "")])
-        lines.append(report.format_table(["method", "checkpoint", "trained on (train split)", "training s",
+        lines.append(report.format_table(["method", "checkpoint", "trained on", "training s",
                                           "source"], lrows))
         lines += ["", "A model trained for one device count is evaluated on every task set with that count; "
                   "sets with other counts use the first model (generalisation to unseen table and device counts).",

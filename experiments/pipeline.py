@@ -31,7 +31,7 @@ from shardcore.baselines import BASELINES, Sharder
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.evaluation.compare import TaskResult, evaluate
 from shardcore.tables import TableConfig
-from shardcore.data.taskgen import TaskSpec, generate_tasks
+from shardcore.data.taskgen import TaskSpec, generate_tasks, generate_transfer_tasks
 from shardcore.oracles.emulated.emulator import judge_pool
 from shardcore.tasks import load_tasks, save_tasks
 from shardcore.types import Topology
@@ -127,7 +127,9 @@ def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: in
 # ------------------------------------------------------------------------------------------------
 
 def generate_task_files(cfg: ExperimentConfig, tables: Sequence[TableConfig]) -> dict[TaskSetDef, Path]:
-    """``<out-dir>/tasks/<slug>/{train,test}.txt`` for every evaluated and training set.
+    """``<out-dir>/tasks/<slug>/{train,test}.txt`` for every evaluated and training set, and for a
+    training set ``train_every_table.txt`` (as many tasks drawn from every table, for a method whose
+    original trains so: ``MethodSpec.every_table_tasks``).
 
     Every set uses the same seed, hence the same train/test split of the dataset's tables (a method
     that draws its own training data from the training pool uses that split too: seed 0, half)."""
@@ -141,15 +143,28 @@ def generate_task_files(cfg: ExperimentConfig, tables: Sequence[TableConfig]) ->
         train, test = generate_tasks(tables, spec)
         save_tasks(folder / ts.slug / "train.txt", train)
         save_tasks(folder / ts.slug / "test.txt", test)
+        if ts in cfg.train_sets and cfg.num_train > 0:
+            every, _ = generate_transfer_tasks(len(tables), ts.num_tables, ts.num_tables, num_train=cfg.num_train,
+                                               num_test=0, seed=cfg.task_seed)
+            save_tasks(folder / ts.slug / EVERY_TABLE_TASKS, every)
         out[ts] = folder / ts.slug
     return out
+
+
+EVERY_TABLE_TASKS = "train_every_table.txt"
+
+
+def train_paths_for(spec, cfg: ExperimentConfig, task_dirs: dict) -> dict:
+    """The training task file of each training set for the method ``spec``: the train split, or tasks of
+    every table where its original trains on those."""
+    name = EVERY_TABLE_TASKS if spec.every_table_tasks else "train.txt"
+    return {ts: task_dirs[ts] / name for ts in cfg.train_sets}
 
 
 def train_all(cfg: ExperimentConfig, algs: list[str], task_dirs: dict, notes: list[str],
               timings: dict) -> dict[str, dict[int, LearnedModel]]:
     """The learned methods among ``algs``, trained or loaded; skipped ones get a note."""
     learned: dict[str, dict[int, LearnedModel]] = {}
-    train_paths = {ts: task_dirs[ts] / "train.txt" for ts in cfg.train_sets}
     for method in [a for a in algs if a in learned_methods()]:
         try:
             spec = registry.get(method)
@@ -161,7 +176,7 @@ def train_all(cfg: ExperimentConfig, algs: list[str], task_dirs: dict, notes: li
             notes.append(f"{method}: skipped: --num-train 0 leaves no training tasks")
             continue
         tm = time.perf_counter()
-        models = prepare_learned(cfg, spec, train_paths, notes, echo=not cfg.quiet)
+        models = prepare_learned(cfg, spec, train_paths_for(spec, cfg, task_dirs), notes, echo=not cfg.quiet)
         timings[f"train_{method}"] = round(time.perf_counter() - tm, 2)
         if not models:
             print(f"note: {method} is skipped (see results.md)")

@@ -141,7 +141,8 @@ def prepare_learned(cfg: ExperimentConfig, spec: MethodSpec, train_paths: dict, 
         folder.mkdir(parents=True, exist_ok=True)
         cmd = train_command(cfg, spec, ts, train_paths[ts], folder)
         log = Path(cfg.out_dir) / "logs" / f"train_{method}_{ts.ndevices}dev.log"
-        print(f"training {method} on {ts.name} (train split, {cfg.num_train} tasks); log: {log}")
+        what = "tasks of every table" if spec.every_table_tasks else "train split"
+        print(f"training {method} on {ts.name} ({what}, {cfg.num_train} tasks); log: {log}")
         rc, seconds = run_logged(cmd, log, cfg.train_timeout_s, echo)
         ckpt = model_checkpoint(spec, folder)
         if rc == 0 and ckpt is not None:

@@ -69,6 +69,9 @@ class MethodSpec:
     final_checkpoint: Callable[[Sequence[str]], int] | None = None   # numbered: the last index, given the flags
     scale_flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # experiment scale -> flags
     needs_train_tasks: bool = True   # False: it trains on data it draws itself (no task file needed)
+    # True: its training tasks are drawn from every table of the dataset (the test tasks' included), as its
+    # original draws them, not from the training pool of the train/test split
+    every_table_tasks: bool = False
     flag_spellings: tuple[str, ...] = ()   # flags of the original code the shared CLI also accepts
     model_help: str = ""             # appended to the runner's --<name>-model help
     task_seed_note: str = ""         # a note when the runner's task seed differs from 0 and it trained

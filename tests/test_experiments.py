@@ -367,3 +367,36 @@ def test_bad_input_gives_one_line_error(tmp_path, script, args):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert not (tmp_path / "o" / "results.md").exists()
+
+
+def test_autoshard_trains_on_tasks_of_every_table_and_an_old_checkpoint_is_stale(tmp_path):
+    """AutoShard's training tasks in an experiment are drawn from every table (its original's protocol),
+    the other methods' from the train split; an AutoShard checkpoint of the observation of before
+    2026-11-29 is trained again."""
+    import torch
+
+    from experiments import pipeline
+    from shardcore.dataset import load_dataset
+
+    make_dataset(tmp_path / "ds", num_tables=40, seed=3)
+    cfg = config.ExperimentConfig(data_dir=str(tmp_path / "ds"), out_dir=str(tmp_path / "out"), scale="tiny",
+                                  models_dir=str(tmp_path / "m")).resolved()
+    tables = load_dataset(tmp_path / "ds", with_lookups=False).tables
+    dirs = pipeline.generate_task_files(cfg, tables)
+    ts = cfg.train_sets[0]
+    every = pipeline.train_paths_for(registry.get("autoshard"), cfg, dirs)[ts]
+    assert every.name == "train_every_table.txt"
+    assert pipeline.train_paths_for(registry.get("dreamshard"), cfg, dirs)[ts].name == "train.txt"
+    n = len(tables)
+    drawn = {i for t in load_tasks(every, num_tables=n) for i in t.table_ids}
+    split = {i for t in load_tasks(dirs[ts] / "train.txt", num_tables=n) for i in t.table_ids}
+    tested = {i for t in load_tasks(dirs[ts] / "test.txt", num_tables=n) for i in t.table_ids}
+    assert len(load_tasks(every, num_tables=n)) == cfg.num_train and not split & tested and drawn & tested
+    stale = registry.get("autoshard").stale
+    ck = tmp_path / "model.pt"
+    torch.save({"config": {"seed": 0}}, ck)
+    assert "observation of before 2026-11-29" in stale(ck, (4,))
+    torch.save({"config": {"scaled_device_features": True, "relative_costs": True}}, ck)
+    assert stale(ck, (4,)) is None
+    ck.write_bytes(b"junk")
+    assert stale(ck, (4,)) is None          # unreadable: the loader's error, later
