@@ -17,7 +17,8 @@ Logs: ``train_log.csv`` (one row per learner update), ``episodes.csv`` (one row 
 ``train_curve.png``; checkpoint ``model.pt`` every ``checkpoint_interval_s`` and at the end, and ``best.pt``
 (planning weights only) at every check of the greedy policy on the training tasks (``policy_eval.csv``)
 whose mean cost over the lookup greedy's is the lowest so far: a late drift of the policy (seen: 0.98x
-greedy at 54k steps, 1.07x at the last check) does not reach the model that is evaluated. Ctrl-C only
+greedy at 54k steps, 1.07x at the last check) does not reach the model that is evaluated. The last
+weights are always checked, also when the time limit ends a run between two checks. Ctrl-C only
 raises a flag, checked between steps; the checkpoint is then written first, while further Ctrl-Cs are
 answered with a note and otherwise ignored. When an actor dies (checked about once a second) or a
 measurement fails, the checkpoint is saved and the failure reported in one line. A run that ends (its
@@ -524,6 +525,15 @@ class AutoShardTrainer:
         self.model.save(path)
         return path
 
+    def _check_and_keep_best(self, logs: dict, lock: threading.Lock, elapsed_s: float) -> float | None:
+        """A check of the greedy policy (:meth:`check_policy`), written to ``policy_eval.csv``; ``best.pt``
+        when it beats every earlier one."""
+        ratio = self.check_policy(logs["policy_eval.csv"][1], lock, elapsed_s)
+        logs["policy_eval.csv"][0].flush()
+        if ratio is not None and (self.best_ratio is None or ratio < self.best_ratio):
+            self.save_best(ratio, elapsed_s)
+        return ratio
+
     def save_best(self, ratio: float, elapsed_s: float) -> Path:
         """``best.pt``: the weights at a policy check better than every earlier one (``ratio``: its mean
         cost over the lookup greedy's on the training tasks), without the learner's resume state."""
@@ -586,6 +596,7 @@ class AutoShardTrainer:
         if interval is None:   # checks measure plans: rarer where a measurement takes a second or more
             interval = 2000 if is_emulated(self.oracle) else 10000
         next_check = self.model.steps if interval else None
+        checked_at = None   # the step of the last policy check
         vs_greedy = None
         actors = []
         t_start = time.perf_counter()
@@ -673,14 +684,15 @@ class AutoShardTrainer:
                         f"model-err {100 * mape if mape is not None else float('nan'):.0f}% eps {self.episodes}"
                         + (f" argmax/greedy {vs_greedy:.3f}" if vs_greedy is not None else ""))
                 if next_check is not None and (self.model.steps >= next_check or self.model.steps >= total_steps):
-                    vs_greedy = self.check_policy(logs["policy_eval.csv"][1], oracle_lock, elapsed)
-                    logs["policy_eval.csv"][0].flush()
-                    if vs_greedy is not None and (self.best_ratio is None or vs_greedy < self.best_ratio):
-                        self.save_best(vs_greedy, elapsed)
-                    next_check = self.model.steps + interval
+                    vs_greedy = self._check_and_keep_best(logs, oracle_lock, elapsed)
+                    checked_at, next_check = self.model.steps, self.model.steps + interval
                 if time.perf_counter() - last_ckpt >= self.checkpoint_interval_s:
                     self.save(elapsed)
                     last_ckpt = time.perf_counter()
+            if next_check is not None and checked_at != self.model.steps:
+                # time up between two checks: the last weights are checked too, so that best.pt is never an
+                # earlier policy only because the run stopped before its next check
+                self._check_and_keep_best(logs, oracle_lock, self.elapsed_before + time.perf_counter() - t_start)
             if self.untrained_ms is not None:   # the trained model (steps done or time up) must beat its untrained self
                 costs = self.validation_costs(oracle_lock)
                 try:

@@ -224,3 +224,20 @@ def test_speedup_reward_bounded_queue_and_policy_checks_in_process(tiny):
     assert best.extra["best_ratio"] == pytest.approx(sum(ratio[best_step]) / len(ratio[best_step]), rel=1e-3)
     assert "optimizer" not in best.extra and "cost_buffer" not in best.extra   # planning weights only
     assert AutoShardModel.load(d / "speedup" / "model.pt").extra["best_ratio"] == best.extra["best_ratio"]
+
+
+def test_time_limit_between_checks_still_checks_the_last_weights(tiny):
+    """A run stopped by its time limit between two policy checks checks its last weights too, so best.pt is
+    never an earlier policy only because the next check did not come."""
+    d = tiny
+    ds = load_dataset(d / "ds", with_lookups=False)
+    tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)]
+    cfg = AutoShardConfig(unroll_length=10, batch_size=2, replay_ratio=1, eval_interval=10 ** 6)
+    with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1, comm_iters=3), d / "c4.sqlite") as ev:
+        trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, ev, d / "timed", log=lambda *_: None)
+        summary = trainer.run(10 ** 6, num_actors=2, time_limit_s=3.0)
+    assert trainer.timed_out and 20 < summary["steps"] < 10 ** 6
+    checks = list(csv.DictReader(open(d / "timed" / "policy_eval.csv")))
+    steps = sorted({int(r["step"]) for r in checks if r["alg"] == "policy"})
+    assert steps == [20, summary["steps"]]          # the first update's check, and the last weights'
+    assert AutoShardModel.load(d / "timed" / "best.pt").steps in steps
