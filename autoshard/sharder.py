@@ -54,12 +54,14 @@ class AutoShardModel:
                            max_memory_gb, precision, scaled_device_features=self.cfg.scaled_device_features,
                            relative_costs=self.cfg.relative_costs)
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike, extra: dict | None = None) -> None:
+        """The checkpoint, with ``extra`` in place of the model's own ``extra`` where given."""
+        extra = self.extra if extra is None else extra
         io.save_checkpoint({"method": METHOD, "version": VERSION, "config": self.cfg.to_dict(),
                        "scaler": self.scaler.to_state(), "cost_scale": float(self.cost_scale),
                        "net": self.net.state_dict(), "cost_model": self.cost_model.state_dict(),
-                       "steps": int(self.steps), "extra": self.extra,
-                       PRODUCED_BY: produced_by("train_autoshard.py", (self.extra.get("provenance") or {}).get("hardware"))},
+                       "steps": int(self.steps), "extra": extra,
+                       PRODUCED_BY: produced_by("train_autoshard.py", (extra.get("provenance") or {}).get("hardware"))},
                       path)
 
     @classmethod

@@ -538,17 +538,13 @@ class AutoShardTrainer:
         """``best.pt``: the weights at a policy check better than every earlier one (``ratio``: its mean
         cost over the lookup greedy's on the training tasks), without the learner's resume state."""
         self.best_ratio = float(ratio)
-        full = self.model.extra
-        self.model.extra = {"updates": self.updates, "episodes": self.episodes, "elapsed_s": float(elapsed_s),
-                            "ndevices": self.ndevices, "max_memory_gb": self.cap,
-                            "provenance": self._provenance(), "best_ratio": self.best_ratio,
-                            "selected": f"the greedy policy's check at step {self.model.steps} with the lowest mean "
-                                        f"cost over the lookup greedy's on the training tasks ({ratio:.4f})"}
-        try:
-            path = self.out_dir / "best.pt"
-            self.model.save(path)
-        finally:
-            self.model.extra = full
+        path = self.out_dir / "best.pt"
+        self.model.save(path, extra={
+            "updates": self.updates, "episodes": self.episodes, "elapsed_s": float(elapsed_s),
+            "ndevices": self.ndevices, "max_memory_gb": self.cap, "provenance": self._provenance(),
+            "best_ratio": self.best_ratio,
+            "selected": f"the greedy policy's check at step {self.model.steps} with the lowest mean cost over the "
+                        f"lookup greedy's on the training tasks ({ratio:.4f})"})
         return path
 
     def _open_logs(self, fresh: bool):
