@@ -637,6 +637,19 @@ def test_refinement_is_on_by_default_only_where_the_oracle_is_hardware():
     assert not load_sharder(oracle="measured").measures_candidates
 
 
+def test_default_types_by_landscape():
+    """On the measured oracle shardkit may split a table by rows (a lone heavy table's backward on a CPU
+    is per-id work, which a row split divides and a column split does not) but not replicate it (its
+    exchange model is not fitted on the gradient all-reduce); on the emulated one every type; named
+    types win either way."""
+    from shardkit_planner.search import ALL_TYPES
+
+    assert load_sharder(oracle="measured").types == ("table_wise", "column_wise", "row_wise")
+    assert load_sharder(oracle="emulated:h200").types == ALL_TYPES
+    assert load_sharder(oracle="measured", shardkit_types=["tw", "cw"]).types == ("table_wise", "column_wise")
+    assert "data_parallel" in load_sharder(oracle="measured", shardkit_types=["tw", "dp"]).types
+
+
 def test_measured_cpu_model_prices_a_column_piece_by_its_share_of_the_dim(data, tmp_path):
     """On a CPU fingerprint the fit uses the emulator's CPU feature family (every per-lookup term x dim):
     fitted on costs that follow lookups x dim, it prices half the dim at half the cost, where the GPU

@@ -145,6 +145,19 @@ class SetSummary:
     best: str | None = None
     bold: str | None = None
     why_not_bold: str = ""
+    # the best mean paired with the second best of any column, baselines or not: (runner-up, mean
+    # difference best - runner-up in ms, its 95% interval or None); None with fewer than two columns
+    runner_up: tuple[str, float, tuple[float, float] | None] | None = None
+
+    def runner_up_text(self) -> str:
+        """'-2.95 [-6.96, +0.06] vs X (not told apart)': the best against the next best column, whatever kind."""
+        if self.runner_up is None:
+            return "-"
+        name, diff, ci = self.runner_up
+        if ci is None:
+            return f"{diff:+.2f} vs {name} (no interval)"
+        told = "told apart" if ci[1] < 0 else "not told apart"
+        return f"{diff:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}] vs {name} ({told})"
 
     def cell(self, alg: str, bold: bool = True) -> str:
         """'mean±std (+x%)' as in the DreamShard paper's table, ``**`` where bold."""
@@ -166,7 +179,11 @@ class SetSummary:
     def to_json(self) -> dict:
         return {"task_set": self.task_set, "tasks_compared": list(self.tasks_compared),
                 "best_baseline": self.best_baseline, "best": self.best, "bold": self.bold,
-                "why_not_bold": self.why_not_bold, "algorithms": {a: s.to_json() for a, s in self.algs.items()}}
+                "why_not_bold": self.why_not_bold,
+                "runner_up": None if self.runner_up is None else {
+                    "alg": self.runner_up[0], "diff_ms": self.runner_up[1],
+                    "ci_ms": None if self.runner_up[2] is None else list(self.runner_up[2])},
+                "algorithms": {a: s.to_json() for a, s in self.algs.items()}}
 
 
 def summarize(results: Sequence[TaskResult], task_set: str = "", baseline: str = "random",
@@ -208,6 +225,10 @@ def summarize(results: Sequence[TaskResult], task_set: str = "", baseline: str =
                 s.vs = out.best_baseline
                 s.diff_ms, ci = paired(alg, out.best_baseline)
                 s.diff_lo_ms, s.diff_hi_ms = ci if ci is not None else (None, None)
+    if len(means) >= 2:
+        second = sorted(means, key=means.get)[1]
+        diff, ci = paired(out.best, second)
+        out.runner_up = (second, diff, ci if len(common) >= 2 else None)
     others = [a for a in means if a not in baselines]
     if len(common) < 2:
         out.why_not_bold = f"{len(common)} task(s) compared: no interval"
