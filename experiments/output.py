@@ -134,7 +134,8 @@ def _plan_cost(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], algs: list
               "only where it is told apart from the best baseline: paired task by task, the 95% bootstrap "
               "interval of the mean difference excludes zero (see the next table); otherwise the order is "
               "within the spread of the tasks. Test tasks hold no table of the training split; a method whose "
-              "original trains on every table of the dataset did so here too (the notes say which); DLRM-T (D) = T tables per task on D devices.", ""]
+              "original trains on every table of the dataset did so here too (the notes say which); DLRM-T (D) "
+              "= T tables per task on D devices.", ""]
     return lines
 
 
@@ -152,9 +153,8 @@ def _paired(outcomes: Sequence[SetOutcome], algs: list[str]) -> list[str]:
     lines += ["", "Each cell: the mean over the compared tasks of (the algorithm's cost − the best baseline's "
               "cost) in ms, task by task, and its 95% bootstrap interval [low, high]; negative = faster than "
               "the best baseline (the heuristic with the lowest mean: a greedy, random or TorchRec).", ""]
-    runner = [[o.ts.name, label(o.summary.best) if o.summary.best else "-",
-               o.summary.runner_up_text().replace(f" vs {o.summary.runner_up[0]}", f" vs {label(o.summary.runner_up[0])}")
-               if o.summary.runner_up else "-"] for o in outcomes]
+    runner = [[o.ts.name, label(o.summary.best) if o.summary.best else "-", o.summary.runner_up_text(label)]
+              for o in outcomes]
     if runner:
         lines += ["## The best against the runner-up", "",
                   report.format_table(["Task", "best mean", "best − runner-up, ms [95%] vs the runner-up"], runner), "",

@@ -97,7 +97,14 @@ def test_pipeline_end_to_end(tiny, capsys):
         else:
             assert bold == [config.label(st["bold"])] and algs[st["bold"]]["bold"] is True
             assert algs[st["bold"]]["mean_ms"] == min(a["mean_ms"] for a in algs.values())
+        # the best against the runner-up of any kind: the second-lowest mean, its paired difference
+        ru = st["runner_up"]
+        second = sorted(algs, key=lambda a: algs[a]["mean_ms"])[1]
+        assert ru["alg"] == second and ru["diff_ms"] == pytest.approx(
+            (costs[st["best"]] - costs[second]).mean(), abs=1e-3)
+        assert f"vs {config.label(second)} (" in md
     assert "## Paired with the best baseline" in md and "95% bootstrap interval" in md
+    assert "## The best against the runner-up" in md
     assert "## Paired with the best baseline" in printed and "| DLRM-10 (2)" in printed
     assert summary["finished"] is True and summary["scale"] == "tiny"
     assert {"machine", "date", "command", "versions", "timings_s"} <= set(summary)

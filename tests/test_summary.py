@@ -125,3 +125,5 @@ def test_the_best_is_paired_with_the_runner_up_of_any_kind():
     clear = report.summarize(_results({"lookup_greedy": [80, 95, 85, 70, 82], "shardkit": [70, 84, 76, 62, 71]}))
     assert clear.runner_up[0] == "lookup_greedy" and clear.runner_up_text().endswith("(told apart)")
     assert report.summarize(_results({"shardkit": [70, 84]})).runner_up is None
+    one = report.summarize(_results({"lookup_greedy": [80], "shardkit": [70]}))
+    assert one.runner_up == ("lookup_greedy", -10.0, None) and one.runner_up_text(str.upper).endswith("LOOKUP_GREEDY (no interval)")

@@ -149,11 +149,13 @@ class SetSummary:
     # difference best - runner-up in ms, its 95% interval or None); None with fewer than two columns
     runner_up: tuple[str, float, tuple[float, float] | None] | None = None
 
-    def runner_up_text(self) -> str:
-        """'-2.95 [-6.96, +0.06] vs X (not told apart)': the best against the next best column, whatever kind."""
+    def runner_up_text(self, label=str) -> str:
+        """'-2.95 [-6.96, +0.06] vs X (not told apart)': the best against the next best column, whatever
+        kind (``label`` names it)."""
         if self.runner_up is None:
             return "-"
         name, diff, ci = self.runner_up
+        name = label(name)
         if ci is None:
             return f"{diff:+.2f} vs {name} (no interval)"
         told = "told apart" if ci[1] < 0 else "not told apart"
@@ -227,8 +229,7 @@ def summarize(results: Sequence[TaskResult], task_set: str = "", baseline: str =
                 s.diff_lo_ms, s.diff_hi_ms = ci if ci is not None else (None, None)
     if len(means) >= 2:
         second = sorted(means, key=means.get)[1]
-        diff, ci = paired(out.best, second)
-        out.runner_up = (second, diff, ci if len(common) >= 2 else None)
+        out.runner_up = (second, *paired(out.best, second))   # no interval with one common task
     others = [a for a in means if a not in baselines]
     if len(common) < 2:
         out.why_not_bold = f"{len(common)} task(s) compared: no interval"
