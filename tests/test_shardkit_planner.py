@@ -415,7 +415,7 @@ def test_resolved_by_name_and_used_by_eval_and_plan(data, tmp_path, capsys):
     shardkit_cost_accuracy.main(["--records", str(out), "--task-path", str(tasks), "--data-dir", path,
                                  "--oracle", "emulated:h200", "--batch-size", str(B)])
     text = capsys.readouterr().out
-    assert "| all | 4 | 0.00 |" in text and "median over the plans: 1.000" in text
+    assert "| all | 4 | 0.00 | 0.00 | 1.000 | 1.000 |" in text and "median over the plans: 1.000" in text
     assert "(leave one task out): plan-cost MAPE 0.00% over 4 plans" in text
     # plan.py on a table_configs.json
     import plan as plan_script

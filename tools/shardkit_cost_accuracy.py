@@ -8,8 +8,9 @@
 
 Every measured record of the eval.py --out files (any algorithm, every sharding type) is rebuilt as
 its plan; the model predicts its per-device costs. Prints per algorithm and overall the MAPE of the
-plan cost (the slowest device) and of the device costs, and the within-task Spearman correlation of
-plan costs. Records of tasks whose tables the model was fitted on are not held out: fit the model
+plan cost (the slowest device) and of the device costs, the medians of measured / modelled compute
+and exchange per device (which part a bias is in), and the within-task Spearman correlation of plan
+costs. Records of tasks whose tables the model was fitted on are not held out: fit the model
 with --exclude-tasks naming the task file.
 """
 
@@ -86,19 +87,27 @@ def main(argv=None):
         if not 0 <= t < len(tasks):
             raise ShardError(f"record of task {t}: not in {args.task_path} ({len(tasks)} tasks)")
         tables = tasks[t].tables(ds.tables)
-        plan = record_plan(r, tables)
-        pred = model.device_costs(tables, plan)
-        true = np.array([sum(c) for c in r["device_costs_ms"]])
-        rows.append((r["alg"], t, float(pred.max()), float(r["cost_ms"]), pred, true))
+        shards = record_plan(r, tables).shard_tables(tables)
+        comp = model.shard_compute(shards)
+        pred = model.shard_costs(shards)
+        parts = np.asarray(r["device_costs_ms"], dtype=float)   # fw compute, fw exchange, bw exchange, bw compute
+        true = parts.sum(axis=1)
+        # per device measured / modelled, compute and exchange apart (devices with some of each)
+        c_ok, x_ok = comp > 0, pred - comp > 0
+        ratios = ((parts[:, 0] + parts[:, 3])[c_ok] / comp[c_ok], (parts[:, 1] + parts[:, 2])[x_ok] / (pred - comp)[x_ok])
+        rows.append((r["alg"], t, float(pred.max()), float(r["cost_ms"]), pred, true, ratios))
     print(f"{len(rows)} measured plans, model: {model.source} ({model.landscape}, batch {model.batch_size})")
-    print("| alg | plans | plan-cost MAPE % | device-cost MAPE % |")
-    print("|---|---|---|---|")
+    print("| alg | plans | plan-cost MAPE % | device-cost MAPE % | measured / modelled compute, median | "
+          "measured / modelled exchange, median |")
+    print("|---|---|---|---|---|---|")
     algs = sorted({a for a, *_ in rows}, key=lambda a: [x[0] for x in rows].index(a))
     for alg in algs + ["all"]:
         sel = [x for x in rows if alg == "all" or x[0] == alg]
         pm = mape([x[2] for x in sel], [x[3] for x in sel])
         dm = mape(np.concatenate([x[4] for x in sel]), np.concatenate([x[5] for x in sel]))
-        print(f"| {alg} | {len(sel)} | {pm:.2f} | {dm:.2f} |")
+        med = [np.concatenate([x[6][k] for x in sel]) for k in (0, 1)]
+        cr, xr = (f"{np.median(m):.3f}" if m.size else "-" for m in med)
+        print(f"| {alg} | {len(sel)} | {pm:.2f} | {dm:.2f} | {cr} | {xr} |")
     # the machine's speed drifts over hours: one factor for the run, taken from the *other* tasks' plans
     scale = float(np.median([x[3] / x[2] for x in rows if x[2] > 0]))
     loo = []
