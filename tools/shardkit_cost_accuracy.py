@@ -94,7 +94,8 @@ def main(argv=None):
         true = parts.sum(axis=1)
         # per device measured / modelled, compute and exchange apart (devices with some of each)
         c_ok, x_ok = comp > 0, pred - comp > 0
-        ratios = ((parts[:, 0] + parts[:, 3])[c_ok] / comp[c_ok], (parts[:, 1] + parts[:, 2])[x_ok] / (pred - comp)[x_ok])
+        ratios = ((parts[:, 0] + parts[:, 3])[c_ok] / comp[c_ok],
+                  (parts[:, 1] + parts[:, 2])[x_ok] / (pred - comp)[x_ok])
         rows.append((r["alg"], t, float(pred.max()), float(r["cost_ms"]), pred, true, ratios))
     print(f"{len(rows)} measured plans, model: {model.source} ({model.landscape}, batch {model.batch_size})")
     print("| alg | plans | plan-cost MAPE % | device-cost MAPE % | measured / modelled compute, median | "
