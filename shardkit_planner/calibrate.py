@@ -7,7 +7,10 @@ per device), drawn from the tables outside the tasks to avoid (each plan gives t
 shard and, where the oracle measures the exchange, one exchange per device at that size), then single
 shards shaped like the plans' ones (1 to twice the tasks' tables per device, about a third of the tables
 as column pieces of half or a quarter of their dim) until the cache holds ``TARGET_SHARDS`` usable ones
-or the budget is spent. A cache that already holds ``ENOUGH_SHARDS`` is fitted without measuring. The model is then fitted as
+or the budget is spent. A cache that already holds ``ENOUGH_SHARDS`` usable shards and, where the oracle
+measures the exchange, ``ENOUGH_PLANS`` plans of its device count outside the tasks is fitted without
+measuring; one that lacks only the plans gets the plans (the exchange is fitted per device count:
+another count's plans do not stand in). The model is then fitted as
 :func:`shardkit_planner.costmodel.fit_cost_model` fits it from any cache; where the oracle models the
 exchange (more plan devices than measuring devices) the fit takes the oracle's own exchange model.
 """
@@ -30,6 +33,7 @@ MIN_SHARDS = 24        # shards the fit gets at least (fit_cost_model's floor is
 TARGET_SHARDS = 160    # shards calibration measures up to, within its budget (the CPU family has 21 features)
 ENOUGH_SHARDS = TARGET_SHARDS // 2   # a cache holding this many usable shards is fitted without measuring
 PLAN_SIZES = 6         # plans at 1..6 tables per device, for the exchange at several sizes
+ENOUGH_PLANS = PLAN_SIZES // 2   # plans of the oracle's device count outside the tasks that a cache needs
 SPLIT_SHARE = 0.3      # share of a calibration shard's tables given as a column piece (dim / 2 or / 4)
 
 
@@ -58,6 +62,16 @@ def _usable(oracle, dataset, exclude) -> int:
     ctx = oracle.context
     return len(usable_shards(measurement_store(oracle), dataset, int(ctx.batch_size), hardware=ctx.hardware,
                              precision=ctx.precision, optimizer=ctx.optimizer, exclude_tables=exclude)[0])
+
+
+def _plans(oracle, dataset, exclude) -> int:
+    """Measured plans of the oracle's device count in its cache that the exchange fit may use."""
+    from .costmodel import exchange_samples
+
+    ctx, n = oracle.context, int(oracle.ndevices)
+    samples = exchange_samples(measurement_store(oracle), dataset, int(ctx.batch_size), hardware=ctx.hardware,
+                               precision=ctx.precision, optimizer=ctx.optimizer, exclude_tables=exclude)
+    return len(samples.get(n, [])) // n
 
 
 def _fit(oracle, dataset, data_dir, exclude) -> CostModel:
@@ -96,7 +110,8 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
     from tqdm import tqdm
 
     dataset, exclude, task_size, have = check_calibration(oracle, data_dir, exclude_task_files)
-    if have >= ENOUGH_SHARDS:   # calibrated before (or measured by other runs): fit on what is there
+    plans = _plans(oracle, dataset, exclude) if getattr(oracle, "comm_measured", False) else PLAN_SIZES
+    if have >= ENOUGH_SHARDS and plans >= ENOUGH_PLANS:   # calibrated before (or measured by other runs)
         return _fit(oracle, dataset, data_dir, exclude)
     pool = [i for i in range(dataset.num_tables) if i not in exclude]
     n = int(oracle.ndevices)
@@ -106,9 +121,11 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
     kmax = max(4, min(len(pool), int(round(2 * task_size / n)) if task_size else 4))
     t0 = time.perf_counter()
     sizes = [k for k in range(1, PLAN_SIZES + 1) if k * n <= len(pool)] or [1]
+    if plans >= ENOUGH_PLANS:
+        sizes = []
     measured = 0
     seen: set = set()
-    want = TARGET_SHARDS - have
+    want = TARGET_SHARDS - have if have < ENOUGH_SHARDS else 0
 
     def piece(i: int):
         t = tables[int(i)]

@@ -30,8 +30,10 @@ every model-parallel piece (per device the expected ids it sends and receives, 8
 one length per sample, :func:`~shardcore.oracles.commmodel.id_width`), backward the data-parallel gradient
 all-reduce (``2 (n-1)/n x rows x dim x bytes``, :func:`~shardcore.oracles.commmodel.allreduce_bytes`), one
 latency each. The constants are the emulated oracle's analytic ones (so on that landscape the model
-is the oracle exactly), or on the CPU a fit of the measured pooled all-to-alls (the cache's plan
-measurements, backward phase: the pooled exchange alone).
+is the oracle exactly), or on the CPU a fit of the measured exchanges of plans outside the tables to
+avoid (the cache's plan measurements, both phases: forward the pooled and id all-to-alls, backward the
+pooled one), one latency and bandwidth per device count (gloo's differ: on this project's 2-core CPU
+about 0.9 ms + bytes / 1.2 GB/s on 4 devices, 8 devices about 1.7 times slower at the same bytes).
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from typing import Sequence
 
 import numpy as np
 
-from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_comm_model, id_width as piece_id_width,
-                                 pooled_width, remote_bytes)
+from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_exchange_model, id_bytes,
+                                         id_width as piece_id_width, pooled_width, remote_bytes)
 from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, PIECE_DEVICE_KINDS, GpuComputeModel, fit_params, fit_weights, load_gpu_model, piece_device_kind, predict_devices,
                                 shard_features, table_arrays)
 from shardcore.errors import ShardError
@@ -103,6 +105,9 @@ class CostModel:
     # kind, each divided by its median, as kind_bias carries the bias}): a device holding replicas or
     # row-wise blocks draws from its kind's error in the objective (error_draws), the others from error
     kind_error: dict | None = field(default=None, repr=False)
+    # the exchange per device count ({ndevices: CommModel}, fitted on plans of that count; a fitted
+    # exchange's latency and bandwidth differ with the count on a CPU's gloo); ``comm`` for other counts
+    comm_by_devices: dict | None = None
     _cv_cache: dict = field(default_factory=dict, repr=False)
 
     def error_draws(self, ndevices: int, draws: int = ERROR_DRAWS, seed: int = 0) -> np.ndarray | None:
@@ -172,8 +177,12 @@ class CostModel:
     def comm_costs(self, dim_sums, extra=None, ids=None) -> np.ndarray:
         """fw + bw exchange (ms) per device (the last axis: devices; leading axes: candidate plans),
         from the pooled widths, the extra collective's bytes and the input-id widths."""
-        fw, bw = self.comm.exchange_ms(dim_sums, self.batch_size, ids, extra)
+        fw, bw = self.comm_for(np.shape(dim_sums)[-1]).exchange_ms(dim_sums, self.batch_size, ids, extra)
         return fw + bw
+
+    def comm_for(self, ndevices: int) -> CommModel:
+        """The exchange model of plans over ``ndevices`` devices (:attr:`comm_by_devices`, else :attr:`comm`)."""
+        return (self.comm_by_devices or {}).get(int(ndevices), self.comm)
 
     # -- whole plans -----------------------------------------------------------------------------
     def shard_costs(self, shards: Sequence[Sequence[TableConfig]]) -> np.ndarray:
@@ -195,7 +204,9 @@ class CostModel:
     def to_json(self) -> dict:
         return {"format": FORMAT, "landscape": self.landscape, "batch_size": int(self.batch_size),
                 "precision": self.precision, "source": self.source, "compute": self.compute.params,
-                "comm": self.comm.to_json(), "length_cv": self.length_cv}
+                "comm": self.comm.to_json(), "length_cv": self.length_cv,
+                **({"comm_by_devices": {str(n): c.to_json() for n, c in sorted(self.comm_by_devices.items())}}
+                   if self.comm_by_devices else {})}
 
     def save(self, path: str | os.PathLike) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -213,11 +224,13 @@ class CostModel:
             raise ShardError(f"{path}: not a readable shardkit cost model ({exc})") from None
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ShardError(f"{path}: not a shardkit cost model (format {obj.get('format') if isinstance(obj, dict) else None!r})")
+        def comm(c) -> CommModel:
+            return CommModel(float(c["bandwidth_gbps"]), float(c["latency_us"]), str(c.get("link", "")),
+                             str(c.get("source", "fitted")))
+
         try:
-            c = obj["comm"]
-            return cls(compute=GpuComputeModel(obj["compute"]),
-                       comm=CommModel(float(c["bandwidth_gbps"]), float(c["latency_us"]), str(c.get("link", "")),
-                                      str(c.get("source", "fitted"))),
+            by_n = {int(n): comm(c) for n, c in (obj.get("comm_by_devices") or {}).items()}
+            return cls(compute=GpuComputeModel(obj["compute"]), comm=comm(obj["comm"]), comm_by_devices=by_n or None,
                        batch_size=int(obj["batch_size"]), landscape=str(obj["landscape"]),
                        length_cv=obj.get("length_cv"), precision=str(obj.get("precision", "fp16")),
                        source=str(obj.get("source", "")))
@@ -271,9 +284,10 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
 
     Only shards whose tables are whole-row (table- or column-wise pieces) and none of whose tables is
     in ``exclude_tables`` (e.g. the test tables) are used. The exchange is fitted on the cache's plan
-    measurements (per device: max(bytes sent, received) of the pooled outputs and its measured
-    backward exchange, the pooled all-to-all alone); with fewer
-    than two sizes, ``comm_fallback`` (or an error) is used."""
+    measurements by the same rule (:func:`exchange_samples`: no plan holding an excluded table), both
+    phases at once (:func:`~shardcore.oracles.commmodel.fit_exchange_model`), once per device count
+    (:attr:`CostModel.comm_by_devices`) and once over all of them (:attr:`CostModel.comm`, for other
+    counts); with fewer than two sizes, ``comm_fallback`` (or an error) is used."""
     shards, fw, bw = usable_shards(cache, dataset, batch_size, hardware=hardware, precision=precision,
                                    optimizer=optimizer, exclude_tables=exclude_tables)
     if len(shards) < min_shards:
@@ -284,26 +298,55 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
                         card="cpu" if spec is CPU_SPEC else "measured",
                         fitted_on=f"{len(shards)} shard measurements ({hardware})", known_tables=None,
                         default_cv=default_cv)
-    samples = []
-    from shardcore.oracles.setting import dataset_digest
-
-    for p in cache.plan_entries(hardware=hardware, dataset=dataset_digest(dataset), batch_size=batch_size, precision=precision,
-                                optimizer=optimizer):
-        # the backward exchange of a stored plan (table- and column-wise only) is the pooled all-to-all
-        # alone; the forward adds the id all-to-all, priced from the same fitted constants
-        dims = [sum(int(d) for _i, _r, d in s) for s in p.shards]
-        for (sent, recv), costs in zip(remote_bytes(dims, batch_size), p.device_costs_ms):
-            samples.append((max(sent, recv), float(costs[2])))
+    by_n = exchange_samples(cache, dataset, batch_size, hardware=hardware, precision=precision, optimizer=optimizer,
+                            exclude_tables=exclude_tables)
+    link = "measured all-to-all (this machine)"
+    per_n = {}
+    for n, samples in sorted(by_n.items()):
+        try:
+            per_n[n] = fit_exchange_model(samples, link=f"{link}, {n} devices")
+        except ShardError:
+            pass
     try:
-        comm = fit_comm_model(samples, link="measured all-to-all (this machine)")
-        comm_src = f"{len(samples)} measured exchanges"
+        comm = fit_exchange_model([x for samples in by_n.values() for x in samples], link=link)
+        comm_src = (f"{sum(map(len, by_n.values()))} measured exchanges of plans outside the excluded tables "
+                    f"(per device count: {', '.join(f'{n}: {len(by_n[n])}' for n in per_n) or 'none'})")
     except ShardError:
         if comm_fallback is None:
             raise ShardError("the cache holds no plan measurements at two or more sizes to fit the exchange; "
                              "measure some plans (eval.py) first") from None
         comm, comm_src = comm_fallback, "the given exchange model (no plan measurements)"
     return CostModel(GpuComputeModel(params), comm, int(batch_size), landscape=MEASURED, length_cv=cvs,
-                     precision=precision, source=f"fitted: compute on {len(shards)} shards, comm on {comm_src}")
+                     precision=precision, comm_by_devices=per_n or None,
+                     source=f"fitted: compute on {len(shards)} shards, comm on {comm_src}")
+
+
+def exchange_samples(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
+                     optimizer: str = EXACT_SGD, exclude_tables: set[int] | None = None) -> dict[int, list]:
+    """The cache's measured exchanges a fit may use, per device count: of plans of whole-row pieces
+    (table- and column-wise, as the cache stores them) none of whose tables is in ``exclude_tables``;
+    per device ``(pooled bytes, id bytes, fw_ms, bw_ms)`` (each all-to-all's max of bytes sent and
+    received; :func:`~shardcore.oracles.commmodel.fit_exchange_model`'s samples)."""
+    from shardcore.oracles.setting import dataset_digest
+
+    exclude = exclude_tables or set()
+    out: dict[int, list] = {}
+    for p in cache.plan_entries(hardware=hardware, dataset=dataset_digest(dataset), batch_size=batch_size,
+                                precision=precision, optimizer=optimizer):
+        pieces = [[(int(i), int(r), int(d)) for i, r, d in s] for s in p.shards]
+        if any(not 0 <= i < dataset.num_tables or i in exclude or r != dataset.tables[i].row
+               for s in pieces for i, r, _d in s):
+            continue
+        n = len(pieces)
+        if n < 2:
+            continue
+        dims = np.array([sum(d for _i, _r, d in s) for s in pieces], dtype=float)
+        ids = np.array([sum(piece_id_width(dataset.tables[i].with_dim(d)) for i, _r, d in s) for s in pieces])
+        pooled = np.maximum(*[np.asarray(x, dtype=float) for x in zip(*remote_bytes(dims.astype(int), batch_size))])
+        idb = np.maximum(*id_bytes(ids, batch_size))
+        out.setdefault(n, []).extend((float(a), float(b), float(c[1]), float(c[2]))
+                                     for a, b, c in zip(pooled, idb, p.device_costs_ms))
+    return out
 
 
 def _fit_features(shards, batch_size: int, hardware: str, data_dir) -> tuple:

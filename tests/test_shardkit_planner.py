@@ -497,14 +497,31 @@ def test_emulated_model_is_the_oracle_on_every_type_and_device_count(data, model
     assert [model.id_width(p) for p in dp] == [0.0, 0.0] and [model.pooled_dim(p) for p in dp] == [0, 0]
 
 
+def _put_exchange_plans(cache, ctx, tables, truth, ndevices, count, start=0):
+    """``count`` table-wise plans over ``ndevices`` devices whose exchanges are ``truth``'s prices of
+    both phases (forward: pooled + id all-to-alls; backward: pooled), compute constant."""
+    from shardcore.oracles.commmodel import id_bytes, id_width, remote_bytes
+
+    for k in range(count):
+        shards = [tables[start + k * ndevices + d:start + k * ndevices + d + 1 + (d == 0) * (k % 3)]
+                  for d in range(ndevices)]
+        dims = [sum(t.dim for t in s) for s in shards]
+        sent, recv = id_bytes([sum(id_width(t) for t in s) for s in shards], B)
+        costs = []
+        for (ps, pr), idb in zip(remote_bytes(dims, B), np.maximum(sent, recv)):
+            pooled = truth.phase_ms(max(ps, pr))
+            costs.append([1.0, pooled + truth.phase_ms(idb), pooled, 2.0])
+        cache.put_plan(ctx, shards, costs)
+
+
 def test_measured_model_prices_ids_as_the_oracles_do_at_its_fitted_constants(data, tmp_path):
-    """On the measured landscape the exchange is fitted on the stored plans' backward (the pooled
-    all-to-all alone: the forward also carries the ids), and the ids are priced by the same convention
-    (commmodel.id_width), no longer a row-wise-only approximation folded into the all-reduce."""
+    """On the measured landscape the exchange is fitted on the stored plans' two phases at once (forward:
+    the pooled and id all-to-alls, one latency each; backward: the pooled one), and the ids are priced by
+    the same convention (commmodel.id_width) as every oracle."""
     from shardcore.types import CacheContext
     from shardcore.oracles.cache import CostCache
     from shardcore.oracles.setting import dataset_digest
-    from shardcore.oracles.commmodel import CommModel, id_width, remote_bytes
+    from shardcore.oracles.commmodel import CommModel, id_width
     from shardcore.dataset import load_dataset
     from shardcore.plan import Plan
     from shardkit_planner.costmodel import MEASURED, fit_cost_model
@@ -519,18 +536,12 @@ def test_measured_model_prices_ids_as_the_oracles_do_at_its_fitted_constants(dat
         look = sum(t.pooling_factor for t in shard)
         cache.put_shard(ctx, shard, 0.1 + 0.01 * look, 0.2 + 0.02 * look)
     truth = CommModel(bandwidth_gbps=2.0, latency_us=30.0)
-    for k in range(6):
-        shards = [tables[2 * k:2 * k + 2], tables[12 + k:13 + k]]
-        dims = [sum(t.dim for t in s) for s in shards]
-        costs = []
-        for sent, recv in remote_bytes(dims, B):
-            pooled = truth.phase_ms(max(sent, recv))
-            costs.append([1.0, pooled + 0.5, pooled, 2.0])     # the forward's extra 0.5: its ids
-        cache.put_plan(ctx, shards, costs)
+    _put_exchange_plans(cache, ctx, tables, truth, 2, 6)
     m = fit_cost_model(cache, ds, B, hardware="cpu-test", data_dir=path)
     assert m.landscape == MEASURED
     assert m.comm.bandwidth_gbps == pytest.approx(2.0, rel=1e-6)
     assert m.comm.latency_us == pytest.approx(30.0, rel=1e-6)
+    assert m.comm_for(2).bandwidth_gbps == pytest.approx(2.0, rel=1e-6)
     task = [t for t in tables if t.pooling_factor > 0][:3]
     plan = Plan.from_shardings(task, [row_wise([0, 1]), table_wise(1), data_parallel(2)], 2)
     shards = plan.shard_tables(task)
@@ -541,6 +552,48 @@ def test_measured_model_prices_ids_as_the_oracles_do_at_its_fitted_constants(dat
     ar = [sum(m.extra_bytes(p, 2) for p in s) for s in shards]
     fw, bw = m.comm.exchange_ms(dims, B, ids, ar)
     np.testing.assert_allclose(m.shard_costs(shards) - m.shard_compute(shards), fw + bw, rtol=1e-12)
+
+
+def test_measured_exchange_is_fitted_per_device_count_without_excluded_tables(data, tmp_path):
+    """gloo's exchange on a CPU is not one line across device counts: each count gets its own fit (kept
+    through save and load), another count falls back to the fit over all, and a plan holding an
+    excluded (test) table never enters the fit."""
+    from shardcore.types import CacheContext
+    from shardcore.oracles.cache import CostCache
+    from shardcore.oracles.setting import dataset_digest
+    from shardcore.oracles.commmodel import CommModel
+    from shardcore.dataset import load_dataset
+    from shardkit_planner.costmodel import CostModel, exchange_samples, fit_cost_model
+
+    path, tables = data
+    ds = load_dataset(path)
+    ctx = CacheContext("cpu-test", dataset_digest(ds), B, "exact_sgd", "fp16")
+    cache = CostCache(tmp_path / "c.sqlite")
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        shard = [tables[int(i)] for i in rng.choice(len(tables), 3, replace=False)]
+        cache.put_shard(ctx, shard, 0.5, 1.0)
+    two, four = CommModel(bandwidth_gbps=2.0, latency_us=30.0), CommModel(bandwidth_gbps=0.5, latency_us=900.0)
+    _put_exchange_plans(cache, ctx, tables, two, 2, 5)
+    _put_exchange_plans(cache, ctx, tables, four, 4, 4, start=14)
+    # a 4-device plan holding table 0 at a wildly different price: left out once table 0 is excluded
+    _put_exchange_plans(cache, ctx, [tables[0]] + tables[20:], CommModel(bandwidth_gbps=50.0, latency_us=1.0), 4, 1)
+    m = fit_cost_model(cache, ds, B, hardware="cpu-test", data_dir=path, exclude_tables={0})
+    assert sorted(m.comm_by_devices) == [2, 4]
+    for n, truth in ((2, two), (4, four)):
+        assert m.comm_for(n).bandwidth_gbps == pytest.approx(truth.bandwidth_gbps, rel=1e-6)
+        assert m.comm_for(n).latency_us == pytest.approx(truth.latency_us, rel=1e-6)
+    assert m.comm_for(3) is m.comm and m.comm.bandwidth_gbps not in (2.0, 0.5)
+    assert len(exchange_samples(cache, ds, B, hardware="cpu-test", exclude_tables={0})[4]) == 16
+    assert len(exchange_samples(cache, ds, B, hardware="cpu-test")[4]) == 20
+    dims, ids = np.array([[64.0, 32.0, 16.0, 8.0]]), np.array([[3.0, 2.0, 1.0, 5.0]])
+    fw, bw = four.exchange_ms(dims, B, ids)
+    np.testing.assert_allclose(m.comm_costs(dims, None, ids), fw + bw, rtol=1e-9)
+    m.save(tmp_path / "m.json")
+    back = CostModel.load(tmp_path / "m.json")
+    assert {n: (c.bandwidth_gbps, c.latency_us) for n, c in back.comm_by_devices.items()} == \
+        {n: (c.bandwidth_gbps, c.latency_us) for n, c in m.comm_by_devices.items()}
+    np.testing.assert_allclose(back.comm_costs(dims, None, ids), m.comm_costs(dims, None, ids), rtol=1e-12)
 
 
 def test_emulated_model_is_the_oracle_on_row_wise_and_data_parallel_plans(data, model):

@@ -332,6 +332,31 @@ def fit_comm_model(samples: Sequence[tuple[int, float]], link: str) -> CommModel
     return CommModel(bandwidth_gbps=1e-6 / slope, latency_us=intercept * 1e3, link=link, source="fitted")
 
 
+def fit_exchange_model(samples: Sequence[tuple[float, float, float, float]], link: str) -> CommModel:
+    """Least-squares fit of one ``latency`` and one ``bandwidth`` to a training step's measured exchanges,
+    both phases at once, as :meth:`CommModel.exchange_ms` prices them: per device ``(pooled, ids, fw_ms,
+    bw_ms)``, ``pooled`` and ``ids`` the maxima of bytes sent and received of the pooled-output and the
+    input-id all-to-alls, ``fw_ms = 2 latency + (pooled + ids) / bandwidth`` (two all-to-alls) and
+    ``bw_ms = latency + pooled / bandwidth`` (the pooled gradients back; no replicas in the samples).
+
+    Needs at least two distinct byte counts; a negative latency is refitted at 0, a non-positive slope
+    clipped as in :func:`fit_comm_model`."""
+    import numpy as np
+
+    pts = [tuple(float(v) for v in s) for s in samples if s[0] > 0]
+    if len({p[0] for p in pts}) < 2:
+        raise ShardError("fitting the exchange model needs measurements at two or more sizes")
+    a = np.array(pts)
+    lat = np.concatenate([np.full(len(a), 2.0), np.ones(len(a))])
+    x = np.concatenate([a[:, 0] + a[:, 1], a[:, 0]])
+    y = np.concatenate([a[:, 2], a[:, 3]])
+    (intercept, slope), *_ = np.linalg.lstsq(np.stack([lat, x], axis=1), y, rcond=None)
+    if intercept < 0:
+        intercept, slope = 0.0, float(x @ y / (x @ x))
+    slope = max(float(slope), 1e-9)
+    return CommModel(bandwidth_gbps=1e-6 / slope, latency_us=float(intercept) * 1e3, link=link, source="fitted")
+
+
 def comm_splits(dim_sums: Sequence[int], batch_size: int, device: int) -> CommSplits:
     """The all-to-all split sizes of ``device`` when device ``d`` holds tables of total dim ``dim_sums[d]``."""
     n = len(dim_sums)
