@@ -394,6 +394,30 @@ def compute_fit_errors(cache, dataset, batch_size: int, *, hardware: str, precis
     return out
 
 
+def exchange_fit_errors(cache, dataset, batch_size: int, model: CostModel, *, hardware: str, precision: str = "fp16",
+                        optimizer: str = EXACT_SGD, exclude_tables: set[int] | None = None) -> dict[int, dict]:
+    """How well ``model``'s exchange follows the cache's measured exchanges, per device count: per-device
+    MAPE (%) of the forward and backward phases on the plans the fit may use (``in_fw``, ``in_bw``, over
+    ``in_devices``) and on the plans holding an excluded table (``held_fw``, ``held_bw``, over
+    ``held_devices``: held out, e.g. the test plans), each as :meth:`CostModel.comm_for` prices it."""
+    allowed = exchange_samples(cache, dataset, batch_size, hardware=hardware, precision=precision,
+                               optimizer=optimizer, exclude_tables=exclude_tables)
+    every = exchange_samples(cache, dataset, batch_size, hardware=hardware, precision=precision, optimizer=optimizer)
+    out: dict[int, dict] = {}
+    for n in sorted(every):
+        comm = model.comm_for(n)
+        lat, slope = comm.latency_us * 1e-3, 1e-6 / comm.bandwidth_gbps
+        fit_set = {tuple(x) for x in allowed.get(n, [])}
+        row = {"latency_us": comm.latency_us, "bandwidth_gbps": comm.bandwidth_gbps, "own": n in (model.comm_by_devices or {})}
+        for name, samples in (("in", allowed.get(n, [])), ("held", [x for x in every[n] if tuple(x) not in fit_set])):
+            a = np.asarray(samples, dtype=float).reshape(-1, 4)
+            row[f"{name}_devices"] = len(a)
+            row[f"{name}_fw"] = mape(2 * lat + (a[:, 0] + a[:, 1]) * slope, a[:, 2]) if len(a) else math.nan
+            row[f"{name}_bw"] = mape(lat + a[:, 0] * slope, a[:, 3]) if len(a) else math.nan
+        out[n] = row
+    return out
+
+
 def mape(pred: Sequence[float], true: Sequence[float]) -> float:
     p, t = np.asarray(pred, dtype=float), np.asarray(true, dtype=float)
     keep = t > 0

@@ -1289,3 +1289,55 @@ def test_records_scored_before_the_replica_law_took_a_cost_per_replica_are_not_r
     assert "shardkit: 5.1% below the best anchor (torchrec)" in shardkit_compare.summarize(path, "shardkit", None)
     with pytest.raises(ShardError, match="earlier emulator .*cannot rejudge"):
         shardkit_compare.summarize(path, "shardkit", None, rejudge_fit="devices")
+
+
+def test_calibration_measures_plans_of_a_device_count_its_cache_lacks(data, tmp_path):
+    """A cache with enough shards but no plans of the oracle's device count outside the tasks is not
+    fitted as it is: calibration measures plans of that count (no more shards), so the exchange the
+    planner prices is fitted on its own device count; a second call measures nothing."""
+    from shardcore.oracles.cache import CachedOracle, CostCache
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
+    from shardcore.tasks import Task, save_tasks
+    from shardcore.dataset import load_dataset
+    from shardcore.oracles.setting import dataset_digest
+    from shardkit_planner.calibrate import ENOUGH_PLANS, calibrated_model
+
+    class Measuring(EmulatedOracle):          # the emulated oracle standing in for one that measures
+        comm_measured = True
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, fit="full", **kw)
+            self.plans_asked = self.shards_asked = 0
+
+        @property
+        def context(self):   # keyed as a measuring oracle's: by the dataset calibration loads
+            return dataclasses.replace(super().context, dataset=dataset_digest(load_dataset(path)))
+
+        def evaluate(self, shards, no_cache=None, *, compute=None):
+            self.plans_asked += 1
+            self.in_plan = True
+            try:
+                return super().evaluate(shards, no_cache, compute=compute)
+            finally:
+                self.in_plan = False
+
+        def measure_shards(self, shards, no_cache=None, **kw):   # single shards, not a plan's devices
+            self.shards_asked += 0 if getattr(self, "in_plan", False) else sum(1 for s in shards if s)
+            return super().measure_shards(shards, no_cache, **kw)
+
+    path, tables = data
+    tasks = tmp_path / "test.txt"
+    save_tasks(tasks, [Task((0, 1, 2, 3))])
+    cache = CostCache(tmp_path / "c.sqlite")
+    two = Measuring(path, 2, batch_size=B)
+    m2 = calibrated_model(CachedOracle(two, cache), path, [str(tasks)], budget_s=60, progress=False)
+    assert two.plans_asked >= ENOUGH_PLANS and two.shards_asked > 0 and sorted(m2.comm_by_devices) == [2]
+    three = Measuring(path, 3, batch_size=B)
+    m3 = calibrated_model(CachedOracle(three, cache), path, [str(tasks)], budget_s=60, progress=False)
+    assert three.plans_asked >= ENOUGH_PLANS and three.shards_asked == 0   # plans only: the shards were there
+    assert sorted(m3.comm_by_devices) == [2, 3]
+    again = Measuring(path, 3, batch_size=B)
+    calibrated_model(CachedOracle(again, cache), path, [str(tasks)], budget_s=60, progress=False)
+    assert again.plans_asked == again.shards_asked == 0
+    # no plan the fit used holds a table of the tasks
+    assert all(not {i for s in p.shards for i, _r, _d in s} & {0, 1, 2, 3} for p in cache.plan_entries())

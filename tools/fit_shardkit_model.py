@@ -7,8 +7,8 @@
 Compute: the shard measurements the cache holds for the dataset at the batch (e.g. from
 collect_compute_cost_data.py, which draws from the training pool of tables), fitted with the emulator's
 features and non-negative least squares (shardkit_planner/costmodel.py). Exchange: the cache's plan
-measurements (eval.py runs). Shards with a table of an --exclude-tasks file are left out, so the test
-tables stay unseen. Writes the model atomically (JSON) and prints what it was fitted on.
+measurements (eval.py runs), both phases, one latency and bandwidth per device count. Shards and plans
+with a table of an --exclude-tasks file are left out, so the test tables stay unseen. Writes the model atomically (JSON) and prints what it was fitted on.
 """
 
 import argparse
@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the model goes (default models/shardkit/cpu_cost_model.json)")
     p.add_argument("--report", action="store_true",
                    help="also print the compute fit's in-sample MAPE and its 5-fold MAPE by table (a shard "
-                        "predicted by a fit on the shards that share no table of its fold)")
+                        "predicted by a fit on the shards that share no table of its fold), and the "
+                        "exchange's per-device MAPE per device count, on the plans it was fitted on and on "
+                        "those holding an excluded table")
     return p
 
 
@@ -50,7 +52,7 @@ def main(argv=None):
     check_out_file(args, args.out)   # never the cache or a task file it reads
     from shardcore.oracles.cache import CostCache
     from shardcore.oracles.setting import dataset_digest
-    from shardkit_planner.costmodel import compute_fit_errors, fit_cost_model
+    from shardkit_planner.costmodel import compute_fit_errors, exchange_fit_errors, fit_cost_model
 
     if not os.path.isfile(args.cache_path):
         raise ShardError(f"--cache-path {args.cache_path}: no such file")
@@ -74,12 +76,22 @@ def main(argv=None):
         if args.report:
             e = compute_fit_errors(cache, ds, batch, hardware=hws[0], precision=args.weights_precision,
                                    optimizer=args.optimizer, data_dir=args.data_dir, exclude_tables=exclude)
+            x = exchange_fit_errors(cache, ds, batch, model, hardware=hws[0], precision=args.weights_precision,
+                                    optimizer=args.optimizer, exclude_tables=exclude)
     model.save(args.out)
     print(f"fitted on {hws[0]}: {model.source}; exchange {model.comm.describe()}")
+    for n, comm in sorted((model.comm_by_devices or {}).items()):
+        print(f"  exchange on {n} devices: {comm.describe()}")
     if args.report:
         print(f"compute fit on its {e['shards']} shards: in-sample MAPE forward {e['in_fw']:.2f}%, backward "
               f"{e['in_bw']:.2f}%, fw+bw {e['in_total']:.2f}%; 5-fold by table: fw+bw {e['cv_total']:.2f}% "
               f"over {e['cv_predictions']} held-out predictions")
+        for n, r in x.items():
+            fit = "its own fit" if r["own"] else "the fit over all device counts"
+            held = (f"; on the {r['held_devices']} of plans holding an excluded table (held out) {r['held_fw']:.1f} / "
+                    f"{r['held_bw']:.1f}%" if r["held_devices"] else "")
+            print(f"exchange on {n} devices ({fit}): per-device MAPE forward / backward on the {r['in_devices']} "
+                  f"devices it may use {r['in_fw']:.1f} / {r['in_bw']:.1f}%{held}")
     print(f"wrote {args.out}")
 
 
