@@ -497,6 +497,25 @@ def test_emulated_model_is_the_oracle_on_every_type_and_device_count(data, model
     assert [model.id_width(p) for p in dp] == [0.0, 0.0] and [model.pooled_dim(p) for p in dp] == [0, 0]
 
 
+def _cache_with_shards(data, tmp_path, cost):
+    """A measurement cache of the ``data`` dataset holding 25 random 3-table shards, ``cost(shard)`` ->
+    (fw_ms, bw_ms); returns (path, tables, dataset, context, cache)."""
+    from shardcore.types import CacheContext
+    from shardcore.oracles.cache import CostCache
+    from shardcore.oracles.setting import dataset_digest
+    from shardcore.dataset import load_dataset
+
+    path, tables = data
+    ds = load_dataset(path)
+    ctx = CacheContext("cpu-test", dataset_digest(ds), B, "exact_sgd", "fp16")
+    cache = CostCache(tmp_path / "c.sqlite")
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        shard = [tables[int(i)] for i in rng.choice(len(tables), 3, replace=False)]
+        cache.put_shard(ctx, shard, *cost(shard))
+    return path, tables, ds, ctx, cache
+
+
 def _put_exchange_plans(cache, ctx, tables, truth, ndevices, count, start=0):
     """``count`` table-wise plans over ``ndevices`` devices whose exchanges are ``truth``'s prices of
     both phases (forward: pooled + id all-to-alls; backward: pooled), compute constant."""
@@ -518,23 +537,15 @@ def test_measured_model_prices_ids_as_the_oracles_do_at_its_fitted_constants(dat
     """On the measured landscape the exchange is fitted on the stored plans' two phases at once (forward:
     the pooled and id all-to-alls, one latency each; backward: the pooled one), and the ids are priced by
     the same convention (commmodel.id_width) as every oracle."""
-    from shardcore.types import CacheContext
-    from shardcore.oracles.cache import CostCache
-    from shardcore.oracles.setting import dataset_digest
     from shardcore.oracles.commmodel import CommModel, id_width
-    from shardcore.dataset import load_dataset
     from shardcore.plan import Plan
     from shardkit_planner.costmodel import MEASURED, fit_cost_model
 
-    path, tables = data
-    ds = load_dataset(path)
-    ctx = CacheContext("cpu-test", dataset_digest(ds), B, "exact_sgd", "fp16")
-    cache = CostCache(tmp_path / "c.sqlite")
-    rng = np.random.default_rng(0)
-    for _ in range(25):
-        shard = [tables[int(i)] for i in rng.choice(len(tables), 3, replace=False)]
+    def cost(shard):
         look = sum(t.pooling_factor for t in shard)
-        cache.put_shard(ctx, shard, 0.1 + 0.01 * look, 0.2 + 0.02 * look)
+        return 0.1 + 0.01 * look, 0.2 + 0.02 * look
+
+    path, tables, ds, ctx, cache = _cache_with_shards(data, tmp_path, cost)
     truth = CommModel(bandwidth_gbps=2.0, latency_us=30.0)
     _put_exchange_plans(cache, ctx, tables, truth, 2, 6)
     m = fit_cost_model(cache, ds, B, hardware="cpu-test", data_dir=path)
@@ -558,21 +569,10 @@ def test_measured_exchange_is_fitted_per_device_count_without_excluded_tables(da
     """gloo's exchange on a CPU is not one line across device counts: each count gets its own fit (kept
     through save and load), another count falls back to the fit over all, and a plan holding an
     excluded (test) table never enters the fit."""
-    from shardcore.types import CacheContext
-    from shardcore.oracles.cache import CostCache
-    from shardcore.oracles.setting import dataset_digest
     from shardcore.oracles.commmodel import CommModel
-    from shardcore.dataset import load_dataset
     from shardkit_planner.costmodel import CostModel, exchange_samples, fit_cost_model
 
-    path, tables = data
-    ds = load_dataset(path)
-    ctx = CacheContext("cpu-test", dataset_digest(ds), B, "exact_sgd", "fp16")
-    cache = CostCache(tmp_path / "c.sqlite")
-    rng = np.random.default_rng(0)
-    for _ in range(25):
-        shard = [tables[int(i)] for i in rng.choice(len(tables), 3, replace=False)]
-        cache.put_shard(ctx, shard, 0.5, 1.0)
+    path, tables, ds, ctx, cache = _cache_with_shards(data, tmp_path, lambda shard: (0.5, 1.0))
     two, four = CommModel(bandwidth_gbps=2.0, latency_us=30.0), CommModel(bandwidth_gbps=0.5, latency_us=900.0)
     _put_exchange_plans(cache, ctx, tables, two, 2, 5)
     _put_exchange_plans(cache, ctx, tables, four, 4, 4, start=14)
