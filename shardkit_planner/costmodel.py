@@ -323,10 +323,11 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
 
 
 def exchange_samples(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
-                     optimizer: str = EXACT_SGD, exclude_tables: set[int] | None = None) -> dict[int, list]:
+                     optimizer: str = EXACT_SGD, exclude_tables: set[int] | None = None,
+                     held_out: bool = False) -> dict[int, list]:
     """The cache's measured exchanges a fit may use, per device count: of plans of whole-row pieces
-    (table- and column-wise, as the cache stores them) none of whose tables is in ``exclude_tables``;
-    per device ``(pooled bytes, id bytes, fw_ms, bw_ms)`` (each all-to-all's max of bytes sent and
+    (table- and column-wise, as the cache stores them) none of whose tables is in ``exclude_tables``
+    (``held_out``: the others, those holding one of them); per device ``(pooled bytes, id bytes, fw_ms, bw_ms)`` (each all-to-all's max of bytes sent and
     received; :func:`~shardcore.oracles.commmodel.fit_exchange_model`'s samples)."""
     from shardcore.oracles.setting import dataset_digest
 
@@ -335,8 +336,9 @@ def exchange_samples(cache, dataset, batch_size: int, *, hardware: str, precisio
     for p in cache.plan_entries(hardware=hardware, dataset=dataset_digest(dataset), batch_size=batch_size,
                                 precision=precision, optimizer=optimizer):
         pieces = [[(int(i), int(r), int(d)) for i, r, d in s] for s in p.shards]
-        if any(not 0 <= i < dataset.num_tables or i in exclude or r != dataset.tables[i].row
-               for s in pieces for i, r, _d in s):
+        if any(not 0 <= i < dataset.num_tables or r != dataset.tables[i].row for s in pieces for i, r, _d in s):
+            continue
+        if any(i in exclude for s in pieces for i, _r, _d in s) != held_out:
             continue
         n = len(pieces)
         if n < 2:
@@ -401,16 +403,15 @@ def exchange_fit_errors(cache, dataset, batch_size: int, model: CostModel, *, ha
     MAPE (%) of the forward and backward phases on the plans the fit may use (``in_fw``, ``in_bw``, over
     ``in_devices``) and on the plans holding an excluded table (``held_fw``, ``held_bw``, over
     ``held_devices``: held out, e.g. the test plans), each as :meth:`CostModel.comm_for` prices it."""
-    allowed = exchange_samples(cache, dataset, batch_size, hardware=hardware, precision=precision,
-                               optimizer=optimizer, exclude_tables=exclude_tables)
-    every = exchange_samples(cache, dataset, batch_size, hardware=hardware, precision=precision, optimizer=optimizer)
+    allowed, held = (exchange_samples(cache, dataset, batch_size, hardware=hardware, precision=precision,
+                                      optimizer=optimizer, exclude_tables=exclude_tables, held_out=h)
+                     for h in (False, True))
     out: dict[int, dict] = {}
-    for n in sorted(every):
+    for n in sorted(set(allowed) | set(held)):
         comm = model.comm_for(n)
         lat, slope = comm.latency_us * 1e-3, 1e-6 / comm.bandwidth_gbps
-        fit_set = {tuple(x) for x in allowed.get(n, [])}
         row = {"latency_us": comm.latency_us, "bandwidth_gbps": comm.bandwidth_gbps, "own": n in (model.comm_by_devices or {})}
-        for name, samples in (("in", allowed.get(n, [])), ("held", [x for x in every[n] if tuple(x) not in fit_set])):
+        for name, samples in (("in", allowed.get(n, [])), ("held", held.get(n, []))):
             a = np.asarray(samples, dtype=float).reshape(-1, 4)
             row[f"{name}_devices"] = len(a)
             row[f"{name}_fw"] = mape(2 * lat + (a[:, 0] + a[:, 1]) * slope, a[:, 2]) if len(a) else math.nan

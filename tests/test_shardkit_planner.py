@@ -570,7 +570,7 @@ def test_measured_exchange_is_fitted_per_device_count_without_excluded_tables(da
     through save and load), another count falls back to the fit over all, and a plan holding an
     excluded (test) table never enters the fit."""
     from shardcore.oracles.commmodel import CommModel
-    from shardkit_planner.costmodel import CostModel, exchange_samples, fit_cost_model
+    from shardkit_planner.costmodel import CostModel, exchange_fit_errors, exchange_samples, fit_cost_model
 
     path, tables, ds, ctx, cache = _cache_with_shards(data, tmp_path, lambda shard: (0.5, 1.0))
     two, four = CommModel(bandwidth_gbps=2.0, latency_us=30.0), CommModel(bandwidth_gbps=0.5, latency_us=900.0)
@@ -586,6 +586,12 @@ def test_measured_exchange_is_fitted_per_device_count_without_excluded_tables(da
     assert m.comm_for(3) is m.comm and m.comm.bandwidth_gbps not in (2.0, 0.5)
     assert len(exchange_samples(cache, ds, B, hardware="cpu-test", exclude_tables={0})[4]) == 16
     assert len(exchange_samples(cache, ds, B, hardware="cpu-test")[4]) == 20
+    assert len(exchange_samples(cache, ds, B, hardware="cpu-test", exclude_tables={0}, held_out=True)[4]) == 4
+    errors = exchange_fit_errors(cache, ds, B, m, hardware="cpu-test", exclude_tables={0})
+    # the first 2-device plan holds table 0 too, priced by the 2-device truth; the odd 4-device one is not
+    assert errors[4]["in_devices"] == 16 and errors[4]["held_devices"] == 4 and errors[2]["held_devices"] == 2
+    assert errors[4]["in_fw"] == pytest.approx(0.0, abs=1e-6) and errors[4]["held_fw"] > 1.0
+    assert errors[2]["held_fw"] == pytest.approx(0.0, abs=1e-6)
     dims, ids = np.array([[64.0, 32.0, 16.0, 8.0]]), np.array([[3.0, 2.0, 1.0, 5.0]])
     fw, bw = four.exchange_ms(dims, B, ids)
     np.testing.assert_allclose(m.comm_costs(dims, None, ids), fw + bw, rtol=1e-9)
