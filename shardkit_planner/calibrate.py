@@ -2,21 +2,25 @@
 the measurement cache holds too little to fit one, measure what the fit needs, through the oracle (and so
 through its cache, where the next run finds it), within a time budget, never on the tables to avoid.
 
-What is measured: table-wise plans of the oracle's device count, at several sizes (1, 2, 3, ... tables
-per device), drawn from the tables outside the tasks to avoid (each plan gives the compute of every device's
-shard and, where the oracle measures the exchange, one exchange per device at that size), then single
+What is measured: table-wise plans of the oracle's device count, at several sizes (:func:`plan_sizes`: from
+1 table per device to as many as the largest task puts on a device, so that the exchange is fitted over the
+sizes it will price rather than extrapolated to them), drawn from the tables outside the tasks to avoid
+(each plan gives the compute of every device's shard and, where the oracle measures the exchange, one
+exchange per device at that size), then single
 shards shaped like the plans' ones (1 to twice the tasks' tables per device, about a third of the tables
 as column pieces of half or a quarter of their dim) until the cache holds ``TARGET_SHARDS`` usable ones
 or the budget is spent. A cache that already holds ``ENOUGH_SHARDS`` usable shards and, where the oracle
-measures the exchange, ``ENOUGH_PLANS`` plans of its device count outside the tasks is fitted without
-measuring; one that lacks only the plans gets the plans (the exchange is fitted per device count:
-another count's plans do not stand in). The model is then fitted as
+measures the exchange, ``ENOUGH_PLANS`` plans of its device count outside the tasks, the largest of them
+holding at least half the largest calibration size per device, is fitted without measuring; one that
+lacks only the plans gets the plans (the exchange is fitted per device count: another count's plans do
+not stand in, and small plans alone would leave the tasks' exchanges to extrapolation). The model is then fitted as
 :func:`shardkit_planner.costmodel.fit_cost_model` fits it from any cache; where the oracle models the
 exchange (more plan devices than measuring devices) the fit takes the oracle's own exchange model.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Sequence
@@ -32,18 +36,31 @@ from .costmodel import CostModel, fit_cost_model
 MIN_SHARDS = 24        # shards the fit gets at least (fit_cost_model's floor is 20)
 TARGET_SHARDS = 160    # shards calibration measures up to, within its budget (the CPU family has 21 features)
 ENOUGH_SHARDS = TARGET_SHARDS // 2   # a cache holding this many usable shards is fitted without measuring
-PLAN_SIZES = 6         # plans at 1..6 tables per device, for the exchange at several sizes
+PLAN_SIZES = 6         # calibration plans, at sizes from 1 table per device to the largest task's (plan_sizes)
 ENOUGH_PLANS = PLAN_SIZES // 2   # plans of the oracle's device count outside the tasks that a cache needs
 SPLIT_SHARE = 0.3      # share of a calibration shard's tables given as a column piece (dim / 2 or / 4)
 
 
 def excluded_tables(task_files: Sequence[str] | None, num_tables: int) -> set[int]:
     """The tables of ``task_files`` (files that do not exist are skipped)."""
-    return _task_stats(task_files, num_tables)[0]
+    return _task_tables(task_files, num_tables)[0]
 
 
-def _task_stats(task_files: Sequence[str] | None, num_tables: int) -> tuple[set[int], float | None]:
-    """The tables of ``task_files`` and their tasks' mean size (None without tasks)."""
+def plan_sizes(ndevices: int, pool: int, largest_task: int | None) -> list[int]:
+    """Tables per device of the calibration plans: ``PLAN_SIZES`` sizes spread geometrically from 1 to
+    as many as the largest task puts on a device (at least ``PLAN_SIZES``; 1..``PLAN_SIZES`` without
+    tasks), none needing more than the ``pool`` tables there are to draw from. (Until 2026-11-29 always
+    1..6: on the CPU's 4-device sets the tasks' exchanges carried 1-7 MB a device where those plans
+    reached 1.2 MB, and the fitted latency and bandwidth, extrapolated, moved 2x between two runs.)"""
+    top = max(PLAN_SIZES, math.ceil(largest_task / ndevices)) if largest_task else PLAN_SIZES
+    top = max(1, min(top, pool // max(1, ndevices)))
+    if top <= PLAN_SIZES:
+        return list(range(1, top + 1))
+    return sorted({int(round(x)) for x in np.geomspace(1, top, PLAN_SIZES)})
+
+
+def _task_tables(task_files: Sequence[str] | None, num_tables: int) -> tuple[set[int], list[int]]:
+    """The tables of ``task_files`` and the size of every task."""
     from shardcore.tasks import load_tasks
 
     out: set[int] = set()
@@ -53,7 +70,7 @@ def _task_stats(task_files: Sequence[str] | None, num_tables: int) -> tuple[set[
             for task in load_tasks(f, num_tables=num_tables):
                 out.update(task.table_ids)
                 sizes.append(len(task))
-    return out, (float(np.mean(sizes)) if sizes else None)
+    return out, sizes
 
 
 def _usable(oracle, dataset, exclude) -> int:
@@ -64,14 +81,17 @@ def _usable(oracle, dataset, exclude) -> int:
                              precision=ctx.precision, optimizer=ctx.optimizer, exclude_tables=exclude)[0])
 
 
-def _plans(oracle, dataset, exclude) -> int:
-    """Measured plans of the oracle's device count in its cache that the exchange fit may use."""
-    from .costmodel import exchange_samples
+def _plans(oracle, dataset, exclude) -> tuple[int, int]:
+    """Measured plans of the oracle's device count in its cache that the exchange fit may use, and the
+    most tables any of their devices holds."""
+    from .costmodel import exchange_plans
 
     ctx, n = oracle.context, int(oracle.ndevices)
-    samples = exchange_samples(measurement_store(oracle), dataset, int(ctx.batch_size), hardware=ctx.hardware,
-                               precision=ctx.precision, optimizer=ctx.optimizer, exclude_tables=exclude)
-    return len(samples.get(n, [])) // n
+    sizes = [max(map(len, pieces)) for _p, pieces in
+             exchange_plans(measurement_store(oracle), dataset, int(ctx.batch_size), hardware=ctx.hardware,
+                            precision=ctx.precision, optimizer=ctx.optimizer, exclude_tables=exclude)
+             if len(pieces) == n]
+    return len(sizes), max(sizes, default=0)
 
 
 def _fit(oracle, dataset, data_dir, exclude) -> CostModel:
@@ -85,21 +105,21 @@ def _fit(oracle, dataset, data_dir, exclude) -> CostModel:
 def check_calibration(oracle, data_dir, exclude_task_files: Sequence[str] | None):
     """What calibration needs, checked before the oracle's workers start (nothing is measured): the
     cache, and enough tables outside the tasks for one per device unless the cache already holds enough
-    usable shards. Returns (dataset, excluded tables, the tasks' mean size, usable shards stored)."""
+    usable shards. Returns (dataset, excluded tables, the tasks' sizes, usable shards stored)."""
     from shardcore.dataset import load_dataset
 
     if measurement_store(oracle) is None:
         raise ShardError("shardkit calibrates through the measurement cache, and this oracle has none (--no-cache?): "
                          "fit a model with tools/fit_shardkit_model.py and give it with --shardkit-model")
     dataset = load_dataset(data_dir)   # memory-mapped; the cache keys its measurements by this digest
-    exclude, task_size = _task_stats(exclude_task_files, dataset.num_tables)
+    exclude, task_sizes = _task_tables(exclude_task_files, dataset.num_tables)
     have = _usable(oracle, dataset, exclude)
     outside, n = dataset.num_tables - len(exclude & set(range(dataset.num_tables))), int(oracle.ndevices)
     if have < ENOUGH_SHARDS and outside < n:
         raise ShardError(f"shardkit cannot calibrate: only {outside} tables of {data_dir} lie outside the tasks it "
                          f"plans ({', '.join(map(str, exclude_task_files or []))}), fewer than the {n} devices; "
                          "generate tasks over part of the tables (tools/gen_tasks.py) or give --shardkit-model")
-    return dataset, exclude, task_size, have
+    return dataset, exclude, task_sizes, have
 
 
 def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None, budget_s: float,
@@ -109,19 +129,21 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
     ``budget_s`` seconds (a one-line :class:`ShardError` when that is not enough)."""
     from tqdm import tqdm
 
-    dataset, exclude, task_size, have = check_calibration(oracle, data_dir, exclude_task_files)
-    plans = _plans(oracle, dataset, exclude) if getattr(oracle, "comm_measured", False) else PLAN_SIZES
-    if have >= ENOUGH_SHARDS and plans >= ENOUGH_PLANS:   # calibrated before (or measured by other runs)
-        return _fit(oracle, dataset, data_dir, exclude)
+    dataset, exclude, task_sizes, have = check_calibration(oracle, data_dir, exclude_task_files)
     pool = [i for i in range(dataset.num_tables) if i not in exclude]
     n = int(oracle.ndevices)
+    sizes = plan_sizes(n, len(pool), max(task_sizes, default=None))
+    plans, most = _plans(oracle, dataset, exclude) if getattr(oracle, "comm_measured", False) else (PLAN_SIZES, 0)
+    enough_plans = plans >= ENOUGH_PLANS and (most >= (sizes[-1] + 1) // 2 or not getattr(oracle, "comm_measured", False))
+    if have >= ENOUGH_SHARDS and enough_plans:   # calibrated before (or measured by other runs)
+        return _fit(oracle, dataset, data_dir, exclude)
     rng = np.random.default_rng(seed)
     tables = dataset.tables
     # shards shaped like the plans' ones: up to twice the tasks' tables per device, some column pieces
+    task_size = float(np.mean(task_sizes)) if task_sizes else None
     kmax = max(4, min(len(pool), int(round(2 * task_size / n)) if task_size else 4))
     t0 = time.perf_counter()
-    sizes = [k for k in range(1, PLAN_SIZES + 1) if k * n <= len(pool)] or [1]
-    if plans >= ENOUGH_PLANS:
+    if enough_plans:
         sizes = []
     measured = 0
     seen: set = set()

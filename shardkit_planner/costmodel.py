@@ -322,27 +322,35 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
                      source=f"fitted: compute on {len(shards)} shards, comm on {comm_src}")
 
 
-def exchange_samples(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
-                     optimizer: str = EXACT_SGD, exclude_tables: set[int] | None = None,
-                     held_out: bool = False) -> dict[int, list]:
-    """The cache's measured exchanges a fit may use, per device count: of plans of whole-row pieces
-    (table- and column-wise, as the cache stores them) none of whose tables is in ``exclude_tables``
-    (``held_out``: the others, those holding one of them); per device ``(pooled bytes, id bytes, fw_ms, bw_ms)`` (each all-to-all's max of bytes sent and
-    received; :func:`~shardcore.oracles.commmodel.fit_exchange_model`'s samples)."""
+def exchange_plans(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
+                   optimizer: str = EXACT_SGD, exclude_tables: set[int] | None = None, held_out: bool = False):
+    """The cache's measured plans of two or more devices that an exchange fit may use, each with its
+    pieces per device as ``(index, row, dim)``: whole-row pieces (table- and column-wise, as the cache
+    stores them) none of whose tables is in ``exclude_tables`` (``held_out``: the others, those holding
+    one of them)."""
     from shardcore.oracles.setting import dataset_digest
 
     exclude = exclude_tables or set()
-    out: dict[int, list] = {}
     for p in cache.plan_entries(hardware=hardware, dataset=dataset_digest(dataset), batch_size=batch_size,
                                 precision=precision, optimizer=optimizer):
         pieces = [[(int(i), int(r), int(d)) for i, r, d in s] for s in p.shards]
         if any(not 0 <= i < dataset.num_tables or r != dataset.tables[i].row for s in pieces for i, r, _d in s):
             continue
-        if any(i in exclude for s in pieces for i, _r, _d in s) != held_out:
+        if any(i in exclude for s in pieces for i, _r, _d in s) != held_out or len(pieces) < 2:
             continue
+        yield p, pieces
+
+
+def exchange_samples(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
+                     optimizer: str = EXACT_SGD, exclude_tables: set[int] | None = None,
+                     held_out: bool = False) -> dict[int, list]:
+    """The cache's measured exchanges a fit may use, per device count: of the plans of
+    :func:`exchange_plans`; per device ``(pooled bytes, id bytes, fw_ms, bw_ms)`` (each all-to-all's max of bytes sent and
+    received; :func:`~shardcore.oracles.commmodel.fit_exchange_model`'s samples)."""
+    out: dict[int, list] = {}
+    for p, pieces in exchange_plans(cache, dataset, batch_size, hardware=hardware, precision=precision,
+                                    optimizer=optimizer, exclude_tables=exclude_tables, held_out=held_out):
         n = len(pieces)
-        if n < 2:
-            continue
         dims = np.array([sum(d for _i, _r, d in s) for s in pieces], dtype=float)
         ids = np.array([sum(piece_id_width(dataset.tables[i].with_dim(d)) for i, _r, d in s) for s in pieces])
         pooled = np.maximum(*[np.asarray(x, dtype=float) for x in zip(*remote_bytes(dims.astype(int), batch_size))])

@@ -1347,3 +1347,57 @@ def test_calibration_measures_plans_of_a_device_count_its_cache_lacks(data, tmp_
     assert again.plans_asked == again.shards_asked == 0
     # no plan the fit used holds a table of the tasks
     assert all(not {i for s in p.shards for i, _r, _d in s} & {0, 1, 2, 3} for p in cache.plan_entries())
+
+
+def test_calibration_plans_reach_the_largest_tasks_tables_per_device(data, tmp_path, monkeypatch):
+    """Calibration plans span 1 table per device to as many as the largest task puts on one (the exchange
+    is fitted over the sizes it prices, not extrapolated to them), capped by the tables there are; a cache
+    whose plans of the device count are all small gets the larger ones measured, once."""
+    from shardcore.oracles.cache import CachedOracle, CostCache
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
+    from shardcore.tasks import Task, save_tasks
+    from shardkit_planner import calibrate
+
+    assert calibrate.plan_sizes(4, 800, None) == [1, 2, 3, 4, 5, 6]
+    assert calibrate.plan_sizes(4, 800, 20) == [1, 2, 3, 4, 5, 6]        # 5 a device: at least PLAN_SIZES
+    assert calibrate.plan_sizes(4, 800, 50) == [1, 2, 3, 5, 8, 13]      # 12.5 a device
+    assert calibrate.plan_sizes(8, 800, 80) == [1, 2, 3, 4, 6, 10]
+    assert calibrate.plan_sizes(4, 20, 50) == [1, 2, 3, 4, 5]           # 20 tables to draw from
+    assert calibrate.plan_sizes(4, 3, 50) == [1]
+
+    class Measuring(EmulatedOracle):
+        comm_measured = True
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, fit="full", **kw)
+            self.plans_asked = 0
+
+        @property
+        def context(self):
+            from shardcore.dataset import load_dataset
+            from shardcore.oracles.setting import dataset_digest
+            return dataclasses.replace(super().context, dataset=dataset_digest(load_dataset(path)))
+
+        def evaluate(self, shards, no_cache=None, *, compute=None):
+            self.plans_asked += 1
+            return super().evaluate(shards, no_cache, compute=compute)
+
+    path, _tables = data
+    tasks = tmp_path / "test.txt"
+    save_tasks(tasks, [Task((0, 1, 2, 3))])
+    cache = CostCache(tmp_path / "c.sqlite")
+
+    def largest():
+        return max(len(s) for p in cache.plan_entries() for s in p.shards)
+
+    with monkeypatch.context() as m:   # a cache calibrated with small plans only (3 of them, up to 2 a device)
+        m.setattr(calibrate, "plan_sizes", lambda n, pool, task: [1, 1, 2])
+        first = Measuring(path, 2, batch_size=B)
+        calibrate.calibrated_model(CachedOracle(first, cache), path, [str(tasks)], budget_s=60, progress=False)
+    assert first.plans_asked == 3 and largest() == 2
+    again = Measuring(path, 2, batch_size=B)     # sizes 1..6 now: the small plans do not reach half of 6
+    calibrate.calibrated_model(CachedOracle(again, cache), path, [str(tasks)], budget_s=60, progress=False)
+    assert again.plans_asked == 5 and largest() == 6   # its first plan (1 a device, same seed): in the cache
+    third = Measuring(path, 2, batch_size=B)
+    calibrate.calibrated_model(CachedOracle(third, cache), path, [str(tasks)], budget_s=60, progress=False)
+    assert third.plans_asked == 0
