@@ -133,8 +133,10 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
     pool = [i for i in range(dataset.num_tables) if i not in exclude]
     n = int(oracle.ndevices)
     sizes = plan_sizes(n, len(pool), max(task_sizes, default=None))
-    plans, most = _plans(oracle, dataset, exclude) if getattr(oracle, "comm_measured", False) else (PLAN_SIZES, 0)
-    enough_plans = plans >= ENOUGH_PLANS and (most >= (sizes[-1] + 1) // 2 or not getattr(oracle, "comm_measured", False))
+    enough_plans = True   # an oracle that models the exchange needs no plans for it
+    if getattr(oracle, "comm_measured", False):
+        plans, most = _plans(oracle, dataset, exclude)
+        enough_plans = plans >= ENOUGH_PLANS and most >= (sizes[-1] + 1) // 2
     if have >= ENOUGH_SHARDS and enough_plans:   # calibrated before (or measured by other runs)
         return _fit(oracle, dataset, data_dir, exclude)
     rng = np.random.default_rng(seed)
