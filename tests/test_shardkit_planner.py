@@ -1297,27 +1297,25 @@ def test_records_scored_before_the_replica_law_took_a_cost_per_replica_are_not_r
         shardkit_compare.summarize(path, "shardkit", None, rejudge_fit="devices")
 
 
-def test_calibration_measures_plans_of_a_device_count_its_cache_lacks(data, tmp_path):
-    """A cache with enough shards but no plans of the oracle's device count outside the tasks is not
-    fitted as it is: calibration measures plans of that count (no more shards), so the exchange the
-    planner prices is fitted on its own device count; a second call measures nothing."""
-    from shardcore.oracles.cache import CachedOracle, CostCache
-    from shardcore.oracles.emulated.oracle import EmulatedOracle
-    from shardcore.tasks import Task, save_tasks
+def _measuring_oracle():
+    """An emulated oracle standing in for one that measures the exchange, keyed as a measuring oracle's
+    (by the dataset calibration loads), counting the plans and the single shards it is asked for."""
     from shardcore.dataset import load_dataset
+    from shardcore.oracles.emulated.oracle import EmulatedOracle
     from shardcore.oracles.setting import dataset_digest
-    from shardkit_planner.calibrate import ENOUGH_PLANS, calibrated_model
 
-    class Measuring(EmulatedOracle):          # the emulated oracle standing in for one that measures
+    class Measuring(EmulatedOracle):
         comm_measured = True
 
-        def __init__(self, *a, **kw):
-            super().__init__(*a, fit="full", **kw)
+        def __init__(self, path, *a, **kw):
+            super().__init__(path, *a, fit="full", **kw)
+            self.digest = dataset_digest(load_dataset(path))
             self.plans_asked = self.shards_asked = 0
+            self.in_plan = False
 
         @property
-        def context(self):   # keyed as a measuring oracle's: by the dataset calibration loads
-            return dataclasses.replace(super().context, dataset=dataset_digest(load_dataset(path)))
+        def context(self):
+            return dataclasses.replace(super().context, dataset=self.digest)
 
         def evaluate(self, shards, no_cache=None, *, compute=None):
             self.plans_asked += 1
@@ -1328,9 +1326,21 @@ def test_calibration_measures_plans_of_a_device_count_its_cache_lacks(data, tmp_
                 self.in_plan = False
 
         def measure_shards(self, shards, no_cache=None, **kw):   # single shards, not a plan's devices
-            self.shards_asked += 0 if getattr(self, "in_plan", False) else sum(1 for s in shards if s)
+            self.shards_asked += 0 if self.in_plan else sum(1 for s in shards if s)
             return super().measure_shards(shards, no_cache, **kw)
 
+    return Measuring
+
+
+def test_calibration_measures_plans_of_a_device_count_its_cache_lacks(data, tmp_path):
+    """A cache with enough shards but no plans of the oracle's device count outside the tasks is not
+    fitted as it is: calibration measures plans of that count (no more shards), so the exchange the
+    planner prices is fitted on its own device count; a second call measures nothing."""
+    from shardcore.oracles.cache import CachedOracle, CostCache
+    from shardcore.tasks import Task, save_tasks
+    from shardkit_planner.calibrate import ENOUGH_PLANS, calibrated_model
+
+    Measuring = _measuring_oracle()
     path, tables = data
     tasks = tmp_path / "test.txt"
     save_tasks(tasks, [Task((0, 1, 2, 3))])
@@ -1354,7 +1364,6 @@ def test_calibration_plans_reach_the_largest_tasks_tables_per_device(data, tmp_p
     is fitted over the sizes it prices, not extrapolated to them), capped by the tables there are; a cache
     whose plans of the device count are all small gets the larger ones measured, once."""
     from shardcore.oracles.cache import CachedOracle, CostCache
-    from shardcore.oracles.emulated.oracle import EmulatedOracle
     from shardcore.tasks import Task, save_tasks
     from shardkit_planner import calibrate
 
@@ -1365,23 +1374,7 @@ def test_calibration_plans_reach_the_largest_tasks_tables_per_device(data, tmp_p
     assert calibrate.plan_sizes(4, 20, 50) == [1, 2, 3, 4, 5]           # 20 tables to draw from
     assert calibrate.plan_sizes(4, 3, 50) == [1]
 
-    class Measuring(EmulatedOracle):
-        comm_measured = True
-
-        def __init__(self, *a, **kw):
-            super().__init__(*a, fit="full", **kw)
-            self.plans_asked = 0
-
-        @property
-        def context(self):
-            from shardcore.dataset import load_dataset
-            from shardcore.oracles.setting import dataset_digest
-            return dataclasses.replace(super().context, dataset=dataset_digest(load_dataset(path)))
-
-        def evaluate(self, shards, no_cache=None, *, compute=None):
-            self.plans_asked += 1
-            return super().evaluate(shards, no_cache, compute=compute)
-
+    Measuring = _measuring_oracle()
     path, _tables = data
     tasks = tmp_path / "test.txt"
     save_tasks(tasks, [Task((0, 1, 2, 3))])
