@@ -28,9 +28,8 @@ again, afresh (:func:`shardcore.evaluation.compare.evaluate`).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -39,7 +38,7 @@ from shardcore.tables import TableConfig
 from shardcore.types import DeviceCost
 
 from .costmodel import CostModel
-from .search import SearchStats, State, local_search
+from .search import SearchStats, State, WorkBudget, local_search
 
 
 
@@ -155,10 +154,13 @@ class RefineResult:
 
 
 def refine(model: CostModel, oracle, tables: Sequence[TableConfig], candidates: list[tuple[str, Plan]],
-           ndevices: int, max_memory_gb: float, precision: str, k: int, *, search_s: float,
-           types: Sequence[str], stats: SearchStats | None = None) -> RefineResult:
+           ndevices: int, max_memory_gb: float, precision: str, k: int, *, budget: Callable[[], WorkBudget],
+           types: Sequence[str], stats: SearchStats | None = None,
+           search: Callable | None = None) -> RefineResult:
     """Up to ``k`` measurements (see the module notes). ``candidates``: (name, plan), best first by the
-    plain model; ``search_s``: the search time of each round."""
+    plain model; ``budget()``: a fresh work budget for each round's search; ``search(state, budget,
+    types=, stats=)``: the search (default :func:`~shardkit_planner.search.local_search`)."""
+    search = search or local_search
     cal = CalibratedModel.around(model)
     tables = list(tables)
     pool: dict[tuple, tuple[str, Plan]] = {}
@@ -186,7 +188,7 @@ def refine(model: CostModel, oracle, tables: Sequence[TableConfig], candidates: 
         if r + 1 < k:
             _, best_name, best_plan = min(measured.values(), key=lambda x: x[0])
             st = State(cal, tables, best_plan.table_shardings(tables), ndevices, max_memory_gb, precision)
-            local_search(st, time.perf_counter() + search_s, types=types, stats=stats)
+            search(st, budget(), types=types, stats=stats)
             new = st.plan()
             pool.setdefault(plan_key(tables, new), (f"{best_name.split('+')[0]}+measured-search", new))
     cost, name, plan = min(measured.values(), key=lambda x: x[0])

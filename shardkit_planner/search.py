@@ -12,21 +12,11 @@ costs (so a move that relieves a device tied for the maximum, or evens out the o
 A move is taken only when it lowers this pair lexicographically, so the result is never worse than
 the start under the model, and the search cannot cycle.
 
-**Moves** (every one from the most expensive device ``m``, to one of the ``fanout`` cheapest devices
-``e`` with room):
-
-* *move*: a table-wise table, or one column block of a column-wise table, from ``m`` to ``e`` (a block
-  landing where the same table already has a block merges with it: *merge splits back*; a table whose
-  blocks all end up on one device becomes table-wise again);
-* *swap*: a table-wise table of ``m`` with one of ``e``;
-* *split*: a table-wise table (or a block) of ``m`` cut column-wise into two halves, one moved to ``e``
-  (dims stay multiples of 4);
-* *row-wise*: a hot table of ``m`` spread row-wise over every device, or over ``m`` and the cheapest ones,
-  or (with hosts) over ``m``'s host: table-row-wise;
-* *grid* (with hosts): a hot table of ``m`` cut into two column blocks, each row-wise over a whole host,
-  ``m``'s and the least loaded other;
-* *replicate*: a small hot table of ``m`` made data-parallel (a replica on every device);
-* *gather*: a row-wise, grid or data-parallel table touching ``m`` made table-wise on ``e``.
+**Moves** (:mod:`shardkit_planner.moves`, one class per kind, :data:`~shardkit_planner.moves.DEFAULT_MOVES`
+by default): every candidate change from the most expensive device -- whole tables and column blocks moved
+or swapped, tables cut column-wise into ``k`` blocks or re-cut, columns shifted between blocks, row-wise
+tables made column-wise and back, row-wise spreads over other device sets, grids across hosts, replicas,
+and gathers back to one device.
 
 A local optimum of these moves is left by a *kick* and a new search from there -- an iterated local
 search, run by the sharder while its budget lasts, keeping the best plan found. A kick is either a few
@@ -38,8 +28,8 @@ device cannot make once replicas fill every device.
 Each round scores the candidate moves in chunks (one batched compute prediction for every changed
 device shard of a chunk, remembered by shard contents; the exchanges of every candidate in one
 array operation) and takes the best. The search stops at a local optimum, after ``max_rounds`` or
-when ``deadline`` (``time.perf_counter()``) passes, checked between chunks: a chunk is begun only if it
-would end by then at the last chunk's pace.
+when its :class:`WorkBudget` is spent (counted in candidates priced, checked between chunks; a
+wall-clock cap only as an outer bound).
 """
 
 from __future__ import annotations
@@ -50,12 +40,11 @@ from typing import Sequence
 
 import numpy as np
 
-from shardcore.plan import (COLUMN_WISE, DATA_PARALLEL, GRID, ROW_WISE, TABLE_WISE, Plan, Sharding, column_wise, grid,
-                            data_parallel, row_wise, table_wise)
-from shardcore.plan import piece_key
-from shardcore.tables import DIM_MULTIPLE, GB, TableConfig, bytes_per_element
+from shardcore.plan import DATA_PARALLEL, TABLE_WISE, Plan, Sharding, data_parallel, piece_key, table_wise
+from shardcore.tables import GB, TableConfig, bytes_per_element
 
 from .costmodel import CostModel
+from .moves import ALL_TYPES, DEFAULT_MOVES, Move, candidate_moves  # noqa: F401  (ALL_TYPES, candidate_moves: re-exported)
 
 EPS = 1e-9
 
@@ -212,113 +201,39 @@ class State:
         self.costs = self.comp + self.model.comm_costs(self.dims, self.extra, self.ids)
 
 
-def _merge_blocks(blocks: list[tuple[int, int]]) -> Sharding:
-    """Column blocks in order, consecutive ... blocks on one device joined; one block: table-wise."""
-    by_dev: dict[int, int] = {}
-    order: list[int] = []
-    for d, w in blocks:
-        if d not in by_dev:
-            order.append(d)
-            by_dev[d] = 0
-        by_dev[d] += w
-    if len(order) == 1:
-        return table_wise(order[0])
-    return column_wise([(d, by_dev[d]) for d in order])
+class WorkBudget:
+    """The search's budget, counted in work so that the same inputs give the same plan on an idle or a
+    busy machine: every candidate move priced costs one unit plus one per :data:`PIECES_PER_UNIT` pieces
+    on the devices it changes (what pricing it costs: the model's features of those devices), so a
+    large task spends its units more slowly per candidate, as its candidates cost more. Wall-clock time
+    is only an outer cap (``time_cap_s``); when it ends a search, :attr:`cut_by_time` says so (that
+    plan then depends on the machine's speed)."""
+
+    def __init__(self, work: float, time_cap_s: float | None = None):
+        self.work = float(work)
+        self.time_cap_s = time_cap_s
+        self.used = 0.0
+        self.cut_by_time = False
+        self._deadline = None if time_cap_s is None else time.perf_counter() + float(time_cap_s)
+
+    def spend(self, candidates: int, pieces: int) -> None:
+        self.used += candidates + pieces / PIECES_PER_UNIT
+
+    @property
+    def left(self) -> float:
+        return self.work - self.used
+
+    @property
+    def exhausted(self) -> bool:
+        if self.used >= self.work:
+            return True
+        if self._deadline is not None and time.perf_counter() > self._deadline:
+            self.cut_by_time = True
+            return True
+        return False
 
 
-ALL_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL, GRID)
-
-
-def candidate_moves(st: State, m: int, fanout: int, hot: int, dp_max_gb: float,
-                    types: Sequence[str] = ALL_TYPES, max_pieces: int = 16) -> list[tuple[str, dict[int, Sharding]]]:
-    """The moves from the most expensive device ``m`` (see the module notes); only moves whose new
-    sharding is of one of ``types`` (table-wise is always allowed). On a device with many pieces only
-    its ``max_pieces`` heaviest are moved, split or swapped (bounded rounds on large tasks)."""
-    cw, rw, dp, gr = COLUMN_WISE in types, ROW_WISE in types, DATA_PARALLEL in types, GRID in types
-    n = st.n
-    order = [int(d) for d in np.argsort(st.costs, kind="stable") if int(d) != m]
-    dests = order[:fanout]
-    out: list[tuple[str, dict[int, Sharding]]] = []
-    on_m = sorted({pos for pos, _ in st.pieces[m]})
-    # the heaviest tables of m by the model's standalone cost of their piece there, for the costly moves
-    weight = {}
-    for pos, p in st.pieces[m]:
-        weight[pos] = weight.get(pos, 0.0) + p.dim * max(p.pooling_factor, 1e-3)
-    ranked = sorted(on_m, key=lambda pos: -weight[pos])
-    heavy = ranked[:hot]
-    on_m = sorted(ranked[:max_pieces])
-    for pos in on_m:
-        s, t = st.shardings[pos], st.tables[pos]
-        if s.type == TABLE_WISE:
-            for e in dests:
-                out.append(("move", {pos: table_wise(e)}))
-            if cw and t.dim % (2 * DIM_MULTIPLE) == 0:
-                half = t.dim // 2
-                for e in dests[: max(1, fanout // 2)]:
-                    out.append(("split", {pos: column_wise([(m, half), (e, half)])}))
-        elif s.type == COLUMN_WISE:
-            blocks = list(zip(s.devices, s.dims))
-            for j, (d, w) in enumerate(blocks):
-                if d != m:
-                    continue
-                for e in dests:
-                    nb = blocks[:j] + [(e, w)] + blocks[j + 1:]
-                    out.append(("move" if e not in s.devices else "merge", {pos: _merge_blocks(nb)}))
-                if cw and w % (2 * DIM_MULTIPLE) == 0:
-                    for e in dests[: max(1, fanout // 2)]:
-                        nb = blocks[:j] + [(m, w // 2), (e, w // 2)] + blocks[j + 1:]
-                        out.append(("split", {pos: _merge_blocks(nb)}))
-        else:   # row-wise / data-parallel touching m: gather it on one device
-            for e in dests[:2]:
-                out.append(("gather", {pos: table_wise(e)}))
-    # swaps of a table-wise table of m with a lighter one of its cheapest peers
-    def w_of(pos):
-        return st.tables[pos].dim * max(st.tables[pos].pooling_factor, 1e-3)
-
-    tw_m = [pos for pos in ranked[: max(hot, max_pieces // 2)] if st.shardings[pos].type == TABLE_WISE]
-    for e in dests[: max(1, fanout // 3)]:
-        tw_e = sorted((pos for pos, _ in st.pieces[e] if st.shardings[pos].type == TABLE_WISE), key=w_of,
-                      reverse=True)
-        for a in tw_m:
-            wa = weight[a]
-            lighter = [b for b in tw_e if w_of(b) < wa][:max_pieces // 2]
-            for b in lighter:
-                out.append(("swap", {a: table_wise(e), b: table_wise(m)}))
-    g = getattr(st.model.comm, "devices_per_host", 0)   # hosts of g devices (0: one host)
-    if n >= 2:
-        for pos in heavy:
-            s, t = st.shardings[pos], st.tables[pos]
-            if s.type in (ROW_WISE, DATA_PARALLEL, GRID):
-                continue
-            if rw:
-                out.append(("row-wise", {pos: row_wise(range(n))}))
-                for k in (2, 4):
-                    if k < n:
-                        out.append(("row-wise", {pos: row_wise([m] + order[: k - 1])}))
-                if g and n > g:   # table-row-wise: over m's host, its ids and outputs stay off the network
-                    host = list(range(m - m % g, min(n, m - m % g + g)))
-                    if len(host) > 1:
-                        out.append(("row-wise", {pos: row_wise(host)}))
-            if gr and g and n >= 2 * g and n % g == 0 and t.dim % (2 * DIM_MULTIPLE) == 0:
-                # grid: the columns in two blocks, each row-wise over a whole host, m's and the cheapest other
-                load = st.costs.reshape(n // g, g).sum(axis=1)
-                mine = m // g
-                other = min((h for h in range(n // g) if h != mine), key=lambda h: (load[h], h))
-                out.append(("grid", {pos: grid([(range(mine * g, mine * g + g), t.dim // 2),
-                                                 (range(other * g, other * g + g), t.dim // 2)])}))
-            if dp and t.memory_gb(st.precision) <= dp_max_gb:
-                out.append(("replicate", {pos: data_parallel(n)}))
-        if dp:
-            # small tables of m (not only its heaviest): a replica's lookups spread over every device and
-            # its pooled outputs leave the all-to-all, for an all-reduce of its small weights (measured on
-            # an H200: TorchRec's plans gain most of their lead this way); one at a time, and all at once
-            small = [pos for pos in ranked if st.shardings[pos].type == TABLE_WISE and pos not in heavy
-                     and st.tables[pos].memory_gb(st.precision) <= dp_max_gb]
-            for pos in small[:max_pieces]:
-                out.append(("replicate", {pos: data_parallel(n)}))
-            if len(small) > 1:
-                out.append(("replicate", {pos: data_parallel(n) for pos in small}))
-    return out
+PIECES_PER_UNIT = 32
 
 
 def kick(st: State, rng: np.random.Generator, k: int, dp_max_gb: float = 0.05,
@@ -377,77 +292,110 @@ def recreate(st: State, rng: np.random.Generator, share: float = 0.3) -> int:
     return len(change) if st.make(change) else 0
 
 
+@dataclass
+class LocalSearch:
+    """The search stage: ``improve(state, budget, types=, stats=)`` runs :func:`local_search` with these
+    moves and widths (one object, passed to the sharder, so a test can give it other moves)."""
+
+    moves: tuple = DEFAULT_MOVES
+    fanout: int = 6
+    hot: int = 3
+    dp_max_gb: float = 0.05
+
+    def improve(self, st: "State", budget: "WorkBudget", *, types: Sequence[str] = ALL_TYPES,
+                stats: SearchStats | None = None) -> "State":
+        return local_search(st, budget, fanout=self.fanout, hot=self.hot, dp_max_gb=self.dp_max_gb, types=types,
+                            stats=stats, moves=self.moves)
+
+
 CHUNK_PIECES = 20000   # candidates scored together hold about this many pieces per touched device, at most
 
 
-def local_search(st: State, deadline: float, *, fanout: int = 6, hot: int = 3, max_rounds: int = 100000,
+def local_search(st: State, budget: WorkBudget, *, fanout: int = 6, hot: int = 3, max_rounds: int = 100000,
                  dp_max_gb: float = 0.05, types: Sequence[str] = ALL_TYPES, chunk: int = 64,
-                 stats: SearchStats | None = None) -> State:
-    """Improve ``st`` in place until a local optimum, ``max_rounds`` or ``deadline``."""
+                 stats: SearchStats | None = None, moves: Sequence = DEFAULT_MOVES) -> State:
+    """Improve ``st`` in place, one best move per round (see the module notes), until a local optimum,
+    ``max_rounds`` or the ``budget`` (:class:`WorkBudget`, checked between chunks of candidates).
+    ``moves``: a sequence of neighbourhoods (each a sequence of :class:`~shardkit_planner.moves.Move`),
+    tried in turn each round, a later one only where the earlier have no improving move (a plain list of
+    moves is one neighbourhood)."""
     stats = stats or SearchStats()
     stats.accepted = stats.accepted or {}
-    model = st.model
-    # a chunk's cost grows with the pieces per device: fewer candidates per chunk on large tasks, so
-    # the deadline is looked at every few hundredths of a second at 100k tables too
+    tiers = [tuple(t) for t in moves] if moves and not isinstance(moves[0], Move) else [tuple(moves)]
+    # a chunk's cost grows with the pieces per device: fewer candidates per chunk on large tasks
     chunk = max(1, min(chunk, CHUNK_PIECES // max(1, len(st.tables) // st.n)))
-    last = 0.0   # the last chunk's time: one is begun only if it ends by the deadline
     for _ in range(max_rounds):
-        if time.perf_counter() + last > deadline:
-            stats.stopped = "time budget"
+        if budget.exhausted:
+            stats.stopped = "time cap" if budget.cut_by_time else "work budget"
             return st
         m = int(np.argmax(st.costs))
-        cands = candidate_moves(st, m, fanout, hot, dp_max_gb, types)
         stats.rounds += 1
-        best = None   # (max, sq, kind, change, shards, comp row)
-        evaluated, cut = 0, False
-        for lo in range(0, len(cands), chunk):
-            if evaluated and time.perf_counter() + last > deadline:
-                cut = True   # the budget ran out inside the round: decide among those scored
-                break
-            t_chunk = time.perf_counter()
-            kept, changed = [], []
-            for kind, change in cands[lo:lo + chunk]:
-                shards = st.changed_shards(change)
-                if shards is not None:
-                    kept.append((kind, change))
-                    changed.append(shards)
-            if not kept:
-                continue
-            evaluated += len(kept)
-            flat, owner = [], []
-            for c, shards in enumerate(changed):
-                for d, ps in shards.items():
-                    flat.append(ps)
-                    owner.append((c, d))
-            comp = st.compute_many(flat)
-            C = len(kept)
-            comp_m = np.tile(st.comp, (C, 1))
-            dims_m = np.tile(st.dims, (C, 1))
-            extra_m = np.tile(st.extra, (C, 1))
-            ids_m = np.tile(st.ids, (C, 1))
-            kinds_m = np.tile(st.kinds, (C, 1))
-            for (c, d), ps, v in zip(owner, flat, comp):
-                comp_m[c, d] = v
-                dims_m[c, d], extra_m[c, d], ids_m[c, d] = st.exchange_sums(ps)
-                kinds_m[c, d] = model.device_kind_index(ps)
-            costs = comp_m + model.comm_costs(dims_m, extra_m, ids_m)
-            mx = st.slowest(comp_m, costs, kinds_m)
-            sq = (costs ** 2).sum(axis=1)
-            i = int(np.lexsort((sq, mx))[0])
-            if best is None or (mx[i], sq[i]) < (best[0], best[1]):
-                best = (float(mx[i]), float(sq[i]), kept[i][0], kept[i][1], changed[i], comp_m[i].copy())
-            last = time.perf_counter() - t_chunk
-        stats.candidates += evaluated
-        if best is None:
-            stats.stopped = "no feasible move"
-            return st
         cur_mx, cur_sq = st.score
-        bmx, bsq, kind, change, shards, comp_row = best
-        if bmx < cur_mx - EPS * max(1.0, cur_mx) or (bmx <= cur_mx + EPS and bsq < cur_sq * (1 - 1e-9)):
-            st.apply(change, shards, {d: float(comp_row[d]) for d in shards})
-            stats.accepted[kind] = stats.accepted.get(kind, 0) + 1
-        else:
-            stats.stopped = "time budget" if cut else "local optimum"
+        taken = False
+        for tier in tiers:
+            cands = candidate_moves(st, m, fanout, hot, dp_max_gb, types, moves=tier)
+            best, cut = _best_candidate(st, cands, budget, chunk, stats)
+            if best is not None:
+                bmx, bsq, kind, change, shards, comp_row = best
+                if bmx < cur_mx - EPS * max(1.0, cur_mx) or (bmx <= cur_mx + EPS and bsq < cur_sq * (1 - 1e-9)):
+                    st.apply(change, shards, {d: float(comp_row[d]) for d in shards})
+                    stats.accepted[kind] = stats.accepted.get(kind, 0) + 1
+                    taken = True
+                    break
+            if cut:
+                stats.stopped = "time cap" if budget.cut_by_time else "work budget"
+                return st
+        if not taken:
+            stats.stopped = "local optimum"
             return st
     stats.stopped = "round limit"
     return st
+
+
+def _best_candidate(st: State, cands, budget: WorkBudget, chunk: int, stats: SearchStats):
+    """The candidate of ``cands`` with the lowest objective (and, among equals, the lowest sum of squared
+    device costs), priced in chunks while the budget lasts: ``(best or None, cut short)``, the best as
+    ``(objective, squares, kind, change, new shards, compute row)``."""
+    model = st.model
+    best = None
+    evaluated, cut = 0, False
+    for lo in range(0, len(cands), chunk):
+        if evaluated and budget.exhausted:
+            cut = True   # the budget ran out inside the round: decide among those scored
+            break
+        kept, changed = [], []
+        for kind, change in cands[lo:lo + chunk]:
+            shards = st.changed_shards(change)
+            if shards is not None:
+                kept.append((kind, change))
+                changed.append(shards)
+        if not kept:
+            continue
+        evaluated += len(kept)
+        flat, owner = [], []
+        for c, shards in enumerate(changed):
+            for d, ps in shards.items():
+                flat.append(ps)
+                owner.append((c, d))
+        budget.spend(len(kept), sum(len(ps) for ps in flat))
+        comp = st.compute_many(flat)
+        C = len(kept)
+        comp_m = np.tile(st.comp, (C, 1))
+        dims_m = np.tile(st.dims, (C, 1))
+        extra_m = np.tile(st.extra, (C, 1))
+        ids_m = np.tile(st.ids, (C, 1))
+        kinds_m = np.tile(st.kinds, (C, 1))
+        for (c, d), ps, v in zip(owner, flat, comp):
+            comp_m[c, d] = v
+            dims_m[c, d], extra_m[c, d], ids_m[c, d] = st.exchange_sums(ps)
+            kinds_m[c, d] = model.device_kind_index(ps)
+        costs = comp_m + model.comm_costs(dims_m, extra_m, ids_m)
+        mx = st.slowest(comp_m, costs, kinds_m)
+        sq = (costs ** 2).sum(axis=1)
+        i = int(np.lexsort((sq, mx))[0])
+        if best is None or (mx[i], sq[i]) < (best[0], best[1]):
+            best = (float(mx[i]), float(sq[i]), kept[i][0], kept[i][1], changed[i], comp_m[i].copy())
+    stats.candidates += evaluated
+    if not evaluated and budget.exhausted:
+        cut = True
+    return best, cut

@@ -1,32 +1,30 @@
-"""``--alg shardkit``: start from the best of several plans, improve it by local search under the cost
-model, optionally let the oracle pick among the best candidates.
+"""``--alg shardkit``: a planner built of stages, each an object with one verb, passed to the sharder.
 
-1. **Starts**: every name in ``starts`` that plans the task: ``model_greedy`` (largest model cost
-   first, each table to the device whose modelled cost stays lowest among those with room),
-   ``hybrid_greedy`` (the heaviest tables row-wise, small ones replicated, the rest by
-   model_greedy: the shape of TorchRec's plans, chosen by the model), ``replicate_greedy``, the
-   greedy baselines, ``torchrec`` (TorchRec's full planner, every sharding type) and any other
-   ``--alg`` name or checkpoint (resolved through :func:`shardcore.cli.algorithms.resolve`, so a DreamShard
-   or AutoShard checkpoint can seed the search without this package importing theirs). Starts that
-   cannot place the task are skipped; none at all: :class:`~shardcore.errors.InfeasibleError`.
-2. **Search** (:func:`~shardkit_planner.search.local_search`) from the best starts in turn, by the
-   model, then, while the time budget lasts, an iterated local search from the best local optimum
-   (:func:`~shardkit_planner.search.kick` it, search again, keep the better; the kicks' generator is
-   seeded by ``seed`` and the task's tables); the budget is ``time_budget_s``, planning of the starts
-   included once the first start is in.
-3. **Choice**: the best plan by the model; with ``refine_k > 0`` and an oracle attached
-   (:meth:`ShardkitSharder.attach_oracle`, done by ``eval.py --shardkit-refine K``), up to ``k``
-   measurements that each correct the model and search again (:mod:`shardkit_planner.refine`), and
-   the fastest measured plan is kept (``measures_candidates``: the comparison measures it again).
-   ``last_info`` records the start, the moves taken, the model's cost and the measurements used.
+1. **Starts** (:mod:`shardkit_planner.starts`, ``propose``): every start of ``starts`` that places the
+   task -- the model's greedy, the TorchRec-shaped hybrid, replication, splits chosen by cost for the
+   tables that fit on no device, the greedy baselines, other planners (``torchrec``, a checkpoint).
+   Starts that cannot place the task, or whose plan uses a sharding type outside ``types``, are
+   skipped; none left: :class:`~shardcore.errors.InfeasibleError` naming the table that needs what.
+2. **Estimate** (:class:`~shardkit_planner.costmodel.CostModel`): per device the four cost parts of a
+   plan (``estimate``), the emulated card's own model or one fitted on this machine.
+3. **Improve** (:class:`~shardkit_planner.search.LocalSearch`, ``improve``): a local search from each
+   start by the moves of :mod:`shardkit_planner.moves`, then an iterated local search from the best
+   local optimum (kick, search again, keep the better; the kicks' generator seeded by ``seed`` and the
+   task's tables), all within one :class:`~shardkit_planner.search.WorkBudget` counted in candidates
+   priced (``work``), so the same task gives the same plan on an idle or a busy machine; ``time`` is
+   only an outer wall-clock cap, and the record says when it cut the search short.
+4. **Refine** (:mod:`shardkit_planner.refine`, with ``refine_k > 0`` and an oracle attached by
+   ``eval.py --shardkit-refine K``): up to ``k`` measurements that each correct the model and search
+   again; the fastest measured plan is kept (``measures_candidates``: the comparison measures it again).
+
+``last_info`` records the start, the moves taken, the model's cost, the work spent and the measurements
+used.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import os
-import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,20 +32,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shardcore.baselines import GREEDY_KEYS, Sharder, greedy_plan
-from shardcore.argtypes import name_list, nonnegative_float, nonnegative_int, positive_float
+from shardcore.baselines import Sharder
+from shardcore.argtypes import name_list, nonnegative_float, nonnegative_int, positive_float, positive_int
 from shardcore.config import Config, param
 from shardcore.oracles.cache import measurement_store
 from shardcore.oracles.commmodel import CommModel
 from shardcore import io
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.plan import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, TABLE_WISE, Plan, data_parallel, row_wise, table_wise
+from shardcore.plan import COLUMN_WISE, DATA_PARALLEL, GRID, ROW_WISE, TABLE_WISE, Plan
 from shardcore.tables import TableConfig
-from shardcore.types import Topology
 
 from .costmodel import EMULATED, MEASURED, CostModel, emulated_model
 from .refine import refine
-from .search import ALL_TYPES, SearchStats, State, kick, local_search, recreate
+from .search import ALL_TYPES, LocalSearch, SearchStats, State, WorkBudget, kick, recreate
+from .starts import PlannerStart, PlanningTask, make_start
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CPU_MODEL = ROOT / "models" / "shardkit" / "cpu_cost_model.json"
@@ -58,122 +56,21 @@ HELDOUT_SUBSET = "drop:0/5"    # shardkit's held-out emulator: one fifth of the 
 def _fit_lazy_parts(compute) -> None:
     """Fit now what an emulated compute model fits on first use (its replica law: a least-squares fit
     over the measured devices with replicas, ~2 s on 2 cores), so that it is part of the task's model
-    fit and not of the planning budget, which it would otherwise eat on the first replica priced."""
+    fit and not of the planning."""
     getattr(compute, "replica_weights", None)
 
 
-def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                 precision: str, alone: Sequence[float] | None = None) -> Plan:
-    """Tables by standalone modelled cost (``alone``, computed when not given), largest first, each on
-    the device with the lowest load (summed standalone costs) among those with room; table-wise."""
-    if alone is None:
-        alone = model.shard_compute([[t] for t in tables])
-    order = sorted(range(len(tables)), key=lambda i: (-alone[i], -tables[i].size, i))
-    load = [0.0] * ndevices
-    mem = [0.0] * ndevices
-    alloc = [0] * len(tables)
-    heap = [(0.0, d) for d in range(ndevices)]   # (load, device): the first with room is chosen
-    for i in order:
-        need = tables[i].memory_gb(precision)
-        full = []
-        while heap and mem[heap[0][1]] + need > max_memory_gb + 1e-12:
-            full.append(heapq.heappop(heap))
-        if not heap:
-            raise InfeasibleError(f"infeasible: table {tables[i].index} (task position {i}) fits on no device")
-        d = heapq.heappop(heap)[1]
-        alloc[i] = d
-        load[d] += float(alone[i])
-        mem[d] += need
-        heapq.heappush(heap, (load[d], d))
-        for entry in full:
-            heapq.heappush(heap, entry)
-    return Plan.from_shardings(tables, [table_wise(d) for d in alloc], ndevices)
-
-
-REPLICATE_MAX_GB = 0.05   # the search's own bound on a replicated table (search.local_search's dp_max_gb)
-SPREAD_COUNTS = (0, 1, 2, 3, 4, 6, 8)   # hybrid_greedy: how many of the heaviest tables it tries row-wise
-# the measured oracle's default types: row-wise since 2026-11-29 (a lone dominant table's backward is
-# per-id work on a CPU, which a column split doubles and a row split divides; docs/shardkit.md)
+# the measured oracle's default types: row-wise among them (a lone dominant table's backward is per-id work
+# on a CPU, which a column split doubles and a row split divides; docs/shardkit.md)
 MEASURED_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE)
 KICK_PATIENCE = 40         # the iterated search stops after this many kicks in a row gain nothing
-# half the kicks ruin and recreate 30% of the whole tables (search.recreate), half move 2-4 at random:
-# against random kicks alone (2026-11-28, emulated H200, 5 s per task, two runs each) the stressed margin
-# over TorchRec went 4.5 -> 4.6% on DLRM-50, 5.2 -> 5.4% on DLRM-100 and 19.2 -> 20.4% on the NS set;
-# recreate alone did worse on DLRM-50 (4.3%), as did recreating half the tables (4.5%)
+# half the kicks ruin and recreate 30% of the whole tables (search.recreate), half move 2-4 at random: on
+# the emulated H200's honest-margin sets this did better than random kicks alone, recreate alone, or
+# recreating half the tables (docs/shardkit.md)
 RECREATE_KICKS = 0.5
 RECREATE_SHARE = 0.3
-START_SHARE = 0.5          # of the budget, the most the starts may take (the search gets the rest)
-OWN_STARTS = ("model_greedy", "hybrid_greedy", "replicate_greedy")   # starts this module makes itself
-
-
-def hybrid_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                  precision: str, deadline: float | None = None, spread: Sequence[int] = SPREAD_COUNTS,
-                  replicate: bool = True) -> Plan:
-    """The shape of TorchRec's plans on an H200, chosen by the model: a share of the small tables (of
-    at most :data:`REPLICATE_MAX_GB`, fewest rows per lookup first: none, one eighth, ... all)
-    data-parallel when ``replicate``; of the others the ``k`` heaviest by standalone modelled cost
-    (``k`` in ``spread``) row-wise over every device; the rest by :func:`model_greedy`; the variant
-    the model prices lowest (none replicated and none spread is model_greedy, a start of its own, not
-    tried). A row-wise table spreads its lookups over every device; a replica spreads them too and
-    leaves the all-to-all for an all-reduce of its small weights. With a ``deadline``
-    (``time.perf_counter``) a variant is begun only if it fits by the time per device piece of the one
-    before (a replica is a piece on every device: at 100k tables one variant can take tens of
-    seconds); none fits: :class:`InfeasibleError`, and the start is skipped."""
-    t0 = time.perf_counter()
-    alone = [float(v) for v in model.shard_compute([[t] for t in tables])]
-    # seconds per device piece of a variant: a first guess from the standalone costs, then measured
-    rate = 4.0 * (time.perf_counter() - t0) / max(1, len(tables))
-    # replicas first where they cost least for what they spread: rows (the all-reduce) per lookup
-    small = sorted((i for i, t in enumerate(tables) if t.memory_gb(precision) <= REPLICATE_MAX_GB),
-                   key=lambda i: (tables[i].row / max(tables[i].pooling_factor, 0.01), i))
-    shares = sorted({j * len(small) // 8 for j in range(9)}) if replicate else [0]
-    best: tuple[float, Plan] | None = None
-    for k in sorted({min(int(k), len(tables)) for k in spread} if ndevices > 1 else {0}):
-        for share in shares:   # the cheaper variants (fewer replicas, so fewer pieces) first
-            if k == 0 and share == 0:   # model_greedy itself, a start of its own
-                continue
-            rep = set(small[:share])
-            heavy = set(sorted((i for i in range(len(tables)) if i not in rep), key=lambda i: (-alone[i], i))[:k])
-            pieces = len(tables) + (len(rep) + len(heavy)) * (ndevices - 1)
-            if deadline is not None and time.perf_counter() + rate * pieces > deadline:
-                if best is not None:
-                    break   # a larger share with this spread would not fit either
-                raise InfeasibleError(f"no time: a variant of {pieces} device pieces would overrun the budget")
-            tv = time.perf_counter()
-            rest = [i for i in range(len(tables)) if i not in rep and i not in heavy]
-            fixed_gb = (sum(tables[i].memory_gb(precision) for i in rep)
-                        + sum(tables[i].memory_gb(precision) for i in heavy) / ndevices)
-            if not rest or fixed_gb > max_memory_gb:
-                continue
-            try:
-                part = model_greedy(model, [tables[i] for i in rest], ndevices, max_memory_gb - fixed_gb,
-                                    precision, [alone[i] for i in rest])
-            except InfeasibleError:
-                continue
-            shardings = [data_parallel(ndevices) if i in rep else row_wise(range(ndevices))
-                         for i in range(len(tables))]
-            for i, sh in zip(rest, part.table_shardings([tables[i] for i in rest])):
-                shardings[i] = sh
-            plan = Plan.from_shardings(tables, shardings, ndevices)
-            if not plan.is_feasible(tables, max_memory_gb, precision):   # row blocks round up
-                continue
-            cost = float(model.device_costs(tables, plan).max())
-            rate = (time.perf_counter() - tv) / pieces
-            if best is None or cost < best[0]:
-                best = (cost, plan)
-    if best is None:
-        raise InfeasibleError("infeasible: no spread or replicated share leaves room for the rest")
-    return best[1]
-
-
-def replicate_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                     precision: str, deadline: float | None = None) -> Plan:
-    """:func:`hybrid_greedy` without row-wise tables: a share of the small tables (at least one eighth,
-    fewest rows per lookup first) data-parallel, the rest by :func:`model_greedy`."""
-    small = [t for t in tables if t.memory_gb(precision) <= REPLICATE_MAX_GB]
-    if not small:
-        raise InfeasibleError("infeasible: no small table to replicate")
-    return hybrid_greedy(model, tables, ndevices, max_memory_gb, precision, deadline, spread=(0,))
+DEFAULT_WORK = 40_000      # work units per task (search.WorkBudget): see ShardkitConfig.work
+TYPE_NAMES = {"tw": TABLE_WISE, "cw": COLUMN_WISE, "rw": ROW_WISE, "dp": DATA_PARALLEL, "grid": GRID}
 
 
 @dataclass
@@ -182,31 +79,37 @@ class ShardkitConfig(Config):
     ``--shardkit-<field>`` flags from these fields (through :func:`shardcore.cli.algorithms.add_plugin_args`;
     ``refine`` only where plans are measured)."""
 
-    time: float = param(5.0, "shardkit's planning time budget per task in seconds (default "
-                        "{default}): its starts, their evaluation, the search and the choice, once the task's model "
-                        "is fitted (a held-out refit, a fraction of a second); "
-                        "the first start that places the task is always made (at 100k tables about 4 s); "
-                        "measured refinement's rounds each search this long again", type=positive_float,
+    work: int = param(DEFAULT_WORK, "shardkit's search budget per task, counted in work: one unit per candidate move "
+                      "priced, plus one per 32 pieces on the devices it changes (default {default}: about 5 s on a "
+                      "2-core CPU for 50 tables on 4 devices); counted, not timed, so the same task gives the same "
+                      "plan on an idle or a busy machine; measured refinement's rounds each get it again",
+                      type=positive_int, metavar="N", cli_default=None)
+    time: float = param(60.0, "an outer wall-clock cap on shardkit's planning per task in seconds (default {default}): "
+                        "its starts are always made; a search cut short by it is recorded (shardkit_stopped: time "
+                        "cap), and only then does the plan depend on the machine's speed", type=positive_float,
                         metavar="S", cli_default=None)
     model: str | None = param(None, "shardkit's cost model file (default: models/shardkit/cpu_cost_model.json for the "
                               "measured oracle, the emulator's own for emulated:h200)", type=str, metavar="JSON")
-    starts: tuple = param(("model_greedy", "hybrid_greedy", "replicate_greedy", "size_lookup_greedy", "lookup_greedy",
-                           "size_greedy", "dim_greedy"),
+    starts: tuple = param(("model_greedy", "hybrid_greedy", "replicate_greedy", "split_greedy", "size_lookup_greedy",
+                           "lookup_greedy", "size_greedy", "dim_greedy"),
                           "comma-separated plans shardkit starts from: model_greedy, hybrid_greedy (the heaviest "
                           "tables row-wise over every device, small tables data-parallel, the rest by the model, "
-                          "where those types are allowed), replicate_greedy (small tables data-parallel), the "
-                          "greedy baselines, torchrec, neuroshard or other --alg names / checkpoints (default "
-                          "model_greedy, hybrid_greedy, replicate_greedy and the four greedy baselines)",
+                          "where those types are allowed), replicate_greedy (small tables data-parallel), "
+                          "split_greedy (the tables too large for one device split by cost: every column count, "
+                          "row-wise, grid), the greedy baselines, torchrec, neuroshard or other --alg names / "
+                          "checkpoints (default model_greedy, hybrid_greedy, replicate_greedy, split_greedy and "
+                          "the four greedy baselines)",
                           type=name_list, metavar="ALGS",
                           cli_default=None)
-    types: tuple | None = param(None, "sharding types shardkit's search may create: tw, cw, rw, dp, grid (default "
-                                "all five for emulated:h200, grid only where there are hosts; tw,cw,rw for the measured "
-                                "oracle, whose data-parallel all-reduce its exchange model is not fitted on)", type=name_list,
-                                metavar="TYPES")
+    types: tuple | None = param(None, "sharding types shardkit's plans may use: tw, cw, rw, dp, grid (table-wise "
+                                "is always allowed; default all five for emulated:h200, grid only where there are "
+                                "hosts; tw,cw,rw for the measured oracle, whose data-parallel all-reduce its exchange "
+                                "model is not fitted on); honoured exactly: a start using another type is skipped, and "
+                                "a task that needs one (a table larger than a device) is refused naming it",
+                                type=name_list, metavar="TYPES")
     kicks: int | None = param(None, "at most N kicks of the iterated local search that follows the starts' searches "
-                              "(default: as many as the budget allows, ending after 40 in a row without a gain); 0: "
-                              "the starts' local optima only, a plan that does not depend on the CPU's speed where "
-                              "those searches end before the budget", type=nonnegative_int, metavar="N")
+                              "(default: as many as the work budget allows, ending after 40 in a row without a gain); "
+                              "0: the starts' local optima only", type=nonnegative_int, metavar="N")
     robust: bool = param(True, "minimise the cost model's slowest device (a point estimate) instead of the default, "
                          "which plans for the machine rather than the model: the expected slowest device with each "
                          "device's compute off by a draw of the model's own cross-validated error (where the model "
@@ -250,12 +153,18 @@ def config_from_kwargs(kwargs: dict) -> tuple[ShardkitConfig, dict]:
 
 @dataclass
 class ShardkitSharder(Sharder):
+    """shardkit's planner: the stages of the module notes, each passed in (or made from the names of
+    ``starts``), so a test or a user can swap any of them."""
+
     model: CostModel | None = None
-    model_factory: Any = None                 # () -> CostModel, called on first use
-    time_budget_s: float = CONFIG.time
+    model_factory: Any = None                 # a ModelSource: make(oracle) -> CostModel, called on first use
+    time_budget_s: float = CONFIG.time        # the outer wall-clock cap per task
+    work: float = CONFIG.work                 # the search's work budget per task (search.WorkBudget)
     starts: tuple = CONFIG.starts
+    proposers: tuple | None = None            # the starts as Proposer objects (default: made from ``starts``)
+    improver: LocalSearch = field(default_factory=LocalSearch)
     refine_k: int = 0                         # no oracle of its own: load_sharder gives CONFIG.refine_k(landscape)
-    types: tuple = ALL_TYPES                  # sharding types the search may create
+    types: tuple = ALL_TYPES                  # sharding types its plans may use (table-wise always)
     start_kwargs: dict = field(default_factory=dict)
     oracle: Any = None
     emulator_fit: str = "heldout"             # on an emulated landscape: plan each task with a held-out fit
@@ -263,7 +172,11 @@ class ShardkitSharder(Sharder):
     seed: int = 0                             # the kicks' generator (with the task's tables)
     max_kicks: int | None = CONFIG.kicks      # None: until the budget or KICK_PATIENCE kicks without a gain
     last_info: dict = field(default_factory=dict)
-    _start_sharders: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        self.types = tuple(dict.fromkeys((TABLE_WISE,) + tuple(self.types)))
+        if self.proposers is None:
+            self.proposers = tuple(make_start(n, self.start_kwargs) for n in self.starts)
 
     def plan_stats(self) -> dict:
         return dict(self.last_info)
@@ -275,18 +188,17 @@ class ShardkitSharder(Sharder):
         measuring, else what calibration needs is checked, so missing cost data stops the command
         before anything is measured."""
         self.oracle = oracle
-        check = getattr(self.model_factory, "check", None)
-        if self.model is None and check is not None:
-            self.model = check(oracle)
+        if self.model is None and self.model_factory is not None:
+            self.model = self.model_factory.check(oracle)
 
     def resolve_starts(self) -> None:
         """Every start that is another planner or a checkpoint, resolved now (by :func:`load_sharder`):
         a missing checkpoint stops the command before any worker starts. A start whose package is not
-        installed (TorchRec) is skipped per task, as before."""
-        for name in self.starts:
-            if name not in OWN_STARTS and name not in GREEDY_KEYS:
+        installed (TorchRec) is skipped per task."""
+        for p in self.proposers:
+            if isinstance(p, PlannerStart):
                 try:
-                    self._start_sharder(name)
+                    p.sharder()
                 except ImportError:
                     pass
 
@@ -300,11 +212,11 @@ class ShardkitSharder(Sharder):
         if self.model is None:
             if self.model_factory is None:
                 raise ShardError("shardkit: no cost model")
-            self.model = self.model_factory(self.oracle)
+            self.model = self.model_factory.make(self.oracle)
         return self.model
 
     def load(self) -> None:
-        """What is loaded once, before any budget runs (as a planner's import would be): the cost model
+        """What is loaded once, before any planning (as a planner's import would be): the cost model
         and, for an emulated card, its measurements (the held-out refits' data)."""
         model = self.cost_model()
         if model.landscape.startswith("emulated:"):
@@ -320,8 +232,7 @@ class ShardkitSharder(Sharder):
         with a model that saw the task's tables, nor with the judge itself. Where that leaves too few
         shards to refit (hundreds of measured tables), the shipped fit, said in the model's ``source``.
         Its bias and error on devices holding row-wise blocks or replicas are those measured on other
-        tasks' devices of plans with ``ndevices`` devices where enough were measured (the replica law
-        prices replica devices of 4-device plans ~2% high and of 8-device plans ~2% low), else of all."""
+        tasks' devices of plans with ``ndevices`` devices where enough were measured, else of all."""
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model
@@ -350,109 +261,80 @@ class ShardkitSharder(Sharder):
                                    source=f"emulator ({card}) refitted without the task's {len(seen)} measured "
                                           f"tables and fold {HELDOUT_SUBSET.split(':')[1]} of the rest")
 
-    def _start_sharder(self, name: str):
-        if name not in self._start_sharders:
-            from shardcore.cli import algorithms
-
-            self._start_sharders[name] = algorithms.resolve(name, **self.start_kwargs)
-        return self._start_sharders[name]
-
-    def start_plans(self, tables, ndevices, max_memory_gb, precision, model: CostModel | None = None,
-                    deadline: float | None = None) -> list[tuple[str, Plan]]:
-        """The starts that place the task, in ``starts`` order; after ``deadline`` (``time.perf_counter``)
-        only until the first one is found."""
-        model = model or self.cost_model()
+    def start_plans(self, task: PlanningTask) -> list[tuple[str, Plan]]:
+        """The starts that place the task with the allowed types, in ``proposers`` order; where none
+        does, :class:`InfeasibleError` saying what each start hit (and, for a table no device holds
+        whole, which sharding types would place it)."""
         out, why = [], {}
-        # a last resort where no start of the list places the task: TorchRec's planner splits a table
-        # too large for one device by rows, which the greedy starts cannot
-        fallback = () if "torchrec" in self.starts else ("torchrec",)
-        last = 0.0   # the previous start took this long; after the first, another is made only if it fits
-        for name in tuple(self.starts) + fallback:
-            if (name in fallback or (deadline is not None and time.perf_counter() + last > deadline)) and out:
-                break
-            t0 = time.perf_counter()
+        allowed = set(self.types)
+        for p in self.proposers:
             try:
-                if name == "model_greedy":
-                    plan = model_greedy(model, tables, ndevices, max_memory_gb, precision)
-                elif name == "replicate_greedy":
-                    if DATA_PARALLEL not in self.types or ndevices < 2:
-                        continue
-                    plan = replicate_greedy(model, tables, ndevices, max_memory_gb, precision, deadline)
-                elif name == "hybrid_greedy":
-                    if ROW_WISE not in self.types or ndevices < 2:
-                        continue
-                    plan = hybrid_greedy(model, tables, ndevices, max_memory_gb, precision, deadline,
-                                         replicate=DATA_PARALLEL in self.types)
-                elif name in GREEDY_KEYS:
-                    plan = greedy_plan(tables, ndevices, max_memory_gb, GREEDY_KEYS[name], precision)
-                else:
-                    plan = self._start_sharder(name).shard(tables, Topology(ndevices, max_memory_gb, precision))
+                plan = p.propose(task)
             except (InfeasibleError, ImportError) as exc:
-                why[name] = io.first_line(exc, 120)
+                why[p.name] = io.first_line(exc, 120)
                 continue
-            if plan.is_feasible(tables, max_memory_gb, precision):
-                out.append((name, plan))
+            used = set(plan.sharding_types(task.tables))
+            if not used <= allowed:
+                why[p.name] = f"its plan uses {', '.join(sorted(used - allowed))}, not in --shardkit-types"
+            elif not plan.is_feasible(task.tables, task.cap, task.precision):
+                why[p.name] = "its plan exceeds the memory cap"
             else:
-                why[name] = "its plan exceeds the memory cap"
-            last = time.perf_counter() - t0
+                out.append((p.name, plan))
         if not out:
-            reasons = "; ".join(f"{n}: {w}" for n, w in why.items())
-            raise InfeasibleError(f"infeasible: none of shardkit's starts ({', '.join(self.starts)}"
-                                  f"{', and torchrec as a last resort' if fallback else ''}) could place the task "
-                                  f"({reasons})")
+            raise InfeasibleError(f"infeasible: {self._needs(task) or 'no start of shardkit places the task'} "
+                                  f"({'; '.join(f'{n}: {w}' for n, w in why.items())})")
         return out
 
+    def _needs(self, task: PlanningTask) -> str:
+        """What a task whose largest table fits on no device needs, in words (empty where it fits)."""
+        big = max(range(len(task.tables)), key=lambda i: task.memory(task.tables[i]))
+        t = task.tables[big]
+        if task.memory(t) <= task.cap + 1e-12:
+            return ""
+        names = {v: k for k, v in TYPE_NAMES.items()}
+        splits = [names[x] for x in (COLUMN_WISE, ROW_WISE, GRID) if x in self.types]
+        return (f"table {t.index} (task position {big}, {task.memory(t):.3f} GiB in {task.precision}) fits on no "
+                f"device of {task.cap:g} GiB and must be split; " +
+                (f"the allowed types ({', '.join(names[x] for x in self.types)}) do not place it" if splits else
+                 f"allow cw or rw in --shardkit-types (now {', '.join(names[x] for x in self.types)})"))
+
     def shard(self, tables, topology):
-        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
+        ndevices = topology.ndevices
         tables = list(tables)
         self.load()
         model = self.task_model(tables, ndevices)
-        # the budget covers everything after the task's model is fitted: the starts, their evaluation,
-        # the search and the choice; only the first start that places the task is always made (no
-        # answer without one), so at 100k tables a tiny budget costs that one start's O(tables) time
-        deadline = time.perf_counter() + self.time_budget_s
-        # the starts get at most half of it (at hundreds of tables on a hundred devices the search from
-        # a cheap start gains more than another costly start), the search the rest
-        starts = self.start_plans(tables, ndevices, max_memory_gb, precision, model,
-                                  deadline=deadline - (1.0 - START_SHARE) * self.time_budget_s)
-        states = []
-        one = 0.0   # the first start's evaluation took this long; another is begun only if it fits
-        for name, plan in starts:
-            if states and time.perf_counter() + one > deadline:
-                break
-            t1 = time.perf_counter()
-            st = State(model, tables, plan.table_shardings(tables), ndevices, max_memory_gb, precision)
-            states.append((st.score, name, st, plan))
-            if len(states) == 1:   # kept free: the choice after the search (about one evaluation) and the
-                one = time.perf_counter() - t1   # steps that end after the deadline (2% of the budget at least)
-                deadline -= max(2 * one, 0.02 * self.time_budget_s)
-        states.sort(key=lambda x: x[0])
+        task = PlanningTask(tables, topology, model, self.types)
+        budget = WorkBudget(self.work, self.time_budget_s)
+        starts = self.start_plans(task)
+        states = [(None, name, State(model, tables, plan.table_shardings(tables), ndevices, topology.max_memory_gb,
+                                     topology.precision), plan) for name, plan in starts]
+        states = sorted(((st.score, name, st, plan) for _, name, st, plan in states), key=lambda x: x[0])
         pool: list[tuple[tuple, str, Plan]] = [(score, name, plan) for score, name, _, plan in states]
         stats = SearchStats(accepted={})
         searched = []
-        for score, name, st, _ in states:
-            if searched and time.perf_counter() > deadline:
+        for score, name, st, _ in states:   # from every start (best first) while the budget lasts
+            if searched and budget.exhausted:
                 break
-            local_search(st, deadline, types=self.types, stats=stats)
+            self.improver.improve(st, budget, types=self.types, stats=stats)
             searched.append(name)
             pool.append((st.score, f"{name}+search", st.plan()))
         # the budget left: iterated local search from the best local optimum (kick, search again, keep
-        # the better), with a generator seeded by the task's tables, so a run repeats where it has time
+        # the better), with a generator seeded by the task's tables
         searched_states = sorted((st for _, _, st, _ in states[:len(searched)]), key=lambda x: x.score)
         kicks = gains = 0
-        if searched_states and ndevices > 1 and time.perf_counter() < deadline and self.max_kicks != 0:
+        if searched_states and ndevices > 1 and not budget.exhausted and self.max_kicks != 0:
             best_st = searched_states[0]
             best_name = min((x for x in pool if x[1].endswith("+search")), key=lambda x: x[0])[1]
             rng = np.random.default_rng([int(self.seed), zlib.crc32(",".join(str(t.index) for t in tables).encode())])
             since = 0   # kicks since the last gain: after KICK_PATIENCE of them the search ends early
-            while (time.perf_counter() < deadline and since < KICK_PATIENCE
+            while (not budget.exhausted and since < KICK_PATIENCE
                    and (self.max_kicks is None or kicks < self.max_kicks)):
                 st = best_st.copy()
                 if rng.random() < RECREATE_KICKS:
                     recreate(st, rng, RECREATE_SHARE)
                 else:
                     kick(st, rng, int(rng.integers(2, 5)), types=self.types)
-                local_search(st, deadline, types=self.types, stats=stats)
+                self.improver.improve(st, budget, types=self.types, stats=stats)
                 kicks, since = kicks + 1, since + 1
                 if st.score < best_st.score:
                     best_st, gains, since = st, gains + 1, 0
@@ -460,6 +342,8 @@ class ShardkitSharder(Sharder):
                 stats.stopped = f"no gain in {KICK_PATIENCE} kicks"
             if gains:
                 pool.append((best_st.score, f"{best_name}+kicks", best_st.plan()))
+        if budget.cut_by_time:
+            stats.stopped = "time cap"
         pool.sort(key=lambda x: x[0])
         distinct, seen = [], set()
         for score, name, plan in (pool if self.refine_k > 0 else pool[:1]):   # refinement measures distinct ones
@@ -473,6 +357,7 @@ class ShardkitSharder(Sharder):
                 "shardkit_start_ms": round(states[0][0][0], 4), "shardkit_searched": searched,
                 "shardkit_moves": dict(stats.accepted), "shardkit_rounds": stats.rounds,
                 "shardkit_kicks": kicks, "shardkit_kick_gains": gains,
+                "shardkit_work": round(budget.used, 1), "shardkit_work_budget": budget.work,
                 "shardkit_stopped": stats.stopped, "shardkit_measurements": 0,
                 "shardkit_refine_k": self.refine_k if self.measures_candidates else 0,
                 "shardkit_model": model.source}
@@ -482,8 +367,9 @@ class ShardkitSharder(Sharder):
             if self.oracle is None:
                 raise ShardError("shardkit: refinement (--shardkit-refine) needs an oracle; plan-only runs have none")
             res = refine(model, self.oracle, tables, [(name, plan) for _, name, plan in distinct], ndevices,
-                         max_memory_gb, precision, self.refine_k, search_s=self.time_budget_s, types=self.types,
-                         stats=stats)
+                         topology.max_memory_gb, topology.precision, self.refine_k,
+                         budget=lambda: WorkBudget(self.work, self.time_budget_s), types=self.types,
+                         stats=stats, search=self.improver.improve)
             info.update({"shardkit_measurements": len(res.measured_ms),
                          "shardkit_measurements_from_cache": res.from_cache,
                          "shardkit_measured_ms": [round(c, 4) for c in res.measured_ms],
@@ -525,40 +411,59 @@ def fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files) -> Cost
                              "needs itself (--shardkit-calibrate S)") from None
 
 
-def _model_factory(landscape: str, data_dir, batch_size, model_path, comm: dict,
-                   cache_path=None, exclude_task_files=None, calibrate_s: float = CONFIG.calibrate):
-    def calibrates(oracle) -> bool:
-        """Whether ``make(oracle)`` measures (calibration) rather than loads or fits a model."""
-        return (not model_path and not landscape.startswith("emulated") and not DEFAULT_CPU_MODEL.is_file()
-                and oracle is not None and calibrate_s > 0 and data_dir is not None)
+@dataclass
+class ModelSource:
+    """Where the cost model of a landscape comes from: ``make(oracle)`` builds it (the shardkit model file
+    given, the emulated card's own model, the fitted model of this machine, a calibration through the
+    measured oracle's cache, or a fit of that cache); ``check(oracle)``, before the oracle's workers
+    start, returns it where it needs no measuring (or raises the one-line error saying what is missing),
+    None where it will calibrate."""
 
-    def make(oracle=None) -> CostModel:
+    landscape: str
+    data_dir: Any = None
+    batch_size: int | None = None
+    model_path: str | None = None
+    comm: dict = field(default_factory=dict)
+    cache_path: Any = None
+    exclude_task_files: Any = None
+    calibrate_s: float = CONFIG.calibrate
+
+    def calibrates(self, oracle) -> bool:
+        """Whether :meth:`make` measures (calibration) rather than loads or fits a model."""
+        return (not self.model_path and not self.landscape.startswith("emulated") and not DEFAULT_CPU_MODEL.is_file()
+                and oracle is not None and self.calibrate_s > 0 and self.data_dir is not None)
+
+    def make(self, oracle=None) -> CostModel:
         """``oracle``: the measured oracle attached (eval.py attaches it), which calibration measures on."""
-        if model_path:
-            return CostModel.load(model_path)
-        if landscape.startswith("emulated"):
-            return emulated_model(data_dir or os.devnull, batch_size or 4096, CommModel.of(**comm),
-                                  card=landscape.split(":", 1)[1])
+        if self.model_path:
+            return CostModel.load(self.model_path)
+        if self.landscape.startswith("emulated"):
+            return emulated_model(self.data_dir or os.devnull, self.batch_size or 4096, CommModel.of(**self.comm),
+                                  card=self.landscape.split(":", 1)[1])
         if DEFAULT_CPU_MODEL.is_file():
             return CostModel.load(DEFAULT_CPU_MODEL)
-        if calibrates(oracle) and getattr(oracle, "context", None):
+        if self.calibrates(oracle) and getattr(oracle, "context", None):
             from .calibrate import calibrated_model
 
-            return calibrated_model(oracle, data_dir, exclude_task_files, calibrate_s)
-        return fit_from_cache(data_dir, batch_size, cache_path, exclude_task_files)
+            return calibrated_model(oracle, self.data_dir, self.exclude_task_files, self.calibrate_s)
+        return fit_from_cache(self.data_dir, self.batch_size, self.cache_path, self.exclude_task_files)
 
-    def check(oracle=None) -> CostModel | None:
-        """Before ``oracle``'s workers start: the model itself where it needs no measuring (or the
-        one-line error saying what is missing); None where it calibrates through the oracle's cache."""
-        if calibrates(oracle) and measurement_store(oracle) is not None:
+    def check(self, oracle=None) -> CostModel | None:
+        if self.calibrates(oracle) and measurement_store(oracle) is not None:
             from .calibrate import check_calibration
 
-            check_calibration(oracle, data_dir, exclude_task_files)   # enough tables outside the tasks
+            check_calibration(oracle, self.data_dir, self.exclude_task_files)   # enough tables outside the tasks
             return None
-        return make(oracle)
+        return self.make(oracle)
 
-    make.check = check
-    return make
+
+def parse_types(names: Sequence[str]) -> tuple[str, ...]:
+    """``--shardkit-types`` names (tw, cw, rw, dp, grid or the full names) as sharding types."""
+    types = tuple(TYPE_NAMES.get(str(t).lower(), str(t).lower()) for t in names)
+    bad = [t for t in types if t not in ALL_TYPES]
+    if bad:
+        raise ShardError(f"--shardkit-types: unknown type {bad[0]!r} (tw, cw, rw, dp, grid or their full names)")
+    return types
 
 
 def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_size=None, comm_bandwidth=None,
@@ -570,9 +475,9 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
     ``oracle``: the landscape planned for (``measured``: the fitted model of this machine,
     ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one, else fitted on the spot
     from ``cache_path``'s measurements without the tables of ``exclude_task_files``; ``emulated:h200``:
-    the emulator). ``shardkit_types``: the sharding types the search may create (default: all four on the
-    emulated landscape; table- and column-wise on the measured one, whose fitted exchange model has not
-    been calibrated on row-wise / data-parallel collectives). Other keyword arguments go to the start
+    the emulator). ``shardkit_types``: the sharding types its plans may use (default: all five on the
+    emulated landscape; table-, column- and row-wise on the measured one, whose fitted exchange model has
+    not been calibrated on data-parallel collectives). Other keyword arguments go to the start
     algorithms."""
     if path is not None:
         raise ShardError("--alg shardkit takes no checkpoint (its cost model: --shardkit-model FILE.json)")
@@ -583,6 +488,8 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
     budget = float(cfg.time)
     if not budget > 0:
         raise ShardError(f"--shardkit-time must be positive seconds, got {cfg.time}")
+    if not int(cfg.work) > 0:
+        raise ShardError(f"--shardkit-work must be a positive number of work units, got {cfg.work}")
     refine_k = cfg.refine_k(landscape)
     if refine_k < 0:
         raise ShardError(f"--shardkit-refine must be 0 or more, got {cfg.refine}")
@@ -590,11 +497,7 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
     if "shardkit" in starts:
         raise ShardError("--shardkit-starts cannot name shardkit itself")
     if cfg.types:
-        abbrev = {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "dp": "data_parallel", "grid": "grid"}
-        types = tuple(abbrev.get(str(t).lower(), str(t).lower()) for t in cfg.types)
-        bad = [t for t in types if t not in ALL_TYPES]
-        if bad:
-            raise ShardError(f"--shardkit-types: unknown type {bad[0]!r} (tw, cw, rw, dp, grid or their full names)")
+        types = parse_types(cfg.types)
     else:
         types = ALL_TYPES if landscape.startswith("emulated") else MEASURED_TYPES
     start_kwargs = {k: v for k, v in kwargs.items() if v is not None}
@@ -605,15 +508,16 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
                               ("inter_host_latency", inter_host_latency)) if v is not None}
     start_kwargs.update(seed=seed, batch_size=batch_size, oracle=oracle, data_dir=data_dir, emulator_fit=emulator_fit,
                         **comm)
-    factory = _model_factory(landscape, data_dir, batch_size, cfg.model, comm,
-                             cache_path, exclude_task_files, float(cfg.calibrate))
+    factory = ModelSource(landscape, data_dir, batch_size, cfg.model, comm, cache_path, exclude_task_files,
+                          float(cfg.calibrate))
     fit = emulator_fit or "heldout"
     if fit not in ("heldout", "devices", "full"):
         raise ShardError(f"shardkit: emulator fit must be heldout, devices or full, got {emulator_fit!r}")
     # judged by devices (the judge has seen the task's tables among others), shardkit still plans with a model
     # that never saw them: the harder comparison for it, where the learned methods' training oracle saw them
     fit = "heldout" if fit == "devices" else fit
-    sharder = ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, starts=starts,
+    sharder = ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, work=int(cfg.work),
+                              starts=starts,
                               refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit,
                               robust=bool(cfg.robust), seed=int(seed),
                               max_kicks=None if cfg.kicks is None else int(cfg.kicks))

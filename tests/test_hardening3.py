@@ -86,7 +86,7 @@ def test_missing_start_checkpoint_stops_before_real_workers(base, tmp_path):
     assert time.perf_counter() - t0 < 60     # imports included; no worker was spawned
 
 
-# -- class 2: shardkit's time budget at 100k tables (what it covers; the O(tables) parts stay exact) -------
+# -- class 2: shardkit's budget at 100k tables (what it covers; the O(tables) parts stay exact) -------
 def _tables(n, seed=0):
     import random
 
@@ -124,16 +124,19 @@ def test_greedy_in_log_devices_chooses_as_before(cap):
         assert list(greedy_plan(tables, n, cap, key).allocation) == want
 
 
-def test_past_the_deadline_one_start_is_made():
+def test_a_time_cap_shorter_than_the_starts_still_searches_from_one_start():
     from shardcore.cli import algorithms
+    from shardkit_planner.starts import PlanningTask
 
     tables = _tables(40)
-    sk = algorithms.resolve("shardkit", oracle="emulated:h200", shardkit_time=0.01)
+    sk = algorithms.resolve("shardkit", oracle="emulated:h200", shardkit_time=1e-6)
     model = sk.task_model(tables)
-    assert [n for n, _ in sk.start_plans(tables, 4, 10.0, "fp16", model, deadline=0.0)] == ["model_greedy"]
-    assert len(sk.start_plans(tables, 4, 10.0, "fp16", model)) == 7   # model_, hybrid_, replicate_greedy, four greedy
+    starts = sk.start_plans(PlanningTask(tables, Topology(4, 10.0), model, sk.types))
+    # every start is made (their work is bounded, not timed): model_, hybrid_, replicate_greedy, four greedy
+    # (split_greedy has nothing to split here)
+    assert len(starts) == 7
     sk.shard(tables, Topology(4, 10.0))
-    assert sk.last_info["shardkit_stopped"] == "time budget" and sk.last_info["shardkit_searched"]
+    assert sk.last_info["shardkit_stopped"] == "time cap" and sk.last_info["shardkit_searched"]
 
 
 # -- class 4: --resume refuses a checkpoint of another setting (DreamShard; AutoShard in round two) --------

@@ -19,8 +19,9 @@ from shardcore.oracles.measured.driver import PlanResult
 from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise
 from shardcore.types import Topology
 from shardkit_planner.costmodel import CostModel, emulated_model
-from shardkit_planner.search import State, candidate_moves, kick, local_search, recreate
-from shardkit_planner.sharder import ShardkitSharder, hybrid_greedy, load_sharder, model_greedy, replicate_greedy
+from shardkit_planner.search import State, WorkBudget, candidate_moves, kick, local_search, recreate
+from shardkit_planner.sharder import ShardkitSharder, load_sharder
+from shardkit_planner.starts import PlanningTask, hybrid_greedy, model_greedy, replicate_greedy
 from helpers import FnOracle, make_dataset
 
 B = 64
@@ -40,8 +41,18 @@ def model(data):
 
 
 def _sharder(model, **kw):
-    kw.setdefault("time_budget_s", 0.3)
+    kw.setdefault("work", 3000)
     return ShardkitSharder(name="shardkit", model=model, **kw)
+
+
+def _starts(sk, task, n, cap, model=None, precision="fp16"):
+    """The sharder's starts for ``task`` on ``n`` devices of ``cap`` (its task model unless ``model``)."""
+    model = model or sk.task_model(task, n)
+    return sk.start_plans(PlanningTask(list(task), Topology(n, cap, precision), model, sk.types))
+
+
+def _budget():
+    return WorkBudget(10 ** 9)
 
 
 def test_respects_a_binding_memory_cap(data, model):
@@ -70,7 +81,7 @@ def test_never_worse_than_its_starts_under_its_model(data, model):
     task = tables[5:25]
     sk = _sharder(model, robust=False)
     plan = sk.shard(task, Topology(4, 10.0))
-    starts = sk.start_plans(task, 4, 10.0, "fp16")
+    starts = _starts(sk, task, 4, 10.0)
     assert {n for n, _ in starts} >= {"model_greedy", "size_lookup_greedy"}
     best_start = min(model.plan_cost(task, p) for _, p in starts)
     got = model.plan_cost(task, plan)
@@ -80,7 +91,7 @@ def test_never_worse_than_its_starts_under_its_model(data, model):
     # and the search itself, from a poor start (everything on device 0), only goes down
     st = State(model, task, [table_wise(0)] * len(task), 4, 10.0, "fp16")
     before = st.score
-    local_search(st, time.perf_counter() + 5.0, max_rounds=40)
+    local_search(st, _budget(), max_rounds=40)
     assert st.score <= before and st.cost < before[0]
 
 
@@ -100,26 +111,31 @@ def test_every_sharding_type(data, model):
     for m in range(4):
         kinds |= {k for k, _ in candidate_moves(st, m, 6, 8, 1.0)}
     assert {"move", "split", "merge", "swap", "row-wise", "replicate", "gather"} <= kinds
-    local_search(st, time.perf_counter() + 5.0, max_rounds=30)
+    local_search(st, _budget(), max_rounds=30)
     after = st.plan()                       # a valid plan of every type
     np.testing.assert_allclose(st.costs, model.device_costs(task, after), rtol=1e-9)
     # restricted to table- and column-wise, the search creates no row-wise / data-parallel table
     st2 = State(model, task, [table_wise(0)] * len(task), 4, 10.0, "fp16")
-    local_search(st2, time.perf_counter() + 5.0, max_rounds=30, types=("table_wise", "column_wise"))
+    local_search(st2, _budget(), max_rounds=30, types=("table_wise", "column_wise"))
     assert set(st2.plan().sharding_types(task)) <= {"table_wise", "column_wise"}
 
 
-def test_time_budget_is_honoured(data, model):
+def test_work_budget_is_honoured_and_the_time_cap_says_when_it_cut_the_search(data, model):
     _, tables = data
-    sk = _sharder(model, time_budget_s=0.05)
-    t0 = time.perf_counter()
+    sk = _sharder(model, work=500)
     sk.shard(tables, Topology(8, 10.0))
-    took = time.perf_counter() - t0
-    # the budget is checked between search rounds: one round over it at most
-    assert sk.last_info["shardkit_stopped"] in ("time budget", "local optimum", "no feasible move")
-    assert took < 0.05 + 2.0
+    info = sk.last_info
+    # the work is checked between chunks of candidates: one chunk (at most 64 candidates) over it at most
+    assert info["shardkit_work_budget"] == 500 and info["shardkit_work"] <= 500 + 64 * 3
+    assert info["shardkit_stopped"] in ("work budget", "local optimum", "no gain in 40 kicks")
+    # a wall-clock cap that ends the search says so
+    capped = _sharder(model, work=10 ** 9, time_budget_s=1e-6)
+    capped.shard(tables, Topology(8, 10.0))
+    assert capped.last_info["shardkit_stopped"] == "time cap"
     with pytest.raises(ShardError, match="--shardkit-time"):
         load_sharder(oracle="emulated:h200", shardkit_time=0)
+    with pytest.raises(ShardError, match="--shardkit-work"):
+        load_sharder(oracle="emulated:h200", shardkit_work=0)
 
 
 class CountingOracle:
@@ -266,9 +282,9 @@ def test_replicate_greedy_start_is_the_best_replication_of_the_small_tables(data
     for k in (len(task) // 8, len(task) // 2, 7 * len(task) // 8):   # shares it tries
         assert model.plan_cost(task, plan) <= model.plan_cost(task, _share_plan(model, task, set(small[:k]))) + 1e-9
     # a start of shardkit's by default, left out where data-parallel is not among the types
-    assert "replicate_greedy" in {n for n, _ in _sharder(model).start_plans(task, 4, 10.0, "fp16")}
+    assert "replicate_greedy" in {n for n, _ in _starts(_sharder(model), task, 4, 10.0)}
     tw = _sharder(model, types=("table_wise",))
-    assert "replicate_greedy" not in {n for n, _ in tw.start_plans(task, 4, 10.0, "fp16")}
+    assert "replicate_greedy" not in {n for n, _ in _starts(tw, task, 4, 10.0)}
 
 
 def test_hybrid_greedy_spreads_the_heaviest_tables_row_wise_and_prices_no_worse_than_replication(data, model):
@@ -295,9 +311,8 @@ def test_hybrid_greedy_spreads_the_heaviest_tables_row_wise_and_prices_no_worse_
     assert kinds.count("row_wise") == 1 and kinds.index("row_wise") == int(np.argmax(alone))
     assert "data_parallel" not in kinds
     # a default start, left out where row-wise is not among the types
-    assert "hybrid_greedy" in {n for n, _ in _sharder(model).start_plans(task, 4, 10.0, "fp16")}
-    assert "hybrid_greedy" not in {n for n, _ in _sharder(model, types=("table_wise", "data_parallel")).start_plans(
-        task, 4, 10.0, "fp16")}
+    assert "hybrid_greedy" in {n for n, _ in _starts(_sharder(model), task, 4, 10.0)}
+    assert "hybrid_greedy" not in {n for n, _ in _starts(_sharder(model, types=("table_wise", "data_parallel")), task, 4, 10.0)}
 
 
 def test_kick_changes_a_copy_only_and_keeps_its_bookkeeping_exact(data, model):
@@ -366,23 +381,22 @@ def test_recreate_puts_a_share_of_the_whole_tables_back_heaviest_first_on_the_le
 def test_iterated_search_kicks_while_the_budget_lasts_and_keeps_the_best(data, model):
     _, tables = data
     task = tables[:24]
-    # two cheap starts and a budget far above their searches (milliseconds), so kicks follow even on a
-    # loaded machine (CI beside `make demo`: seven starts' searches once filled a 1 s budget)
-    sk = _sharder(model, time_budget_s=2.0, starts=("model_greedy", "lookup_greedy"))
+    # two cheap starts and a budget far above their searches, so kicks follow
+    sk = _sharder(model, work=20000, starts=("model_greedy", "lookup_greedy"))
     plan = sk.shard(task, Topology(4, 10.0, "fp16"))
     info = sk.plan_stats()
     assert info["shardkit_kicks"] >= 1 and 0 <= info["shardkit_kick_gains"] <= info["shardkit_kicks"]
     # the kept plan scores no worse under the sharder's objective than any start
     tm = sk.task_model(task)
     kept = State(tm, task, plan.table_shardings(task), 4, 10.0, "fp16").score
-    for _, start in sk.start_plans(task, 4, 10.0, "fp16", tm):
+    for _, start in _starts(sk, task, 4, 10.0, tm):
         assert kept <= State(tm, task, start.table_shardings(task), 4, 10.0, "fp16").score
     # --shardkit-kicks 0: the starts' local optima only
     assert load_sharder(oracle="emulated:h200", shardkit_kicks=0).max_kicks == 0
-    none = _sharder(model, time_budget_s=1.0, max_kicks=0)
+    none = _sharder(model, max_kicks=0)
     none.shard(task, Topology(4, 10.0, "fp16"))
     assert none.plan_stats()["shardkit_kicks"] == 0
-    two = _sharder(model, time_budget_s=1.0, max_kicks=2)
+    two = _sharder(model, max_kicks=2)
     two.shard(task, Topology(4, 10.0, "fp16"))
     assert two.plan_stats()["shardkit_kicks"] <= 2
 
@@ -626,7 +640,7 @@ def test_emulated_model_is_the_oracle_on_row_wise_and_data_parallel_plans(data, 
                 np.testing.assert_allclose(st.costs, truth, rtol=1e-12)
             # and the search's result, whatever types it chose
             st = State(m, task, plans[2], 4, 10.0, "fp16")
-            local_search(st, time.perf_counter() + 2.0, max_rounds=20)
+            local_search(st, _budget(), max_rounds=20)
             truth = [sum(d) for d in emu.evaluate(st.plan().shard_tables(task)).device_costs_ms]
             np.testing.assert_allclose(st.costs, truth, rtol=1e-12)
     # the id exchange is priced on every device (each sends ids or receives them)
@@ -1036,7 +1050,7 @@ def test_robust_objective_never_worse_than_its_starts_under_the_models_error(dat
     got = objective(plan)
     assert sk.last_info["shardkit_expected_ms"] == pytest.approx(got, abs=1e-3)
     assert sk.last_info["shardkit_model_ms"] == pytest.approx(m.plan_cost(task, plan), abs=1e-3)
-    assert all(got <= objective(p) + 1e-9 for _, p in sk.start_plans(task, 4, 10.0, "fp16", m))
+    assert all(got <= objective(p) + 1e-9 for _, p in _starts(sk, task, 4, 10.0, m))
     # the expected slowest device is at least the slowest expected device (Jensen)
     shards = plan.shard_tables(task)
     comp = m.shard_compute(shards)
@@ -1227,7 +1241,7 @@ def test_a_start_that_is_another_planner_plans_for_the_same_hardware():
 
     sk = load_sharder(oracle="emulated:h200", data_dir=None, batch_size=65536, comm_bandwidth=100.0,
                       shardkit_starts=("torchrec", "lookup_greedy"))
-    hw = sk._start_sharder("torchrec").hardware
+    hw = next(p for p in sk.proposers if p.name == "torchrec").sharder().hardware
     assert hw.landscape == "emulated:h200" and hw.intra_host_bw_gbps == 100.0 and hw.compute_device == "cuda"
 
 
