@@ -164,13 +164,13 @@ def main(argv=None):
                        f"planning {1e3 * result.planning_seconds:.1f} ms")
         else:
             mem = " ".join(f"{m:.3f}" for m in result.memory_gb)
-            tqdm.write(f"task {result.task:3d} {result.alg:>20s}: feasible, memory GB [{mem}], "
+            tqdm.write(f"task {result.task:3d} {result.alg:>20s}: feasible, memory GiB [{mem}], "
                        f"allocation {result.allocation}")
 
     topology = Topology(ndevices, args.max_memory, args.weights_precision)
     mode = "plan only" if args.plan_only else ("measured on hardware" if args.oracle == "measured"
                                                else f"judged by the {args.oracle} oracle")
-    print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GB "
+    print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GiB "
           f"({args.weights_precision}), {mode}; algorithms: {', '.join(names)}")
     if args.plan_only:
         with tqdm(total=len(tasks) * len(sharders), desc="planning", unit="plan", disable=None) as bar:

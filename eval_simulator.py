@@ -131,7 +131,7 @@ def main(argv=None):
         tqdm.write(line + f", planning {1e3 * result.planning_seconds:.1f} ms{split}")
 
     mode = "simulated and measured on hardware" if args.measure else "simulated"
-    print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GB "
+    print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GiB "
           f"({args.weights_precision}), {mode}; algorithms: {', '.join(names)}")
     if args.measure:
         # the models' setting against the batch the plans will run at, said before any worker starts

@@ -44,12 +44,14 @@ from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import seed_int
 
 def check_fits(tables, names, max_memory_gb, precision):
-    for t, n in zip(tables, names):
+    """A planner that places whole tables only needs every table to fit one device: the largest that
+    does not is named."""
+    for t, n in sorted(zip(tables, names), key=lambda x: -x[0].memory_gb(precision))[:1]:
         need = t.memory_gb(precision)
         if need > max_memory_gb + 1e-12:
-            raise ShardError(f"table {n!r} ({t.row} x {t.dim}, {need:.3f} GB in {precision}) is larger than "
-                             f"the {max_memory_gb:g} GB per-device memory cap: no plan can hold it "
-                             "(raise --max-memory, or split the table)")
+            raise ShardError(f"table {n!r} ({t.row} x {t.dim}, {need:.3f} GiB in {precision}) is larger than "
+                             f"the {max_memory_gb:g} GiB per-device memory cap: no plan of these planners can hold it "
+                             "(raise --max-memory, or add shardkit or torchrec to --alg: they split a table over devices)")
 
 
 def summary(tables, names, plan, devices, max_memory_gb, precision):
@@ -69,7 +71,7 @@ def summary(tables, names, plan, devices, max_memory_gb, precision):
             shown = shown[:57] + "..."
         rows.append([devices[d], len(shard), f"{mem[d]:.3f}", f"{100 * mem[d] / max_memory_gb:.1f}%",
                      f"{load[d]:.1f}", f"{load[d] / mean:.3f}" if mean > 0 else "-", shown])
-    table = format_table(["device", "tables", "memory GB", "of cap", "lookup load (dim x pf)", "load / mean",
+    table = format_table(["device", "tables", "memory GiB", "of cap", "lookup load (dim x pf)", "load / mean",
                           "names"], rows)
     imb = max(load) / mean if mean > 0 else 1.0
     return table, imb, max(mem)
@@ -214,7 +216,7 @@ def side_by_side(results, best_alg) -> str:
                      parts, f"{max(r.memory_gb):.3f}", f"{max(r.memory_gb) / r.max_memory_gb * 100:.0f}%", types,
                      f"{r.planning_seconds:.2f}"])
     return format_table(["planner", "cost ms", "vs best", f"slowest device: {' / '.join(COST_PARTS)} ms",
-                         "max memory GB", "of cap", "sharding types", "planning s"], rows)
+                         "max memory GiB", "of cap", "sharding types", "planning s"], rows)
 
 
 def plan_kwargs(args, alg, batch, data_dir, landscape):
@@ -323,7 +325,7 @@ def main(argv=None):
     if oracle is None and len(algs) == 1 and not results[0].feasible:
         raise ShardError(results[0].error or f"infeasible: {algs[0]} found no plan")
 
-    print(f"{len(tables)} tables from {args.tables} on {ndevices} devices, cap {args.max_memory:g} GB "
+    print(f"{len(tables)} tables from {args.tables} on {ndevices} devices, cap {args.max_memory:g} GiB "
           f"({args.weights_precision}), alg {', '.join(algs)}")
     feasible = [r for r in results if r.feasible]
     if not feasible:
@@ -349,7 +351,7 @@ def main(argv=None):
             if r is not chosen:
                 print(f"{r.alg}: " + ("feasible" if r.feasible else r.error or "infeasible"))
         print(table)
-    print(f"feasible: max device memory {worst:.3f} GB of {args.max_memory:g} GB; "
+    print(f"feasible: max device memory {worst:.3f} GiB of {args.max_memory:g} GiB; "
           f"lookup-load imbalance (max / mean) {imb:.3f}")
     if args.out:
         meta = {"alg": chosen.alg}

@@ -87,7 +87,7 @@ def check_tasks(tasks, dataset, ndevices: int, cap: float, precision: str) -> No
         try:
             greedy.shard(task.tables(dataset.tables), topology)
         except InfeasibleError:
-            raise ShardError(f"training task {k} does not fit on {ndevices} devices under the {cap:g} GB cap "
+            raise ShardError(f"training task {k} does not fit on {ndevices} devices under the {cap:g} GiB cap "
                              "(raise --max-memory or use more devices)") from None
 
 
@@ -121,7 +121,7 @@ def main(argv=None):
     cfg = model.cfg if model is not None else config_from_args(AutoShardConfig, args)
     num_actors = args.num_actors or cfg.num_actors
     print(f"AutoShard: {len(tasks)} training tasks, {ndevices} devices"
-          f"{'' if ndevices == len(devices) else f' (measured on {len(devices)})'}, cap {args.max_memory:g} GB, "
+          f"{'' if ndevices == len(devices) else f' (measured on {len(devices)})'}, cap {args.max_memory:g} GiB, "
           f"{num_actors} actors, {args.total_steps} steps -> {out_dir}/")
     prestart_oracle(args)   # the workers' imports beside the trainer's set-up
     ev = open_evaluator(args, args.data_dir, devices, ndevices)

@@ -74,7 +74,7 @@ def main(argv=None):
     elif newest_checkpoint(args.out_dir) is not None:
         raise ShardError(f"{args.out_dir} already holds checkpoints: pass --resume, or choose another --out-dir")
     cfg = model.cfg if model is not None else config_from_args(DreamShardConfig, args)
-    print(f"DreamShard: {len(tasks)} training tasks, {ndevices} devices, cap {args.max_memory:g} GB, "
+    print(f"DreamShard: {len(tasks)} training tasks, {ndevices} devices, cap {args.max_memory:g} GiB, "
           f"{args.num_iterations} iterations -> {args.out_dir}/")
     prestart_oracle(args)   # the workers' imports beside the trainer's set-up
     ev = open_evaluator(args, args.data_dir, devices)

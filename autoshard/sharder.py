@@ -83,7 +83,7 @@ class AutoShardModel:
         """The greedy plan (argmax at every step), or with ``samples`` > 0 (default: the config's
         ``decode_samples``) the best of it and ``samples`` plans sampled from the policy, best by the
         cost model's predicted slowest device (feasible plans first). Returns the allocation and the
-        memory overflow in GB (0 if feasible)."""
+        memory overflow in GiB (0 if feasible)."""
         samples = self.cfg.decode_samples if samples is None else int(samples)
         if samples <= 0 or not self.cfg.use_cost_model:
             allocs, overs = self.rollouts(tables, ndevices, max_memory_gb, precision, 0, seed)
@@ -134,7 +134,7 @@ class AutoShardSharder(Sharder):
         alloc, over = self.model.place(tables, ndevices, max_memory_gb, precision)
         if over > 0:
             raise InfeasibleError(f"infeasible: the AutoShard policy ran out of room under the "
-                                  f"{max_memory_gb:g} GB cap (over by {over:.3f} GB)")
+                                  f"{max_memory_gb:g} GiB cap (over by {over:.3f} GiB)")
         return Plan(tuple(alloc), ndevices)
 
 

@@ -132,7 +132,7 @@ class DreamShardSharder(Sharder):
         alloc, _, infeasible = self.model.decode(tables, ndevices, max_memory_gb, precision)
         if infeasible:
             raise InfeasibleError(f"infeasible: the DreamShard policy found no device with room for some "
-                                  f"table under the {max_memory_gb:g} GB cap")
+                                  f"table under the {max_memory_gb:g} GiB cap")
         return Plan(tuple(alloc), ndevices)
 
 

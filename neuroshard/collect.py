@@ -11,7 +11,7 @@ train/test split of ``tools/gen_tasks.py`` (``pool="train"``: the test tasks' ta
 a dim drawn from ``max_dim, max_dim/2, ..., 4`` (data augmentation: the same table at many dims) or,
 with probability ``whole_share``, every table at its own dim (a table-wise plan's device); with
 probability ``pf_augment`` a table is made 2x or 4x heavier (:func:`heavier`; emulated oracles only);
-if the shard's weights exceed ``max_mem`` GB, its largest tables are dropped until it fits. Shards
+if the shard's weights exceed ``max_mem`` GiB, its largest tables are dropped until it fits. Shards
 are measured through the oracle's ``measure_shards``; the measurement cache around it
 (:class:`~shardcore.oracles.cache.CachedOracle`) reads and fills the shard entries, so a shard measured
 before (by any script) costs nothing. Columns: ``sample``,

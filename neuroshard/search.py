@@ -53,7 +53,7 @@ class Candidate:
     allocation: tuple[int, ...] | None       # over the expanded table list
     device_costs: np.ndarray | None = None   # [D, 4]
     scale: float | None = None               # the dim-sum cap's scale that produced it (inf: no cap)
-    max_shard_mem: float = 0.0               # largest column shard (GB), ranks infeasible states
+    max_shard_mem: float = 0.0               # largest column shard (GiB), ranks infeasible states
 
     @property
     def feasible(self) -> bool:

@@ -73,7 +73,7 @@ class NeuroShardSharder(Sharder):
         if result.plan is None:
             raise InfeasibleError(
                 f"infeasible: NeuroShard found no placement of {len(tables)} tables on {ndevices} devices "
-                f"under the {max_memory_gb:g} GB cap, even with column-wise splits")
+                f"under the {max_memory_gb:g} GiB cap, even with column-wise splits")
         return result.plan
 
 

@@ -6,7 +6,7 @@ put each on the device with the smallest accumulated key among the devices that 
 
 =====================  ==========================================
 ``dim_greedy``         dim
-``size_greedy``        table memory in GB
+``size_greedy``        table memory in GiB
 ``lookup_greedy``      dim x pooling_factor
 ``size_lookup_greedy`` dim x pooling_factor x log10(row)
 =====================  ==========================================
@@ -36,8 +36,8 @@ EPS = 1e-12
 def _no_room(t: TableConfig, pos: int, mem: Sequence[float], max_memory_gb: float, precision: str) -> InfeasibleError:
     need = t.memory_gb(precision)
     return InfeasibleError(
-        f"infeasible: table {t.index} (task position {pos}, {need:.3f} GB) fits on no device "
-        f"(cap {max_memory_gb:g} GB, most free {max_memory_gb - min(mem):.3f} GB)")
+        f"infeasible: table {t.index} (task position {pos}, {need:.3f} GiB) fits on no device "
+        f"(cap {max_memory_gb:g} GiB, most free {max_memory_gb - min(mem):.3f} GiB)")
 
 
 def _has_room(used: float, need: float, cap: float) -> bool:

@@ -93,7 +93,7 @@ class TableConfig:
         return self.row * self.dim
 
     def memory_gb(self, precision: str = "fp16") -> float:
-        """Weight memory in GB (2^30 bytes): row x dim x bytes per element."""
+        """Weight memory in GiB (2^30 bytes): row x dim x bytes per element."""
         return self.size * bytes_per_element(precision) / GB
 
     def with_dim(self, dim: int) -> "TableConfig":

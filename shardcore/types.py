@@ -59,7 +59,7 @@ class Topology:
         if isinstance(self.ndevices, bool) or int(self.ndevices) != self.ndevices or self.ndevices < 1:
             raise ShardError(f"a topology needs at least one device, got ndevices={self.ndevices!r}")
         if not float(self.max_memory_gb) > 0:
-            raise ShardError(f"the memory cap must be positive, got {self.max_memory_gb!r} GB")
+            raise ShardError(f"the memory cap must be positive, got {self.max_memory_gb!r} GiB")
         if self.precision not in PRECISION_BYTES:
             raise ShardError(f"unknown precision {self.precision!r}: choose one of {', '.join(sorted(PRECISION_BYTES))}")
         object.__setattr__(self, "ndevices", int(self.ndevices))

@@ -152,7 +152,7 @@ class CostModel:
         shards = [list(s) for s in shards]
         if not shards:
             return np.zeros(0)
-        pred = predict_devices(self.compute, shards, self.batch_size, self._cv)
+        pred = predict_devices(self.compute, shards, self.batch_size, self._cv, precision=self.precision)
         out = pred[:, 0] + pred[:, 1]
         if self.kind_bias:
             for i, s in enumerate(shards):

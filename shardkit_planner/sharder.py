@@ -261,6 +261,22 @@ class ShardkitSharder(Sharder):
                                    source=f"emulator ({card}) refitted without the task's {len(seen)} measured "
                                           f"tables and fold {HELDOUT_SUBSET.split(':')[1]} of the rest")
 
+    @staticmethod
+    def for_precision(model: CostModel, precision: str) -> CostModel:
+        """``model`` pricing weights of ``precision``: an emulated card prices any precision (fp32 by the
+        bytes it moves, from its fp16 measurements); a model fitted on this machine's measurements only
+        its own."""
+        if model.precision == precision:
+            return model
+        if model.landscape.startswith("emulated:"):
+            from shardcore.oracles.emulated.oracle import FP32_NOTE
+
+            note = f"; {FP32_NOTE}" if precision == "fp32" else ""
+            return dataclasses.replace(model, precision=precision, source=model.source + note)
+        raise ShardError(f"shardkit's cost model ({model.source or model.landscape}) was fitted on {model.precision} "
+                         f"measurements; planning {precision} weights needs one fitted on {precision} "
+                         f"(tools/fit_shardkit_model.py --weights-precision {precision})")
+
     def start_plans(self, task: PlanningTask) -> list[tuple[str, Plan]]:
         """The starts that place the task with the allowed types, in ``proposers`` order; where none
         does, :class:`InfeasibleError` saying what each start hit (and, for a table no device holds
@@ -302,7 +318,7 @@ class ShardkitSharder(Sharder):
         ndevices = topology.ndevices
         tables = list(tables)
         self.load()
-        model = self.task_model(tables, ndevices)
+        model = self.for_precision(self.task_model(tables, ndevices), topology.precision)
         task = PlanningTask(tables, topology, model, self.types)
         budget = WorkBudget(self.work, self.time_budget_s)
         starts = self.start_plans(task)

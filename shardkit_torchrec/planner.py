@@ -193,7 +193,7 @@ class ShardkitPlanner(ShardingPlanner):
         return self.batch_size * self.world
 
     def cap_gb(self) -> float:
-        """The weights' memory cap per rank in GB: the smallest rank's HBM (DDR on a cpu topology), less the reserve."""
+        """The weights' memory cap per rank in GiB: the smallest rank's HBM (DDR on a cpu topology), less the reserve."""
         kind = "hbm" if self.topology.compute_device in ("cuda", "mtia") else "ddr"
         cap = min(getattr(d.storage, kind) for d in self.topology.devices)
         return cap * (1.0 - self.reserve) / GB

@@ -134,7 +134,7 @@ def test_pipeline_on_the_emulated_h200(tiny, capsys):
     df = pd.read_csv(out / "measurements.csv")
     assert len(df) == 16 and (df.status == "ok").all() and (df.cost_ms > 0).all()
     md = (out / "results.md").read_text()
-    assert "costs from the emulated:h200 oracle" in md and "GB per device), measured on this machine" not in md
+    assert "costs from the emulated:h200 oracle" in md and "GiB per device), measured on this machine" not in md
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["oracle"] == "emulated:h200"
     # the learned method's margin below lookup-greedy and its gap above the table-wise search, per set

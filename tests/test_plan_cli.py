@@ -102,7 +102,7 @@ def test_table_configs_json_and_bins(tmp_path):
 
 
 @pytest.mark.parametrize("text,pattern", [
-    ("name,rows,dim,pooling_factor\nhuge,200000000,64,1\n", r"'huge'.*larger than the 5 GB per-device memory cap"),
+    ("name,rows,dim,pooling_factor\nhuge,200000000,64,1\n", r"'huge'.*larger than the 5 GiB per-device memory cap"),
     ("name,rows,pooling_factor\na,10,1\n", r"missing column\(s\) dim"),
     ("name,rows,dim,pooling_factor\na,10,4,1\nb,ten,4,1\n", r":3 \(table 'b'\): non-numeric rows 'ten'"),
     ("name,rows,dim,pooling_factor\na,10,4,lots\n", r"non-numeric pooling_factor 'lots'"),

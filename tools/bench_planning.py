@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device counts of the second sweep (default 4,8,16,32,64,128)")
     p.add_argument("--devices-tables", type=positive_int, default=400, metavar="N",
                    help="tables in the device sweep (default 400, capped at the dataset's count)")
-    p.add_argument("--max-memory", "--max_mem", dest="max_memory", type=positive_float, default=5.0, metavar="GB",
+    p.add_argument("--max-memory", "--max_mem", dest="max_memory", type=positive_float, default=5.0, metavar="GiB",
                    help="the usual per-device cap, raised per task where needed (default 5)")
     p.add_argument("--headroom", type=positive_float, default=1.5,
                    help="a raised cap is this multiple of the task's memory / devices (default 1.5)")

@@ -63,12 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     dims.add_argument("--max-dim", "--max_dim", type=positive_int, default=None,
                       help="shorthand for --dims MAX,MAX/2,..,4")
     mem = ns.add_mutually_exclusive_group()
-    mem.add_argument("--max-mem", type=positive_float, default=None, metavar="GB",
+    mem.add_argument("--max-mem", type=positive_float, default=None, metavar="GiB",
                      help="per-device memory cap: keep only tasks whose tables each fit one device and "
-                          "whose total fits --ndevices x GB")
-    mem.add_argument("--max_mem", dest="total_mem", type=positive_float, default=None, metavar="GB",
+                          "whose total fits --ndevices x GiB")
+    mem.add_argument("--max_mem", dest="total_mem", type=positive_float, default=None, metavar="GiB",
                      help="NeuroShard's flag, NeuroShard's meaning: keep only tasks whose tables together fit "
-                          "GB, counted in fp32 unless --weights-precision is given (its default was 15 for "
+                          "GiB, counted in fp32 unless --weights-precision is given (its default was 15 for "
                           "4 devices)")
     ns.add_argument("--ndevices", type=positive_int, default=4, help="devices assumed by --max-mem (default 4)")
     ns.add_argument("--weights-precision", choices=["fp16", "fp32"], default=None,
@@ -161,7 +161,7 @@ def neuroshard_file(args) -> None:
     out_dir = args.out_dir or os.path.join("data", "tasks", "4_gpu")
     save_tasks(os.path.join(out_dir, "data.txt"), tasks)
     print(f"wrote {len(tasks)} NeuroShard-style tasks ({t_min}..{t_max} tables each, ids drawn from all "
-          f"{len(tables)} tables with replacement, total memory <= {total:g} GB in {precision}) to "
+          f"{len(tables)} tables with replacement, total memory <= {total:g} GiB in {precision}) to "
           f"{os.path.join(out_dir, 'data.txt')}")
 
 

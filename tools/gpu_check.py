@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", action="append", default=[], metavar="PT",
                    help="a trained model's checkpoint to plan with as well (repeatable)")
     p.add_argument("--sets", type=name_list, default=("DLRM-50", "DLRM-100"),
-                   help="task sets: DLRM-50 (4 devices), DLRM-100 (8 devices), NS (4 devices, dims 4-128, 0.5 GB "
+                   help="task sets: DLRM-50 (4 devices), DLRM-100 (8 devices), NS (4 devices, dims 4-128, 0.5 GiB "
                         "per device: the honest-margin records' NeuroShard-style set); DLRM-50-train (4) and "
                         "DLRM-100-train (8): tasks of the training pool's tables, which no test task holds, so "
                         "their plans' devices are cost-model data no held-out judge leaves out (default "
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure only the first N tasks of each set (default all 10)")
     p.add_argument("--gpu-devices", type=int_list, default=None, metavar="IDS",
                    help="GPUs that measure (default: every GPU present, up to the plan's devices)")
-    p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GB",
+    p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GiB",
                    help="memory cap per device, fp16 weights (default 5; the NS set keeps its own 0.5)")
     p.add_argument("--noise-repeats", type=positive_int, default=7,
                    help="times one shard is measured afresh for the noise figure (default 7)")

@@ -57,7 +57,7 @@ class TaskSetSpec:
     name: str
     task_path: Path
     ndevices: int
-    max_memory: float | None = None   # the set's own cap per device (GB), else CheckConfig.max_memory
+    max_memory: float | None = None   # the set's own cap per device (GiB), else CheckConfig.max_memory
 
 
 # The shipped test sets: task file, plan devices, the set's own memory cap (None: --max-memory). NS is the

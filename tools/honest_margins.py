@@ -5,8 +5,8 @@ run per task set, and shardkit's margins read from them -- the README's emulated
   make honest-margins                                   # = python tools/honest_margins.py
   python tools/honest_margins.py --sets DLRM-50 --out-dir /tmp/hm
 
-For each set (DLRM-50: the shipped DLRM-50 test tasks on 4 devices, 5 GB; DLRM-100: 8 devices, 5 GB; NS:
-the NeuroShard-style set, 4 devices, 0.5 GB, `data/gpu_measurements/tasks/`), `eval.py --oracle
+For each set (DLRM-50: the shipped DLRM-50 test tasks on 4 devices, 5 GiB; DLRM-100: 8 devices, 5 GiB; NS:
+the NeuroShard-style set, 4 devices, 0.5 GiB, `data/gpu_measurements/tasks/`), `eval.py --oracle
 emulated:h200` (the judge held out by the tables of each plan, batch 65536) with the planners of
 docs/shardkit.md ("The honest margins"): the greedy baselines, TorchRec's planner for the judged H200
 (all types, table-wise, and priced by the emulator), the learned anchors of `--anchors` (`make anchors`),
@@ -38,7 +38,7 @@ from shardcore.errors import ShardError  # noqa: E402
 
 TASKS = ROOT / "data" / "gpu_measurements" / "tasks"
 DATA = ROOT / "data" / "gpu_measurements" / "dlrm_b65536"
-# set name: (task file, devices, cap per device in GB, record file)
+# set name: (task file, devices, cap per device in GiB, record file)
 SETS = {"DLRM-50": ("dlrm_tasks_50_test.txt", 4, 5.0, "emu_dlrm50.jsonl"),
         "DLRM-100": ("dlrm_tasks_100_test.txt", 8, 5.0, "emu_dlrm100.jsonl"),
         "NS": ("ns_tasks_test.txt", 4, 0.5, "emu_ns.jsonl")}
@@ -112,7 +112,7 @@ def main(argv=None):
             if args.shardkit_time:
                 cmd += ["--shardkit-time", f"{args.shardkit_time:g}"]
             commands.append(shlex.join(cmd))
-            print(f"== {name} ({ndev} devices, cap {cap:g} GB): {len(algs)} planners", flush=True)
+            print(f"== {name} ({ndev} devices, cap {cap:g} GiB): {len(algs)} planners", flush=True)
             if subprocess.run(cmd, cwd=ROOT).returncode != 0:
                 raise ShardError(f"{name}: eval.py failed (its output is above)")
             with open(stage / record, "rb") as src, gzip.GzipFile(stage / (record + ".gz"), "wb", mtime=0) as dst:

@@ -133,7 +133,7 @@ def myopic_plan(costs, alone: np.ndarray, memory: list[float], ndevices: int, ca
             if best is None or key < best[0]:
                 best = (key, d)
         if best is None:
-            raise InfeasibleError(f"infeasible: table position {i} fits on no device under the {cap_gb:g} GB cap")
+            raise InfeasibleError(f"infeasible: table position {i} fits on no device under the {cap_gb:g} GiB cap")
         shards[best[1]].append(i)
         used[best[1]] += memory[i]
     return shards
@@ -146,7 +146,7 @@ def main(argv=None):
     p.add_argument("--task-path", default=DEFAULT_TASKS, help="task file (default %(default)s)")
     p.add_argument("--data-dir", default=DEFAULT_DATA, help="dataset the tasks index (default %(default)s)")
     p.add_argument("--ndevices", type=positive_int, default=4, help="devices per plan (default %(default)s)")
-    p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GB",
+    p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GiB",
                    help="weights per device, fp16 (default %(default)s)")
     p.add_argument("--oracle", default="emulated:h200",
                    help="the judge: emulated:<card> (held out by each plan's tables; default %(default)s)")
@@ -178,7 +178,7 @@ def main(argv=None):
         hardware = getattr(oracle, "hardware", args.oracle)
     base = np.mean(costs["lookup_greedy"])
     rows = [[name, f"{np.mean(v):.3f}", f"{(1 - np.mean(v) / base) * 100:+.1f}%"] for name, v in costs.items()]
-    print(f"{len(tasks)} tasks of {args.task_path}, {args.ndevices} devices, cap {args.max_memory:g} GB; "
+    print(f"{len(tasks)} tasks of {args.task_path}, {args.ndevices} devices, cap {args.max_memory:g} GiB; "
           f"judged by {hardware}")
     print(format_table(["placement", "mean cost ms", "below lookup_greedy"], rows))
 

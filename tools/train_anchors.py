@@ -84,7 +84,7 @@ def build_parser():
                         "measured shard holding one of its tables)")
     p.add_argument("--ndevices", type=positive_int, default=4, help="devices of a training plan (default 4)")
     p.add_argument("--max-memory", type=positive_float, default=5.0,
-                   help="memory cap per device in GB, fp16 weights (default 5)")
+                   help="memory cap per device in GiB, fp16 weights (default 5)")
     p.add_argument("--seed", type=nonnegative_int, default=0,
                    help="seed of every training and collection (default 0; the tasks use gen_tasks.py's "
                         "default seed, which the expected test file fixes)")
@@ -491,7 +491,7 @@ def write_manifest(staging: Path, args, tasks: dict, entries: dict, old: dict, a
         "what": (f"learned anchors trained against {args.oracle}"
                  + (f" ({args.emulator_fit} fit)" if args.oracle != "measured" else "")
                  + f" at batch {args.batch_size} on the {TASKS_TRAIN} training tasks of DLRM-{TASKS_T} "
-                   f"({args.ndevices} devices, cap {args.max_memory:g} GB)"
+                   f"({args.ndevices} devices, cap {args.max_memory:g} GiB)"
                  + ("; AutoShard on its own tasks, drawn from every table (its checkpoint's training_tasks)"
                     if "autoshard/model.pt" in ckpts and ckpts["autoshard/model.pt"]["training_tasks"]["file"]
                     != "train_tasks.txt" else "")),
@@ -548,7 +548,7 @@ def build(argv=None) -> int:
     run = Runner(work / "logs", 1 + sum(nsub[m] for m in methods))
     print(f"anchors -> {out}/ ({', '.join(methods)}; {args.oracle}"
           + (f", {args.emulator_fit} fit" if args.oracle != "measured" else "")
-          + f", batch {args.batch_size}, {args.ndevices} devices, cap {args.max_memory:g} GB, seed {args.seed}); "
+          + f", batch {args.batch_size}, {args.ndevices} devices, cap {args.max_memory:g} GiB, seed {args.seed}); "
             f"logs in {work / 'logs'}/", flush=True)
     staging = out.parent / f".{out.name}.partial"
     work.mkdir(parents=True, exist_ok=True)

@@ -305,21 +305,21 @@ def add_torchrec_args(parser) -> None:
 
 def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float = 5.0,
                     default_precision: str = "fp16") -> None:
-    """``--max-memory GB`` (per device) and ``--weights-precision``. ``default_precision`` is the
+    """``--max-memory GiB`` (per device) and ``--weights-precision``. ``default_precision`` is the
     precision of the repository a script mirrors: fp16 for AutoShard and DreamShard, fp32 for
     NeuroShard. Where it is fp16, NeuroShard's spelling ``--max_mem`` keeps NeuroShard's meaning:
     the same per-device cap, counted in fp32 unless ``--weights-precision`` says otherwise."""
     parser.add_argument("--max-memory", dest="max_memory", type=positive_float,
-                        default=default_max_memory, metavar="GB",
-                        help=f"memory cap per device for embedding weights, in GB (default {default_max_memory})")
+                        default=default_max_memory, metavar="GiB",
+                        help=f"memory cap per device for embedding weights, in GiB (default {default_max_memory})")
     from shardcore import registry
 
     owner = registry.spelling_owner("--max_mem")
     if default_precision == "fp32":
-        parser.add_argument("--max_mem", dest="max_memory", type=positive_float, metavar="GB",
+        parser.add_argument("--max_mem", dest="max_memory", type=positive_float, metavar="GiB",
                             help=f"{owner} spelling of --max-memory")
     else:
-        parser.add_argument("--max_mem", dest="max_memory", type=positive_float, metavar="GB",
+        parser.add_argument("--max_mem", dest="max_memory", type=positive_float, metavar="GiB",
                             action=_Fp32MaxMemAction,
                             help=f"{owner} spelling of --max-memory, with {owner} meaning: the cap "
                                  "counts weights in fp32 (4 bytes) unless --weights-precision is given")

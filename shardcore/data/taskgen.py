@@ -101,7 +101,7 @@ def _sample(n: int, draw: Callable[[], "Task | None"], spec: TaskSpec, what: str
 def _cap_text(spec: TaskSpec) -> str:
     caps = []
     if spec.max_mem_gb is not None:
-        caps.append(f"--max-mem {spec.max_mem_gb:g} GB x {spec.ndevices} devices")
+        caps.append(f"--max-mem {spec.max_mem_gb:g} GiB x {spec.ndevices} devices")
     if spec.total_mem_gb is not None:
         caps.append(f"--max_mem {spec.total_mem_gb:g} GB per task")
     return ", ".join(caps) + f", {spec.precision}"

@@ -114,7 +114,7 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
     seconds = time.perf_counter() - start
     if plan is not None and not plan.is_feasible(tables, max_memory_gb, precision):
         # A sharder must never overfill a device; report it rather than measure it.
-        error = f"infeasible: {alg} put more than {max_memory_gb:g} GB on a device"
+        error = f"infeasible: {alg} put more than {max_memory_gb:g} GiB on a device"
         feasible = False
     else:
         feasible = plan is not None

@@ -56,7 +56,7 @@ def plan_only_summary(results: Sequence[TaskResult]) -> str:
                      f"{statistics.fmean(max_mem):.3f}" if ok else "-",
                      f"{statistics.fmean(imb):.3f}" if ok else "-",
                      f"{1e3 * statistics.fmean(r.planning_seconds for r in rs):.2f}"])
-    return format_table(["alg", "feasible", "max device mem GB", "lookup-load max/mean", "planning ms"], rows)
+    return format_table(["alg", "feasible", "max device mem GiB", "lookup-load max/mean", "planning ms"], rows)
 
 
 class Outcome(str, Enum):

@@ -130,7 +130,7 @@ def _data_type(precision: str):
 # The hardware TorchRec plans for: the judged one
 # --------------------------------------------------------------------------------------------
 
-# NVIDIA H200 (SXM and NVL) datasheet: 141 GB of HBM3e at 4.8 TB/s. The emulated oracle's card.
+# NVIDIA H200 (SXM and NVL) datasheet: 141 GiB of HBM3e at 4.8 TB/s. The emulated oracle's card.
 H200_HBM_BANDWIDTH_GBPS = 4800.0
 # HBM bandwidth of the GPUs a measured run may get, by a substring of torch.cuda.get_device_name()
 # (NVIDIA datasheets; the first match wins, so the H100 variants come before the plain H100 SXM).
@@ -566,7 +566,7 @@ class TorchRecSharder(Sharder):
         except PlannerError as exc:
             raise InfeasibleError(
                 f"infeasible: TorchRec's planner found no plan for {len(tables)} tables on {ndevices} devices "
-                f"with {max_memory_gb:g} GB each: {_condense_planner_error(str(exc), tables)}") from None
+                f"with {max_memory_gb:g} GiB each: {_condense_planner_error(str(exc), tables)}") from None
         self.last_plan = sharding_plan
         self.last_options = getattr(planner, "_best_plan", None)
         plan, kinds = _plan_from_torchrec(sharding_plan, names, ndevices, tables)
@@ -576,8 +576,8 @@ class TorchRecSharder(Sharder):
         if not plan.is_feasible(tables, max_memory_gb, precision):
             worst = max(plan.device_memory_gb(tables, precision))
             raise InfeasibleError(
-                f"infeasible: TorchRec's plan puts {worst:.3f} GB of {precision} weights on a device, "
-                f"over the {max_memory_gb:g} GB cap")
+                f"infeasible: TorchRec's plan puts {worst:.3f} GiB of {precision} weights on a device, "
+                f"over the {max_memory_gb:g} GiB cap")
         return plan
 
 

@@ -138,7 +138,7 @@ def parse_oracle(spec: str) -> str:
     raise ShardError(f"unknown oracle {spec!r}: choose one of {', '.join(ORACLE_CHOICES)}")
 
 
-RESUME_LABELS = {"ndevices": "device count", "max_memory_gb": "memory cap (GB)", "precision": "weights precision",
+RESUME_LABELS = {"ndevices": "device count", "max_memory_gb": "memory cap (GiB)", "precision": "weights precision",
                  "hardware": "oracle (hardware)", "dataset": "dataset", "batch_size": "batch size",
                  "optimizer": "optimizer", "pf_augment": "--pf-augment"}
 

@@ -213,9 +213,11 @@ class TableArrays:
 
 
 def shard_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_size: int,
-                   spec: Mapping) -> np.ndarray:
+                   spec: Mapping, bytes_per_weight: int = BYTES_PER_WEIGHT) -> np.ndarray:
     """The feature matrix ``[nshards, F]`` of shards whose tables are ``ta`` (``shard_of[i]``: the
-    shard of table ``i``, tables of a shard contiguous or not)."""
+    shard of table ``i``, tables of a shard contiguous or not). ``bytes_per_weight``: the weights'
+    precision (2: fp16, as every shipped fit was measured; 4: fp32, priced by the bytes it moves: its rows
+    are twice as many 32-byte sectors, its distinct rows twice the footprint)."""
     B = float(batch_size)
     n = len(ta.row)
     nf = len(feature_names(spec))
@@ -226,7 +228,7 @@ def shard_features(ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_si
     D = _distinct_rows(ta, L)
     if _is_cpu(spec):
         return _cpu_features(ta, shard_of, nshards, B, L, D, spec)
-    sec = np.ceil(ta.dim * BYTES_PER_WEIGHT / SECTOR_BYTES)
+    sec = np.ceil(ta.dim * float(bytes_per_weight) / SECTOR_BYTES)
     rb = sec * SECTOR_BYTES
     per_bin = D[:, None] * ta.bins                                   # distinct rows per reuse bin
     window = np.minimum(L[:, None] / BIN_REPS[None, :], D[:, None]) * rb[:, None]
@@ -428,7 +430,7 @@ class GpuComputeModel:
         return None if self._replica_weights is False else self._replica_weights
 
     def predict_replicas(self, kernels: Sequence[Sequence[TableConfig]], batch_size: int,
-                         length_cv: Sequence[Sequence[float]] | None = None) -> np.ndarray:
+                         length_cv: Sequence[Sequence[float]] | None = None, precision: str = "fp16") -> np.ndarray:
         """``[len(kernels), 2]`` (fw_ms, bw_ms) of data-parallel kernels, each a device's replicas over
         its batch slice ``batch_size``: :func:`replica_features` times :attr:`replica_weights`. Measured on an H200 (2026-11-27): a kernel of 30-50 replicas at slice 16384 costs
         0.2-0.6 ms forward, 0.4-0.9 ms backward, growing with the lookups; the shard model alone (the
@@ -437,8 +439,8 @@ class GpuComputeModel:
         kernels = [list(k) for k in kernels]
         w = self.replica_weights
         if w is None:
-            return self.predict_many(kernels, batch_size, length_cv)
-        out = replica_features(kernels, batch_size) @ w.T
+            return self.predict_many(kernels, batch_size, length_cv, precision=precision)
+        out = replica_features(kernels, batch_size, weight_bytes(precision)) @ w.T
         out[np.array([len(x) == 0 for x in kernels], dtype=bool)] = 0.0
         return out
 
@@ -461,25 +463,37 @@ class GpuComputeModel:
             ta.cv = np.where(np.isnan(ta.cv), self.default_cv, ta.cv)
         return ta, shard_of
 
-    def _costs(self, ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_size: int
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def _costs(self, ta: TableArrays, shard_of: np.ndarray, nshards: int, batch_size: int,
+               bytes_per_weight: int = BYTES_PER_WEIGHT) -> tuple[np.ndarray, np.ndarray]:
         """max over the parameter sets of set i at min(batch, its batch); the largest set at the batch."""
         fw = np.zeros(nshards)
         bw = np.zeros(nshards)
         for i, b in enumerate(self.batches):
-            at = batch_size if i == len(self.batches) - 1 else min(batch_size, b)
-            X = shard_features(ta, shard_of, nshards, at, self.spec)
+            at = self.set_batch(i, batch_size)
+            X = shard_features(ta, shard_of, nshards, at, self.spec, bytes_per_weight)
             wf, wb = self.weights[b]
             fw = np.maximum(fw, X @ wf)
             bw = np.maximum(bw, X @ wb)
         return fw, bw
 
+    def set_batch(self, i: int, batch_size: int) -> int:
+        """The batch parameter set ``i`` prices at: the largest set at the batch, the others at
+        min(batch, their own)."""
+        return int(batch_size) if i == len(self.batches) - 1 else min(int(batch_size), self.batches[i])
+
+    def bytes_per_weight(self, precision: str) -> int:
+        """The weight bytes the features take for ``precision``: a GPU model prices fp32 by the bytes it
+        moves (:func:`shard_features`); a CPU model was fitted in one precision and keeps its fp16 bytes
+        (its own precision is its fit's: :class:`shardkit_planner.costmodel.CostModel` checks it)."""
+        return BYTES_PER_WEIGHT if _is_cpu(self.spec) else weight_bytes(precision)
+
     # -- predictions ---------------------------------------------------------------------------
     def predict_many(self, shards: Sequence[Sequence[TableConfig]], batch_size: int,
-                     length_cv: Sequence[Sequence[float]] | None = None) -> np.ndarray:
+                     length_cv: Sequence[Sequence[float]] | None = None, precision: str = "fp16") -> np.ndarray:
         """``[len(shards), 2]`` array of (fw_ms, bw_ms); an empty shard gives (0, 0). ``length_cv``: per
         table its bag-length CV (None or NaN: unknown); by default a known table's (:meth:`table_cv`),
-        an unknown one's effect averaged over the parameter set's CV prior (the spec's ``cv_prior``)."""
+        an unknown one's effect averaged over the parameter set's CV prior (the spec's ``cv_prior``).
+        ``precision``: the weights' (fp32 priced from the fp16 fit by the bytes it moves)."""
         if int(batch_size) < 1:
             raise ShardError(f"batch size must be positive, got {batch_size}")
         shards = [list(s) for s in shards]
@@ -487,19 +501,20 @@ class GpuComputeModel:
         if not shards:
             return out
         ta, shard_of = self._arrays(shards, length_cv)
-        fw, bw = self._costs(ta, shard_of, len(shards), int(batch_size))
+        fw, bw = self._costs(ta, shard_of, len(shards), int(batch_size), self.bytes_per_weight(precision))
         empty = np.array([len(s) == 0 for s in shards])
         out[:, 0] = np.where(empty, 0.0, fw)
         out[:, 1] = np.where(empty, 0.0, bw)
         return out
 
     def predict(self, tables: Sequence[TableConfig], batch_size: int,
-                length_cv: Sequence[float] | None = None) -> tuple[float, float]:
+                length_cv: Sequence[float] | None = None, precision: str = "fp16") -> tuple[float, float]:
         """(fw_ms, bw_ms) of one shard; an empty shard costs (0.0, 0.0)."""
         tables = list(tables)
         if not tables:
             return 0.0, 0.0
-        r = self.predict_many([tables], batch_size, None if length_cv is None else [list(length_cv)])
+        r = self.predict_many([tables], batch_size, None if length_cv is None else [list(length_cv)],
+                              precision=precision)
         return float(r[0, 0]), float(r[0, 1])
 
     def describe(self) -> str:
@@ -507,7 +522,7 @@ class GpuComputeModel:
 
 
 def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfig]], batch_size: int,
-                    cv_of=None) -> np.ndarray:
+                    cv_of=None, precision: str = "fp16") -> np.ndarray:
     """``[len(shards), 2]`` (fw_ms, bw_ms) of devices holding ``shards[d]``: the sum of ``model``'s
     predictions of each device's kernels (:func:`shardcore.plan.device_kernels`: its model-parallel
     pieces fused at ``batch_size``, its data-parallel replicas fused at its batch slice), one
@@ -529,9 +544,9 @@ def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfi
             continue
         cvs = [[cv_of(t) for t in k] for _, k in kernels]
         if b < batch_size and not _is_cpu(model.spec):   # a GPU's replica kernels: see predict_replicas
-            pred = model.predict_replicas([k for _, k in kernels], b, length_cv=cvs)
+            pred = model.predict_replicas([k for _, k in kernels], b, length_cv=cvs, precision=precision)
         else:
-            pred = model.predict_many([k for _, k in kernels], b, length_cv=cvs)
+            pred = model.predict_many([k for _, k in kernels], b, length_cv=cvs, precision=precision)
         np.add.at(out, [d for d, _ in kernels], pred)
     return out
 
@@ -594,7 +609,15 @@ def replica_devices(card: str = "h200", batch: int = 65536) -> tuple:
 REPLICA_FEATURES = ("1", "lookups x dim / 1e7", "distinct rows x dim / 1e7", "replicas / 10")
 
 
-def replica_features(kernels: Sequence[Sequence[TableConfig]], batch_size: int) -> np.ndarray:
+def weight_bytes(precision: str) -> int:
+    """Bytes per embedding weight of ``precision`` (fp16 2, fp32 4)."""
+    from shardcore.tables import bytes_per_element
+
+    return bytes_per_element(precision)
+
+
+def replica_features(kernels: Sequence[Sequence[TableConfig]], batch_size: int,
+                     bytes_per_weight: int = BYTES_PER_WEIGHT) -> np.ndarray:
     """``[len(kernels), 4]``: per data-parallel kernel over a batch slice of ``batch_size`` samples, 1,
     its lookups times dim and its distinct rows (at most ``min(rows, lookups)`` per table: a slice has
     less reuse than the batch whose statistics a table carries) times dim, the last two / 1e7, and its
@@ -608,7 +631,9 @@ def replica_features(kernels: Sequence[Sequence[TableConfig]], batch_size: int) 
         L = np.array([float(batch_size) * t.pooling_factor for t in k])
         dim = np.array([float(t.dim) for t in k])
         rows = np.array([float(t.row) for t in k])
-        X[i] = (1.0, float((L * dim).sum()) / 1e7, float((np.minimum(rows, L) * dim).sum()) / 1e7, len(k) / 10.0)
+        scale = bytes_per_weight / BYTES_PER_WEIGHT   # the traffic terms in fp16 elements' bytes
+        X[i] = (1.0, scale * float((L * dim).sum()) / 1e7, scale * float((np.minimum(rows, L) * dim).sum()) / 1e7,
+                len(k) / 10.0)
     return X
 
 

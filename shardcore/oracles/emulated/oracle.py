@@ -26,6 +26,8 @@ CARD_NAMES = {"h200": "NVIDIA H200"}
 HELDOUT, DEVICES, FULL = "heldout", "devices", "full"
 EMULATOR_FITS = (HELDOUT, DEVICES, FULL)
 HOLDOUT_RULE = {HELDOUT: "tables", DEVICES: "devices"}   # emulator.HOLDOUT_RULES
+# every shipped measurement is of fp16 weights: fp32 is priced from them by the bytes it moves
+FP32_NOTE = "fp32 compute derived from fp16 measurements by bytes moved, not measured"
 
 
 def _length_cv(data_dir: str, batch_size: int) -> list[float] | None:
@@ -79,9 +81,8 @@ class EmulatedOracle:
         self.nworkers = 0
         self.optimizer = normalize_optimizer(optimizer)
         self.precision = normalize_precision(precision)
-        if self.optimizer != EXACT_SGD or self.precision != "fp16":
-            raise ShardError(f"emulated:{card} was measured with {EXACT_SGD} and fp16 weights only; "
-                             f"got {self.optimizer} and {self.precision}")
+        if self.optimizer != EXACT_SGD:
+            raise ShardError(f"emulated:{card} was measured with {EXACT_SGD} only; got {self.optimizer}")
         self.dataset_dir = str(Path(dataset_dir))
         self.dataset = load_dataset(self.dataset_dir, with_lookups=False)
         batch = batch_size if batch_size is not None else configs_batch_size(self.dataset_dir)
@@ -102,8 +103,9 @@ class EmulatedOracle:
     def hardware(self) -> str:
         held = {HELDOUT: ", held out: never fitted on a plan's own tables",
                 DEVICES: ", held out by devices: never fitted on a shard made only of a plan's tables"}.get(self.fit, "")
+        fp32 = f"; {FP32_NOTE}" if self.precision == "fp32" else ""
         return (f"emulated {CARD_NAMES.get(self.card, self.card)} (compute model fitted on real "
-                f"{CARD_NAMES.get(self.card, self.card)} measurements{held}), {self.ndevices} devices")
+                f"{CARD_NAMES.get(self.card, self.card)} measurements{held}{fp32}), {self.ndevices} devices")
 
     @property
     def info(self) -> OracleInfo:
@@ -115,7 +117,7 @@ class EmulatedOracle:
         how = {HELDOUT: "refitted per plan without the measured shards that hold any of its tables",
                DEVICES: "refitted per plan without the measured shards made only of its tables"}.get(
             self.fit, "the shipped fit on every measured shard")
-        return {"compute": f"modelled (emulated:{self.card}, {how})",
+        return {"compute": f"modelled (emulated:{self.card}, {how}{'; ' + FP32_NOTE if self.precision == 'fp32' else ''})",
                 "comm": ("none (one device)" if self.ndevices == 1
                          else f"{self.comm_model.describe()}; {PIECES_NOTE}")}
 
@@ -172,7 +174,7 @@ class EmulatedOracle:
         cv_of = None if self.length_cv is None else (lambda t: self.length_cv[t.index])
         model = self.compute_model([t for s in shards for t in s] if judged is None else judged)
         # a device's model-parallel pieces at the batch, its data-parallel replicas at its slice
-        pred = predict_devices(model, shards, self.batch_size, cv_of)
+        pred = predict_devices(model, shards, self.batch_size, cv_of, precision=self.precision)
         return [ComputeCost(float(fw), float(bw)) for fw, bw in pred]
 
     def measure_comm(self, layout: CommLayout, delays_ms: Sequence[float] | None = None

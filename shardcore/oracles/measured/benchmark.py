@@ -138,9 +138,9 @@ def check_fits(tables: Sequence[TableConfig], precision: str = "fp16", optimizer
     if need > have:
         where = "free GPU memory" if torch.device(device).type == "cuda" else "available host memory"
         raise ShardError(
-            f"{what} of {len(tables)} table(s) needs {need / 2**30:.2f} GB ({precision} weights"
+            f"{what} of {len(tables)} table(s) needs {need / 2**30:.2f} GiB ({precision} weights"
             f"{' + ' + optimizer + ' state' if optimizer != EXACT_SGD else ''}) but only "
-            f"{max(have, 0) / 2**30:.2f} GB of {where} can be used: refused before allocation")
+            f"{max(have, 0) / 2**30:.2f} GiB of {where} can be used: refused before allocation")
 
 
 # --------------------------------------------------------------------------------------------
