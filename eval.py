@@ -186,6 +186,10 @@ def main(argv=None):
             print(f"oracle ready in {ev.info.startup_s:.1f} s: {ev.hardware} "
                   f"(batch {ev.batch_size}, {ev.optimizer}, {ev.precision}); compute {ev.parts['compute']}, "
                   f"communication {ev.parts['comm']}")
+            note = getattr(ev, "domain_note", lambda *a: None)(
+                [dataset.tables[i] for i in sorted({i for t in tasks for i in t.table_ids})])
+            if note:
+                print(note)
 
             def show_and_mark(result, task):
                 if result.measured is not None:

@@ -335,6 +335,9 @@ def main(argv=None):
         chosen = next(r for r in results if r.alg == args.pick) if args.pick else ranked[0]
         print(f"priced on: {hardware}, batch {batch} ({args.weights_precision} weights); cost = the slowest "
               "device's forward + backward, compute and exchange")
+        note = getattr(oracle, "domain_note", lambda *a: None)(positions, names)
+        if note:
+            print(note)
         print(side_by_side(results, chosen.alg))
         print(f"* the plan written: {chosen.alg}" + ("" if args.pick else " (the cheapest)"))
     else:

@@ -94,6 +94,8 @@ import numpy as np
 from shardcore.errors import ShardError
 from shardcore.tables import NUM_BINS, TableConfig
 
+from .domain import Domain, domain_of, physical_features
+
 ROOT = Path(__file__).resolve().parents[3]   # the repository root (shardcore/oracles/emulated/)
 MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"
 MODEL_FILES = {"h200": "h200_emulator.json"}
@@ -474,7 +476,30 @@ class GpuComputeModel:
             wf, wb = self.weights[b]
             fw = np.maximum(fw, X @ wf)
             bw = np.maximum(bw, X @ wb)
+        dom = self.domain
+        if dom is not None and len(ta.row):
+            out = dom.outside(ta.row, ta.pf, ta.dim)
+            if out.any():   # beyond the measured range (shardcore.oracles.emulated.domain)
+                inside = dom.clip(ta)
+                hit = np.bincount(shard_of, weights=out.astype(float), minlength=nshards) > 0
+                fw_c, bw_c = self._costs(inside, shard_of, nshards, batch_size, bytes_per_weight)
+                extra = (physical_features(ta.row, ta.pf, ta.dim, _distinct_rows(ta, float(batch_size) * ta.pf),
+                                           shard_of, nshards, batch_size, bytes_per_weight)
+                         - physical_features(inside.row, inside.pf, inside.dim,
+                                             _distinct_rows(inside, float(batch_size) * inside.pf),
+                                             shard_of, nshards, batch_size, bytes_per_weight))
+                more = np.maximum(extra, 0.0) @ physical_weights(self.card).T
+                fw = np.where(hit, fw_c + more[:, 0], fw)
+                bw = np.where(hit, bw_c + more[:, 1], bw)
         return fw, bw
+
+    @property
+    def domain(self) -> Domain | None:
+        """The measured range of a shipped card's model (:func:`card_domain`); None for a CPU model or
+        parameters of no shipped card."""
+        if _is_cpu(self.spec) or self.card not in MODEL_FILES:
+            return None
+        return card_domain(self.card)
 
     def set_batch(self, i: int, batch_size: int) -> int:
         """The batch parameter set ``i`` prices at: the largest set at the batch, the others at
@@ -1058,6 +1083,33 @@ class MeasuredLandscape:
         ``ncols`` features (default all; the core features come first, see :data:`OPTIONAL_TERMS`)."""
         X = self.X[rows] if ncols is None else self.X[rows][:, :ncols]
         return fit_weights(X, self.fw[rows]), fit_weights(X, self.bw[rows])
+
+
+@functools.lru_cache(maxsize=None)
+def card_domain(card: str) -> Domain:
+    """The domain of ``card``'s shipped measurements (every batch's shards; shardcore.oracles.emulated.domain)."""
+    return domain_of(card, [t for land in measured_landscapes(card) for s in land.meas["shards"] for t in s["configs"]])
+
+
+@functools.lru_cache(maxsize=None)
+def physical_weights(card: str) -> np.ndarray:
+    """``[2, 3]``: per phase (forward, backward) the cost of each byte beyond the measured range on
+    :data:`~shardcore.oracles.emulated.domain.PHYSICAL_FEATURES` (the constant and the lookups' bytes
+    0): the distinct rows' bytes, read by the forward and read and written back by the backward, at the
+    median bandwidth the bandwidth-bound measured shards of ``card`` (over 100 MB of distinct rows)
+    achieved above the launch floor (the 1st percentile of the measured costs)."""
+    land = measured_landscapes(card)[0]
+    shards = [s["configs"] for s in land.meas["shards"]]
+    ta, shard_of = table_arrays(shards, [[math.nan] * len(s) for s in shards])
+    D = _distinct_rows(ta, float(land.batch) * ta.pf)
+    X = physical_features(ta.row, ta.pf, ta.dim, D, shard_of, len(shards), land.batch, BYTES_PER_WEIGHT)
+    out = np.zeros((2, 3))
+    big = X[:, 2] > 0.1
+    for j, (t, passes) in enumerate(((land.fw, 1.0), (land.bw, 2.0))):
+        floor = float(np.percentile(t, 1))
+        gbps = passes * X[big, 2] / np.maximum(t[big] - floor, 1e-6) * 1e3     # GB / ms * 1e3 = GB/s
+        out[j, 2] = passes * 1e3 / float(np.median(gbps))
+    return out
 
 
 @functools.lru_cache(maxsize=4)

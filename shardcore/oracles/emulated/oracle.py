@@ -129,6 +129,14 @@ class EmulatedOracle:
         return CacheContext(f"emulated:{self.card}{held}", dataset_digest(self.dataset), self.batch_size,
                             self.optimizer, self.precision)
 
+    def domain_note(self, tables: Sequence[TableConfig], names: Sequence[str] | None = None) -> str | None:
+        """One line naming the tables this card prices outside its measured range, and by how far
+        (:mod:`shardcore.oracles.emulated.domain`); None when all are inside and fp16."""
+        from shardcore.oracles.emulated.domain import domain_note
+        from shardcore.oracles.emulated.emulator import card_domain
+
+        return domain_note(card_domain(self.card), tables, names, self.precision)
+
     # -- lifecycle (nothing to start) ----------------------------------------------------------
     def __enter__(self) -> "EmulatedOracle":
         return self
