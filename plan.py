@@ -39,6 +39,8 @@ from shardcore.evaluation.compare import lookup_load
 from shardcore.io import check_output_file, write_json
 from shardcore.evaluation.report import format_table
 from shardcore.interop.plan_export import plan_json, torchrec_path_for, torchrec_plan_json
+from shardcore.interop.memory import EXACT_SGD
+from shardcore.interop.torchrec_memory import compare_memory
 from shardcore.cli import common as cli
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import seed_int
@@ -240,8 +242,8 @@ def keep_torchrec_expressible(sharder, ndevices: int) -> None:
     except Exception:   # noqa: BLE001 - TorchRec missing or broken: the plain file can still be written
         sharder.types = tuple(t for t in sharder.types if t != "row_wise")
         return
-    factory = sharder.model_factory
-    sharder.model_factory = lambda *oracle: TorchRecCostModel.wrap(factory(*oracle), ndevices)
+    sharder.model_factory = dataclasses.replace(sharder.model_factory,
+                                                wrap=lambda model: TorchRecCostModel.wrap(model, ndevices))
 
 
 def torchrec_problem(tables, names, plan, devices_per_host: int = 0) -> str | None:
@@ -356,6 +358,8 @@ def main(argv=None):
         print(table)
     print(f"feasible: max device memory {worst:.3f} GiB of {args.max_memory:g} GiB; "
           f"lookup-load imbalance (max / mean) {imb:.3f}")
+    print(compare_memory(tables, plan, args.weights_precision, args.max_memory, batch, getattr(args, "optimizer", None)
+                         or EXACT_SGD, names, args.devices_per_host or None, devices).text(format_table))
     if args.out:
         meta = {"alg": chosen.alg}
         if oracle is not None:

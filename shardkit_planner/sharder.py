@@ -269,7 +269,7 @@ class ShardkitSharder(Sharder):
         if model.precision == precision:
             return model
         if model.landscape.startswith("emulated:"):
-            from shardcore.oracles.emulated.oracle import FP32_NOTE
+            from shardcore.oracles.emulated.emulator import FP32_NOTE
 
             note = f"; {FP32_NOTE}" if precision == "fp32" else ""
             return dataclasses.replace(model, precision=precision, source=model.source + note)
@@ -443,6 +443,7 @@ class ModelSource:
     cache_path: Any = None
     exclude_task_files: Any = None
     calibrate_s: float = CONFIG.calibrate
+    wrap: Any = None            # CostModel -> CostModel applied to what make() builds (e.g. TorchRec's limits)
 
     def calibrates(self, oracle) -> bool:
         """Whether :meth:`make` measures (calibration) rather than loads or fits a model."""
@@ -451,6 +452,10 @@ class ModelSource:
 
     def make(self, oracle=None) -> CostModel:
         """``oracle``: the measured oracle attached (eval.py attaches it), which calibration measures on."""
+        model = self._make(oracle)
+        return self.wrap(model) if self.wrap is not None else model
+
+    def _make(self, oracle) -> CostModel:
         if self.model_path:
             return CostModel.load(self.model_path)
         if self.landscape.startswith("emulated"):

@@ -12,10 +12,24 @@ rows, dim and the statistics of :mod:`shardkit_torchrec.stats` (pooling factor f
 samples). From the ``Topology``: the world size (one host: ``local_world_size == world_size``, the one
 NVLink domain the exchange model describes; several hosts are refused), the memory cap per rank (the
 smallest rank's HBM, or DDR on a ``cpu`` topology, less ``reserve``, like TorchRec's storage
-reservation; shardkit's cap counts the weights), and the intra-host bandwidth as the exchange model's
+reservation), and the intra-host bandwidth as the exchange model's
 (TorchRec's built-in default, a nominal 600 GiB/s, is not a statement about the hardware: then the
 exchange model keeps its own stated constants, :class:`~shardcore.oracles.commmodel.CommModel`). The batch is
-TorchRec's per-rank ``batch_size`` times the world size.
+TorchRec's per-rank ``batch_size`` times the world size. The arguments are checked as the command-line
+flags are (a batch or time budget that is not positive, a reserve outside [0, 1), a ``device_type`` other
+than cpu or cuda, a module that is no torch module: one-line errors).
+
+**Precision.** The weights' ``data_type`` of every table (fp16 or fp32, one for all: a mix is refused,
+:func:`shardkit_torchrec.stats.precision_of`) goes to the cost model and the memory account. A cost model
+fitted on measurements prices the precision it was measured in (another is refused); the emulated H200's
+compute follows :class:`~shardkit_torchrec.estimator.EmulatedPerfEstimator`'s rule, the same for both
+(``last_info["precision_note"]`` says when fp32's compute is priced from the fp16 measurements).
+
+**Memory.** shardkit's search caps each rank's weights; the finished plan is checked with the memory
+account of :mod:`shardcore.interop.memory` (weights, the state of ``optimizer``, the I/O buffers at the
+global batch) against the rank's memory less the reserve, and planned again with a lower weights cap
+while a rank is over (``last_memory``, ``last_info["memory_gib"]``): a plan it returns fits by the
+account, which is never below TorchRec's own storage estimate of the same shards.
 
 **Planning.** :class:`shardkit_planner.sharder.ShardkitSharder` (starts, local search) under the cost model
 of ``oracle``: ``"emulated:h200"`` (the default on a ``cuda`` topology: the emulated H200's compute model,
@@ -58,9 +72,11 @@ from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
 from shardcore.oracles.commmodel import CommModel
-from shardcore.errors import ShardError
+from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import ROW_WISE, Plan, ShardPiece, Sharding
-from shardcore.interop.plan_export import sharding_plan_from_json, torchrec_plan_json, torchrec_problem
+from shardcore.interop.memory import EXACT_SGD, DeviceMemory, device_memory, optimizer_name, overflow
+from shardcore.interop.plan_export import DEVICE_TYPES, sharding_plan_from_json, torchrec_plan_json, torchrec_problem
+from shardcore.interop.torchrec_memory import TORCHREC_DEFAULT_RESERVE
 from shardcore.tables import GB
 from shardcore.types import Topology as ShardTopology
 from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
@@ -69,10 +85,12 @@ from shardkit_planner.search import ALL_TYPES
 
 ONE_HOST_TYPES = tuple(t for t in ALL_TYPES if t != "grid")   # a grid needs hosts: this planner plans one
 
+from .estimator import precision_note
 from .stats import TableStats, collections, precision_of, table_stats
 
 INEXPRESSIBLE_MS = 1e6      # the price of a device holding a row block TorchRec cannot place (module notes)
-DEFAULT_RESERVE = 0.15      # TorchRec's default storage reservation keeps 15% of every device off limits
+DEFAULT_RESERVE = TORCHREC_DEFAULT_RESERVE   # TorchRec's default storage reservation keeps 15% of every device off limits
+MEMORY_REPLANS = 3          # plans made with a lower weights cap when the memory account overflows a rank
 
 
 def expressible_problem(s: Sharding, world: int) -> str | None:
@@ -124,6 +142,28 @@ def _cost_model(oracle, batch: int, comm: CommModel, world: int, stats: Sequence
     return model
 
 
+def _positive(name: str, value, kind):
+    """A positive ``int`` or ``float`` argument, as the command-line flags take them (one line otherwise)."""
+    ok = not isinstance(value, bool) and isinstance(value, (int,) if kind is int else (int, float))
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise ShardError(f"ShardkitPlanner: {name} must be a positive {'whole number' if kind is int else 'number'}, "
+                         f"got {value!r}")
+    return kind(value)
+
+
+def _precision_check(model: CostModel, precision: str) -> str | None:
+    """The collection's weights precision against the cost model's: a model fitted on measurements (a file or
+    a ``CostModel``) prices the precision it was measured in, and another is refused; the emulated card's
+    compute goes through the estimator's rule (:func:`shardkit_torchrec.estimator.precision_note`, the note
+    returned where it prices another precision's compute from its own measurements)."""
+    if str(getattr(model, "landscape", "")).startswith("emulated:"):
+        return precision_note(model.compute, precision)
+    if model.precision != precision:
+        raise ShardError(f"ShardkitPlanner: the cost model was fitted on {model.precision} weights and the collection's "
+                         f"tables are {precision}: fit one on {precision} measurements (tools/fit_shardkit_model.py)")
+    return None
+
+
 def _comm_from_topology(topology: Topology, comm: CommModel | None) -> CommModel:
     if comm is not None:
         return comm
@@ -142,34 +182,39 @@ class ShardkitPlanner(ShardingPlanner):
     types); ``samples``: input ``KeyedJaggedTensor`` s; ``oracle``: the cost model planned for;
     ``comm``: an exchange model replacing the topology's bandwidth; ``time_budget_s``, ``starts``,
     ``types``: shardkit's search; ``reserve``: the share of each rank's memory kept free;
-    ``device_type``: where the plan places shards (default the topology's compute device).
+    ``device_type``: where the plan places shards (default the topology's compute device); ``optimizer``:
+    the fused optimizer whose state the memory account counts (exact SGD, row-wise Adagrad, Adam...).
 
-    After ``plan``: ``last_plan`` (ours), ``last_stats`` (the tables as planned), ``last_info``
-    (shardkit's record: start, moves, the model's cost in ms...)."""
+    After ``plan``: ``last_plan`` (ours), ``last_stats`` (the tables as planned), ``last_memory`` (the
+    account per rank), ``last_info`` (shardkit's record: start, moves, the model's cost in ms...)."""
 
     def __init__(self, topology: Topology, batch_size: int | None = None,
                  constraints: Optional[Dict[str, ParameterConstraints]] = None, samples: Sequence[Any] | None = None,
                  oracle: str | os.PathLike | CostModel | None = None, comm: CommModel | None = None,
                  time_budget_s: float = SHARDKIT_CONFIG.time, starts: Sequence[str] = SHARDKIT_CONFIG.starts,
                  types: Sequence[str] = ONE_HOST_TYPES, reserve: float = DEFAULT_RESERVE,
-                 device_type: str | None = None) -> None:
+                 device_type: str | None = None, optimizer: str = EXACT_SGD) -> None:
         if topology.local_world_size != topology.world_size:
             raise ShardError(f"ShardkitPlanner plans one host: the topology has {topology.world_size} ranks in hosts "
                              f"of {topology.local_world_size} (the exchange model is one NVLink domain's)")
+        batch_size = _positive("batch_size", BATCH_SIZE if batch_size is None else batch_size, int)
+        time_budget_s = _positive("time_budget_s", time_budget_s, float)
+        if device_type is not None and device_type not in DEVICE_TYPES:
+            raise ShardError(f"ShardkitPlanner: device_type must be one of {', '.join(DEVICE_TYPES)}, got {device_type!r}")
         if oracle is None:
             if topology.compute_device != "cuda":
                 raise ShardError(f"ShardkitPlanner: a {topology.compute_device} topology has no default cost model: "
                                  f"give oracle={EMULATED!r} or a shardkit cost model file fitted on this machine "
                                  "(tools/fit_shardkit_model.py)")
             oracle = EMULATED
-        if not 0.0 <= float(reserve) < 1.0:
-            raise ShardError(f"ShardkitPlanner: reserve must be in [0, 1), got {reserve}")
+        if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not 0.0 <= float(reserve) < 1.0:
+            raise ShardError(f"ShardkitPlanner: reserve must be in [0, 1), got {reserve!r}")
         bad = [t for t in types if t not in ONE_HOST_TYPES]
         if bad or not types:
             raise ShardError(f"ShardkitPlanner: unknown sharding type {bad[0] if bad else None!r} "
                              f"(choose from {', '.join(ONE_HOST_TYPES)})")
         self.topology = topology
-        self.batch_size = int(batch_size or BATCH_SIZE)
+        self.batch_size = batch_size
         self.constraints = dict(constraints or {})
         self.samples = list(samples or [])
         self.oracle = oracle
@@ -179,9 +224,11 @@ class ShardkitPlanner(ShardingPlanner):
         self.types = tuple(types)
         self.reserve = float(reserve)
         self.device_type = device_type or topology.compute_device
+        self.optimizer = optimizer_name(optimizer)
         self.last_plan: Plan | None = None
         self.last_stats: list[TableStats] = []
         self.last_info: dict = {}
+        self.last_memory: list[DeviceMemory] = []
 
     # -- the pieces ------------------------------------------------------------------------------
     @property
@@ -193,7 +240,8 @@ class ShardkitPlanner(ShardingPlanner):
         return self.batch_size * self.world
 
     def cap_gb(self) -> float:
-        """The weights' memory cap per rank in GiB: the smallest rank's HBM (DDR on a cpu topology), less the reserve."""
+        """The memory per rank a plan may fill, in GiB: the smallest rank's HBM (DDR on a cpu topology), less
+        the reserve. Its weights, optimizer state and buffers together (the memory account) must fit."""
         kind = "hbm" if self.topology.compute_device in ("cuda", "mtia") else "ddr"
         cap = min(getattr(d.storage, kind) for d in self.topology.devices)
         return cap * (1.0 - self.reserve) / GB
@@ -228,24 +276,33 @@ class ShardkitPlanner(ShardingPlanner):
 
     def plan_json(self, module: nn.Module, sharders: Sequence[ModuleSharder]) -> list[dict]:
         """The plan in :func:`shardcore.interop.plan_export.torchrec_plan_json` form, one dict per collection."""
+        if not isinstance(module, nn.Module):
+            raise ShardError(f"ShardkitPlanner plans a torch module holding EmbeddingBagCollections, got "
+                             f"{type(module).__name__}")
+        if not isinstance(sharders, (list, tuple)) or not sharders:
+            raise ShardError("ShardkitPlanner: give the sharders as a non-empty list (e.g. [EmbeddingBagCollectionSharder()])")
         self._check_sharders(module, sharders)
         stats = table_stats(module, self.constraints, self.samples, self.global_batch)
         precision = precision_of(cfg for _p, ebc in collections(module) for cfg in ebc.embedding_bag_configs())
         tables = [s.table for s in stats]
         model = _cost_model(self.oracle, self.global_batch, self.comm, self.world, stats)
+        note = _precision_check(model, precision)
         model.precision = precision
         sharder = ShardkitSharder(name="shardkit", model=model, time_budget_s=self.time_budget_s,
                                   starts=self.starts, types=self._types_allowed(stats),
                                   start_kwargs={"batch_size": self.global_batch})
-        plan = sharder.shard(tables, ShardTopology(self.world, self.cap_gb(), precision))
+        plan, memory, weights_cap = self._plan_within_memory(sharder, tables, precision)
         shardings = plan.table_shardings(tables)
         for s, sh in zip(stats, shardings):
             problem = expressible_problem(sh, self.world)
             if problem:
                 raise ShardError(f"TorchRec cannot express table {s.name}'s sharding: {problem}")
-        self.last_plan, self.last_stats = plan, list(stats)
-        self.last_info = dict(sharder.last_info, precision=precision, cap_gb=self.cap_gb(),
+        self.last_plan, self.last_stats, self.last_memory = plan, list(stats), memory
+        self.last_info = dict(sharder.last_info, precision=precision, cap_gb=self.cap_gb(), weights_cap_gb=weights_cap,
+                              optimizer=self.optimizer, memory_gib=[m.gib() for m in memory],
                               global_batch=self.global_batch, comm=self.comm.describe())
+        if note:
+            self.last_info["precision_note"] = note
         out = []
         for path in dict.fromkeys(s.path for s in stats):
             idx = [i for i, s in enumerate(stats) if s.path == path]
@@ -253,6 +310,36 @@ class ShardkitPlanner(ShardingPlanner):
             sub_plan = Plan.from_shardings(sub, [shardings[i] for i in idx], self.world)
             out.append(torchrec_plan_json(sub, sub_plan, [stats[i].name for i in idx], precision, module_path=path))
         return out
+
+    def _plan_within_memory(self, sharder, tables, precision: str) -> tuple[Plan, list[DeviceMemory], float]:
+        """shardkit's plan under a weights cap, checked with the memory account (weights, the optimizer's
+        state, the I/O buffers at the global batch) against :meth:`cap_gb`; while a rank is over it the task is
+        planned again (at most :data:`MEMORY_REPLANS` times) with the weights cap lowered to that rank's weights
+        times its memory over its account, else a one-line ``ShardError`` naming the rank and its parts.
+        Returns the plan, its account, the weights cap."""
+        available = self.cap_gb() * GB
+        cap = self.cap_gb()
+        over: list = []
+        for attempt in range(MEMORY_REPLANS + 1):
+            try:
+                plan = sharder.shard(tables, ShardTopology(self.world, cap, precision))
+            except InfeasibleError:
+                if not attempt:
+                    raise
+                break        # a lower weights cap left no plan: say why below
+            memory = device_memory(tables, plan, precision, self.optimizer, self.global_batch)
+            over = overflow(memory, available)
+            if not over:
+                return plan, memory, cap
+            # the weights cap that would have kept each rank over it within its memory, were its other parts
+            # in proportion to its weights (the optimizer's state is; the buffers nearly)
+            cap = min(memory[d].weights * available / memory[d].total for d, _b in over) / GB
+        d, _b = max(over, key=lambda x: x[1])
+        g = memory[d].gib()
+        raise ShardError(f"ShardkitPlanner: rank {d} needs {g['total']:.3f} GiB (weights {g['weights']:.3f}, "
+                         f"{self.optimizer} state {g['optimizer']:.3f}, buffers at batch {self.global_batch} "
+                         f"{g['buffers']:.3f}), over the {self.cap_gb():.3f} GiB a rank has after the "
+                         f"{self.reserve:.0%} reserve, and no plan with less weights per rank was found")
 
     def from_json(self, objs: Sequence[Mapping], module: nn.Module | None = None) -> ShardingPlan:
         """TorchRec's ``ShardingPlan`` of :meth:`plan_json`'s dicts (placements after ``device_type``)."""

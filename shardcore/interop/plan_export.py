@@ -309,23 +309,218 @@ def _read_json(path_or_obj: str | os.PathLike | Mapping) -> dict:
         raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
 
 
+TORCHREC_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard",
+                  "data_parallel")
+# the kernels TorchRec's EmbeddingBagCollectionSharder applies to a table without further configuration
+# (key_value and the virtual tables need their own parameters; data-parallel has the dense kernel only)
+SHARD_KERNELS = ("fused", "fused_uvm", "fused_uvm_caching")
+REPLICA_KERNELS = ("dense",)
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def _count(value, what: str, where: str, minimum: int = 0) -> int:
+    """A whole number >= ``minimum`` from a plan file (one line naming it otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ShardError(f"{where}: {what} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ShardError(f"{where}: {what} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _pair(value, what: str, where: str) -> tuple[int, int]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ShardError(f"{where}: {what} must be [row, column], got {value!r}")
+    return _count(value[0], what, where), _count(value[1], what, where)
+
+
+def _one_host(ranks: Sequence[int], local: int, world: int) -> bool:
+    """Whether ``ranks`` are one whole host's ranks in rank order (hosts of ``local`` ranks)."""
+    first = ranks[0] // local * local if ranks else 0
+    return not world % local and list(ranks) == list(range(first, first + local))
+
+
+def _check_table(t: Mapping, world: int, local: int | None, where: str) -> None:
+    """One table of a TorchRec plan file: its fields, its shards tiling the table exactly, its ranks, and
+    the shape TorchRec's sharding type needs (see :func:`validate_torchrec_plan`)."""
+    rows, dim = _count(t["rows"], "rows", where, 1), _count(t["dim"], "dim", where, 1)
+    kind, kernel = t["sharding_type"], t["compute_kernel"]
+    if kind not in TORCHREC_TYPES:
+        raise ShardError(f"{where}: unknown sharding type {kind!r} (TorchRec's: {', '.join(TORCHREC_TYPES)})")
+    allowed = REPLICA_KERNELS if kind == "data_parallel" else SHARD_KERNELS
+    if kernel not in allowed:
+        raise ShardError(f"{where}: compute kernel {kernel!r} cannot run {kind} (choose {', '.join(allowed)})")
+    if not isinstance(t["ranks"], list):
+        raise ShardError(f"{where}: ranks must be a list, got {t['ranks']!r}")
+    ranks = [_count(r, "a rank", where) for r in t["ranks"]]
+    bad = next((r for r in ranks if r >= world), None)
+    if bad is not None:
+        raise ShardError(f"{where}: rank {bad} in a plan for {world} ranks")
+    shards = t.get("shards") or []
+    if kind == "data_parallel":
+        if shards:
+            raise ShardError(f"{where}: a data_parallel table has no shards (a replica on every rank), got {len(shards)}")
+        if sorted(ranks) != list(range(world)):
+            raise ShardError(f"{where}: a data_parallel table is on every rank once (0..{world - 1}), got {ranks}")
+        return
+    if not isinstance(shards, list) or not shards:
+        raise ShardError(f"{where}: a {kind} table needs its shards (a list of offsets, sizes and rank)")
+    box = []
+    for j, sh in enumerate(shards):
+        at = f"{where}: shard {j}"
+        if not isinstance(sh, Mapping) or any(k not in sh for k in ("offsets", "sizes", "rank")):
+            raise ShardError(f"{at} must have offsets, sizes and rank, got {sh!r}")
+        (r0, c0), (nr, nc) = _pair(sh["offsets"], "offsets", at), _pair(sh["sizes"], "sizes", at)
+        rank = _count(sh["rank"], "rank", at)
+        if rank >= world:
+            raise ShardError(f"{at}: rank {rank} in a plan for {world} ranks")
+        if r0 + nr > rows or c0 + nc > dim:
+            raise ShardError(f"{at}: [{r0}, {c0}] + [{nr}, {nc}] reaches outside the {rows} x {dim} table")
+        box.append((r0, c0, nr, nc, rank))
+    placed = [b[4] for b in box]
+    if ranks != placed:
+        raise ShardError(f"{where}: ranks {ranks} do not match its shards' placements {placed}")
+    full = [b for b in box if b[2] and b[3]]
+    for i, a in enumerate(full):
+        for b in full[i + 1:]:
+            if a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]:
+                raise ShardError(f"{where}: shards at [{a[0]}, {a[1]}] and [{b[0]}, {b[1]}] overlap")
+    covered = sum(b[2] * b[3] for b in full)
+    if covered != rows * dim:
+        raise ShardError(f"{where}: its shards cover {covered} of its {rows} x {dim} = {rows * dim} weights (a gap)")
+    if kind == "table_wise":
+        if len(box) != 1:
+            raise ShardError(f"{where}: a table_wise table is one shard on one rank, got {len(box)} shards")
+        return
+    if kind in ("column_wise", "table_column_wise"):
+        if any(b[0] != 0 or b[2] != rows for b in box) or [b[1] for b in box] != sorted(b[1] for b in box):
+            raise ShardError(f"{where}: {kind} shards are full-height column blocks in column order")
+        if kind == "table_column_wise" and local and len({r // local for r in placed}) > 1:
+            raise ShardError(f"{where}: table_column_wise blocks are on one host's ranks (hosts of {local}), got {placed}")
+        return
+    if kind == "grid_shard":
+        cols: dict[int, list] = {}
+        for b in box:
+            cols.setdefault(b[1], []).append(b)
+        groups = [cols[c] for c in sorted(cols)]
+        k = len(groups[0])
+        host = int(local or k)
+        for g in groups:
+            if len(g) != k or len({b[3] for b in g}) != 1 or [b[2] for b in g] != row_blocks(rows, k) \
+                    or [b[0] for b in g] != [sum(row_blocks(rows, k)[:j]) for j in range(k)] \
+                    or k != host or not _one_host([b[4] for b in g], host, world):
+                raise ShardError(f"{where}: each grid_shard column block is row-wise over one whole host's ranks in "
+                                 f"rank order (hosts of {host}), in row blocks of ceil({rows} / {host}) rows")
+        return
+    k = world if kind == "row_wise" else len(box)
+    starts = [sum(row_blocks(rows, k)[:j]) for j in range(k)]
+    if any(b[1] != 0 or b[3] != dim for b in box) or len(box) != k or [b[2] for b in box] != row_blocks(rows, k) \
+            or [b[0] for b in box] != starts:
+        raise ShardError(f"{where}: {kind} shards are full-width row blocks of ceil({rows} / {k}) rows in order "
+                         f"(as TorchRec cuts them), got sizes {[b[2] for b in box]}")
+    if kind == "row_wise" and placed != list(range(world)):
+        raise ShardError(f"{where}: TorchRec's row_wise puts block j on rank j, got ranks {placed}")
+    if kind == "table_row_wise":
+        if len(set(placed)) != len(placed):
+            raise ShardError(f"{where}: a table_row_wise table has one block per rank, got ranks {placed}")
+        if local and not _one_host(placed, local, world):
+            raise ShardError(f"{where}: table_row_wise spans one whole host's ranks in rank order (hosts of {local}), "
+                             f"got {placed}")
+
+
+def validate_torchrec_plan(obj: Any, world_size: int | None = None,
+                           local_world_size: int | None = None) -> tuple[int, int | None]:
+    """Check a TorchRec plan file's dict completely, before any rank sees it: its format and keys, the world
+    size (the file's; ``world_size``, where given, must equal it), the hosts (``local_world_size``, else the
+    file's; a whole number of ranks per host), and every table: a unique non-empty name, rows and a dim
+    (FBGEMM's multiple of 4), a sharding type and a kernel TorchRec's collection sharder applies to it, ranks
+    inside the world that match its shards' placements, and shards that tile the table exactly (no gap, no
+    overlap, no negative offset, nothing outside it) in the shape the type needs (table-wise: one shard;
+    column-wise: full-height blocks in column order, table-column-wise on one host; row-wise: ``ceil(rows /
+    world)``-row blocks, block j on rank j; table-row-wise: one host's ranks in order where the hosts are
+    known; grid: each column block row-wise over one host; data-parallel: no shards, every rank). Returns
+    ``(world, ranks per host or None when unknown)``; every problem is a one-line :class:`ShardError`."""
+    from shardcore.tables import dim_problem
+
+    if not isinstance(obj, Mapping):
+        raise ShardError(f"a TorchRec plan is a JSON object, got {type(obj).__name__}")
+    if obj.get("format") != TORCHREC_FORMAT:
+        raise ShardError(f"not a shardcore TorchRec plan (format {obj.get('format')!r}, expected {TORCHREC_FORMAT!r})")
+    missing = [k for k in ("world_size", "tables") if k not in obj]
+    if missing:
+        raise ShardError(f"the plan has no {missing[0]!r} (a TorchRec plan written by plan.py --torchrec has "
+                         "format, world_size, module_path, data_type and tables)")
+    world = _count(obj["world_size"], "world_size", "plan", 1)
+    if world_size is not None and _count(world_size, "world_size", "load_torchrec_plan", 1) != world:
+        raise ShardError(f"the plan is for {world} ranks, not the {world_size} given")
+    local = local_world_size if local_world_size is not None else obj.get("local_world_size")
+    if local is not None:
+        local = _count(local, "local_world_size", "plan", 1)
+        if world % local:
+            raise ShardError(f"the plan's {world} ranks do not split into hosts of {local} (local_world_size)")
+    if not isinstance(obj.get("module_path", ""), str):
+        raise ShardError(f"the plan's module_path must be a string, got {obj['module_path']!r}")
+    if obj.get("data_type", "fp16") not in ("fp16", "fp32"):
+        raise ShardError(f"the plan's data_type must be fp16 or fp32, got {obj['data_type']!r}")
+    tables = obj["tables"]
+    if not isinstance(tables, list) or not tables:
+        raise ShardError("the plan's tables must be a non-empty list")
+    seen: set = set()
+    for pos, t in enumerate(tables):
+        if not isinstance(t, Mapping):
+            raise ShardError(f"plan table {pos} must be an object, got {t!r}")
+        name = t.get("name")
+        if not isinstance(name, str) or not name:
+            raise ShardError(f"plan table {pos} has no name")
+        where = f"plan table {name!r}"
+        if name in seen:
+            raise ShardError(f"{where} appears twice")
+        seen.add(name)
+        absent = [k for k in ("sharding_type", "compute_kernel", "ranks", "rows", "dim") if k not in t]
+        if absent:
+            raise ShardError(f"{where} has no {absent[0]!r}")
+        _check_table(t, world, local, where)
+        why = dim_problem(int(t["dim"]))
+        if why:
+            raise ShardError(f"{where}: {why}")
+    return world, local
+
+
 def sharding_plan_from_json(obj: Mapping, device_type: str = "cuda", module_path: str | None = None,
-                            module=None, local_world_size: int | None = None):
-    """TorchRec's ``ShardingPlan`` from :func:`torchrec_plan_json`'s dict.
+                            module=None, local_world_size: int | None = None, world_size: int | None = None):
+    """TorchRec's ``ShardingPlan`` from :func:`torchrec_plan_json`'s dict, checked first by
+    :func:`validate_torchrec_plan` (``world_size``: the ranks it will run on, default the initialised
+    process group's where there is one).
 
     ``device_type``: where the shards live (``"cuda"``: ``rank:r/cuda:<r mod local_world_size>``;
     ``"cpu"``: ``rank:r/cpu``; ``local_world_size`` defaults to the file's, else the world size).
     ``module_path`` overrides the file's. With ``module`` (the
     ``EmbeddingBagCollection`` to shard) every table is checked to exist there with the same rows
     and dim."""
+    if device_type not in DEVICE_TYPES:
+        raise ShardError(f"device_type must be one of {', '.join(DEVICE_TYPES)}, got {device_type!r}")
+    if module_path is not None and not isinstance(module_path, str):
+        raise ShardError(f"module_path must be a string, got {module_path!r}")
+    if module is not None and not callable(getattr(module, "embedding_bag_configs", None)):
+        raise ShardError(f"module must be the EmbeddingBagCollection the plan shards, got {type(module).__name__}")
     _torchrec()
+    import torch.distributed as dist
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-    if obj.get("format") != TORCHREC_FORMAT:
-        raise ShardError(f"not a shardcore TorchRec plan (format {obj.get('format')!r}, expected {TORCHREC_FORMAT!r})")
-    world = int(obj["world_size"])
-    local = int(local_world_size or obj.get("local_world_size") or world)
+    if world_size is None and dist.is_available() and dist.is_initialized():
+        world_size = dist.get_world_size()
+    world, local = validate_torchrec_plan(obj, world_size, local_world_size)
+    local = int(local or world)
+    if device_type == "cpu":
+        # FBGEMM's CPU kernels cannot run a shard of no rows (a row-wise table with fewer rows than ranks):
+        # "weights[0] must be a GPU or MTIA tensor" on its rank, or a failing backward where it shares a
+        # kernel with other tables; refused here rather than on every rank
+        for t in obj["tables"]:
+            empty = next((s["rank"] for s in t.get("shards") or [] if 0 in s["sizes"]), None)
+            if empty is not None:
+                raise ShardError(f"plan table {t['name']!r}: its {t['sharding_type']} block on rank {empty} is empty "
+                                 f"({t['rows']} rows over more ranks), which FBGEMM's CPU kernels cannot run: on CPU "
+                                 "ranks give it another sharding")
     if module is not None:
         shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in module.embedding_bag_configs()}
         unplanned = sorted(set(shapes) - {t["name"] for t in obj["tables"]})
@@ -341,15 +536,11 @@ def sharding_plan_from_json(obj: Mapping, device_type: str = "cuda", module_path
                                  f"the module {shapes[t['name']][0]} x {shapes[t['name']][1]}")
 
     def placement(rank: int) -> str:
-        if not 0 <= rank < world:
-            raise ShardError(f"plan places a shard on rank {rank}, but the world size is {world}")
         return f"rank:{rank}/cpu" if device_type == "cpu" else f"rank:{rank}/{device_type}:{rank % local}"
 
     params = {}
     for t in obj["tables"]:
         if t["sharding_type"] == "data_parallel":   # a replica everywhere: no sharding spec
-            for r in t["ranks"]:
-                placement(int(r))
             params[t["name"]] = ParameterSharding(sharding_type="data_parallel", compute_kernel=t["compute_kernel"],
                                                   ranks=[int(r) for r in t["ranks"]], sharding_spec=None)
             continue
@@ -364,8 +555,9 @@ def sharding_plan_from_json(obj: Mapping, device_type: str = "cuda", module_path
 
 
 def load_torchrec_plan(path: str | os.PathLike, device_type: str = "cuda", module_path: str | None = None,
-                       module=None, local_world_size: int | None = None):
+                       module=None, local_world_size: int | None = None, world_size: int | None = None):
     """Read a ``*.torchrec.json`` and return TorchRec's ``ShardingPlan`` (for
-    ``DistributedModelParallel(model, plan=...)``); see :func:`sharding_plan_from_json`."""
+    ``DistributedModelParallel(model, plan=...)``), the file checked completely first
+    (:func:`validate_torchrec_plan`); see :func:`sharding_plan_from_json`."""
     return sharding_plan_from_json(_read_json(path), device_type=device_type, module_path=module_path,
-                                   module=module, local_world_size=local_world_size)
+                                   module=module, local_world_size=local_world_size, world_size=world_size)

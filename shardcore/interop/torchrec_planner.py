@@ -32,7 +32,8 @@ what the planner ran with (``last_info["torchrec_config"]``) and TorchRec's per-
 the plan it chose (``torchrec_estimate_ms``).
 
 How TorchRec's memory accounting differs from ours (our cap counts only the weights,
-row x dim x bytes per device):
+row x dim x bytes per device; :mod:`shardcore.interop.memory` states what a plan needs in all, and
+``plan.py`` prints that beside TorchRec's estimate, :mod:`shardcore.interop.torchrec_memory`):
 
 * **I/O buffers**: for every table TorchRec also counts the input indices (as int64) and the pooled
   outputs (in the weights' precision) of a batch: for a table-wise table on a world of N ranks with
@@ -64,6 +65,7 @@ Plans in TorchRec's form, written and read back, are :mod:`shardcore.interop.pla
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -342,6 +344,7 @@ OBJECTIVE_TERMS = (
     "bwd_comms: a data-parallel table's gradient all-reduce as a ring, 2(n-1)/n x rows x dim in the weights' "
     "precision per device (plus TorchRec's dense optimizer kernels)",
     "not in it: the per-collective latency (every device pays it in every collective)",
+    "fwd_compute += a tie-break below 1e-9 ms ordering equal options by sharding type and kernel (tie_break_ms)",
 )
 
 
@@ -388,13 +391,43 @@ def _fp32_comm_codecs() -> dict:
     return {CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name: codecs, CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER.name: codecs}
 
 
+# TorchRec's enumerator lists a table's sharding types and compute kernels in the order of a Python set of
+# their names (it intersects the constraints' list with the sharder's), which follows the process's string
+# hash seed, and its proposers keep the first of equally priced options: a column-wise option of one block
+# and the table-wise option of the same rank cost the same, so the plan's labels changed from run to run
+# (TW or CW for the same placement). Every estimate here adds TIE_BREAK_MS times the option's rank in a
+# fixed order of types (TYPE_ORDER) and kernels (kernel_order(): fused first, then by name), far below any
+# cost's precision: equal options are ordered alike in every process.
+TYPE_ORDER = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard",
+              "data_parallel")
+TIE_BREAK_MS = 1e-12
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_order() -> tuple[str, ...]:
+    """TorchRec's compute kernels, ``fused`` first, then by name (the tie-break's order)."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+
+    return ("fused",) + tuple(sorted(k.value for k in EmbeddingComputeKernel if k.value != "fused"))
+
+
+def tie_break_ms(sharding_type: str, compute_kernel: str) -> float:
+    """:data:`TIE_BREAK_MS` times the option's rank by sharding type (:data:`TYPE_ORDER`, an unknown one
+    last) and then compute kernel (:func:`kernel_order`, an unknown one last)."""
+    kind, kernel, kernels = str(sharding_type), str(compute_kernel), kernel_order()
+    t = TYPE_ORDER.index(kind) if kind in TYPE_ORDER else len(TYPE_ORDER)
+    k = kernels.index(kernel) if kernel in kernels else len(kernels)
+    return TIE_BREAK_MS * (t * (len(kernels) + 1) + k)
+
+
 def _objective_estimator(topology, constraints, batch_size: int, tables: Sequence[TableConfig]):
     """A TorchRec ``ShardEstimator`` (its extension point for shard costs): TorchRec's own
     ``EmbeddingPerfEstimator``, then every shard's input-id exchange (:func:`id_exchange_ms`) added to
     its ``Perf.fwd_comms`` (TorchRec computes an ``input_dist_comms`` but leaves it out of
     ``Perf.total``, the figure its partitioner balances and its perf model rates; it is replaced by the
-    same id figure so that TorchRec's stats show it). ``batch_size``: the global batch; ``tables``: the
-    task's, in the order of TorchRec's table names ``t0, t1, ...``."""
+    same id figure so that TorchRec's stats show it), and the option's tie-break (:func:`tie_break_ms`) to its
+    ``fwd_compute``. ``batch_size``: the global batch; ``tables``: the task's, in the order of TorchRec's
+    table names ``t0, t1, ...``."""
     from dataclasses import replace
 
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
@@ -412,13 +445,15 @@ def _objective_estimator(topology, constraints, batch_size: int, tables: Sequenc
                                                           world_size=n, collective_type=CollectiveType.ALL_TO_ALL)
             for so in sharding_options:
                 table = tables[int(so.name[1:])]
+                tie = tie_break_ms(so.sharding_type, so.compute_kernel)   # ties ordered alike in every process
                 for shard in so.shards:
                     if shard.perf is None:
                         continue
                     piece = shard_piece(so.sharding_type, table, int(shard.size[0]), int(shard.size[1]),
                                         int(shard.offset[0]), n)
                     ms = id_exchange_ms(piece, batch_size, n, link)
-                    shard.perf = replace(shard.perf, fwd_comms=shard.perf.fwd_comms + ms, input_dist_comms=ms)
+                    shard.perf = replace(shard.perf, fwd_comms=shard.perf.fwd_comms + ms, input_dist_comms=ms,
+                                         fwd_compute=shard.perf.fwd_compute + tie)
 
     return JudgedObjective(topology, constraints)
 

@@ -100,6 +100,8 @@ ROOT = Path(__file__).resolve().parents[3]   # the repository root (shardcore/or
 MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"
 MODEL_FILES = {"h200": "h200_emulator.json"}
 FORMAT = "shardkit-gpu-emulator-1"
+# every shipped measurement is of fp16 weights: fp32 is priced from them by the bytes it moves
+FP32_NOTE = "fp32 compute derived from fp16 measurements by bytes moved, not measured"
 
 # A representative lookup count per reuse bin: the mean of the integers in (0,1], (1,2], (2,4], ...,
 # (2^14, 2^15]; the open last bin (2^15, inf) is taken as 1.5 x 2^15.

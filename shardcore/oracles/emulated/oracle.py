@@ -15,6 +15,7 @@ from shardcore.dataset import configs_batch_size
 from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import PIECES_NOTE, CommModel, allreduce_bytes, comm_splits, id_width, pooled_width
 from shardcore.oracles.setting import EXACT_SGD, normalize_optimizer, normalize_precision
+from shardcore.oracles.emulated.emulator import FP32_NOTE
 from shardcore.tables import TableConfig
 from shardcore.types import CacheContext, CommLayout, CommSplits, ComputeCost, DeviceCost, OracleInfo, PlanResult
 
@@ -26,8 +27,6 @@ CARD_NAMES = {"h200": "NVIDIA H200"}
 HELDOUT, DEVICES, FULL = "heldout", "devices", "full"
 EMULATOR_FITS = (HELDOUT, DEVICES, FULL)
 HOLDOUT_RULE = {HELDOUT: "tables", DEVICES: "devices"}   # emulator.HOLDOUT_RULES
-# every shipped measurement is of fp16 weights: fp32 is priced from them by the bytes it moves
-FP32_NOTE = "fp32 compute derived from fp16 measurements by bytes moved, not measured"
 
 
 def _length_cv(data_dir: str, batch_size: int) -> list[float] | None:
