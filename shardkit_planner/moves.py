@@ -24,6 +24,7 @@ are multiples of 4, row-wise over any set of devices, grid across hosts, or repl
 :class:`Respread`         a row-wise table touching ``m`` over another set of devices
 :class:`Grid`             a heavy table cut in two column blocks, each row-wise over a whole host
 :class:`Replicate`        a small table of ``m`` made data-parallel
+:class:`ReplicateGroup`   the 2, 4, 8, ... tables cheapest to replicate made data-parallel together
 :class:`Gather`           a row-wise, grid or data-parallel table touching ``m`` made whole on a cheap device
 ========================  ==========================================================================
 
@@ -415,6 +416,27 @@ class Replicate(Move):
         return out
 
 
+class ReplicateGroup(Move):
+    """The whole tables of any device that cost least to replicate (fewest rows per lookup: the
+    all-reduce per lookup spread) made data-parallel together, 2, 4, 8, ... of them: the first replica
+    pays the replicas' kernel on every device, so one at a time never pays off where several together
+    do (a task whose split tables fill the exchange with their widths)."""
+
+    name = "replicate-group"
+
+    def candidates(self, st, m, ctx):
+        if not ctx.allows(DATA_PARALLEL) or st.n < 2:
+            return []
+        cheap = sorted((pos for pos, sh in enumerate(st.shardings) if sh.type == TABLE_WISE
+                        and st.tables[pos].memory_gb(st.precision) <= ctx.dp_max_gb),
+                       key=lambda pos: (st.tables[pos].row / max(st.tables[pos].pooling_factor, 0.01), pos))
+        out, size = [], 2
+        while size <= len(cheap):
+            out.append(("replicate-group", {pos: data_parallel(st.n) for pos in cheap[:size]}))
+            size *= 2
+        return out
+
+
 class Gather(Move):
     """A row-wise, grid or data-parallel table touching ``m`` made whole on one of the two cheapest
     devices with room for it."""
@@ -433,10 +455,10 @@ class Gather(Move):
 # The search's neighbourhoods, tried in turn each round: the second only where the first has no move that
 # lowers the objective (a variable neighbourhood descent). The first holds the moves of whole tables,
 # halves, spreads and replicas; the second re-cuts tables into k blocks, makes row-wise tables
-# column-wise, shifts columns between blocks and re-spreads row-wise tables: moves with many variants per table, priced only at the
+# column-wise, shifts columns between blocks, re-spreads row-wise tables and replicates groups of tables: moves with many variants per table, priced only at the
 # first neighbourhood's local optima, so a task the first settles is searched as cheaply as without them.
 FIRST_MOVES: tuple[Move, ...] = (MoveWhole(), MoveBlock(), SplitHalf(), Gather(), Swap(), Spread(), Grid(), Replicate())
-SPLIT_MOVES: tuple[Move, ...] = (Resplit(), RowToColumn(), ShiftColumns(), Respread())
+SPLIT_MOVES: tuple[Move, ...] = (Resplit(), RowToColumn(), ShiftColumns(), Respread(), ReplicateGroup())
 DEFAULT_MOVES: tuple[tuple[Move, ...], ...] = (FIRST_MOVES, SPLIT_MOVES)
 
 

@@ -97,6 +97,14 @@ class State:
         comm = costs - comp
         return (comp[..., None, :] * factors + comm[..., None, :]).max(axis=-1).mean(axis=-1)
 
+    def slowest_per_draw(self) -> np.ndarray:
+        """The slowest device of each draw of the model's error (the objective is their mean); the plain
+        slowest device, once, where the model knows no error."""
+        if self.draws is None:
+            return np.array([self.cost])
+        factors = self.draws[(self.kinds[None, :],) + self._draw_at]
+        return (self.comp[None, :] * factors + (self.costs - self.comp)[None, :]).max(axis=-1)
+
     def copy(self) -> "State":
         """An independent copy (the model, its error draws and the remembered shard costs shared)."""
         new = object.__new__(State)

@@ -277,6 +277,24 @@ class ShardkitSharder(Sharder):
                          f"measurements; planning {precision} weights needs one fitted on {precision} "
                          f"(tools/fit_shardkit_model.py --weights-precision {precision})")
 
+    @staticmethod
+    def _ties_to_the_point_estimate(pool: list, model: CostModel, task: PlanningTask) -> list:
+        """``pool`` (best first by the objective) with the best plan replaced by the one of lowest point
+        estimate among those the objective cannot tell from it: where the objective is the expected slowest
+        device over fixed draws of the model's error, two plans whose expectations differ by less than the
+        standard error of the best one's are a tie, and the model's own figure decides. A point objective
+        leaves the pool as it is."""
+        if model.error is None or len(model.error) == 0 or len(pool) < 2:
+            return pool
+        best = State(model, task.tables, pool[0][2].table_shardings(task.tables), task.n, task.cap, task.precision)
+        per_draw = best.slowest_per_draw()
+        tie = float(per_draw.std(ddof=1) / np.sqrt(len(per_draw))) if len(per_draw) > 1 else 0.0
+        level = pool[0][0][0] + tie
+        tied = [x for x in pool if x[0][0] <= level]
+        points = [float(model.device_costs(task.tables, plan).max()) for _, _, plan in tied]
+        k = int(np.argmin(points))
+        return [tied[k]] + [x for x in pool if x is not tied[k]]
+
     def start_plans(self, task: PlanningTask) -> list[tuple[str, Plan]]:
         """The starts that place the task with the allowed types, in ``proposers`` order; where none
         does, :class:`InfeasibleError` saying what each start hit (and, for a table no device holds
@@ -361,6 +379,7 @@ class ShardkitSharder(Sharder):
         if budget.cut_by_time:
             stats.stopped = "time cap"
         pool.sort(key=lambda x: x[0])
+        pool = self._ties_to_the_point_estimate(pool, model, task)
         distinct, seen = [], set()
         for score, name, plan in (pool if self.refine_k > 0 else pool[:1]):   # refinement measures distinct ones
             key = tuple((s.type, s.devices, s.dims) for s in plan.table_shardings(tables))

@@ -321,8 +321,10 @@ class SplitGreedy:
     """Splits chosen by cost (see the module notes). The tables split are those that fit on no device;
     a second family also splits those above half a device (a device holding one is left little room
     to balance). Each family tries every shape one of its tables allows, given to all of them (a
-    column count below a table's fewest blocks is raised to it); the search then re-cuts each table on
-    its own (:class:`~shardkit_planner.moves.Resplit`, :class:`~shardkit_planner.moves.RowToColumn`)."""
+    column count below a table's fewest blocks is raised to it), each with the replicated shares of
+    :func:`hybrid_greedy` (where data-parallel is allowed: a replica's outputs leave the exchange, which
+    the split tables' widths fill); the search then re-cuts each table on its own
+    (:class:`~shardkit_planner.moves.Resplit`, :class:`~shardkit_planner.moves.RowToColumn`)."""
 
     name = "split_greedy"
 
@@ -336,22 +338,27 @@ class SplitGreedy:
                 families.append(fam)
         if not families:
             raise InfeasibleError("split_greedy: every table fits on a device with room to spare")
+        # replicas as hybrid_greedy makes them: none, or a share of the small tables, fewest rows per lookup first
+        small = sorted((i for i, m in enumerate(mem) if m <= REPLICATE_MAX_GB),
+                       key=lambda i: (task.tables[i].row / max(task.tables[i].pooling_factor, 0.01), i))
+        shares = sorted({j * len(small) // 8 for j in range(9)}) if DATA_PARALLEL in task.types and task.n > 1 else [0]
         best: tuple[float, Plan] | None = None
         why = "no split shape allowed"
         for fam in families:
             shapes = list(dict.fromkeys(s for pos in fam for s in split_shapes(task, task.tables[pos])))
             for shape in shapes:
-                fixed: dict[int, Sharding] = {}
-                blocks: dict[int, list[int]] = {}
-                if not all(_apply_shape(task, task.tables[pos], shape, fixed, blocks, pos) for pos in fam):
-                    continue
-                plan = place(task, fixed, blocks)
-                if plan is None:
-                    why = "no split leaves room for every table"
-                    continue
-                cost = float(task.model.device_costs(task.tables, plan).max())
-                if best is None or cost < best[0]:
-                    best = (cost, plan)
+                for share in shares:
+                    fixed: dict[int, Sharding] = {i: data_parallel(task.n) for i in small[:share] if i not in fam}
+                    blocks: dict[int, list[int]] = {}
+                    if not all(_apply_shape(task, task.tables[pos], shape, fixed, blocks, pos) for pos in fam):
+                        break
+                    plan = place(task, fixed, blocks)
+                    if plan is None:
+                        why = "no split leaves room for every table"
+                        continue
+                    cost = float(task.model.device_costs(task.tables, plan).max())
+                    if best is None or cost < best[0]:
+                        best = (cost, plan)
         if best is None:
             big = max(range(len(mem)), key=lambda i: mem[i])
             raise InfeasibleError(f"split_greedy: {why} (largest table {task.tables[big].index}: "
