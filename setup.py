@@ -21,7 +21,7 @@ setup(
     + [m for m in SCRIPTS["SCRIPTS"] if "." not in m],
     entry_points={"console_scripts": SCRIPTS["console_scripts"]()},
     python_requires=">=3.10",
-    install_requires=["torch==2.13.0", "numpy", "pandas", "tqdm", "matplotlib"],
+    install_requires=["torch==2.13.0", "numpy", "pandas", "tqdm", "matplotlib", "highspy==1.16.0"],
     extras_require={
         "cpu": ["fbgemm-gpu-cpu==1.8.0"],
         "test": ["pytest"],

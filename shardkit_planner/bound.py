@@ -33,6 +33,8 @@ whatever stops it; ``status`` says whether the program was solved to optimality.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -65,6 +67,22 @@ class BoundResult:
     details: dict = field(default_factory=dict)
 
 
+def _quiet_highs():
+    """A HiGHS instance, its start-up banner (printed by its C++ side on the first instance) kept off stdout."""
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    return h
+
+
 class _Program:
     """A MILP in row form: variables with bounds and integrality, rows ``lo <= a x <= hi``, a linear objective."""
 
@@ -88,7 +106,7 @@ class _Program:
     def solve(self, time_limit: float, node_limit: int):
         import highspy
 
-        h = highspy.Highs()
+        h = _quiet_highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
         h.setOptionValue("random_seed", 0)
@@ -159,6 +177,7 @@ def piece_terms(compute: GpuComputeModel, pieces: Sequence[TableConfig], batch: 
                 add[:, c] = 0.0
         for _, c in floor_cols:
             add[:, c] = 0.0
+        add[:, sfp_cols] = 0.0
         share = add @ W.T                            # [pieces, 2]
         if sfp_cols:   # the kernel's footprint hats: their minimum from the piece's own footprint up
             knots = np.asarray(spec["shard_footprint_knots"], dtype=float)
