@@ -83,7 +83,7 @@ def summary(tables, names, plan, devices, max_memory_gb, precision):
 BATCH_PLANNERS = ("torchrec", "torchrec-tw", "torchrec-emu", "shardkit", "shardkit-tw")
 # planners that may split a table larger than the per-device cap by rows
 ROW_SPLITTERS = ("torchrec", "torchrec-emu", "shardkit")
-DEFAULT_PLAN_BATCH = 4096   # without an oracle, as before: the batch a batch-dependent planner assumes
+DEFAULT_PLAN_BATCH = 4096   # without an oracle: the batch a batch-dependent planner assumes (said in a note)
 
 
 def build_parser():

@@ -423,7 +423,7 @@ def test_emulated_oracle_with_lookups_uses_the_measured_bag_lengths(tiny):
 
 @pytest.mark.parametrize("extra, msg", [
     (["--oracle", "emulated:a100"], "unknown oracle 'emulated:a100': choose one of measured, emulated:h200"),
-    (["--oracle", "emulated:h200", "--optimizer", "exact_adagrad"], "exact_sgd and fp16 weights only"),
+    (["--oracle", "emulated:h200", "--optimizer", "exact_adagrad"], "was measured with exact_sgd only"),
     (["--oracle", "emulated:h200", "--comm-bandwidth", "inf"], "--comm-bandwidth: expected a finite number"),
 ])
 def test_emulated_oracle_bad_input(extra, msg, tmp_path):

@@ -168,7 +168,7 @@ def main(argv=None) -> None:
     args.no_cache = True
     records, summaries = [], []
     t0 = time.perf_counter()
-    for run in range(args.runs):   # run 0 goes on with the tasks' generator: one run measures as before --runs
+    for run in range(args.runs):   # the first pass goes on with the tasks' generator: --runs 1 measures what a single pass does
         if args.runs > 1:
             print(f"run {run + 1}/{args.runs}", flush=True)
         s, hardware, noise = measure_run(args, plans, tasks, devices, ndevices,
