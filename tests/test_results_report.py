@@ -131,3 +131,27 @@ def test_a_bad_manifest_is_refused_in_one_line(tmp_path, change, message):
 def test_a_marker_naming_no_view_is_refused(shipped):
     with pytest.raises(ShardError, match="no view 'honest_margins/none'"):
         report.regenerate("<!-- results:honest_margins/none -->\n<!-- /results:honest_margins/none -->", shipped, ROOT)
+
+
+def test_a_complete_honest_margins_run_becomes_the_current_one(tmp_path, monkeypatch):
+    """tools/honest_margins.py names its new run as the folder's current one: the records and views point
+    at it, the run it replaces joins the history, and the command, commit and date are the new run's."""
+    hm = load_tool("honest_margins")
+    monkeypatch.setattr(hm, "ROOT", tmp_path)
+    folder = tmp_path / "results" / "honest_margins"
+    for run in ("old", "new"):
+        (folder / run).mkdir(parents=True)
+        (folder / run / "emu_dlrm50.jsonl.gz").write_bytes(b"")
+    manifest = {**BASE, "landscape": "emulated H200", "current": "results/honest_margins/old",
+                "records": [{"path": "results/honest_margins/old/emu_dlrm50.jsonl.gz", "what": "x"}],
+                "history": [{"folder": "results/honest_margins/older", "note": "y"}],
+                "views": {"m": {"kind": "margins", "sets": [{"label": "S",
+                                                            "records": "results/honest_margins/old/emu_dlrm50.jsonl.gz"}]}}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    hm.make_current(folder / "manifest.json", folder / "new", ["--out-dir", "results/honest_margins/new"])
+    got = report.read_manifest(folder, tmp_path)
+    assert got["current"] == "results/honest_margins/new"
+    assert got["records"][0]["path"] == got["views"]["m"]["sets"][0]["records"] == "results/honest_margins/new/emu_dlrm50.jsonl.gz"
+    assert [h["folder"] for h in got["history"]] == ["results/honest_margins/old", "results/honest_margins/older"]
+    assert got["command"] == "python tools/honest_margins.py --out-dir results/honest_margins/new"
+    assert got["commit"] and got["date"].endswith("UTC")
