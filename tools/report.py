@@ -364,6 +364,8 @@ def render_headline(ms: dict[str, dict], root: Path = ROOT) -> str:
         sets = ", ".join(g["label"] for g in got) + "; " + (f"{tasks[0]} tasks each" if len(set(tasks)) == 1 else
                                                             ", ".join(map(str, tasks)) + " tasks")
         cell = "; ".join(f"{g['label']}: {margin_cell(g, labels)}" for g in got)
+        if m["headline"].get("note"):
+            cell += f" — *{m['headline']['note']}*"
         rows.append([f"**{m['landscape']}**", m["hardware"], sets, cell, f"[{m['name']}](results/{m['name']}/)"])
     return md_table(["landscape", "hardware", "task sets (devices)", "shardkit against the best other planner (95% paired "
                      "interval over tasks)", "records"], rows)
