@@ -11,7 +11,7 @@ TASKS  := data/dlrm_tasks_50
 DEMO_ALGS := random,naive,dim_greedy,size_greedy,lookup_greedy,size_lookup_greedy
 DEMO_MEASURED := random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy
 
-.PHONY: demo test install clean experiments anchors honest-margins
+.PHONY: demo test install clean experiments anchors honest-margins results
 
 install: $(STAMP)
 
@@ -75,6 +75,11 @@ anchors: $(STAMP)
 # else running: shardkit plans under a time budget).
 honest-margins: $(STAMP)
 	$(PY) tools/honest_margins.py
+
+# The results tables of the README and docs/, regenerated from the records and manifests of results/<name>/
+# (tools/report.py; results/README.md says what a manifest holds). Seconds.
+results: $(STAMP)
+	$(PY) tools/report.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -56,7 +56,11 @@ def check_fits(tables, names, max_memory_gb, precision):
                              "(raise --max-memory, or add shardkit or torchrec to --alg: they split a table over devices)")
 
 
-def summary(tables, names, plan, devices, max_memory_gb, precision):
+def summary(tables, names, plan, devices, max_memory_gb, precision, device_costs_ms=None):
+    """Where each table went: per device its tables or blocks, memory and, priced (``device_costs_ms``,
+    the oracle's four parts per device), its cost parts; else its lookup load, a hardware-free proxy."""
+    from shardcore.costs import COST_PARTS
+
     mem = plan.device_memory_gb(tables, precision)
     load = lookup_load(tables, plan)
     mean = sum(load) / len(load) if load else 0.0
@@ -64,17 +68,25 @@ def summary(tables, names, plan, devices, max_memory_gb, precision):
     # a name per piece: a split table's pieces are named by what they hold
     tags = {"table_wise": "", "column_wise": " [cols]", "row_wise": " [rows]", "data_parallel": " [replica]",
             "grid": " [grid]"}
-    pieces = []
+    pieces, replicated = [], []
     for n, t, s in zip(names, tables, plan.table_shardings(tables)):
-        pieces += [n + tags[s.type]] * len(s.pieces(t, plan.ndevices))
+        pieces += [None if s.type == "data_parallel" else n + tags[s.type]] * len(s.pieces(t, plan.ndevices))
+        if s.type == "data_parallel":   # on every device: named once, below the table
+            replicated.append(n)
     for d, shard in enumerate(plan.shards):
-        shown = ", ".join(pieces[i] for i in shard)
-        if len(shown) > 60:
-            shown = shown[:57] + "..."
-        rows.append([devices[d], len(shard), f"{mem[d]:.3f}", f"{100 * mem[d] / max_memory_gb:.1f}%",
-                     f"{load[d]:.1f}", f"{load[d] / mean:.3f}" if mean > 0 else "-", shown])
-    table = format_table(["device", "tables", "memory GiB", "of cap", "lookup load (dim x pf)", "load / mean",
-                          "names"], rows)
+        shown = ", ".join(pieces[i] for i in shard if pieces[i] is not None)
+        if len(shown) > 100:
+            shown = shown[:97] + "..."
+        if device_costs_ms is None:
+            work = [f"{load[d]:.1f}", f"{load[d] / mean:.3f}" if mean > 0 else "-"]
+        else:
+            work = [f"{c:.3f}" for c in device_costs_ms[d]] + [f"{sum(device_costs_ms[d]):.3f}"]
+        rows.append([devices[d], len(shard), f"{mem[d]:.3f}", f"{100 * mem[d] / max_memory_gb:.1f}%"] + work + [shown])
+    work = (["lookup load (dim x pf)", "load / mean"] if device_costs_ms is None
+            else [f"{p} ms" for p in COST_PARTS] + ["total ms"])
+    table = format_table(["device", "tables or blocks", "memory GiB", "of cap"] + work + ["names"], rows)
+    if replicated:
+        table += f"\nreplicated on every device (data-parallel): {', '.join(replicated)}"
     imb = max(load) / mean if mean > 0 else 1.0
     return table, imb, max(mem)
 
@@ -83,7 +95,7 @@ def summary(tables, names, plan, devices, max_memory_gb, precision):
 BATCH_PLANNERS = ("torchrec", "torchrec-tw", "torchrec-emu", "shardkit", "shardkit-tw")
 # planners that may split a table larger than the per-device cap by rows
 ROW_SPLITTERS = ("torchrec", "torchrec-emu", "shardkit")
-DEFAULT_PLAN_BATCH = 4096   # without an oracle, as before: the batch a batch-dependent planner assumes
+DEFAULT_PLAN_BATCH = 4096   # without an oracle: the batch a batch-dependent planner assumes (said in a note)
 
 
 def build_parser():
@@ -144,6 +156,10 @@ def build_parser():
     p.add_argument("--out", default=None, metavar="PLAN.json", help="write the plan as JSON (atomically)")
     p.add_argument("--torchrec", action="store_true",
                    help="also write the TorchRec-loadable form beside --out (PLAN.torchrec.json)")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="with --oracle: draw the compared plans side by side (per planner one stacked bar per "
+                        "device: forward compute, forward and backward exchange, backward compute; below it each "
+                        "device's memory with the cap as a line), a PNG written atomically")
     p.add_argument("--torchrec-module", default="", metavar="FQN",
                    help="where the EmbeddingBagCollection sits in your model, for the TorchRec form "
                         "(default '': the model is the collection)")
@@ -274,11 +290,16 @@ def main(argv=None):
     if args.out and len(algs) > 1 and args.oracle is None and args.pick is None:
         raise ShardError("several --alg and --out: say which plan to write with --pick ALG, or price them with "
                          "--oracle emulated:h200 to write the cheapest")
+    if args.plot is not None and args.oracle is None:
+        raise ShardError("--plot draws the plans' costs: price them with --oracle (e.g. emulated:h200)")
+    if args.plot:
+        check_output_file(args.plot, "--plot")
     if args.out:
         check_output_file(args.out, "--out")
         if args.torchrec:
             check_output_file(torchrec_path_for(args.out), "--torchrec")
-        cli.check_outputs(args, {"--out": args.out, "--torchrec": torchrec_path_for(args.out) if args.torchrec else None})
+    cli.check_outputs(args, {"--out": args.out, "--torchrec": torchrec_path_for(args.out) if args.out and args.torchrec
+                             else None, "--plot": args.plot}, {"--plot": "a PNG image"})
     devices = device_ids(args)
     ndevices = num_devices(args)
     tables, names = read_tables(args.tables)
@@ -350,16 +371,27 @@ def main(argv=None):
     why = torchrec_problem(tables, names, plan, args.devices_per_host) if args.torchrec else None
     if why:
         raise ShardError(f"--torchrec: {chosen.alg}'s plan cannot be applied by TorchRec: {why}; --pick another planner")
-    table, imb, worst = summary(tables, names, plan, devices, args.max_memory, args.weights_precision)
+    table, imb, worst = summary(tables, names, plan, devices, args.max_memory, args.weights_precision,
+                                chosen.device_costs_ms if oracle is not None else None)
     if oracle is None:
         for r in results:
             if r is not chosen:
                 print(f"{r.alg}: " + ("feasible" if r.feasible else r.error or "infeasible"))
-        print(table)
+    else:
+        print(f"where each table went in {chosen.alg}'s plan (its cost parts as priced above):")
+    print(table)
     print(f"feasible: max device memory {worst:.3f} GiB of {args.max_memory:g} GiB; "
           f"lookup-load imbalance (max / mean) {imb:.3f}")
     print(compare_memory(tables, plan, args.weights_precision, args.max_memory, batch, getattr(args, "optimizer", None)
                          or EXACT_SGD, names, args.devices_per_host or None, devices).text(format_table))
+    if args.plot:
+        from shardcore.evaluation.plots import plot_plans
+
+        shown = sorted(results, key=lambda r: (r.cost_ms is None, r.cost_ms or 0.0))
+        plot_plans([(r.alg, r.device_costs_ms, r.memory_gb, r.cost_ms, r.error) for r in shown], args.plot,
+                   args.max_memory, title=f"{len(tables)} tables of {Path(args.tables).name} on {ndevices} devices, "
+                                          f"cap {args.max_memory:g} GiB, priced on {hardware.split(' (')[0]}, batch {batch}")
+        print(f"wrote {args.plot}")
     if args.out:
         meta = {"alg": chosen.alg}
         if oracle is not None:

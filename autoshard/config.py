@@ -68,18 +68,18 @@ class AutoShardConfig(Config):
     cost_lr: float = param(1e-3, "cost model learning rate (default {default})", flags=("--cost-learning-rate",),
                            type=learning_rate_type)
     cost_batch_size: int = 64
-    cost_steps_per_update: int = param(16, "cost model gradient steps per learner update (default {default}; 4 "
-                                           "before 2026-11-29)",
+    cost_steps_per_update: int = param(16, "cost model gradient steps per learner update (default {default}: "
+                                           "a cost model that keeps up with the policy's new devices)",
                                        flags=("--num-cost-updates",), dest="cost_updates", type=positive_int)
     cost_min_buffer: int = param(0, "measured shards the cost model's buffer must hold before it trains "
                                     "(default {default})", flags=("--num-min-buf-size",), type=nonnegative_int)
     # observation (autoshard/env.py); a checkpoint written before these existed loads with both off
-    scaled_device_features: bool = param(True, "describe each device by the plain sums of its tables' features (as "
-                                               "before 2026-11-29; default: the sums over the task's tables per "
-                                               "device, one table's scale at any task size)",
+    scaled_device_features: bool = param(True, "describe each device by the plain sums of its tables' features (the "
+                                               "observation older checkpoints were trained with; default: the sums "
+                                               "over the task's tables per device, one table's scale at any task size)",
                                          flags=("--raw-device-features",), action="store_false")
     relative_costs: bool = param(True, "give each device's predicted cost now and after taking the table over the ideal "
-                                       "load only (as before 2026-11-29; default: minus the currently slowest device's "
+                                       "load only (the observation older checkpoints were trained with; default: minus the currently slowest device's "
                                        "predicted cost, so that 'this device becomes the slowest' reads after > 0 at "
                                        "every step)", flags=("--absolute-costs",), action="store_false")
     # rewards

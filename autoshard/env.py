@@ -5,8 +5,8 @@ cost model: by dim x pooling factor, the lookup heuristic's key). The observatio
 table's features and the fraction of tables placed; each device is described by the summed features
 of its tables, its shard's predicted cost now and after taking the current table (over the task's
 ideal per-device load, i.e. the sum of predicted single-table costs / D), and its memory used now
-and after (over the cap). Two options (``AutoShardConfig``, both on by default since 2026-11-29; off,
-the description above): ``scaled_device_features`` divides a device's summed features by the task's
+and after (over the cap). Two options (``AutoShardConfig``, both on by default; off, the description
+above, the observation of checkpoints written without them): ``scaled_device_features`` divides a device's summed features by the task's
 tables per device (T / D), so they keep the scale of one table's standardised features whatever the
 task's size, where the sums grew to tens of units beside the cost features' fractions of one;
 ``relative_costs`` gives the predicted costs now and after minus the currently slowest device's

@@ -20,8 +20,8 @@ def train_args(ctx: TrainContext) -> list[str]:
 
 
 def stale(checkpoint: Path, device_counts) -> str | None:
-    """A checkpoint of before 2026-11-29 plans with the observation of then (plain feature sums, costs over
-    the ideal load only; issue #24): train again."""
+    """A checkpoint whose config has no observation options plans with the plain observation (feature sums,
+    costs over the ideal load only), which the current defaults replace (issue #24): train again."""
     import torch
 
     try:
@@ -30,7 +30,7 @@ def stale(checkpoint: Path, device_counts) -> str | None:
         return None
     if "scaled_device_features" in cfg:
         return None
-    return "was trained with the observation of before 2026-11-29 (plain feature sums, absolute costs)"
+    return "was trained with the plain observation (feature sums, absolute costs) that the current defaults replace"
 
 
 METHOD = MethodSpec(

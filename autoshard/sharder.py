@@ -68,7 +68,7 @@ class AutoShardModel:
     def load(cls, path: str | os.PathLike) -> "AutoShardModel":
         obj = io.load_checkpoint(path, METHOD, VERSION, "an AutoShard")
         with io.checkpoint_contents(path):
-            # older checkpoints: no CV feature, the plain observation (the options' defaults changed 2026-11-29)
+            # a checkpoint written before these options existed: no CV feature, the plain observation
             cfg = AutoShardConfig.from_dict({"length_cv_feature": False, "scaled_device_features": False,
                                              "relative_costs": False, **obj["config"]})
             model = cls(cfg, FeatureScaler.from_state(obj["scaler"]), AutoShardNet(cfg), CostModel(cfg),

@@ -135,8 +135,8 @@ class CommCostModel:
 
     @property
     def device_counts(self) -> tuple[int, ...] | None:
-        """The device counts of the all-to-alls the model was fitted on: recorded at fitting since
-        2026-11-29 (``metrics["ndevices"]``); for an older model, its scaler's ``ndevices`` feature where
+        """The device counts of the all-to-alls the model was fitted on: recorded at fitting
+        (``metrics["ndevices"]``); for a model written before that was recorded, its scaler's ``ndevices`` feature where
         that was constant (a deviation of exactly 1, the constant feature's, around an integral mean);
         None where unknown. A plan of another count makes the model extrapolate in that feature."""
         recorded = (self.metrics or {}).get("ndevices")

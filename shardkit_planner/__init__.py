@@ -3,9 +3,11 @@ data-parallel), a cost model fitted on an oracle of this machine (or the emulate
 local search from the best of the greedy / TorchRec / given plans, and optionally the oracle itself:
 measurements that correct the model for the task and choose the plan.
 
-Modules: :mod:`.costmodel` (per-device plan costs), :mod:`.search` (the moves and the local search),
-:mod:`.refine` (measured refinement),
-:mod:`.sharder` (the ``--alg`` entry point, ``load_sharder``, declared in the top-level
+Modules: :mod:`.starts` (the plans the search begins from), :mod:`.costmodel` (per-device plan costs),
+:mod:`.moves` (the moves, one class per kind, in two neighbourhoods), :mod:`.search` (the local and
+iterated search, its work-counted budget), :mod:`.refine` (measured refinement), :mod:`.calibrate` (a
+cost model of this machine fitted on measurements it takes), :mod:`.sharder` (the stages put together:
+the ``--alg`` entry point, ``load_sharder``, declared in the top-level
 ``shardkit_methods.PLANNER_PLUGINS``). This package imports only :mod:`shardcore`, never another method
 package.
 """

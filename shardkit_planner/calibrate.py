@@ -49,9 +49,10 @@ def excluded_tables(task_files: Sequence[str] | None, num_tables: int) -> set[in
 def plan_sizes(ndevices: int, pool: int, largest_task: int | None) -> list[int]:
     """Tables per device of the calibration plans: ``PLAN_SIZES`` sizes spread geometrically from 1 to
     as many as the largest task puts on a device (at least ``PLAN_SIZES``; 1..``PLAN_SIZES`` without
-    tasks), none needing more than the ``pool`` tables there are to draw from. (Until 2026-11-29 always
-    1..6: on the CPU's 4-device sets the tasks' exchanges carried 1-7 MB a device where those plans
-    reached 1.2 MB, and the fitted latency and bandwidth, extrapolated, moved 2x between two runs.)"""
+    tasks), none needing more than the ``pool`` tables there are to draw from. Why up to the tasks' size:
+    with plans of 1..6 tables only, a CPU's 4-device tasks' exchanges carried 1-7 MB a device where the
+    calibration plans reached 1.2 MB, and the fitted latency and bandwidth, extrapolated, moved 2x between
+    two calibrations."""
     top = max(PLAN_SIZES, math.ceil(largest_task / ndevices)) if largest_task else PLAN_SIZES
     top = max(1, min(top, pool // max(1, ndevices)))
     if top <= PLAN_SIZES:

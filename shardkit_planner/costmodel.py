@@ -32,9 +32,8 @@ all-reduce (``2 (n-1)/n x rows x dim x bytes``, :func:`~shardcore.oracles.commmo
 latency each. The constants are the emulated oracle's analytic ones (so on that landscape the model
 is the oracle exactly), or on the CPU a fit of the measured exchanges of plans outside the tables to
 avoid (the cache's plan measurements, both phases: forward the pooled and id all-to-alls, backward the
-pooled one), one latency and bandwidth per device count (gloo's differ: on this project's 2-core CPU,
-two runs of 2026-11-29, 0.7–1.3 ms + bytes / 2.1–3.6 GB/s on 4 devices, 2.8 ms + bytes / 1.35–2.2 GB/s
-on 8).
+pooled one), one latency and bandwidth per device count (gloo's differ: on a 2-core CPU, 0.7–1.3 ms +
+bytes / 2.1–3.6 GB/s on 4 devices, 2.8 ms + bytes / 1.35–2.2 GB/s on 8).
 """
 
 from __future__ import annotations

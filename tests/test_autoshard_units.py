@@ -258,7 +258,7 @@ def test_checkpoints_of_before_the_observation_options_load_without_them(tmp_pat
     model.save(path)
     obj = torch.load(path, weights_only=True)
     for key in ("scaled_device_features", "relative_costs"):
-        del obj["config"][key]                                              # as written before 2026-11-29
+        del obj["config"][key]                                              # as written before the options existed
     torch.save(obj, path)
     back = AutoShardModel.load(path)
     assert not back.cfg.scaled_device_features and not back.cfg.relative_costs

@@ -143,7 +143,7 @@ def test_repeatability_tool_prints_its_three_figures(tmp_path):
     for label, times in (("mean deviation from the median", 3), ("p90 max/min", 3),
                          ("round-pair Spearman per task", 3), ("where it comes from", 2)):
         assert proc.stdout.count(label) == times, label
-    assert "over 2 runs" in proc.stdout and "run 2/2" in proc.stdout
+    assert "over 2 runs" in proc.stdout and "pass 2 of 2" in proc.stdout
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [sum(1 for r in lines if r.get("run") == k) for k in (0, 1)] == [2 * 4 * 2] * 2   # each run's rounds
     assert lines[-1]["summary"]["rounds"] == 2 and lines[-1]["summary"]["mean_dev_pct"] >= 0

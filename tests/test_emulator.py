@@ -17,12 +17,50 @@ from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, load_gpu_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
-# Held-out 10-fold shard MAPE at batch 65536 as printed by tools/emulator_accuracy.py (fw, bw, fw+bw)
+# Accuracy bounds a refit must stay within (held-out 10-fold shard MAPE at batch 65536: fw, bw, fw+bw;
+# leave-one-task-out within-task Spearman and plan-cost MAPE % per plan source): regression guards, met
+# with MARGIN to spare by the shipped fit, so that a change that costs the emulator accuracy shows here
 REPORTED_KFOLD = {"fw": 4.66, "bw": 2.81, "fw+bw": 2.81}
 MARGIN = 0.3
-# Leave-one-task-out within-task Spearman (mean) and plan-cost MAPE % per plan source, as printed
 REPORTED_PLANS = {"plans": (0.879, 2.12), "gpucheck1": (0.854, 2.27), "gpucheck2": (0.843, 2.14),
                   "gpucheck4": (0.830, 2.22), "gpucheck5": (0.817, 2.10)}
+
+
+def shipped_counts(batch: int = 65536) -> dict:
+    """What the manifest's fitted measurement files hold, counted from the files themselves (not through
+    the emulator's loader): ``lines`` (measurements), ``distinct`` shards (by their (table, dim) pairs),
+    ``random`` (distinct shards measured as random ones), per fitted gpu_check run the ``plans`` it placed
+    and those with a device of row-wise or replica pieces, and the shared plans file's plan count."""
+    from shardcore.oracles.emulated.emulator import MANIFEST
+
+    entry = MANIFEST["batches"][str(batch)]
+    runs = [r for r in MANIFEST["runs"] if r["in_fit"] and int(r["batch"]) == batch]
+    keys, random, lines = set(), set(), 0
+    for name in list(entry["shards"]) + [r["shards"] for r in runs]:
+        with open(os.path.join(MEASUREMENTS_DIR, name)) as fh:
+            for line in filter(str.strip, fh):
+                obj = json.loads(line)
+                key = tuple(sorted(tuple(t) for t in obj["tables"]))
+                lines += 1
+                keys.add(key)
+                if "random" in name or obj.get("kind") in ("random", "random_pieces"):
+                    random.add(key)
+    placed, with_pieces = {}, {}
+    for r in runs:
+        with open(os.path.join(MEASUREMENTS_DIR, r["summary"])) as fh:
+            summary = json.load(fh)
+        placed[r["name"]] = sum(1 for ts in summary["sets"] for p in ts["plans"] if "device_costs_ms" in p)
+        owners = set()
+        if r.get("pieces"):
+            with open(os.path.join(MEASUREMENTS_DIR, r["pieces"])) as fh:
+                owners = {(o["hardware"], o["task"], o["alg"]) for o in map(json.loads, filter(str.strip, fh))
+                          if "task" in o}
+        with_pieces[r["name"]] = len(owners)
+    with open(os.path.join(MEASUREMENTS_DIR, entry["plans"])) as fh:
+        shared = sum(1 for line in fh if line.strip())
+    return {"lines": lines, "distinct": len(keys), "random": len(random), "placed": placed,
+            "with_pieces": with_pieces, "shared_plans": shared, "runs": [r["name"] for r in runs],
+            "files": list(entry["shards"]) + [r["shards"] for r in runs]}
 
 
 
@@ -38,9 +76,15 @@ def model():
 
 
 def test_shipped_parameters_load(model):
+    """The parameter file says what it was fitted on, and that is what the manifest's fitted files hold."""
+    from shardcore.oracles.emulated.emulator import MANIFEST
+
     params = read_params(model_path("h200"))
-    assert "NVIDIA H200" in params["fitted_on"] and "2765 shards (4347 measurements" in params["fitted_on"]
-    assert all(f"gpucheck{k}" in params["fitted_on"] for k in range(1, 6))
+    n = shipped_counts()
+    assert "NVIDIA H200" in params["fitted_on"]
+    assert f"{n['distinct']} shards ({n['lines']} measurements" in params["fitted_on"]
+    assert all(name in params["fitted_on"] for name in n["files"])
+    assert not any(r["shards"] in params["fitted_on"] for r in MANIFEST["runs"] if not r["in_fit"])
     assert model.batches == [4096, 65536]
     for wf, wb in model.weights.values():
         assert len(wf) == len(params["features"]) and (wf >= 0).all() and (wb >= 0).all()
@@ -98,10 +142,12 @@ def test_held_out_mape_matches_report():
     known = synthetic_length_cv()
     cv0 = default_cv_of(known, ltc(CONFIGS), 65536)
     land = acc.Landscape(65536, MEASUREMENTS_DIR, dict(DEFAULT_SPEC), known, cv0)
-    assert len(land.fw) == 2765 and sum(len(s["measured"]) for s in land.meas["shards"]) == 4347
+    n = shipped_counts()
+    assert len(land.fw) == n["distinct"] and sum(len(s["measured"]) for s in land.meas["shards"]) == n["lines"]
     sources = [p["source"] for p in land.meas["plans"]]
-    assert [sources.count(s) for s in ("plans", "gpucheck1", "gpucheck2", "gpucheck3", "gpucheck4", "gpucheck5")] == \
-        [120, 120, 140, 79, 82, 98]   # runs 3-5: the plans of whole tables and column pieces only
+    assert sources.count("plans") == n["shared_plans"]
+    for run in n["runs"]:   # a run's plans of whole tables and column pieces (those with pieces fit the replica law)
+        assert sources.count(run) == n["placed"][run] - n["with_pieces"][run] > 0, run
     pred = land.kfold()
     got = {"fw": acc.mape(pred[:, 0], land.fw), "bw": acc.mape(pred[:, 1], land.bw),
            "fw+bw": acc.mape(pred.sum(1), land.fw + land.bw)}
@@ -111,12 +157,12 @@ def test_held_out_mape_matches_report():
     wf, wb = land.fit(np.ones(len(land.fw), bool))
     assert acc.mape(land.X @ wf, land.fw) < got["fw"]
     # leave-one-task-out plan ranking (the report's figures; measurement noise between two H200s
-    # gives within-task rho 0.98-0.99, the issue's goal is 0.9: not reached, see the README)
+    # gives within-task rho 0.98-0.99, the issue's goal is 0.9: not reached, see docs/oracles.md)
     lto = land.leave_task_out()
     costs = {key: dict(zip(i.tolist(), p.sum(1).tolist())) for key, (i, p) in lto.items()}
     for source, (rho_min, mape_max) in REPORTED_PLANS.items():
         rhos, plan_mape, n = land.plan_scores(source, lambda key: costs[key])
-        assert len(rhos) == 20 and n == {"gpucheck2": 140, "gpucheck4": 82, "gpucheck5": 98}.get(source, 120)
+        assert len(rhos) == 20 and n == sources.count(source)
         assert np.nanmean(rhos) >= rho_min - 0.01 and plan_mape <= mape_max + MARGIN, (source, np.nanmean(rhos), plan_mape)
 
 
@@ -131,7 +177,7 @@ def test_refit_reproduces_shipped_parameters():
     # Columns identical over a set's shards (the batch-4096 set's launch floors max(1, lookups / 10^k) for k = 7,
     # 7.5 equal the constant: no shard there reaches 10^7 lookups) share their weight however the last bits of
     # the CPU's BLAS fall: on the machine that fitted the shipped file the backward weight went to
-    # floor_lookups1e7, on an AVX-512 one (2026-11-28) to the constant. Such a group is compared by its sum,
+    # floor_lookups1e7, on an AVX-512 one to the constant. Such a group is compared by its sum,
     # and so is the prediction on every measured shard, each to within the constant's floor of 1 us
     # (fit_weights keeps the constant's weight >= 1e-3 ms: on the first machine it was 0 before that floor).
     from shardcore.oracles.emulated.emulator import measured_landscapes
@@ -217,7 +263,7 @@ def test_gpucheck_runs_reconstructed_and_prediction_fast(model, tables):
         assert all(own) and any(abs(c - p["gpu_cost_ms"]) <= 1e-9 for cs in own for c in cs)
         assert all(min(cs) <= p["gpu_cost_ms"] + 1e-9 for cs in own)
         assert all((p["set"], p["task"]) in shards[k]["tasks"] for k in p["shards"])
-    assert sum(s["kind"] == "random" for s in shards) == 468   # 467 + run 4's special shard of one whole table
+    assert sum(s["kind"] == "random" for s in shards) == shipped_counts()["random"]
     shard = tables[:50]
     model.predict(shard, 65536)
     t0 = time.perf_counter()
@@ -376,7 +422,7 @@ def test_the_devices_judge_never_sees_a_shard_made_only_of_the_plans_tables(tabl
 
 
 def test_the_devices_judge_prices_the_anchors_measured_plans_closer():
-    """H200 run 4: re-scored whole, the measured plans of the anchors come out closer to their measured
+    """An H200 run's measured plans (gpucheck4), re-scored whole: the measured plans of the anchors come out closer to their measured
     cost under the judge held out by devices (which knows the tables from other shards, as the learned
     methods' training oracle did) than under the one held out by tables."""
     acc = load_tool("emulator_accuracy")
@@ -390,11 +436,10 @@ def test_the_devices_judge_prices_the_anchors_measured_plans_closer():
     assert len(res["judged_rows"][0]) == 12
 
 
-def test_the_stressed_judge_per_device_count_prices_run_6s_plans_closer():
-    """H200 run 6 (2026-11-28, in no fit): the stressed judge with its replica pools per device count (the
+def test_the_stressed_judge_per_device_count_prices_unseen_plans_closely_and_is_kinder_to_shardkit():
+    """An H200 run in no fit (gpucheck6): the stressed judge with its replica pools per device count (the
     default) prices shardkit's and TorchRec's measured plans within 1.2% on both sets, and is kinder to
-    shardkit than to TorchRec by 1.5 points on DLRM-50 (with the replica law of before 2026-11-29, which
-    had no cost per replica: 1.3; with that law and one pool for both device counts: 2.2)."""
+    shardkit than to TorchRec on DLRM-50: why an emulated margin of shardkit's is an upper bound."""
     acc = load_tool("emulator_accuracy")
     res = {"judged_rows": [], "figures": {}}
     acc.judged_plan_rows(res, MEASUREMENTS_DIR, runs=acc.JUDGED_RUNS[-1:])
@@ -403,11 +448,11 @@ def test_the_stressed_judge_per_device_count_prices_run_6s_plans_closer():
         sk, tr = fig[f"judged_gpucheck6_{name}_shardkit"], fig[f"judged_gpucheck6_{name}_torchrec"]
         assert abs(sk["stressed_bias_pct"]) < 1.2 and abs(tr["stressed_bias_pct"]) < 1.2
     sk, tr = fig["judged_gpucheck6_DLRM-50_shardkit"], fig["judged_gpucheck6_DLRM-50_torchrec"]
-    assert tr["stressed_bias_pct"] - sk["stressed_bias_pct"] == pytest.approx(1.5, abs=0.1)
+    assert tr["stressed_bias_pct"] > sk["stressed_bias_pct"]
 
 
 def test_the_judge_prices_shardkit_and_torchrec_alike_on_their_measured_plans():
-    """H200 run 4 (2026-11-27): shardkit's and TorchRec's plans of all 20 test tasks, measured; the
+    """An H200 run (gpucheck4): shardkit's and TorchRec's plans of all 20 test tasks, measured; the
     held-out emulated judge re-scores each whole plan. With the replica kernel fitted on TorchRec's
     replicas alone it priced shardkit's DLRM-50 plans ~12% low on average (six of them 12-25%); now
     every planner's mean error is within a few percent, shardkit's still the kindest (winner's curse)."""
@@ -450,7 +495,8 @@ def test_accuracy_tool_reports_shard_classes():
 def test_heldout_fit_with_few_shards_keeps_the_core_features():
     """A held-out fit whose largest set has fewer than two shards per weight of the full feature set
     keeps the core features (a DLRM-100 task's tables less shardkit's dropped fifth left 80 shards
-    before the H200 runs 3-5 joined the fit, 100-130 since: two tasks' tables together leave fewer)."""
+    with only the first measurement files, 100-130 with the fitted gpu_check runs: two tasks' tables together
+    leave fewer)."""
     from shardcore.oracles.emulated import emulator as E
     from shardcore.tasks import load_tasks
 
@@ -549,8 +595,7 @@ def test_cpu_backward_terms_sort_passes_and_update_locality():
 
 
 def test_replica_kernels_rest_on_the_h200_measurements_held_out_by_task(model):
-    """Data-parallel replicas measured on an H200 (2026-11-27: TorchRec's plans, shardkit's, random
-    pieces): the replica kernel's traffic law is fitted on the measured devices, each device predicted
+    """Data-parallel replicas measured on an H200 (TorchRec's plans, shardkit's, random pieces): the replica kernel's traffic law is fitted on the measured devices, each device predicted
     by a judge that never saw its own task, within a few percent for every planner's plans alike --
     the first fit (TorchRec's replicas alone) priced shardkit's heavy replicas 15-19% low."""
     from shardcore.oracles.emulated.emulator import (REPLICA_FEATURES, fit_replica_weights, heldout_model,
@@ -558,7 +603,7 @@ def test_replica_kernels_rest_on_the_h200_measurements_held_out_by_task(model):
     from shardcore.plan import device_kernels
 
     w, n = fit_replica_weights(model)
-    assert n == len(replica_devices()) == 442
+    assert n == len(replica_devices()) >= 400
     assert w.shape == (2, len(REPLICA_FEATURES)) and (w >= 0).all()
     fixed = w[:, 0] + 3.0 * w[:, 3]                             # a kernel of 30 replicas, before its traffic
     assert 0.05 < fixed[0] < fixed[1] < 0.4                    # about a launch, the backward's larger
@@ -589,7 +634,7 @@ def test_replica_kernels_rest_on_the_h200_measurements_held_out_by_task(model):
 
 def test_the_replica_fit_prices_every_device_in_one_call_as_one_at_a_time(model):
     """fit_replica_weights prices the measured devices' other kernels in one batched call: the residuals
-    and weights are those of pricing each device's kernels on its own (the fit before 2026-11-28)."""
+    and weights are those of pricing each device's kernels on its own, one call per device."""
     from shardcore.oracles.emulated.emulator import (REPLICA_FEATURES, fit_replica_weights, known_cv, nnls,
                                                      replica_devices, replica_features)
     from shardcore.plan import device_kernels
@@ -639,22 +684,26 @@ def test_piece_lines_are_read_back_as_pieces(tables):
 
 
 def test_replica_devices_by_batch_slice():
-    """Run 6 (2026-11-28) measured run 4's random replica devices again at slices 1/2 and 1/16: the shipped
-    replica law, fitted at 1/4 and 1/8, carries to 1/2 and prices 1/16 some 18% low (the median device)."""
+    """gpucheck6 measured gpucheck4's random replica devices again at slices 1/2 and 1/16: the shipped
+    replica law, fitted at 1/4 and 1/8, carries to 1/2 and prices 1/16 well low (the median device)."""
     acc = load_tool("emulator_accuracy")
     res = {"shard_rows": [], "figures": {}}
     acc.slice_rows(res, MEASUREMENTS_DIR)
     fig = {k.split("_slice")[1]: v for k, v in res["figures"].items()}
     assert sorted(fig) == ["16_gpucheck6", "2_gpucheck6", "4_gpucheck4", "8_gpucheck4"]
-    assert [fig[k]["devices"] for k in ("2_gpucheck6", "4_gpucheck4", "8_gpucheck4", "16_gpucheck6")] == [14, 14, 16, 16]
+    for run in ("gpucheck4", "gpucheck6"):   # every random device with replicas, each at one slice
+        with open(os.path.join(MEASUREMENTS_DIR, f"h200_b65536_{run}_pieces.jsonl")) as fh:
+            lines = [o for o in map(json.loads, filter(str.strip, fh)) if o.get("kind") == "random_pieces"
+                     and any(p["kind"] == "data_parallel" for p in o["pieces"])]
+        assert sum(v["devices"] for k, v in fig.items() if k.endswith(run)) == len(lines) > 0
     assert abs(fig["2_gpucheck6"]["median_ratio"] - fig["4_gpucheck4"]["median_ratio"]) < 0.01
     assert fig["16_gpucheck6"]["median_ratio"] > 1.15 > fig["8_gpucheck4"]["median_ratio"]
 
 
 def test_a_piece_line_names_its_task_set_and_an_old_one_its_device_counts(tmp_path, monkeypatch):
-    """A measured device with pieces is judged by the held-out judge of its own task: lines since
-    2026-11-28 name their set (NS and the training-pool sets have 4 or 8 devices too); runs 3-7's lines
-    do not and are the test set of their device count."""
+    """A measured device with pieces is judged by the held-out judge of its own task: a line names its set
+    (NS and the training-pool sets have 4 or 8 devices too); a line that names none is of the test set of
+    its device count."""
     from shardcore.oracles.emulated import emulator as E
 
     (tmp_path / "dlrm_b65536").mkdir()
@@ -686,9 +735,10 @@ def test_a_piece_line_names_its_task_set_and_an_old_one_its_device_counts(tmp_pa
 
 
 def test_the_judges_error_on_devices_no_fit_saw_grows_as_its_shards_shrink():
-    """emulator_accuracy's table "What the held-out judge lacks": runs 6-7's whole-table plan devices, in no fit, predicted by each
-    task's judge (as shipped), by it on fewer shards, and by the full fit. On the H200 (2026-11-28) the
-    judge's spread grows as its shards shrink, and the full fit, which has seen the tables, is the tightest."""
+    """emulator_accuracy's table "What the held-out judge lacks": the whole-table plan devices of the runs
+    in no fit, predicted by each task's judge (as shipped), by it on fewer shards, and by the full fit. The
+    judge's spread grows as its shards shrink, the full fit, which has seen the tables, is the tightest,
+    and a DLRM-100 task's judge (fitted without 100 tables' shards) spreads wider than a DLRM-50 one's."""
     acc = load_tool("emulator_accuracy")
     res = {"unseen_rows": [], "figures": {}}
     acc.unseen_device_rows(res, draws=1)
@@ -698,9 +748,17 @@ def test_the_judges_error_on_devices_no_fit_saw_grows_as_its_shards_shrink():
         judge = sd["held out by the task's tables (the judge)"]
         full = sd["the full fit (has seen the tables, not these devices)"]
         assert full < judge < sd["the same, a random 0.25 of its shards"]
-    got = {r[0]: r[2] for r in res["unseen_rows"]}
-    assert got == {"DLRM-50": 389, "DLRM-100": 793}
-    assert fig["unseen_dlrm_tasks_100_held out by the task's tables (the judge)"]["sd_pct"] == pytest.approx(6.08, abs=0.1)
+    from shardcore.oracles.emulated.emulator import plan_devices
+
+    want = {"DLRM-50": 0, "DLRM-100": 0}   # the unseen runs' whole-table plan devices, counted from their files
+    for name in acc.UNSEEN_SHARD_FILES:
+        with open(os.path.join(MEASUREMENTS_DIR, name)) as fh:
+            for o in map(json.loads, filter(str.strip, fh)):
+                if "task" in o and o.get("kind") not in ("random", "random_pieces"):
+                    want["DLRM-50" if plan_devices(o) == 4 else "DLRM-100"] += 1
+    assert {r[0]: r[2] for r in res["unseen_rows"]} == want
+    judge = "held out by the task's tables (the judge)"
+    assert fig[f"unseen_dlrm_tasks_100_{judge}"]["sd_pct"] > fig[f"unseen_dlrm_tasks_50_{judge}"]["sd_pct"]
 
 
 def test_a_run_of_training_pool_sets_joins_the_fit_and_every_test_judge_keeps_it(tmp_path, monkeypatch):
@@ -742,7 +800,7 @@ def test_a_run_of_training_pool_sets_joins_the_fit_and_every_test_judge_keeps_it
 def test_the_piece_errors_file_is_used_only_for_the_replica_law_it_was_written_with(tmp_path, monkeypatch):
     """h200_piece_errors.json is a cache of the held-out judge's error on the measured piece devices; the
     replica law is code, not part of the parameter file its digest ties it to, so the file also names the
-    law's features and is computed afresh when they differ (2026-11-29: the law took a cost per replica)."""
+    law's features and is computed afresh when they differ (as when the law took a cost per replica)."""
     from shardcore.oracles.emulated import emulator as E
 
     shipped = json.loads((E.MEASUREMENTS_DIR / E.PIECE_ERROR_FILES["h200"]).read_text())

@@ -256,7 +256,7 @@ def test_special_shards_at_other_slices_pair_with_the_default_ones():
 
 
 def test_a_plans_slowest_device_is_confirmed_by_a_second_and_a_third_measurement():
-    """run 6 on an H200 (2026-11-28): one device of a TorchRec plan measured 0.4-0.7 ms slow once; a second
+    """Seen on an H200: one device of a TorchRec plan measured 0.4-0.7 ms slow once; a second
     measurement that disagrees by more than 2% calls a third, and the median counts."""
     from types import SimpleNamespace
 
@@ -423,7 +423,7 @@ def test_emulated_oracle_with_lookups_uses_the_measured_bag_lengths(tiny):
 
 @pytest.mark.parametrize("extra, msg", [
     (["--oracle", "emulated:a100"], "unknown oracle 'emulated:a100': choose one of measured, emulated:h200"),
-    (["--oracle", "emulated:h200", "--optimizer", "exact_adagrad"], "exact_sgd and fp16 weights only"),
+    (["--oracle", "emulated:h200", "--optimizer", "exact_adagrad"], "was measured with exact_sgd only"),
     (["--oracle", "emulated:h200", "--comm-bandwidth", "inf"], "--comm-bandwidth: expected a finite number"),
 ])
 def test_emulated_oracle_bad_input(extra, msg, tmp_path):
@@ -479,7 +479,7 @@ def test_plans_made_elsewhere_are_measured_as_given(tmp_path):
 
 
 def test_the_noise_shard_is_dlrm50s_first_task_whichever_set_comes_first():
-    """Runs compare their machines by one shard (runs 1-7: the first 25 tables of DLRM-50's task 0)."""
+    """Runs compare their machines by one shard (every shipped run's: the first 25 tables of DLRM-50's task 0)."""
     from tools.gpu_check_lib import noise_task
 
     with open(os.path.join(SHIPPED, "tasks", "dlrm_tasks_50_test.txt")) as fh:

@@ -90,8 +90,8 @@ def test_dreamshard_policy_beats_random(problem, tmp_path):
 
 
 AUTOSHARD_SEEDS = (0, 1, 2)
-AUTOSHARD_STEPS = 2400   # 1200 left the mean of the seeds at 51.2-51.5 ms against the 51.5 bound (a clean-clone
-                         # run failed by 0.01 ms, 2026-11-29); 2400 gave 42-49 ms in three runs, +3 s
+AUTOSHARD_STEPS = 2400   # 1200 left the mean of the seeds at 51.2-51.5 ms against the 51.5 bound (a clean clone
+                         # failed by 0.01 ms); 2400 gives 42-49 ms, for +3 s
 
 
 def test_autoshard_policy_beats_random_over_seeds(problem, tmp_path):

@@ -167,7 +167,7 @@ def test_per_lookup_extrapolates_to_heavier_tables_than_seen(tmp_path):
 
 def test_comm_models_know_the_device_counts_they_were_fitted_on_and_the_sharder_warns_beyond_them(
         tmp_path, compute_model, comm_models, capsys):
-    """A comm model records the device counts of its all-to-alls (2026-11-29); an older one is read from
+    """A comm model records the device counts of its all-to-alls; one that does not is read from
     its scaler's constant ``ndevices`` feature. NeuroShard planning for another count warns once per count
     (the anchors' models were fitted on 4 devices and plan DLRM-100's 8)."""
     from neuroshard.sharder import NeuroShardSharder

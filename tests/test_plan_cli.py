@@ -232,6 +232,41 @@ def test_side_by_side_on_the_emulated_h200_writes_the_cheapest(tmp_path, capsys)
     assert json.loads(out.read_text())["alg"] == "random"
 
 
+def test_priced_plans_show_where_each_table_went_and_plot_side_by_side(tmp_path, capsys):
+    """With an oracle, plan.py prints the kept plan per device (its tables or blocks, memory and the
+    oracle's four cost parts, the slowest device's total being the plan's cost) and --plot draws every
+    compared plan; --plot needs prices and never replaces an input."""
+    path = write(tmp_path, "t.csv", "# batch_size: 65536\n" + CSV_8)
+    png = tmp_path / "plans.png"
+    assert run_plan("--tables", path, "--ndevices", 4, "--max-memory", 1, "--alg", "lookup_greedy,shardkit",
+                    "--oracle", "emulated:h200", "--shardkit-time", 0.2, "--plot", png) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    costs = {r.split("|")[1].strip().rstrip(" *"): float(r.split("|")[2]) for r in first_table(text)[1:]}
+    kept = next(line for line in lines if line.startswith("* the plan written: ")).split(": ")[1].split(" ")[0]
+    start = next(i for i, line in enumerate(lines) if line.startswith("where each table went in "))
+    assert kept in lines[start]
+    header, *rows = [line for line in lines[start + 1:start + 3 + 4] if line.startswith("| ")]
+    cols = [c.strip() for c in header.split("|")[1:-1]]
+    assert cols[:4] == ["device", "tables or blocks", "memory GiB", "of cap"] and cols[-2:] == ["total ms", "names"]
+    assert len(rows) == 4
+    totals = []
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        parts = [float(c) for c in cells[4:8]]
+        assert sum(parts) == pytest.approx(float(cells[8]), abs=2e-3) and all(p >= 0 for p in parts)
+        totals.append(float(cells[8]))
+    assert max(totals) == pytest.approx(costs[kept], abs=2e-3)
+    listed = " ".join(lines[start:start + 3 + 4 + 1])
+    assert all(name in listed for name in ("user_id", "item_id", "history_items", "query_tokens"))
+    assert png.read_bytes()[:4] == b"\x89PNG" and f"wrote {png}" in text
+    with pytest.raises(ShardError, match="--plot draws the plans' costs: price them with --oracle"):
+        run_plan("--tables", path, "--ndevices", 4, "--max-memory", 1, "--plot", tmp_path / "x.png")
+    with pytest.raises(ShardError, match="--plot .* is also the input"):
+        run_plan("--tables", path, "--ndevices", 4, "--max-memory", 1, "--oracle", "emulated:h200", "--plot", path)
+    assert not (tmp_path / "x.png").exists() and open(path).read().startswith("# batch_size")
+
+
 def test_batch_from_the_json_and_no_silent_guess(tmp_path, capsys):
     tables = [{"name": f"t{k}", "row": 1000 * (k + 1), "dim": 16, "pooling_factor": 2.0} for k in range(6)]
     path = tmp_path / "t.json"

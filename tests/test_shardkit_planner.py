@@ -22,7 +22,28 @@ from shardkit_planner.costmodel import CostModel, emulated_model
 from shardkit_planner.search import State, WorkBudget, candidate_moves, kick, local_search, recreate
 from shardkit_planner.sharder import ShardkitSharder, load_sharder
 from shardkit_planner.starts import PlanningTask, hybrid_greedy, model_greedy, replicate_greedy
-from helpers import FnOracle, make_dataset
+from helpers import FnOracle, load_tool, make_dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_summary(name: str) -> str:
+    """The summary of gpu_check run ``name``, found by the measurements' manifest."""
+    from shardcore.oracles.emulated.emulator import MANIFEST, MEASUREMENTS_DIR
+
+    return os.path.join(MEASUREMENTS_DIR, next(r["summary"] for r in MANIFEST["runs"] if r["name"] == name))
+
+
+def honest_margin_records(which: str = "current", name: str = "emu_dlrm50.jsonl.gz") -> str:
+    """A set's records of the honest margins: the current run (results/honest_margins/manifest.json), or
+    ``"measured"``, the run whose plans an H200 measured (results/h200_measured/manifest.json's records)."""
+    report = load_tool("report")
+    if which == "current":
+        folder = report.read_manifest(report.ROOT / "results" / "honest_margins")["current"]
+    else:
+        m = report.read_manifest(report.ROOT / "results" / "h200_measured")
+        folder = os.path.dirname(next(r["path"] for r in m["records"] if r["path"].startswith("results/honest")))
+    return os.path.join(ROOT, folder, name)
 
 B = 64
 
@@ -874,7 +895,7 @@ def test_piece_devices_draw_the_judges_error_on_measured_devices_of_their_kind()
     from tools import shardkit_compare
 
     raw = piece_judge_error("data_parallel")
-    assert len(raw) >= 400 and np.all(raw > 0)                     # runs 3-5's plan devices with replicas
+    assert len(raw) >= 400 and np.all(raw > 0)                     # the fitted runs' plan devices with replicas
     assert 0.95 < np.median(raw) < 1.05 and np.mean(np.abs(raw / np.median(raw) - 1)) < 0.08
     assert len(piece_judge_error("row_wise")) >= 60                # ... with row-wise blocks and no replica
     tables = load_table_configs(MEASUREMENTS_DIR / "dlrm_b65536" / "table_configs.json")
@@ -959,17 +980,19 @@ def test_piece_bias_is_measured_on_other_tasks_devices():
 
 
 def test_piece_devices_carry_their_plans_device_count_and_the_judge_can_draw_by_it():
-    """Each measured piece device's row names how many devices its plan had; the replica law's error
-    differed by it (4-device plans' replica devices priced 2.3% high, 8-device ones 2.0% low) until the
-    law took a cost per replica (2026-11-29: 1.1% high, 0.8% low), and the stressed judge can draw a
-    device's error from plans of its own size only."""
+    """Each measured piece device's row names how many devices its plan had (the shipped error file's rows
+    are the measured plan devices with pieces, kind and device count as the measurements say); a replica
+    law without a cost per replica misprices by it, and the stressed judge can draw a device's error from
+    plans of its own size only."""
     from collections import Counter
 
     from shardcore.oracles.emulated import emulator as E
 
     rows = E.piece_error_rows()
-    assert Counter((k, n) for k, _, _, n in rows) == {("data_parallel", 4): 180, ("data_parallel", 8): 232,
-                                                       ("row_wise", 4): 13, ("row_wise", 8): 54}
+    devices = Counter((E.piece_device_kind(getattr(t, "kind", "table_wise") for t in pieces), n)
+                      for pieces, _, _, task, n, _ in E.measured_piece_devices() if task is not None)
+    assert Counter((k, n) for k, _, _, n in rows) == +Counter({k: v for k, v in devices.items() if k[0]})
+    assert {n for _, _, _, n in rows} == {4, 8}
     four, eight = E.piece_judge_error("data_parallel", ndevices=4), E.piece_judge_error("data_parallel", ndevices=8)
     assert len(four) + len(eight) == len(E.piece_judge_error("data_parallel"))
     assert 0.98 < np.median(four) < 1.0 < np.median(eight) < 1.02
@@ -978,7 +1001,7 @@ def test_piece_devices_carry_their_plans_device_count_and_the_judge_can_draw_by_
 
 def test_the_bias_on_replica_devices_is_taken_per_device_count_where_enough_were_measured():
     """shardkit's model and the stressed judge take a piece device's bias and spread from devices of plans
-    of the same size (runs 3-5: replica devices of 4-device plans 0.989, of 8-device plans 1.008), falling
+    of the same size (replica devices of 4-device plans a little below 1, of 8-device plans above), falling
     back to every device of the kind where fewer than 20 were measured (row-wise blocks of 4-device plans:
     13; any other device count: none)."""
     from shardcore.oracles.emulated import emulator as E
@@ -994,19 +1017,23 @@ def test_the_bias_on_replica_devices_is_taken_per_device_count_where_enough_were
     assert len(by_kind["data_parallel"]) == len(E.piece_judge_error("data_parallel", ndevices=4))
 
 
-def test_the_stressed_judge_with_pools_per_device_count_gives_the_documented_margin():
+def test_the_stressed_judge_draws_piece_devices_per_device_count_by_default():
+    """The stress draws a replica or row-wise device's error from devices of plans as large as the task's
+    (the default), or from every such device: on plans that replicate (TorchRec's), the two differ."""
+    import re
+
     from tools import shardkit_compare
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "honest_margins",
-                        "2026-11-28", "emu_dlrm50.jsonl.gz")
+    path = honest_margin_records("measured")
     text = shardkit_compare.summarize(path, "shardkit", None, piece_pools="device-count")
     assert "(on devices of 4-device plans)" in text
-    # the records' plain costs are their own; the stress draws from the piece errors of the current
-    # replica law (since 2026-11-29 with a cost per replica; with the law before it: 3.8% and 4.6%)
-    assert "shardkit 3.418 ms, best anchor torchrec 3.566 ms: 4.2% below (2.2% .. 6.4%)" in text
-    assert shardkit_compare.summarize(path, "shardkit", None) == text          # the default since 2026-11-28
-    text = shardkit_compare.summarize(path, "shardkit", None, piece_pools="all")
-    assert "shardkit 3.436 ms, best anchor torchrec 3.596 ms: 4.4% below (2.7% .. 6.5%)" in text
+    assert shardkit_compare.summarize(path, "shardkit", None) == text
+    pooled = shardkit_compare.summarize(path, "shardkit", None, piece_pools="all")
+    pattern = r"stressed judge .*?: shardkit ([\d.]+) ms, best anchor (\S+) ([\d.]+) ms: ([\d.]+)% below"
+    per_count, everyone = re.search(pattern, text), re.search(pattern, pooled)
+    assert per_count and everyone and "(on devices of 4-device plans)" not in pooled
+    assert per_count.group(3) != everyone.group(3)              # TorchRec replicates: its stress moves
+    assert text.split("stressed")[0] == pooled.split("stressed")[0]   # the plain figures do not
     with pytest.raises(SystemExit):
         shardkit_compare.build_parser().parse_args([path, "--piece-pools", "hosts"])
 
@@ -1137,34 +1164,39 @@ def test_compare_tool_rejudges_the_records_plans_with_another_fit(tmp_path):
         shardkit_compare.summarize(str(path), "shardkit", None, rejudge_fit="devices")
 
 
-def test_the_shipped_honest_margin_plans_give_the_readmes_figures():
-    """results/honest_margins/2026-11-29c: the plans of the README's emulated table, read gzipped, give its
-    DLRM-50 figures under both judges (plain and stressed, 1000 draws, pools per device count), and the
-    learned methods' figures against lookup_greedy and the table-wise search (issue #24's table)."""
+def test_the_current_honest_margin_records_read_alike_by_every_tool_and_meet_issue_24s_bars():
+    """The current honest-margin records (results/honest_margins/manifest.json), read gzipped: the margin
+    tools/shardkit_compare.py prints is the one the report computes (tools/report.py, the README's table),
+    under the held-out judge and, re-scored, under the judge held out by devices; and the learned
+    anchors' means stand where docs/methods.md says (issue #24's bars)."""
+    import statistics
+
     from shardcore.io import read_maybe_gzipped
     from tools import shardkit_compare
 
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "honest_margins",
-                          "2026-11-29c")
-    path = os.path.join(folder, "emu_dlrm50.jsonl.gz")
+    report = load_tool("report")
+    path = honest_margin_records()
+    spec = {"label": "DLRM-50 (4)", "records": os.path.relpath(path, ROOT)}
+    m = report.margin(spec, {}, "test")
     text = shardkit_compare.summarize(path, "shardkit", None)
-    assert "shardkit: 5.0% below the best anchor (torchrec); best on 10/10 tasks" in text
-    assert "shardkit 3.367 ms, best anchor torchrec 3.525 ms: 4.5% below (2.4% .. 7.0%)" in text
+    assert f"shardkit: {m['margin_pct']:.1f}% below the best anchor ({m['best']})" in text
+    s = m["stressed"]
+    assert f"{s['margin_pct']:.1f}% below ({s['interval'][0]:.1f}% .. {s['interval'][1]:.1f}%)" in text
+    recs = [json.loads(x) for x in read_maybe_gzipped(path).decode("utf-8").splitlines() if x.strip()]
+    again = shardkit_compare.rejudge(path, recs, "devices", shardkit_compare.DEFAULT_DATA_DIR)
+    by, algs, tasks = shardkit_compare.compared(path, again, "shardkit", None)
+    mean = {a: statistics.fmean(by[a][t]["cost_ms"] for t in tasks) for a in algs}
+    best = min((a for a in algs if a != "shardkit"), key=mean.get)
     text = shardkit_compare.summarize(path, "shardkit", None, rejudge_fit="devices")
-    assert "shardkit: 4.9% below the best anchor (torchrec); best on 10/10 tasks" in text
-    assert "shardkit 3.388 ms, best anchor torchrec 3.539 ms: 4.3% below (2.2% .. 6.7%)" in text
+    assert f"shardkit: {100 * (1 - mean['shardkit'] / mean[best]):.1f}% below the best anchor ({best})" in text
     means = {}
     for name in ("dlrm50", "dlrm100"):
         costs = {}
-        for line in read_maybe_gzipped(os.path.join(folder, f"emu_{name}.jsonl.gz")).decode("utf-8").splitlines():
+        for line in read_maybe_gzipped(honest_margin_records(name=f"emu_{name}.jsonl.gz")).decode("utf-8").splitlines():
             r = json.loads(line)
             costs.setdefault(r["alg"], []).append(r["cost_ms"])
-        means[name] = {k: round(sum(v) / len(v), 3) for k, v in costs.items()}
+        means[name] = {k: sum(v) / len(v) for k, v in costs.items()}
     autoshard = "models/anchors/h200/autoshard/best.pt"
-    assert [means[n]["neuroshard"] for n in means] == [3.596, 4.109]
-    assert [means[n][autoshard] for n in means] == [3.651, 4.118]
-    assert [means[n]["lookup_greedy"] for n in means] == [3.804, 4.365]
-    assert [means[n]["shardkit-tw"] for n in means] == [3.578, 4.048]
     for m in means.values():   # NeuroShard: >= 5% below greedy, within 3% of the table-wise search
         assert m["neuroshard"] <= 0.95 * m["lookup_greedy"] and m["neuroshard"] <= 1.03 * m["shardkit-tw"]
         assert m[autoshard] <= 1.03 * m["shardkit-tw"]   # AutoShard: within 3% of it (5% below greedy: DLRM-100)
@@ -1194,36 +1226,48 @@ def test_compare_tool_and_gpu_check_read_gzipped_records_and_refuse_a_broken_one
 
 
 def test_compare_tool_reads_a_gpu_check_summary():
-    """The shipped H200 run of 2026-11-27: each task set in turn, the judge's noise named."""
+    """A shipped H200 run cut short by its time budget (gpucheck3): each task set in turn, the judge's
+    noise named as the summary records it."""
     from tools import shardkit_compare
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "gpu_measurements",
-                        "h200_gpucheck3_2026-11-27.json")
+    path = run_summary("gpucheck3")
+    with open(path) as fh:
+        noise = json.load(fh)["noise"]
     text = shardkit_compare.summarize(path, "shardkit", None)
     assert "[DLRM-50 (4)]: 5 tasks, 1 x NVIDIA H200" in text and "cut short by the time budget" in text
-    assert "ABOVE the best anchor (torchrec)" in text and "CV 0.12%" in text
+    assert "ABOVE the best anchor (torchrec)" in text and f"CV {noise['cv_pct']:.2f}%" in text
     with pytest.raises(ShardError, match="not a readable gpu_check.json"):
         shardkit_compare.gpu_check_sets(os.path.join(os.path.dirname(path), "h200_emulator.json"))
 
 
 def test_compare_tool_takes_a_repeat_run_of_the_same_speed_only():
-    """The H200 runs of 2026-11-28: run 7 measured 15 plans per set of run 6 again on a second machine; one
-    TorchRec plan per set had measured 7-14% slow in run 6 and counts at run 7's cost. Run 4 (1.1% faster
-    machine) is refused as a repeat: the lower cost would favour the plans measured again."""
+    """A second H200 (gpucheck7) measured some plans of gpucheck6 again: a plan measured in both counts at
+    the lower cost, so no planner's mean rises and the plans that moved are named. A run on a machine of
+    another speed (gpucheck4, about 1% faster) is refused as a repeat: the lower cost would favour the
+    plans measured again."""
+    import re
+    import statistics
+
     from tools import shardkit_compare
 
-    d = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "gpu_measurements")
-    run6, run7, run4 = (os.path.join(d, f) for f in ("h200_gpucheck6_2026-11-28.json", "h200_gpucheck7_2026-11-28.json",
-                                                     "h200_gpucheck4_2026-11-27.json"))
+    run6, run7, run4 = run_summary("gpucheck6"), run_summary("gpucheck7"), run_summary("gpucheck4")
     plain, again = shardkit_compare.summarize(run6, "shardkit", None), shardkit_compare.summarize(run6, "shardkit", None,
                                                                                                    repeat=run7)
-    assert "3.9% below the best anchor (torchrec)" in plain and "2.7% below the best anchor (torchrec)" in again
-    assert "15 plans, median ratio 1.0005" in again and "torchrec task 4 3.609 / 3.174 ms" in again
-    assert again.count("3.4% below the best anchor (neuroshard)") == 1
-    # every anchor with its own paired interval and the tasks shardkit wins against it
-    assert "| torchrec | 3.515 | 1.018 | -2.7% | -6.6% .. +1.1% | 6/10 |" in again
-    assert "| torchrec | 4.145 | 1.056 | -6.0% | -8.1% .. -3.7% | 9/10 |" in again
-    with pytest.raises(ShardError, match=r"median \+1\.10% \(machines of different speeds"):
+    first = {shardkit_compare.gpu_set_name(lab): recs for lab, recs, _ in shardkit_compare.gpu_check_sets(run6)}
+    second = {shardkit_compare.gpu_set_name(lab): recs for lab, recs, _ in shardkit_compare.gpu_check_sets(run7)}
+    for name, recs in first.items():
+        both = {(r["task"], r["alg"]): r["cost_ms"] for r in second[name]}
+        common = [(r["cost_ms"], both[(r["task"], r["alg"])]) for r in recs if (r["task"], r["alg"]) in both]
+        ratio = statistics.median(b / a for a, b in common)
+        assert f"{len(common)} plans, median ratio {ratio:.4f}; the lower of the two costs counts" in again
+        moved = [(a, b) for a, b in common if abs(b / a - 1) > shardkit_compare.MOVED]
+        assert f"{len(moved)} differ by more than 2%" in again and all(f"{a:.3f} / {b:.3f} ms" in again for a, b in moved)
+        lowered = shardkit_compare.apply_repeat(name, recs, run7, second[name])[0]
+        assert all(x["cost_ms"] <= r["cost_ms"] for x, r in zip(lowered, recs))
+    for text in (plain, again):   # every anchor with its own paired interval and the tasks shardkit wins against it
+        assert re.search(r"\| torchrec \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \| [+-][\d.]+% \.\. [+-][\d.]+% \| \d+/10 \|", text)
+        assert text.count("below the best anchor") + text.count("ABOVE the best anchor") == 2
+    with pytest.raises(ShardError, match=r"median [+-]\d+\.\d\d% \(machines of different speeds"):
         shardkit_compare.summarize(run4, "shardkit", None, repeat=run7)
     recs = [{"task": 0, "alg": "a", "cost_ms": 2.0}, {"task": 0, "alg": "b", "cost_ms": 1.0}]
     out, note = shardkit_compare.apply_repeat("S", recs, "r.json", [{"task": 0, "alg": "a", "cost_ms": 1.99},
@@ -1300,14 +1344,14 @@ def test_honest_margins_tool_writes_the_records_and_the_margins_in_one_go(tmp_pa
 
 
 def test_records_scored_before_the_replica_law_took_a_cost_per_replica_are_not_rejudged():
-    """results/honest_margins/2026-11-28 (TorchRec's plans replicate): read as recorded, but --rejudge,
-    which first re-scores each record with its own fit, refuses them and says why."""
+    """The honest-margin records an H200 measured (TorchRec's plans replicate), scored by a replica law
+    without its cost per replica: read as recorded, but --rejudge, which first re-scores each record with
+    its own fit, refuses them and says why."""
     from tools import shardkit_compare
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "honest_margins",
-                        "2026-11-28", "emu_dlrm50.jsonl.gz")
-    assert "shardkit: 5.1% below the best anchor (torchrec)" in shardkit_compare.summarize(path, "shardkit", None)
-    with pytest.raises(ShardError, match="earlier emulator .*cannot rejudge"):
+    path = honest_margin_records("measured")
+    assert "below the best anchor (torchrec)" in shardkit_compare.summarize(path, "shardkit", None)
+    with pytest.raises(ShardError, match="another version of the emulator .*cannot rejudge"):
         shardkit_compare.summarize(path, "shardkit", None, rejudge_fit="devices")
 
 

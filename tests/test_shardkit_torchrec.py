@@ -219,8 +219,8 @@ def test_alg_torchrec_emu_is_a_declared_plugin_and_plans():
 def test_torchrec_emu_plans_the_same_whatever_the_string_hash_seed(tmp_path):
     """TorchRec enumerates a table's sharding types and kernels in the order of a set of their names, which
     follows PYTHONHASHSEED, and keeps the first of equally priced options; the emulator prices the fused
-    and dense kernels alike. Without the estimator's tie-break, DLRM-50 task 4 came out at 3.360 or 4.043 ms
-    by the seed (2026-11-28); with it every seed gives the same plan."""
+    and dense kernels alike. Without the estimator's tie-break a DLRM-50 task's plan (and its cost) followed
+    the seed; with it every seed gives the same plan."""
     import json
     import subprocess
     import sys
@@ -247,9 +247,8 @@ def test_torchrec_emu_plans_the_same_whatever_the_string_hash_seed(tmp_path):
                               capture_output=True, text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         recs = [json.loads(x) for x in out.read_text().splitlines()]
-        plans.append([(r["task"], json.dumps(r["shardings"], sort_keys=True)) for r in recs])
-        assert recs[4]["cost_ms"] == pytest.approx(3.3597, abs=1e-3)   # the honest-margin records' plan
-    assert plans[0] == plans[1]
+        plans.append([(r["task"], r["cost_ms"], json.dumps(r["shardings"], sort_keys=True)) for r in recs])
+    assert plans[0] == plans[1]   # the same plans at the same costs, whatever the seed
 
 
 # -------------------------------------------------------------------------------------------------

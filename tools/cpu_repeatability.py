@@ -168,9 +168,9 @@ def main(argv=None) -> None:
     args.no_cache = True
     records, summaries = [], []
     t0 = time.perf_counter()
-    for run in range(args.runs):   # run 0 goes on with the tasks' generator: one run measures as before --runs
+    for run in range(args.runs):   # the first pass goes on with the tasks' generator: --runs 1 measures what a single pass does
         if args.runs > 1:
-            print(f"run {run + 1}/{args.runs}", flush=True)
+            print(f"pass {run + 1} of {args.runs}", flush=True)
         s, hardware, noise = measure_run(args, plans, tasks, devices, ndevices,
                                          np.random.default_rng([args.seed, run]) if run else rng, run, records, t0)
         summaries.append(s)

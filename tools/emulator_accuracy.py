@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """How well the emulated-GPU compute model predicts real H200 shards and plans it did not see.
 
-Held-out figures from the shipped measurements (data/gpu_measurements/, NVIDIA H200, measured
-2026-11-26 and 27), the model refitted for every split exactly as tools/fit_gpu_emulator.py fits it. At
-batch 65536 the shards of all files (shared plan and random shards, the five gpu_check runs' devices of
-whole tables and column pieces) enter once per distinct shard, their measurements averaged; plans come
-from six sources: the shared plans file (6 algorithms x 20 tasks), gpu_check run 1 (6 algorithms), run 2
-(7, TorchRec included) and runs 3-5 (their plans without row-wise or data-parallel pieces), each plan's
-measured compute cost being its own run's max device fw+bw.
+Held-out figures from the shipped measurements (data/gpu_measurements/, NVIDIA H200; its manifest.json
+names every file and which gpu_check runs enter the fit), the model refitted for every split exactly as
+tools/fit_gpu_emulator.py fits it. At batch 65536 the shards of all fitted files (shared plan and random
+shards, the fitted gpu_check runs' devices of whole tables and column pieces) enter once per distinct
+shard, their measurements averaged; plans come from the shared plans file and from every fitted
+gpu_check run (its plans without row-wise or data-parallel pieces), each plan's measured compute cost
+being its own run's max device fw+bw.
 
 - shard MAPE of fw, bw and fw+bw, 10-fold cross-validation over distinct shards (fixed permutation,
   seed 0), all shards and per class (shard_classes: the widest table's dim <= 16 / 17-64 / >= 128,
@@ -23,13 +23,14 @@ measured compute cost being its own run's max device fw+bw.
 - "unknown CV": the same predictions when the bag-length CV of every table is unknown (what any
   dataset other than the default synthetic one gets: its effect averaged over the spec's cv_prior);
 - batch 4096: its own parameter set held out the same way, and the batch-65536 set extrapolated;
-- the judged plans: every plan of the gpu_check runs whose plans are shipped (runs 3-5, 2026-11-27:
-  shardkit's beside the anchors'), re-scored whole (compute and the modelled all-to-alls, as
+- the judged plans: every plan of the gpu_check runs whose plans are shipped (the manifest's runs with
+  ``plans``: shardkit's beside the anchors'), re-scored whole (compute and the modelled all-to-alls, as
   measured) by the emulated H200 with its held-out judge, against its measured cost: per run, set and
   planner the means and the mean signed and absolute error -- how kind the judge is to each planner;
-- what the held-out judge lacks: runs 6-7's whole-table plan devices (in no fit) predicted by each task's
-  judge, by it on the core features only, refitted on a random half and quarter of its shards, and by the
-  full fit (which has seen the tables in runs 1-5): the judge's error against the data it is fitted on.
+- what the held-out judge lacks: the whole-table plan devices of the runs in no fit, predicted by each
+  task's judge, by it on the core features only, refitted on a random half and quarter of its shards, and
+  by the full fit (which has seen the tables in the fitted runs): the judge's error against the data it is
+  fitted on.
 
 Held-out rows evaluate one batch's own parameter set alone; the "shipped fit, in-sample" rows use
 the shipped model as the oracle does (the larger of the two sets' predictions, see
@@ -49,22 +50,19 @@ from shardcore import io
 from shardcore.cli.common import check_out_file, make_parser, run_main
 from shardcore.evaluation.report import spearman
 from shardcore.dataset import load_table_configs
-from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, GpuComputeModel, default_cv_of,
+from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MANIFEST, MEASUREMENTS_DIR, GpuComputeModel, default_cv_of,
                                 fit_weights, known_index, load_measurements, measurement_features,
                                 read_params, model_path, synthetic_length_cv)
 from shardcore.errors import ShardError
 from shardcore.evaluation.report import format_table
 
-CARD_LINE = "NVIDIA H200, measured 2026-11-26/27"
+CARD_LINE = "NVIDIA H200, measured (data/gpu_measurements/)"
 KFOLD = 10
 
 
 def mape(pred, true) -> float:
     pred, true = np.asarray(pred, float), np.asarray(true, float)
     return float(np.mean(np.abs(pred - true) / true) * 100)
-
-
-SOURCES = {"plans": "shared plans file", "gpucheck1": "gpu_check run 1", "gpucheck2": "gpu_check run 2"}
 
 
 class Landscape:
@@ -168,7 +166,7 @@ def _plan_row(res, name, land, source, rhos, plan_mape, nplans):
 
 
 def piece_rows(res: dict, directory=MEASUREMENTS_DIR) -> None:
-    """(d) the devices with row-wise blocks or data-parallel replicas (gpu_check run 3): each predicted
+    """(d) the devices with row-wise blocks or data-parallel replicas (the fitted runs' pieces): each predicted
     by a judge that never saw its tables (row-wise) or its own task (replicas: every measured replica
     device shares tables with nearly every task; the replica factor is refitted without the task)."""
     import json
@@ -205,9 +203,9 @@ def piece_rows(res: dict, directory=MEASUREMENTS_DIR) -> None:
         res["figures"][f"b65536_pieces_{class_slug(cls)}"] = _mapes(pred, fw, bw)
 
 
-# random row-block / replica devices measured at several batch slices (gpu_check --special-shards, the same
-# tables in both runs): run 4 at 1/4 and 1/8 of the batch (in the replica law's fit), run 6 at 1/2 and 1/16 (not)
-SLICE_RUNS = (("gpucheck4", "h200_b65536_gpucheck4_pieces.jsonl"), ("gpucheck6", "h200_b65536_gpucheck6_pieces.jsonl"))
+# random row-block / replica devices measured at several batch slices (gpu_check --special-shards): every
+# run's pieces file that holds such devices (those of a fitted run are in the replica law's fit, the others not)
+SLICE_RUNS = tuple((r["name"], r["pieces"]) for r in MANIFEST["runs"] if r.get("pieces"))
 
 
 def slice_rows(res: dict, directory=MEASUREMENTS_DIR, runs=SLICE_RUNS) -> None:
@@ -249,11 +247,9 @@ def slice_rows(res: dict, directory=MEASUREMENTS_DIR, runs=SLICE_RUNS) -> None:
 # gpu_check runs whose plans are shipped: (summary, {set name: the eval.py --out plans file}, the summary of
 # a run that measured some of its plans again on a machine of the same speed, or None: such a plan counts at
 # the lower of its two costs, as tools/shardkit_compare.py --repeat counts it)
-JUDGED_RUNS = tuple((f"h200_gpucheck{k}_{day}.json",
-                     {"DLRM-50": f"h200_gpucheck{k}_plans_dlrm50.jsonl.gz", "DLRM-100": f"h200_gpucheck{k}_plans_dlrm100.jsonl.gz"},
-                     repeat)
-                    for k, day, repeat in ((3, "2026-11-27", None), (4, "2026-11-27", None), (5, "2026-11-27", None),
-                                           (6, "2026-11-28", "h200_gpucheck7_2026-11-28.json")))
+JUDGED_RUNS = tuple((r["summary"], dict(r["plans"]),
+                     next((q["summary"] for q in MANIFEST["runs"] if q["name"] == r.get("repeat")), None))
+                    for r in MANIFEST["runs"] if r.get("plans"))
 
 
 def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) -> None:
@@ -328,14 +324,14 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
 
 
 # gpu_check runs in no fit (their whole-table plan devices test the judges on devices none of them saw)
-UNSEEN_SHARD_FILES = ("h200_b65536_gpucheck6_shards.jsonl", "h200_b65536_gpucheck7_shards.jsonl")
+UNSEEN_SHARD_FILES = tuple(r["shards"] for r in MANIFEST["runs"] if not r["in_fit"])
 
 
 def unseen_device_rows(res: dict, directory=MEASUREMENTS_DIR, files=UNSEEN_SHARD_FILES, draws: int = 3) -> None:
     """(f) what the held-out judge lacks: the whole-table plan devices of ``files`` (measured on an H200,
     in no fit), each predicted (fw+bw) by the judge of its own task -- held out by the task's tables, as
     shipped; on the core features only; refitted on a random half and quarter of its shards (``draws``
-    draws each); and by the full fit, which has seen the task's tables in runs 1-5's shards though never
+    draws each); and by the full fit, which has seen the task's tables in the fitted runs' shards though never
     these devices. Per set: the devices' mean and spread of log(measured / predicted)."""
     from shardcore.oracles.emulated.emulator import (GPUCHECK_SETS, OPTIONAL_TERMS, TASK_FILES, MeasuredLandscape,
                                                      feature_names, line_task_set, read_shard_lines)
@@ -491,15 +487,15 @@ def main(argv=None):
         print(f"Plans re-scored whole (compute + modelled all-to-alls) by the emulated judges vs measured on the GPU, "
               f"{CARD_LINE}; error = judge / measured - 1; the judge held out by tables (the default) and by "
               f"devices (--emulator-fit devices), and the stressed judge's expected slowest device (tools/shardkit_compare.py's, "
-              f"1000 draws, its pools per device count); gpucheck6 (2026-11-28) with the plans gpucheck7 measured again at "
-              f"the lower cost")
+              f"1000 draws, its pools per device count); a run measured again by another counts each plan "
+              f"at the lower of its two costs")
         print(format_table(["run, set", "planner", "plans", "measured ms", "judge ms", "mean error %", "MAPE %",
                             "devices judge ms", "its mean error %", "its MAPE %", "stressed judge ms",
                             "its mean error %"], res["judged_rows"]))
     if res["unseen_rows"]:
         print()
-        print("What the held-out judge lacks: the whole-table plan devices of runs 6-7 (NVIDIA H200, 2026-11-28, in no "
-              "fit), each predicted by fits for its own task; error = log(measured / predicted), in %; MAPE after "
+        print("What the held-out judge lacks: the whole-table plan devices of the runs in no fit (NVIDIA H200), "
+              "each predicted by fits for its own task; error = log(measured / predicted), in %; MAPE after "
               "the median (the machine's factor) is taken out")
         print(format_table(["set", "fit", "devices", "shards fitted", "mean error %", "sd %", "MAPE %"], res["unseen_rows"]))
     if args.out:

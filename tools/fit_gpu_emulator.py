@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Refit the emulated-GPU compute model from the shipped shard measurements.
 
-Reads data/gpu_measurements/ (NVIDIA H200, measured 2026-11-26/27): the batch-65536 shards (the primary
-landscape: the shared plan and random shard files and the five gpu_check runs' shard files, whole
+Reads data/gpu_measurements/ (NVIDIA H200; manifest.json names the files): the batch-65536 shards (the
+primary landscape: the shared plan and random shard files and the fitted gpu_check runs' shard files, whole
 tables and column pieces: a device with row-wise or data-parallel pieces is its run's pieces file's,
 which fits the replica kernel instead; a shard
 measured more than once enters once, with the mean of its measurements) and the batch-4096 plan
@@ -20,14 +20,14 @@ import os
 
 from shardcore import io
 from shardcore.cli.common import check_out_file, make_parser, run_main
-from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MEASUREMENTS_DIR, PIECE_ERROR_FILES, SHARD_FILES,
+from shardcore.oracles.emulated.emulator import (DEFAULT_SPEC, MANIFEST, MEASUREMENTS_DIR, PIECE_ERROR_FILES, SHARD_FILES,
                                 default_cv_of, fit_params, heldout_model, known_index, load_gpu_model,
                                 load_measurements, measurement_features, model_path, piece_errors_json,
                                 synthetic_length_cv)
 from shardcore.errors import ShardError
 
 CARD = "h200"
-MEASURED = "NVIDIA H200 (143,771 MiB), measured 2026-11-26/27, torch 2.11.0+cu130, fbgemm-gpu 1.6.0"
+MEASURED = MANIFEST["cards"][CARD]["measured"]   # the card and software measured, as the parameter file states them
 
 
 def fit_from_measurements(directory=MEASUREMENTS_DIR, spec=None) -> dict:

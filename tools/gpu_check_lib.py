@@ -61,8 +61,8 @@ class TaskSetSpec:
 
 
 # The shipped test sets: task file, plan devices, the set's own memory cap (None: --max-memory). NS is the
-# honest-margin records' NeuroShard-style set (results/honest_margins/2026-11-28/: 10-60 tables, dims 4-128,
-# 0.5 GB per device), so its records' plans can be measured as they were made.
+# honest-margin records' NeuroShard-style set (results/honest_margins/, ns_tasks_test.txt: 10-60 tables,
+# dims 4-128, 0.5 GB per device), so its records' plans can be measured as they were made.
 # The -train sets are tasks of the training pool's tables (gen_tasks.py's default split: none of them is in
 # any test task; DLRM-50-train is the learned anchors' 50 training tasks): the devices of their plans are
 # cost-model data that a judge held out by a test task's tables never has to leave out.
@@ -258,7 +258,7 @@ def confirm_slowest(ev, result, shards, tol: float = CONFIRM_TOL) -> tuple[int, 
     """Measure the plan's slowest device again afresh; where the two differ by more than ``tol``, a third
     time, and the device counts at the median of the three (fw and bw of that measurement). Repeated
     while the slowest device is one not yet confirmed. A transient that slows one measurement down (an
-    H200, 2026-11-28: one device of a TorchRec plan 0.4-0.7 ms slow, the plan 14%) decides a plan's cost
+    H200 once: one device of a TorchRec plan 0.4-0.7 ms slow, the plan 14%) decides a plan's cost
     only through its slowest device. Updates ``result.cost_ms`` and ``result.device_costs_ms`` in place;
     returns (measurements made, a note per changed device)."""
     costs = [[float(x) for x in c] for c in result.device_costs_ms]
@@ -309,7 +309,7 @@ def shard_line(tables, fw: float, bw: float, **extra) -> dict:
 
 def noise_task(ntables: int, first_set_tasks):
     """The task whose first 25 tables are the noise shard: on the full dataset always DLRM-50's task 0 (the
-    shard of every H200 run so far, 5.62-5.71 ms in runs 1-7: runs compare their machines by it), whichever
+    shard of every shipped H200 run, 5.62-5.71 ms: runs compare their machines by it), whichever
     set comes first; on a tiny dataset the first set's first task."""
     from shardcore.tasks import load_tasks
 

@@ -139,7 +139,47 @@ def main(argv=None):
         raise
     print(text)
     print(f"wrote {', '.join(sorted(os.listdir(out)))} to {out}")
+    complete = set(args.sets) == set(SETS) and args.algs is None and not args.max_tasks and not args.shardkit_time
+    manifest = ROOT / "results" / "honest_margins" / "manifest.json"
+    if complete and out.resolve().parent == manifest.parent.resolve() and manifest.is_file():
+        make_current(manifest, out, argv)
+        print(f"{manifest.relative_to(ROOT)}: {out.name} is the current run (make results regenerates the tables)")
     return 0
+
+
+def make_current(manifest: Path, out: Path, argv=None) -> None:
+    """Name the complete run in ``out`` as the folder's current one in its manifest (results/README.md):
+    every path of the run it replaces is re-pointed, that run joins the history, and the command, commit
+    and date are this run's. Written atomically."""
+    import json
+
+    from shardcore import io
+
+    obj = json.loads(manifest.read_text())
+    old = obj.get("current")
+    new = str(out.resolve().relative_to(ROOT))
+    if old == new:
+        return
+
+    def repoint(v):
+        if isinstance(v, str) and old and v.startswith(old + "/"):
+            return new + v[len(old):]
+        if isinstance(v, list):
+            return [repoint(x) for x in v]
+        if isinstance(v, dict):
+            return {k: repoint(x) for k, x in v.items()}
+        return v
+
+    history = obj.get("history", [])
+    obj = repoint({k: v for k, v in obj.items() if k != "history"})
+    if old:
+        history = [{"folder": old, "note": "the run before " + out.name}] + history
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    obj.update(current=new, history=history,
+               command=shlex.join(["python", "tools/honest_margins.py", *(sys.argv[1:] if argv is None else argv)]),
+               commit=git.stdout.strip() if git.returncode == 0 else "unknown",
+               date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    io.write_text(manifest, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

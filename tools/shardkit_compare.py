@@ -2,7 +2,7 @@
 """shardkit against the best anchor of an eval.py --out file (one run, plans side by side).
 
   python tools/shardkit_compare.py results/shardkit/emu_dlrm50.jsonl [more.jsonl ...]
-  python tools/shardkit_compare.py data/gpu_measurements/h200_gpucheck3_2026-11-27.json   # measured on a GPU
+  python tools/shardkit_compare.py GPU_CHECK.json [--repeat GPU_CHECK2.json]   # measured on a GPU (tools/gpu_check.py)
 
 Per file: every algorithm's mean plan cost over the tasks all of them planned feasibly, its mean
 imbalance (max / mean of the devices' costs), and shardkit's margin below the best other algorithm's
@@ -16,12 +16,12 @@ blocks, draws instead from the judge's error on the measured H200 devices of tha
 by the judge of its own task, on the same scale: emulator.piece_judge_error), --draws draws (the same for every plan of a
 task), the expected slowest device (shardcore.evaluation.compare.expected_slowest). A margin whose interval
 reaches zero is a tie. A piece device's error is drawn from the measured devices of plans with as many
-devices as the task's (``--piece-pools device-count``, the default since 2026-11-28; a kind with fewer
-than 20 such devices, e.g. row-wise blocks of 4-device plans, from all of that kind): the replica law
-prices a 4-device plan's replica device ~2% high and an 8-device one ~2% low. On the H200's run 6 (plans
-in no fit) this judge priced TorchRec's plans at +0.6% / -0.4% of their measured cost (DLRM-50 / DLRM-100)
-and shardkit's at -0.7% / -0.4%, where the pools of every device count (``--piece-pools all``, the default
-before) said +2.9% / -1.4% and +0.7% / -0.5% (tools/emulator_accuracy.py; docs/oracles.md).
+devices as the task's (``--piece-pools device-count``, the default; a kind with fewer than 20 such
+devices, e.g. row-wise blocks of 4-device plans, from all of that kind): a replica law fitted on both
+device counts prices a 4-device plan's replica device ~2% high and an 8-device one ~2% low. On H200
+plans in no fit this judge priced TorchRec's plans at +0.6% / -0.4% of their measured cost (DLRM-50 /
+DLRM-100) and shardkit's at -0.7% / -0.4%, where the pools of every device count (``--piece-pools all``)
+said +2.9% / -1.4% and +0.7% / -0.5% (tools/emulator_accuracy.py; docs/oracles.md).
 
 ``--rejudge devices`` scores the same plans again with another fit of the emulated card before comparing
 them: ``devices`` (refitted without every measured shard made only of the task's tables, so never a device
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the stressed judge's error pools for devices holding replicas or row-wise blocks: "
                         "device-count (the default: those of plans with as many devices as the task's, where at "
                         "least 20 were measured; the replica law's error differs by device count, see "
-                        "docs/oracles.md) or all (every measured such device, the default before 2026-11-28)")
+                        "docs/oracles.md) or all (every measured such device, whatever its plan's device count)")
     p.add_argument("--devices-per-host", type=positive_int, default=None, metavar="G",
                    help="the records' hosts (eval.py --devices-per-host): also report, per algorithm, the share of "
                         "a training step's exchanged bytes that cross hosts and the busiest device's bytes to and "
@@ -142,8 +142,8 @@ def rejudge(path: str, recs: list[dict], fit: str, data_dir: str, task_path: str
                 raise ShardError(f"{path}: record {k + 1} ({r['alg']}, task {r['task']}) scores {costs[0].cost_ms:.6g} ms "
                                  f"with its own fit, not the recorded {float(r['cost_ms']):.6g}: another exchange model, "
                                  "dataset or task dims (--task-path) than the emulated oracle's defaults, or a record "
-                                 "scored by an earlier emulator (the replica law took a cost per replica on "
-                                 "2026-11-29); cannot rejudge")
+                                 "scored by another version of the emulator (e.g. a replica law without its cost per "
+                                 "replica); cannot rejudge")
             new = costs[1]
             out.append({**r, "cost_ms": new.cost_ms, "device_costs_ms": new.device_costs_ms,
                         "hardware": oracles[n, batch, fit].hardware, "parts": oracles[n, batch, fit].parts})
@@ -306,9 +306,11 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
     return summarize_records(path, recs, alg, anchors, data_dir, draws, devices_per_host, piece_pools)
 
 
-def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] | None,
-                      data_dir: str = DEFAULT_DATA_DIR, draws: int = 1000, devices_per_host: int | None = None,
-                      piece_pools: str = "device-count") -> str:
+def compared(path: str, recs: list[dict], alg: str, anchors: list[str] | None) -> tuple[dict, list, set]:
+    """``(by, algs, tasks)`` of one run's records: ``by[alg][task]`` the record, ``algs`` ``alg`` and its
+    anchors (``anchors``, default every other algorithm but :data:`NOT_ANCHORS`), ``tasks`` those every one
+    of them planned and measured. One-line errors for records that do not compare (a task twice, two
+    oracles or batches, no ``alg``, no common task)."""
     by: dict[str, dict[int, dict]] = {}
     for r in recs:
         if int(r["task"]) in by.get(r["alg"], {}):   # two runs in one file: which one counts would be silent
@@ -327,6 +329,13 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
     tasks = set.intersection(*({t for t, r in by[a].items() if r.get("cost_ms") is not None} for a in algs))
     if not tasks:
         raise ShardError(f"{path}: no task every algorithm planned and measured")
+    return by, algs, tasks
+
+
+def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] | None,
+                      data_dir: str = DEFAULT_DATA_DIR, draws: int = 1000, devices_per_host: int | None = None,
+                      piece_pools: str = "device-count") -> str:
+    by, algs, tasks = compared(path, recs, alg, anchors)
     lines = [f"{path}: {len(tasks)} tasks, {recs[0].get('hardware', '?')}",
              f"| alg | mean cost ms | mean imbalance | {alg} vs it | 95% paired interval | {alg} faster on |",
              "|---|---|---|---|---|---|"]
@@ -368,18 +377,9 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
         lines.append(f"  repeatability (--repeats): a round's plan cost is {100.0 * statistics.fmean(spread):.1f}% "
                      f"from its plan's median on average (largest {100.0 * max(spread):.1f}%)")
     if "emulated" in str(recs[0].get("hardware", "")):
-        from shardcore.dataset import load_table_configs
-
-        rule = "devices" if recorded_fit(str(recs[0].get("hardware", ""))) == DEVICES else "tables"
-        task_tables = load_table_configs(os.path.join(data_dir, "table_configs.json"))
-        stressed = stressed_costs(by, algs, order, task_tables, draws, rule, piece_pools)
-        if stressed is None and rule == "devices":
-            # no measured shard is made only of these tasks' tables, so the devices judge's own error cannot be
-            # measured; that of the judge that never saw the tables is the larger one: draw from it, and say so
-            stressed = stressed_costs(by, algs, order, task_tables, draws, "tables", piece_pools)
-            if stressed is not None:
-                lines.append("  (stressed judge: no measured shard is made only of these tasks' tables, so its draws "
-                             "come from the error of the judge held out by tables, the larger one)")
+        stressed, note = stressed_judge(by, algs, order, str(recs[0].get("hardware", "")), data_dir, draws, piece_pools)
+        if note:
+            lines.append(note)
         if stressed is None:
             lines.append("  stressed judge: not computed (the tasks' tables were never measured on the card)")
         else:
@@ -405,6 +405,28 @@ def summarize_records(path: str, recs: list[dict], alg: str, anchors: list[str] 
             f"{statistics.fmean(x[1] for x in tr):.0f} MB" for a in sorted(algs, key=lambda a: mean[a])
             for tr in [[host_traffic(by[a][t], tables, devices_per_host) for t in order]]))
     return "\n".join(lines)
+
+
+def stressed_judge(by: dict, algs: list, order: list, hardware: str, data_dir: str = DEFAULT_DATA_DIR,
+                   draws: int = 1000, piece_pools: str = "device-count") -> tuple[dict | None, str | None]:
+    """``(stressed_costs or None, a note or None)`` of emulated records judged by the fit their
+    ``hardware`` line names: the stressed judge draws from that fit's own held-out error, or, where no
+    measured shard is made only of the tasks' tables (a judge held out by devices), from the larger
+    error of the judge held out by tables, and the note says so."""
+    from shardcore.dataset import load_table_configs
+
+    rule = "devices" if recorded_fit(hardware) == DEVICES else "tables"
+    task_tables = load_table_configs(os.path.join(data_dir, "table_configs.json"))
+    stressed = stressed_costs(by, algs, order, task_tables, draws, rule, piece_pools)
+    note = None
+    if stressed is None and rule == "devices":
+        # no measured shard is made only of these tasks' tables, so the devices judge's own error cannot be
+        # measured; that of the judge that never saw the tables is the larger one: draw from it, and say so
+        stressed = stressed_costs(by, algs, order, task_tables, draws, "tables", piece_pools)
+        if stressed is not None:
+            note = ("  (stressed judge: no measured shard is made only of these tasks' tables, so its draws "
+                    "come from the error of the judge held out by tables, the larger one)")
+    return stressed, note
 
 
 def margin_interval(ours, theirs, reps: int = 10000, seed: int = 0) -> tuple[float, float]:

@@ -29,7 +29,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     2 s of importing torch. Where ``main`` is the running script's own (``python eval.py``: its module is
     ``__main__``, its arguments ``sys.argv``), the process then ends by :func:`~shardcore.processes.exit_now`,
     which skips the 0.5-0.9 s of CPU that Python's teardown of torch costs; called from other code
-    (tests, entry points, an explicit ``argv``) it raises ``SystemExit`` as before."""
+    (tests, entry points, an explicit ``argv``) it raises ``SystemExit``, as a function should."""
     threads = int(os.environ.get("SHARDKIT_NUM_THREADS", "1"))
     limit_blas_threads(threads)
     if "torch" in sys.modules:

@@ -1,4 +1,4 @@
-"""PNG figures of the experiment runner (matplotlib, Agg backend: no display needed).
+"""PNG figures of the experiment runner and of plan.py (matplotlib, Agg backend: no display needed).
 
 Every figure is written atomically (a temporary file renamed onto the target).
 """
@@ -104,6 +104,72 @@ def plot_breakdown(panels: Sequence[tuple[str, Sequence[Sequence[float]], float]
     axes[0][-1].legend(fontsize=8, loc="upper right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    _save(fig, path)
+
+
+PART_NAMES = ("forward compute", "forward exchange", "backward exchange", "backward compute")
+
+
+def plot_plans(plans: Sequence[tuple], path: str | os.PathLike, cap_gb: float,
+               title: str = "The compared plans") -> None:
+    """plan.py's plans side by side, one column per planner: above, per device a stacked bar of its cost
+    parts (:data:`~shardcore.costs.COST_PARTS`, forward compute first), the plan's cost (its slowest
+    device) as a dashed line; below, per device its memory, the cap as a red line. Costs share one axis
+    and memory another, so the columns compare at a glance. ``plans``: ``[(name, device_costs_ms [D][4]
+    or None, memory_gb [D] or None, cost_ms or None, why not placed or None)]``; a plan without costs
+    (infeasible, failed) gets a column that says why."""
+    if not plans:
+        _empty(path, title, "no plan")
+        return
+    ndev = max((len(p[1]) for p in plans if p[1]), default=1)
+    top = max((sum(c) for p in plans if p[1] for c in p[1]), default=1.0) * 1.08
+    mem_top = max([cap_gb] + [m for p in plans if p[2] for m in p[2]]) * 1.1
+    width = max(3.2, 0.42 * ndev + 1.6)
+    fig, axes = plt.subplots(2, len(plans), figsize=(width * len(plans), 6.2), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1.3]})
+    for col, (name, costs, memory, cost_ms, why) in enumerate(plans):
+        ax, mx = axes[0][col], axes[1][col]
+        if not costs:
+            ax.axis("off")
+            mx.axis("off")
+            ax.set_title(f"{name}: not placed", fontsize=10)
+            ax.text(0.5, 0.5, (why or "infeasible")[:80], ha="center", va="center", fontsize=8, wrap=True,
+                    transform=ax.transAxes)
+            continue
+        xs = list(range(len(costs)))
+        bottom = [0.0] * len(costs)
+        for j, part in enumerate(PART_NAMES):
+            vals = [float(c[j]) for c in costs]
+            ax.bar(xs, vals, bottom=bottom, color=PART_COLORS[j % len(PART_COLORS)], label=part)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        if cost_ms is not None:
+            ax.axhline(cost_ms, color="black", linestyle="--", linewidth=0.8)
+        ax.set_ylim(0, top)
+        ax.set_xticks(xs)
+        ax.set_title(f"{name}: {cost_ms:.3f} ms" if cost_ms is not None else name, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        mx.bar(xs, list(memory or [0.0] * len(costs)), color="#8C8C8C")
+        mx.axhline(cap_gb, color="#C44E52", linewidth=1.2, label=f"cap {cap_gb:g} GiB")
+        mx.set_ylim(0, mem_top)
+        mx.set_xticks(xs)
+        mx.set_xlabel("device")
+        mx.grid(axis="y", alpha=0.3)
+        if col == 0:
+            ax.set_ylabel("cost (ms)")
+            mx.set_ylabel("memory (GiB)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0]:
+        if ax.get_legend_handles_labels()[0]:
+            handles, labels = ax.get_legend_handles_labels()
+            break
+    for mx in axes[1]:
+        h, lab = mx.get_legend_handles_labels()
+        if h:
+            handles, labels = handles + h, labels + lab
+            break
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     _save(fig, path)
 
 

@@ -72,11 +72,10 @@ kernel at the batch (a row block: its rows, the table's lookups in proportion, t
 its data-parallel replicas a second kernel over its batch slice, priced by
 :meth:`GpuComputeModel.predict_replicas` — per direction a fixed cost plus a weight times the slice's
 lookup traffic (lookups x dim) plus a weight times its distinct-row traffic (at most min(rows, lookups)
-x dim per table) plus a cost per replica (since 2026-11-29), fitted on the devices with replicas
-measured on an H200 (``*_pieces.jsonl``,
-:func:`fit_replica_weights`). The first such fit (a fixed cost plus a factor times the shard model at the
-slice, on TorchRec's replicas alone) priced a forward replica kernel at ~0.2 ms whatever its lookups;
-shardkit replicated heavy tables into that error and its plans measured 12-25% above their price.
+x dim per table) plus a cost per replica, fitted on the devices with replicas measured on an H200
+(``*_pieces.jsonl``, :func:`fit_replica_weights`). A law without the traffic terms (a fixed cost plus a
+factor times the shard model at the slice) prices a forward replica kernel at ~0.2 ms whatever its
+lookups, and a planner that searches the model replicates heavy tables into that error.
 """
 
 from __future__ import annotations
@@ -98,7 +97,27 @@ from .domain import Domain, domain_of, physical_features
 
 ROOT = Path(__file__).resolve().parents[3]   # the repository root (shardcore/oracles/emulated/)
 MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"
-MODEL_FILES = {"h200": "h200_emulator.json"}
+
+
+def read_manifest(directory: str | os.PathLike = MEASUREMENTS_DIR) -> dict:
+    """``manifest.json`` of the measurements folder: which file holds what (each card's parameter file,
+    each batch's shard and plan files, the gpu_check runs and whether each enters the fit, the task
+    sets). A new measurement run is one more entry there, not a change here."""
+    path = Path(directory) / "manifest.json"
+    try:
+        obj = json.loads(path.read_text())
+        if not isinstance(obj, dict) or obj.get("format") != "shardkit-gpu-measurements/1":
+            raise ValueError("no format shardkit-gpu-measurements/1")
+        missing = [k for k in ("cards", "batches", "runs", "task_sets") if k not in obj]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
+    except (OSError, ValueError) as exc:
+        raise ShardError(f"{path}: not a readable measurements manifest ({type(exc).__name__}: {exc})") from None
+    return obj
+
+
+MANIFEST = read_manifest()
+MODEL_FILES = {card: c["model"] for card, c in MANIFEST["cards"].items()}
 FORMAT = "shardkit-gpu-emulator-1"
 # every shipped measurement is of fp16 weights: fp32 is priced from them by the bytes it moves
 FP32_NOTE = "fp32 compute derived from fp16 measurements by bytes moved, not measured"
@@ -141,8 +160,8 @@ DEFAULT_SPEC = {
 # surface, the size classes, the sort) priced a column piece of half the dim at 76% of the whole
 # table there (held-out: column pieces +15% biased, MAPE 21%; with this family +2%, 12%).
 #
-# The backward's two optional terms (a spec without them gives exactly the 13 features of the models
-# fitted before 2026-11-27, so their files keep predicting as they did). FBGEMM's CPU backward (exact
+# The backward's two optional terms (a spec without them gives exactly the 13 features of a model file
+# fitted without them, so such a file keeps predicting as it was fitted). FBGEMM's CPU backward (exact
 # optimizers) turns each table's lookups into a sorted column list -- a radix sort of the lookups' row
 # ids, one pass per 8 bits of the table's row count -- then updates the distinct rows in ascending
 # order. On the 2-core EPYC (fitted on the 160 calibration shards of the measured-CPU experiments) the
@@ -436,7 +455,7 @@ class GpuComputeModel:
     def predict_replicas(self, kernels: Sequence[Sequence[TableConfig]], batch_size: int,
                          length_cv: Sequence[Sequence[float]] | None = None, precision: str = "fp16") -> np.ndarray:
         """``[len(kernels), 2]`` (fw_ms, bw_ms) of data-parallel kernels, each a device's replicas over
-        its batch slice ``batch_size``: :func:`replica_features` times :attr:`replica_weights`. Measured on an H200 (2026-11-27): a kernel of 30-50 replicas at slice 16384 costs
+        its batch slice ``batch_size``: :func:`replica_features` times :attr:`replica_weights`. Measured on an H200: a kernel of 30-50 replicas at slice 16384 costs
         0.2-0.6 ms forward, 0.4-0.9 ms backward, growing with the lookups; the shard model alone (the
         launch-bound small batch's set binding at a slice) puts small ones at 2-3x their cost, and
         prices them so (``length_cv`` its input) when fewer than :data:`MIN_REPLICA_DEVICES` were measured."""
@@ -578,8 +597,10 @@ def predict_devices(model: GpuComputeModel, shards: Sequence[Sequence[TableConfi
     return out
 
 
-PIECE_FILES = {65536: ("h200_b65536_gpucheck3_pieces.jsonl", "h200_b65536_gpucheck4_pieces.jsonl",
-                       "h200_b65536_gpucheck5_pieces.jsonl"), 4096: ()}
+# the gpu_check runs of the manifest whose measurements enter the fit, per batch
+FIT_RUNS = {int(b): tuple(r for r in MANIFEST["runs"] if r["in_fit"] and int(r["batch"]) == int(b))
+            for b in MANIFEST["batches"]}
+PIECE_FILES = {b: tuple(r["pieces"] for r in runs if r.get("pieces")) for b, runs in FIT_RUNS.items()}
 MIN_REPLICA_DEVICES = 8
 
 
@@ -649,8 +670,8 @@ def replica_features(kernels: Sequence[Sequence[TableConfig]], batch_size: int,
     its lookups times dim and its distinct rows (at most ``min(rows, lookups)`` per table: a slice has
     less reuse than the batch whose statistics a table carries) times dim, the last two / 1e7, and its
     number of replicas / 10 (a cost per table: without it the law, fitted on 4- and 8-device plans
-    alike, priced the held-out replica devices of 4-device plans 2.3% high and of 8-device ones 2.0%
-    low, runs 3-5 (:func:`piece_judge_error`); with it 1.1% high and 0.8% low; docs/oracles.md)."""
+    alike, prices the held-out replica devices of 4-device plans 2.3% high and of 8-device ones 2.0%
+    low (:func:`piece_judge_error`); with it 1.1% high and 0.8% low; docs/oracles.md)."""
     X = np.zeros((len(kernels), len(REPLICA_FEATURES)))
     for i, k in enumerate(kernels):
         if not k:
@@ -840,35 +861,21 @@ def fit_params(sets: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]], sp
 
 
 # -- the shipped measurements ----------------------------------------------------------------------
-SHARD_FILES = {65536: ("h200_b65536_plan_shards.jsonl", "h200_b65536_random_shards.jsonl",
-                       "h200_b65536_gpucheck1_shards.jsonl", "h200_b65536_gpucheck2_shards.jsonl",
-                       "h200_b65536_gpucheck3_shards.jsonl", "h200_b65536_gpucheck4_shards.jsonl",
-                       "h200_b65536_gpucheck5_shards.jsonl"),
-               4096: ("h200_b4096_plan_shards.jsonl",)}
-PLAN_FILES = {65536: "h200_b65536_plans.jsonl", 4096: "h200_b4096_plans.jsonl"}
+SHARD_FILES = {int(b): tuple(v["shards"]) + tuple(r["shards"] for r in FIT_RUNS[int(b)])
+               for b, v in MANIFEST["batches"].items()}
+PLAN_FILES = {int(b): v["plans"] for b, v in MANIFEST["batches"].items()}
 # tools/gpu_check.py runs: (name, shard file, summary, pieces file or None); the summary's plans (task by
 # task, algorithms in list order, set by set) own the shard file's plan lines in order, one per non-empty
 # device, except the devices with row-wise or data-parallel pieces: those are the pieces file's lines
-GPUCHECK_RUNS = {65536: (("gpucheck1", "h200_b65536_gpucheck1_shards.jsonl", "h200_gpucheck1_2026-11-26.json", None),
-                         ("gpucheck2", "h200_b65536_gpucheck2_shards.jsonl", "h200_gpucheck2_2026-11-26.json", None),
-                         ("gpucheck3", "h200_b65536_gpucheck3_shards.jsonl", "h200_gpucheck3_2026-11-27.json",
-                          "h200_b65536_gpucheck3_pieces.jsonl"),
-                         ("gpucheck4", "h200_b65536_gpucheck4_shards.jsonl", "h200_gpucheck4_2026-11-27.json",
-                          "h200_b65536_gpucheck4_pieces.jsonl"),
-                         ("gpucheck5", "h200_b65536_gpucheck5_shards.jsonl", "h200_gpucheck5_2026-11-27.json",
-                          "h200_b65536_gpucheck5_pieces.jsonl")),
-                 4096: ()}
+GPUCHECK_RUNS = {b: tuple((r["name"], r["shards"], r["summary"], r.get("pieces")) for r in runs)
+                 for b, runs in FIT_RUNS.items()}
 # The task sets a gpu_check run may measure plans of (tools/gpu_check_lib.SHIPPED_SETS): the test sets, and
 # the training-pool sets, whose tables no test task holds (gen_tasks.py's default split, seed 0), so the
 # devices of their plans are cost-model data that no held-out judge of a test task ever has to leave out
-TASK_FILES = {"dlrm_tasks_50": "tasks/dlrm_tasks_50_test.txt", "dlrm_tasks_100": "tasks/dlrm_tasks_100_test.txt",
-              "ns_tasks": "tasks/ns_tasks_test.txt",
-              "dlrm_tasks_50_train": "tasks/dlrm_tasks_50_train.txt",
-              "dlrm_tasks_100_train": "tasks/dlrm_tasks_100_train.txt"}
-GPUCHECK_SETS = {"DLRM-50": "dlrm_tasks_50", "DLRM-100": "dlrm_tasks_100", "NS": "ns_tasks",
-                 "DLRM-50-train": "dlrm_tasks_50_train", "DLRM-100-train": "dlrm_tasks_100_train"}
-# a piece line written before lines named their set (runs 3-7): the test set of its plan's device count
-SET_OF_DEVICES = {4: "dlrm_tasks_50", 8: "dlrm_tasks_100"}
+TASK_FILES = {name: v["file"] for name, v in MANIFEST["task_sets"].items()}
+GPUCHECK_SETS = {v["gpu_check"]: name for name, v in MANIFEST["task_sets"].items()}
+# a piece line that names no set: the test set of its plan's device count
+SET_OF_DEVICES = {int(v["devices"]): name for name, v in MANIFEST["task_sets"].items() if v.get("devices")}
 
 
 def plan_devices(obj: Mapping) -> int:
@@ -878,7 +885,7 @@ def plan_devices(obj: Mapping) -> int:
 
 def line_task_set(obj: Mapping, where: str = "shard line") -> str:
     """The :data:`TASK_FILES` key of a measured plan device's line: its ``set`` (a :data:`GPUCHECK_SETS`
-    name), or for a line written before lines named it, the test set of its plan's device count."""
+    name), or for a line that names none, the test set of its plan's device count."""
     if "set" not in obj:
         return SET_OF_DEVICES[plan_devices(obj)]
     which = GPUCHECK_SETS.get(str(obj["set"]))
@@ -1333,17 +1340,17 @@ def piece_bias(exclude: frozenset, card: str = "h200", batch: int = 65536,
                ndevices: int | None = None) -> dict[str, float]:
     """``{kind: factor}``: the median of :func:`_piece_errors`: how far the fitted model, unbiased on
     whole-table shards by its least squares, under- (> 1) or over-prices a device holding such pieces.
-    Measured on the H200 (runs 3-5, 2026-11-27): devices with row-wise blocks 1.024, with replicas 0.997;
-    by the plan's device count (``ndevices``), replica devices 0.989 in 4-device plans (180 devices) and
-    1.008 in 8-device ones (232) since the replica law's cost per replica (2026-11-29; before it 0.977 and
-    1.020: the law, fitted on both, priced a quarter of the batch high and an eighth low)."""
+    On the H200's measured plan devices: with row-wise blocks 1.024, with replicas 0.997; by the plan's
+    device count (``ndevices``), replica devices 0.989 in 4-device plans (180 devices) and 1.008 in
+    8-device ones (232), the replica law's cost per replica included (without it 0.977 and 1.020: a law
+    fitted on both device counts prices a quarter of the batch high and an eighth low)."""
     return {kind: float(np.median(r)) for kind, r in _piece_errors(exclude, card, batch, ndevices).items()}
 
 
 def piece_spread(exclude: frozenset, card: str = "h200", batch: int = 65536,
                  ndevices: int | None = None) -> dict[str, np.ndarray]:
     """``{kind: ratios}``: :func:`_piece_errors` divided by their median: the fitted model's error on
-    such a device once :func:`piece_bias` has corrected its bias (on the H200, runs 3-5: sd 4.6% on
+    such a device once :func:`piece_bias` has corrected its bias (on the H200's plan devices: sd 4.6% on
     devices with replicas, 3.8% with row-wise blocks, against 2.9% on whole-table shards; replica
     devices of 4- and 8-device plans apart, 4.1% and 4.2%)."""
     return {kind: r / float(np.median(r)) for kind, r in _piece_errors(exclude, card, batch, ndevices).items()}
@@ -1352,7 +1359,7 @@ def piece_spread(exclude: frozenset, card: str = "h200", batch: int = 65536,
 def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude: frozenset = frozenset(),
                       rule: str = "tables", ndevices: int | None = None) -> np.ndarray:
     """measured / predicted fw+bw of every measured plan device of ``kind`` (:func:`piece_device_kind`:
-    holding data-parallel replicas; holding row-wise blocks and no replica; runs 3-5 of
+    holding data-parallel replicas; holding row-wise blocks and no replica; the fitted runs of
     ``tools/gpu_check.py``), each predicted whole (its shard kernel and replica kernel,
     :func:`predict_devices`) by the judge of its own task: :func:`heldout_model` without the task's
     tables, so neither the device's shards nor, in the replica law (:func:`fit_replica_weights`), the
@@ -1366,7 +1373,7 @@ def piece_judge_error(kind: str, card: str = "h200", batch: int = 65536, exclude
                        and (ndevices is None or n == ndevices)], dtype=float)
 
 
-PIECE_ERROR_FILES = {"h200": "h200_piece_errors.json"}   # beside the parameter file, tied to it by digest
+PIECE_ERROR_FILES = {card: c["piece_errors"] for card, c in MANIFEST["cards"].items()}   # tied to the parameter file by digest
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,8 +30,8 @@ A :class:`~shardcore.tables.TableConfig` in a shard names the dataset table whos
 **Devices.** On a CUDA machine the weights live in device memory (``EmbeddingLocation.DEVICE``)
 and phases are timed with CUDA events. Otherwise fbgemm-gpu-cpu runs the same operator with the
 weights in host memory (``EmbeddingLocation.HOST``, ``ComputeDevice.CPU``) on one compute thread,
-timed as described above. The CUDA path ran on an NVIDIA H200 (torch 2.11.0+cu130, fbgemm-gpu 1.6.0) on 2026-11-26
-(``tools/gpu_check.py``); the test suite runs the CPU path only (CI has no GPU).
+timed as described above. The CUDA path has run on an NVIDIA H200 (torch 2.11.0+cu130, fbgemm-gpu 1.6.0;
+``tools/gpu_check.py``, data/gpu_measurements/); the test suite runs the CPU path only (CI has no GPU).
 
 **Weights** are zero-initialised (their values do not change the cost of a lookup). On the CPU they
 are backed by lazily committed pages where fbgemm accepts a preallocated buffer, so building a

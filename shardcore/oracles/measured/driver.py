@@ -72,7 +72,7 @@ machine, batch, optimizer and precision and kept in the measurement cache (the f
 costs of different sessions and days are comparable; the plan's exchange is scaled by nominal over
 the reference's median during the measurement; :attr:`speed_drift_pct` says how far those factors
 spread in a session. ``tools/cpu_repeatability.py`` (3 tasks x 4 baseline plans, 5 interleaved
-rounds, 4 logical devices, idle machine, one run each, 2026-11-27): mean deviation from the plan's
+rounds, 4 logical devices, idle 2-core EPYC VM, one pass each): mean deviation from the plan's
 median 3.55% with the previous protocol (reference on worker 0 before each pass, one scale per
 measurement), 2.34% with this one (2.08% at 15 timed iterations); p90 max/min 1.19 -> 1.14 (1.11).
 What is left is noise of seconds that the reference does not follow (a 0.4 GB shard timed in blocks
@@ -101,8 +101,8 @@ stuck in a collective also gives up. Errors that leave the workers healthy (a sh
 lack of memory, bad input) are raised without a restart. Workers ignore SIGINT: on Ctrl-C the
 parent kills them all before the ``KeyboardInterrupt`` propagates; workers also ask the kernel to
 kill them if the parent dies (``PR_SET_PDEATHSIG``) and exit when their pipe closes, so no worker
-outlives its evaluator. The CUDA path ran with one NCCL rank on an NVIDIA H200 on 2026-11-26
-(``tools/gpu_check.py``); an all-to-all between several GPUs has not been run yet.
+outlives its evaluator. The CUDA path has run with one NCCL rank on an NVIDIA H200
+(``tools/gpu_check.py``); an all-to-all between several GPUs has not been run.
 """
 
 from __future__ import annotations

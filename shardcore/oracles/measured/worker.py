@@ -260,7 +260,7 @@ def steady_heap() -> bool:
     Whether glibc serves them from pages it still holds or maps fresh ones (and the kernel commits,
     zeroes and counts them as minor faults, ~4,000 a backward for an 8-table shard) depended on the
     heap's state when the shard was built: the same shard measured 10-15% apart between builds (2-core
-    EPYC VM, 2026-11-27). With the heap kept, the faults are 0 in steady state. Returns whether the
+    EPYC VM). With the heap kept, the faults are 0 in steady state. Returns whether the
     setting was applied (False where the C library has no ``mallopt``)."""
     import ctypes
     import ctypes.util
