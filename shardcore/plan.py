@@ -251,10 +251,13 @@ class Sharding:
         return s
 
 
-@functools.lru_cache(maxsize=1 << 14)
-def _pieces(s: Sharding, t: TableConfig, ndevices: int) -> tuple:
+@functools.lru_cache(maxsize=1 << 16)
+def pieces_of(s: Sharding, t: TableConfig, ndevices: int) -> tuple:
     """``s.pieces(t, ndevices)``, kept (a search on 128 devices expands a replica's 128 pieces often)."""
     return tuple(s.pieces(t, ndevices))
+
+
+_pieces = pieces_of
 
 
 def _int_list(value, name: str, where: str) -> list[int]:

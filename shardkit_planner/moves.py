@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 
 from shardcore.plan import (COLUMN_WISE, DATA_PARALLEL, GRID, ROW_WISE, TABLE_WISE, Sharding, column_wise,
-                            data_parallel, grid, row_wise, table_wise)
+                            data_parallel, grid, pieces_of, row_wise, table_wise)
 from shardcore.tables import DIM_MULTIPLE
 
 ALL_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL, GRID)
@@ -117,7 +117,7 @@ def split_counts(dim: int, ndevices: int) -> list[int]:
 def free_memory(st, pos: int) -> np.ndarray:
     """Per device the memory (GiB) left if table ``pos`` were taken off every device."""
     free = st.cap - st.mem.copy()
-    for d, p in st.shardings[pos].pieces(st.tables[pos], st.n):
+    for d, p in pieces_of(st.shardings[pos], st.tables[pos], st.n):
         free[d] += st.piece_mem(p)
     return free
 

@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from shardcore.plan import DATA_PARALLEL, TABLE_WISE, Plan, Sharding, data_parallel, piece_key, table_wise
+from shardcore.plan import DATA_PARALLEL, TABLE_WISE, Plan, Sharding, data_parallel, piece_key, pieces_of, table_wise
 from shardcore.tables import GB, TableConfig, bytes_per_element
 
 from .costmodel import CostModel
@@ -67,11 +67,13 @@ class State:
         self.bpe = bytes_per_element(precision) / GB
         self._comp_cache: dict[tuple, float] = {}
         self._exch_cache: dict[tuple, tuple[float, float, float]] = {}
+        self._mem_cache: dict[tuple, dict] = {}
+        self.last_built = 0
         self.shardings = list(shardings)
         self.pieces: list[list[tuple[int, TableConfig]]] = [[] for _ in range(self.n)]
         self.pos_devices: list[set[int]] = [set() for _ in self.tables]
         for pos, (t, s) in enumerate(zip(self.tables, self.shardings)):
-            for d, p in s.pieces(t, self.n):
+            for d, p in pieces_of(s, t, self.n):
                 self.pieces[d].append((pos, p))
                 self.pos_devices[pos].add(d)
         self.mem = np.array([sum(self.piece_mem(p) for _, p in ps) for ps in self.pieces])
@@ -159,25 +161,40 @@ class State:
         return Plan.from_shardings(self.tables, self.shardings, self.n)
 
     # -- a candidate: new shardings for some table positions -------------------------------------
+    def table_memory(self, pos: int, s: Sharding) -> dict[int, float]:
+        """``{device: memory}`` of table ``pos`` sharded by ``s``, remembered."""
+        key = (pos, s)
+        got = self._mem_cache.get(key)
+        if got is None:
+            got = {}
+            for d, p in pieces_of(s, self.tables[pos], self.n):
+                got[d] = got.get(d, 0.0) + self.piece_mem(p)
+            self._mem_cache[key] = got
+        return got
+
     def changed_shards(self, change: dict[int, Sharding]) -> dict[int, list[TableConfig]] | None:
-        """The new piece lists of the devices a change touches; None if a device would overflow."""
-        touched: dict[int, None] = {}
+        """The new piece lists of the devices a change touches; None if a device would overflow (checked
+        first, from the tables' memory per device). ``last_built``: the pieces the change gave its devices
+        (the work of the call, overflowing or not)."""
+        removed: dict[int, float] = {}
+        added: dict[int, float] = {}
+        for pos, s in change.items():
+            for d, m in self.table_memory(pos, self.shardings[pos]).items():
+                removed[d] = removed.get(d, 0.0) + m
+            for d, m in self.table_memory(pos, s).items():
+                added[d] = added.get(d, 0.0) + m
+        self.last_built = len(added)
+        for d, m in added.items():
+            if self.mem[d] - removed.get(d, 0.0) + m > self.cap + 1e-12:
+                return None
         new_on: dict[int, list[TableConfig]] = {}
         for pos, s in change.items():
-            for d in self.pos_devices[pos]:
-                touched.setdefault(d, None)
-            for d, p in s.pieces(self.tables[pos], self.n):
-                touched.setdefault(d, None)
+            for d, p in pieces_of(s, self.tables[pos], self.n):
                 new_on.setdefault(d, []).append(p)
         out = {}
-        for d in touched:
-            kept = [p for pos, p in self.pieces[d] if pos not in change]
-            added = new_on.get(d, [])
-            if added:
-                removed = self.mem[d] - sum(self.piece_mem(p) for p in kept)
-                if self.mem[d] - removed + sum(self.piece_mem(p) for p in added) > self.cap + 1e-12:
-                    return None
-            out[d] = kept + added
+        for d in dict.fromkeys(list(removed) + list(new_on)):
+            out[d] = [p for pos, p in self.pieces[d] if pos not in change] + new_on.get(d, [])
+        self.last_built = sum(len(ps) for ps in out.values())
         return out
 
     def make(self, change: dict[int, Sharding]) -> bool:
@@ -193,11 +210,11 @@ class State:
     def apply(self, change: dict[int, Sharding], shards: dict[int, list[TableConfig]], comp: dict[int, float]) -> None:
         for pos, s in change.items():
             self.shardings[pos] = s
-            self.pos_devices[pos] = {d for d, _ in s.pieces(self.tables[pos], self.n)}
+            self.pos_devices[pos] = {d for d, _ in pieces_of(s, self.tables[pos], self.n)}
         for d in shards:
             self.pieces[d] = [(pos, p) for pos, p in self.pieces[d] if pos not in change]
         for pos, s in change.items():
-            for d, p in s.pieces(self.tables[pos], self.n):
+            for d, p in pieces_of(s, self.tables[pos], self.n):
                 self.pieces[d].append((pos, p))
         for d, ps in shards.items():
             self.mem[d] = sum(self.piece_mem(p) for p in ps)
@@ -211,9 +228,10 @@ class State:
 
 class WorkBudget:
     """The search's budget, counted in work so that the same inputs give the same plan on an idle or a
-    busy machine: every candidate move priced costs one unit plus one per :data:`PIECES_PER_UNIT` pieces
-    on the devices it changes (what pricing it costs: the model's features of those devices), so a
-    large task spends its units more slowly per candidate, as its candidates cost more. Wall-clock time
+    busy machine: every candidate move priced costs one unit, plus one per :data:`PIECES_PER_UNIT` pieces
+    on the devices it changes (the model's features of those devices) and one per :data:`DEVICES_PER_UNIT`
+    devices it changes (their bookkeeping), and one more per :data:`DEVICES_PER_CANDIDATE` devices of the
+    plan (its arrays), so that a unit takes about as long on 4 devices as on 128. Wall-clock time
     is only an outer cap (``time_cap_s``); when it ends a search, :attr:`cut_by_time` says so (that
     plan then depends on the machine's speed)."""
 
@@ -224,8 +242,8 @@ class WorkBudget:
         self.cut_by_time = False
         self._deadline = None if time_cap_s is None else time.perf_counter() + float(time_cap_s)
 
-    def spend(self, candidates: int, pieces: int) -> None:
-        self.used += candidates + pieces / PIECES_PER_UNIT
+    def spend(self, candidates: int, pieces: int, devices: int = 0) -> None:
+        self.used += candidates + pieces / PIECES_PER_UNIT + devices / DEVICES_PER_UNIT
 
     @property
     def left(self) -> float:
@@ -242,6 +260,8 @@ class WorkBudget:
 
 
 PIECES_PER_UNIT = 32
+DEVICES_PER_UNIT = 8     # a changed device costs its own bookkeeping besides its pieces' (128 devices: most of it)
+DEVICES_PER_CANDIDATE = 64   # a candidate's arrays span every device: one more unit per 64 devices of the plan
 
 
 def kick(st: State, rng: np.random.Generator, k: int, dp_max_gb: float = 0.05,
@@ -372,12 +392,15 @@ def _best_candidate(st: State, cands, budget: WorkBudget, chunk: int, stats: Sea
             cut = True   # the budget ran out inside the round: decide among those scored
             break
         kept, changed = [], []
+        built = 0
         for kind, change in cands[lo:lo + chunk]:
             shards = st.changed_shards(change)
+            built += st.last_built
             if shards is not None:
                 kept.append((kind, change))
                 changed.append(shards)
         if not kept:
+            budget.spend(len(cands[lo:lo + chunk]) * (1 + st.n / DEVICES_PER_CANDIDATE), built)
             continue
         evaluated += len(kept)
         flat, owner = [], []
@@ -385,7 +408,7 @@ def _best_candidate(st: State, cands, budget: WorkBudget, chunk: int, stats: Sea
             for d, ps in shards.items():
                 flat.append(ps)
                 owner.append((c, d))
-        budget.spend(len(kept), sum(len(ps) for ps in flat))
+        budget.spend(len(cands[lo:lo + chunk]) * (1 + st.n / DEVICES_PER_CANDIDATE), built, len(flat))
         comp = st.compute_many(flat)
         C = len(kept)
         comp_m = np.tile(st.comp, (C, 1))

@@ -69,7 +69,7 @@ KICK_PATIENCE = 40         # the iterated search stops after this many kicks in 
 # recreating half the tables (docs/shardkit.md)
 RECREATE_KICKS = 0.5
 RECREATE_SHARE = 0.3
-DEFAULT_WORK = 40_000      # work units per task (search.WorkBudget): see ShardkitConfig.work
+DEFAULT_WORK = 60_000      # work units per task (search.WorkBudget): see ShardkitConfig.work
 TYPE_NAMES = {"tw": TABLE_WISE, "cw": COLUMN_WISE, "rw": ROW_WISE, "dp": DATA_PARALLEL, "grid": GRID}
 
 
@@ -79,10 +79,11 @@ class ShardkitConfig(Config):
     ``--shardkit-<field>`` flags from these fields (through :func:`shardcore.cli.algorithms.add_plugin_args`;
     ``refine`` only where plans are measured)."""
 
-    work: int = param(DEFAULT_WORK, "shardkit's search budget per task, counted in work: one unit per candidate move "
-                      "priced, plus one per 32 pieces on the devices it changes (default {default}: about 5 s on a "
-                      "2-core CPU for 50 tables on 4 devices); counted, not timed, so the same task gives the same "
-                      "plan on an idle or a busy machine; measured refinement's rounds each get it again",
+    work: int = param(DEFAULT_WORK, "shardkit's search budget per task, counted in work: about one unit per candidate "
+                      "move priced, more for moves that change many devices' pieces (default {default}: a few "
+                      "seconds on a 2-core CPU, from 50 tables on 4 devices to 856 on 128); counted, not timed, so "
+                      "the same task gives the same plan on an idle or a busy machine; measured refinement's rounds "
+                      "each get it again",
                       type=positive_int, metavar="N", cli_default=None)
     time: float = param(60.0, "an outer wall-clock cap on shardkit's planning per task in seconds (default {default}): "
                         "its starts are always made; a search cut short by it is recorded (shardkit_stopped: time "
@@ -393,6 +394,7 @@ class ShardkitSharder(Sharder):
                 "shardkit_moves": dict(stats.accepted), "shardkit_rounds": stats.rounds,
                 "shardkit_kicks": kicks, "shardkit_kick_gains": gains,
                 "shardkit_work": round(budget.used, 1), "shardkit_work_budget": budget.work,
+                "shardkit_candidates": stats.candidates,
                 "shardkit_stopped": stats.stopped, "shardkit_measurements": 0,
                 "shardkit_refine_k": self.refine_k if self.measures_candidates else 0,
                 "shardkit_model": model.source}

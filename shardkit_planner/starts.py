@@ -30,7 +30,7 @@ import numpy as np
 from shardcore.baselines import GREEDY_KEYS, greedy_plan
 from shardcore.errors import InfeasibleError
 from shardcore.plan import (COLUMN_WISE, DATA_PARALLEL, GRID, ROW_WISE, Plan, Sharding, column_wise,
-                            data_parallel, grid, row_wise, table_wise)
+                            data_parallel, grid, pieces_of, row_wise, table_wise)
 from shardcore.tables import TableConfig
 from shardcore.types import Topology
 
@@ -42,8 +42,12 @@ SPREAD_COUNTS = (0, 1, 2, 3, 4, 6, 8)   # hybrid_greedy: how many of the heavies
 # hybrid_greedy's variants together hold at most this many device pieces (a replica is a piece on every
 # device): at 100k tables one variant is that large, and a budget counted in pieces keeps the start's
 # work, and so its plan, the same on every machine
-HYBRID_PIECES = 600_000
+HYBRID_PIECES = 200_000
 MEM_EPS = 1e-12
+# split_greedy's variants together hold at most this many device pieces (a replica or a split table is a
+# piece on many devices): a deterministic bound on its work (a task of 26 tables on 8 devices tries every
+# variant, one of 856 tables on 128 devices a few)
+SPLIT_PIECES = 30_000
 
 
 @dataclass
@@ -220,11 +224,12 @@ def place(task: PlanningTask, fixed: dict[int, Sharding], blocks: dict[int, list
     column blocks of ``blocks`` (table position -> widths, each block on a device of its own) and every
     other table whole, pieces placed largest load first on the least loaded device with room (a block
     never beside another block of its table); where that fails, again largest memory first on the
-    device with the most room. None when neither places everything."""
+    device with the most room. None when neither places everything. (A heap of the devices: a device
+    skipped for one piece goes back for the next, so a piece costs O(log devices) while devices have room.)"""
     n, tables = task.n, task.tables
     mem0 = np.zeros(n)
     load0 = np.zeros(n)
-    fixed_pieces = [(d, p) for pos, s in fixed.items() for d, p in s.pieces(tables[pos], n)]
+    fixed_pieces = [(d, p) for pos, s in fixed.items() for d, p in pieces_of(s, tables[pos], n)]
     if fixed_pieces:
         loads = piece_loads(task.model, [p for _, p in fixed_pieces], n)
         for (d, p), c in zip(fixed_pieces, loads):
@@ -247,19 +252,26 @@ def place(task: PlanningTask, fixed: dict[int, Sharding], blocks: dict[int, list
         used: dict[int, set] = {}
         order = (sorted(range(len(items)), key=lambda i: (-mems[i], -loads[i], i)) if by_memory
                  else sorted(range(len(items)), key=lambda i: (-loads[i], -mems[i], i)))
+        heap = [((mem[d] - task.cap, d) if by_memory else (load[d], d)) for d in range(n)]
+        heapq.heapify(heap)
         ok = True
         for i in order:
             pos, j, p = items[i]
             taken = used.setdefault(pos, set())
-            room = [d for d in range(n) if d not in taken and mem[d] + mems[i] <= task.cap + MEM_EPS]
-            if not room:
+            skipped = []
+            while heap and (heap[0][1] in taken or mem[heap[0][1]] + mems[i] > task.cap + MEM_EPS):
+                skipped.append(heapq.heappop(heap))
+            if not heap:
                 ok = False
                 break
-            d = max(room, key=lambda d: (task.cap - mem[d], -d)) if by_memory else min(room, key=lambda d: (load[d], d))
+            d = heapq.heappop(heap)[1]
             where[(pos, j)] = d
             taken.add(d)
             mem[d] += mems[i]
             load[d] += loads[i]
+            heapq.heappush(heap, (mem[d] - task.cap, d) if by_memory else (load[d], d))
+            for e in skipped:
+                heapq.heappush(heap, e)
         if ok:
             shardings = []
             for pos, t in enumerate(tables):
@@ -288,7 +300,10 @@ def split_shapes(task: PlanningTask, t: TableConfig) -> list[tuple[str, Any]]:
     if COLUMN_WISE in task.types:
         k0 = fewest_blocks(task, t)
         if k0 is not None:
-            out.extend(("cw", k) for k in split_counts(t.dim, task.n) if k >= k0)
+            ks = [k for k in split_counts(t.dim, task.n) if k >= k0]
+            if len(ks) > 8:   # many devices: the fewest, their doublings and the most
+                ks = sorted({k for k in ks if k == ks[0] or k == ks[-1] or (k % ks[0] == 0 and (k // ks[0]) & (k // ks[0] - 1) == 0)})
+            out.extend(("cw", k) for k in ks)
     if ROW_WISE in task.types and task.n >= 2:
         out.append(("rw", None))
     g = getattr(task.model.comm, "devices_per_host", 0)
@@ -344,10 +359,15 @@ class SplitGreedy:
         shares = sorted({j * len(small) // 8 for j in range(9)}) if DATA_PARALLEL in task.types and task.n > 1 else [0]
         best: tuple[float, Plan] | None = None
         why = "no split shape allowed"
+        spent = 0   # pieces placed so far: variants are made, cheapest shapes first, within SPLIT_PIECES
         for fam in families:
             shapes = list(dict.fromkeys(s for pos in fam for s in split_shapes(task, task.tables[pos])))
             for shape in shapes:
                 for share in shares:
+                    pieces = len(task.tables) + share * (task.n - 1) + len(fam) * (task.n - 1)
+                    if spent and spent + pieces > SPLIT_PIECES:
+                        break
+                    spent += pieces
                     fixed: dict[int, Sharding] = {i: data_parallel(task.n) for i in small[:share] if i not in fam}
                     blocks: dict[int, list[int]] = {}
                     if not all(_apply_shape(task, task.tables[pos], shape, fixed, blocks, pos) for pos in fam):
