@@ -25,7 +25,10 @@ change here: the view kinds are
   also against the planners of ``versus``;
 - ``stated``: margins whose records are not in the repository, stated in the manifest with where
   they were quoted from (a view of ``margins``' shape whose interval is in the unit the run gave);
-- ``csv``: a CSV file of the folder rendered as it is (``columns`` to choose them).
+- ``csv``: a CSV file of the folder rendered as it is (``columns`` to choose them);
+- ``zoo``: tools/zoo.py's records (``records``, ``bounds``): ``table`` ``cases`` (per case every planner over
+  the proven bound) or ``summary`` (per planner); as a headline, shardkit against the best other planner
+  over the cases and its distance to the optimum where the solver closed the program.
 
 A set's records (``records``, relative to the repository root) are eval.py --out files (JSONL, may be
 gzipped), a tools/gpu_check.py summary (``.json``; ``set`` names the task set, ``repeat`` another run
@@ -52,7 +55,7 @@ from shardcore.cli.common import make_parser, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 
 FORMAT = "shardkit-result/1"
-KINDS = ("margins", "planners", "stated", "csv")
+KINDS = ("margins", "planners", "stated", "csv", "zoo")
 LANDSCAPES = ("measured on a real NVIDIA H200", "emulated H200", "measured CPU")
 # the pages whose marked tables the report regenerates (relative to the repository root)
 PAGES = ("README.md", "docs/*.md", "results/README.md")
@@ -346,9 +349,35 @@ def render_view(ms: dict[str, dict], name: str, root: Path = ROOT) -> str:
         body = render_margins(view_margins(m, view, root), m["views"][view])
     elif kind == "planners":
         body = render_planners(m, view, root)
+    elif kind == "zoo":
+        body = render_zoo(m, view, root)
     else:
         body = render_csv(m, view, root)
     return body + "\n\n" + source_line(m)
+
+
+def zoo_records(m: dict, name: str, root: Path = ROOT) -> tuple[list[dict], list[dict]]:
+    from tools import zoo
+
+    view = m["views"][name]
+    out = []
+    for key in ("records", "bounds"):
+        path = root / str(view.get(key, ""))
+        if not view.get(key) or not path.is_file():
+            raise ShardError(f"{m['where']}: view {name!r}: {key} {view.get(key)!r} not found")
+        out.append(zoo.read_jsonl(path))
+    return out[0], out[1]
+
+
+def render_zoo(m: dict, name: str, root: Path = ROOT) -> str:
+    from tools import zoo
+
+    records, bounds = zoo_records(m, name, root)
+    algs = list(dict.fromkeys(r["alg"] for r in records))
+    table = m["views"][name].get("table", "summary")
+    if table not in ("cases", "summary"):
+        raise ShardError(f"{m['where']}: view {name!r}: table is 'cases' or 'summary', got {table!r}")
+    return zoo.render_cases(records, bounds, algs) if table == "cases" else zoo.render_summary(records, bounds, algs)
 
 
 def render_headline(ms: dict[str, dict], root: Path = ROOT) -> str:
@@ -358,6 +387,15 @@ def render_headline(ms: dict[str, dict], root: Path = ROOT) -> str:
     rows = []
     for m in heads:
         view = m["headline"]["view"]
+        if m["views"][view]["kind"] == "zoo":
+            from tools import zoo
+
+            cell = zoo.headline(*zoo_records(m, view, root))
+            if m["headline"].get("note"):
+                cell += f" — *{m['headline']['note']}*"
+            rows.append([f"**{m['landscape']}**", m["hardware"], m["headline"].get("sets", "public models"), cell,
+                         f"[{m['name']}](results/{m['name']}/)"])
+            continue
         got = view_margins(m, view, root)
         labels = m["views"][view].get("labels")
         tasks = [g["tasks"] for g in got]

@@ -230,64 +230,113 @@ def types_text(types: dict) -> str:
     return ", ".join(f"{TYPE_SHORT.get(k, k)} {v}" for k, v in sorted(types.items(), key=lambda kv: -kv[1]))
 
 
-def render(records: list[dict], bounds: list[dict], algs) -> str:
-    """The zoo's tables (markdown): per case the bound and every planner's cost (the greedy baselines as
-    their best), each over the bound; per planner a summary."""
-    from shardcore.evaluation.report import format_table
-
+def _cases(records: list[dict], bounds: list[dict]):
+    """Per case (in record order): ``(key, {alg: record}, bound or {})``."""
     by_case: dict = {}
     for r in records:
         by_case.setdefault((r["model"], r["ndevices"], r["cap_gib"], r["precision"]), {})[r["alg"]] = r
     bound_of = {(b["model"], b["ndevices"], b["cap_gib"], b["precision"]): b for b in bounds}
+    return [(key, recs, bound_of.get(key, {})) for key, recs in by_case.items()]
+
+
+def render_cases(records: list[dict], bounds: list[dict], algs) -> str:
+    """Per case the bound, the solver's plan and every planner's cost (the greedy baselines as their best),
+    each over the bound, and shardkit against the best other planner."""
+    from shardcore.evaluation.report import format_table
+
     shown = [a for a in algs if a not in GREEDY] + (["best greedy"] if any(a in GREEDY for a in algs) else [])
-    rows, summary = [], {a: {"best": 0, "over_best": [], "over_bound": [], "failed": 0} for a in algs}
-    for key, recs in by_case.items():
+    rows = []
+    for key, recs, b in _cases(records, bounds):
         costs = {a: r["cost_ms"] for a, r in recs.items() if r.get("cost_ms") is not None}
         greedy = [costs[a] for a in GREEDY if a in costs]
         col = dict(costs, **({"best greedy": min(greedy)} if greedy else {}))
-        b = bound_of.get(key, {})
-        lower = b.get("lower_ms")
-        best = min(costs.values()) if costs else None
+        lower, solver = b.get("lower_ms"), b.get("solver_plan_ms")
         others = [costs[a] for a in costs if a != "shardkit"]
         sk = costs.get("shardkit")
-        solver = b.get("solver_plan_ms")
         row = [key[0], str(key[1]), f"{key[2]:g}", key[3],
                (f"{lower:.3f}" + ("" if b.get("status") == "optimal" else "*")) if lower else "-",
                f"{solver:.3f}" if solver else "-"]
         for a in shown:
-            if a in col:
-                row.append(f"{col[a]:.3f}" + (f" (+{100 * (col[a] / lower - 1):.1f}%)" if lower else ""))
-            else:
-                row.append("no plan")
+            row.append((f"{col[a]:.3f}" + (f" (+{100 * (col[a] / lower - 1):.1f}%)" if lower else "")) if a in col
+                       else "no plan")
         row.append(f"{100 * (sk / min(others) - 1):+.1f}%" if sk is not None and others else "-")
         row.append(types_text(recs["shardkit"]["types"]) if sk is not None else "-")
         rows.append(row)
-        for a in algs:
-            if a not in costs:
-                summary[a]["failed"] += a in recs
-                continue
-            summary[a]["best"] += costs[a] <= best + 1e-9
-            summary[a]["over_best"].append(costs[a] / best - 1)
-            if lower:
-                summary[a]["over_bound"].append(costs[a] / lower - 1)
     head = ["model", "devices", "cap GiB", "prec.", "bound ms", "solver's plan ms"] + [f"{a} ms" for a in shown] + \
         ["shardkit vs best other", "shardkit's types"]
-    out = [format_table(head, rows), "",
-           "bound: proven lower bound on every plan's cost under the judge's model (*: the solver's time cap ended it "
-           "before optimality, the bound proven by then); solver's plan: the best plan the solver had found, priced by the judge; (+x%): a plan's cost over the bound, at least its distance "
-           "from the optimum; best greedy: the best of the four greedy baselines", ""]
-    srows = []
-    for a in algs:
-        s = summary[a]
+    return format_table(head, rows)
 
-        def pct(v):
-            return f"{100 * sum(v) / len(v):.1f}%" if v else "-"
 
-        srows.append([a, str(s["best"]), pct(s["over_best"]),
-                      f"{100 * max(s['over_best']):.1f}%" if s["over_best"] else "-", pct(s["over_bound"]), str(s["failed"])])
-    out.append(format_table(["planner", "cases it is best", "mean over the best plan", "worst over the best plan",
-                             "mean over the bound", "cases without a plan"], srows))
-    return "\n".join(out) + "\n"
+def summary_rows(records: list[dict], bounds: list[dict], algs) -> list[dict]:
+    """Per planner: cases where it is best, its mean and worst excess over the best plan, its mean excess
+    over the bound, its cases without a plan."""
+    out = {a: {"best": 0, "over_best": [], "over_bound": [], "failed": 0} for a in algs}
+    for key, recs, b in _cases(records, bounds):
+        costs = {a: r["cost_ms"] for a, r in recs.items() if r.get("cost_ms") is not None}
+        if not costs:
+            continue
+        best, lower = min(costs.values()), b.get("lower_ms")
+        for a in algs:
+            if a not in costs:
+                out[a]["failed"] += a in recs
+                continue
+            out[a]["best"] += costs[a] <= best + 1e-9
+            out[a]["over_best"].append(costs[a] / best - 1)
+            if lower:
+                out[a]["over_bound"].append(costs[a] / lower - 1)
+    return [dict(alg=a, **v) for a, v in out.items()]
+
+
+def render_summary(records: list[dict], bounds: list[dict], algs) -> str:
+    from shardcore.evaluation.report import format_table
+
+    def pct(v):
+        return f"{100 * sum(v) / len(v):.1f}%" if v else "-"
+
+    rows = [[s["alg"], str(s["best"]), pct(s["over_best"]), f"{100 * max(s['over_best']):.1f}%" if s["over_best"] else "-",
+             pct(s["over_bound"]), str(s["failed"])] for s in summary_rows(records, bounds, algs)]
+    cases = len(_cases(records, bounds))
+    return format_table([f"planner ({cases} cases)", "cases it is best", "mean over the best plan",
+                         "worst over the best plan", "mean over the bound", "cases without a plan"], rows)
+
+
+def headline(records: list[dict], bounds: list[dict]) -> str:
+    """One cell: shardkit against the best other planner over the cases, and its distance to the bound."""
+    cases = _cases(records, bounds)
+    diffs, over, solved, within = [], [], 0, []
+    for key, recs, b in cases:
+        costs = {a: r["cost_ms"] for a, r in recs.items() if r.get("cost_ms") is not None}
+        sk, others = costs.get("shardkit"), [c for a, c in costs.items() if a != "shardkit"]
+        if sk is None:
+            continue
+        if others:
+            diffs.append(sk / min(others) - 1)
+        if b.get("lower_ms"):
+            over.append(sk / b["lower_ms"] - 1)
+            if b.get("status") == "optimal":
+                solved += 1
+                within.append(sk / b["lower_ms"] - 1)
+    below = sum(d < -1e-9 for d in diffs)
+    tied = sum(abs(d) <= 1e-9 for d in diffs)
+    return (f"{len(cases)} public-model cases: below the best other planner on {below}, tied on {tied}, above on "
+            f"{len(diffs) - below - tied} (median {100 * sorted(diffs)[len(diffs) // 2]:+.1f}%, best "
+            f"{100 * min(diffs):+.1f}%); within {100 * max(within):.1f}% of the optimum on the {solved} cases the "
+            f"solver closed" if diffs and within else f"{len(cases)} public-model cases")
+
+
+def render(records: list[dict], bounds: list[dict], algs) -> str:
+    """The zoo's tables (markdown): per case, then per planner."""
+    return "\n".join([render_cases(records, bounds, algs), "",
+                      "bound: proven lower bound on every plan's cost under the judge's model (*: the solver's time "
+                      "cap ended it before optimality, the bound proven by then); solver's plan: the best plan the "
+                      "solver had found, priced by the judge; (+x%): a plan's cost over the bound, at least its "
+                      "distance from the optimum; best greedy: the best of the four greedy baselines", "",
+                      render_summary(records, bounds, algs)]) + "\n"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
 
 
 def plot(records: list[dict], bounds: list[dict], algs, path: Path) -> None:
@@ -368,12 +417,24 @@ def main(argv=None):
             fh.write(f"# The model zoo on the emulated H200\n\n{len(cases)} cases, priced on: {hardware} (every figure "
                      f"emulated; computed on this machine: {cpu}, {os.cpu_count()} CPUs).\n\n{text}")
         plot(records, bounds, list(args.algs), stage / "zoo.png")
-        manifest = {"name": out.name, "what": "every planner on the public models of examples/models/, with a "
-                    "proven lower bound per case", "landscape": "emulated H200",
-                    "hardware": f"{hardware}; computed on {cpu} ({os.cpu_count()} CPUs)",
+        rel = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
+        manifest = {"format": "shardkit-result/1",
+                    "title": "Every planner on the public models of examples/models/, beside a proven lower bound",
+                    "landscape": "emulated H200",
+                    "hardware": f"NVIDIA H200 emulated from its measurements (shipped fit), computed on {cpu} "
+                                f"({os.cpu_count()} CPUs)",
+                    "setup": "one host per case, all-to-alls modelled at 200 GB/s + 25 us, each model at its own batch",
                     "command": "python tools/zoo.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                    "commit": commit(), "records": ["records.jsonl", "bounds.jsonl"], "tables": ["zoo.md"],
-                    "figures": ["zoo.png"]}
+                    "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "records": [{"path": f"{rel}/records.jsonl", "what": "one line per case and planner"},
+                                {"path": f"{rel}/bounds.jsonl", "what": "one line per case: the solver's bound"},
+                                {"path": f"{rel}/zoo.md", "what": "the tables, as printed"},
+                                {"path": f"{rel}/zoo.png", "what": "each planner's cost over the bound, per case"}],
+                    "views": {"cases": {"kind": "zoo", "records": f"{rel}/records.jsonl", "bounds": f"{rel}/bounds.jsonl",
+                                        "table": "cases"},
+                              "summary": {"kind": "zoo", "records": f"{rel}/records.jsonl",
+                                          "bounds": f"{rel}/bounds.jsonl", "table": "summary"}},
+                    "headline": {"view": "summary", "order": 3, "sets": f"{len(files)} public models x devices x caps"}}
         with atomic_open(stage / "manifest.json") as fh:
             fh.write(json.dumps(manifest, indent=2) + "\n")
         if out.exists():
