@@ -35,9 +35,9 @@ from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.oracles.measured.shardings import type_counts_text
 from shardcore.tasks import load_tasks
 from shardcore.oracles.commmodel import comm_kwargs
+from shardcore.oracles.factory import pricing
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import positive_int
-from shardcore.io import check_output_dir, check_output_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,12 +109,18 @@ def _repeat_counts(tables) -> list[int]:
 
 
 def check_outputs(args) -> None:
-    """Refuse unwritable --out / --export-torchrec paths before any planning or measuring."""
-    if args.out:
-        check_output_file(args.out, "--out")
-    cli.check_outputs(args, {"--out": args.out})
+    """Before any planning or measuring: --out and --export-torchrec can be written and replace no input
+    (the export rewrites DIR/index.json and a folder per algorithm as a whole)."""
+    from shardcore.interop.plan_export import alg_slug
+
+    outputs, replaced = {"--out": args.out}, []
     if args.export_torchrec:
-        check_output_dir(args.export_torchrec, "--export-torchrec")
+        for name in (a.strip() for a in args.alg.split(",") if a.strip()):
+            flag = f"--export-torchrec ({alg_slug(name)}/)"
+            outputs[flag] = os.path.join(args.export_torchrec, alg_slug(name))
+            replaced.append(flag)
+    cli.check_outputs(args, outputs, dirs=replaced, replaced=replaced,
+                      folders={"--export-torchrec": (args.export_torchrec, ["index.json"])})
 
 
 def main(argv=None):
@@ -187,10 +193,12 @@ def main(argv=None):
                   f"(batch {ev.batch_size}, {ev.optimizer}, {ev.precision}); compute {ev.parts['compute']}, "
                   f"communication {ev.parts['comm']}")
 
+            setting = pricing(ev)   # what the costs depend on besides the plans, so that a reader compares like with like
+
             def show_and_mark(result, task):
                 if result.measured is not None:
                     result.extra.update(hardware=result.measured.hardware, parts=result.measured.parts,
-                                        batch_size=ev.batch_size)
+                                        batch_size=ev.batch_size, pricing={**setting, "oracle": result.measured.hardware})
                 show(result, task)
 
             with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:

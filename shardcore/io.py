@@ -106,53 +106,90 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
                          f"expected a {what}") from None
 
 
-def _nearest_existing(path: Path) -> Path:
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
-def _check_creatable(path: Path, flag: str) -> None:
-    """``path`` does not exist yet: its nearest existing ancestor must be a writable directory."""
+def parse_json(text: str, where) -> Any:
+    """JSON text whose objects name each key once (``{"row": 1, "row": 2}`` would keep the last without a
+    word); a malformed text or a repeated key is one line naming ``where``."""
     from shardcore.errors import ShardError
 
-    base = _nearest_existing(path.absolute().parent)
-    if not base.is_dir():
-        raise ShardError(f"{flag} {path}: {base} is a file, not a directory")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise ShardError(f"{flag} {path}: directory {base} is not writable")
+    def unique(pairs):
+        if len({k for k, _ in pairs}) < len(pairs):
+            raise ShardError(f"{where}: key {next(k for k, _ in pairs if sum(j == k for j, _ in pairs) > 1)!r} "
+                             "appears twice in one object; keep one")
+        return dict(pairs)
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as exc:
+        raise ShardError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
 
 
-def check_output_file(path: str | os.PathLike, flag: str = "output") -> None:
-    """Fail early (one line) when a file cannot be written at ``path``: it is a directory, a parent is
-    a file, or the directory is not writable. Creates nothing."""
+def _kind_of_existing(path: Path, want_dir: bool) -> str | None:
+    """Why an existing ``path`` cannot be an output (None: it can): a device, pipe or socket is never
+    replaced (an output is a regular file renamed into place), a directory is not a file, nor a file one."""
+    if not path.exists():
+        return None
+    if not (path.is_file() or path.is_dir()):
+        return "is a device, pipe or socket, not a regular file: never written over"
+    if want_dir != path.is_dir():
+        return "is a directory, expected a file name" if path.is_dir() else "is a file, not a directory"
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:   # hard links are the same file too
+        return False
+
+
+def check_outputs(outputs: dict, inputs: dict | None = None, *, dirs=(), replaced=(), kinds: dict | None = None) -> None:
+    """The one rule every command that writes checks before any work (one line each, nothing created):
+    each output (``outputs``: flag -> path, None where not given; ``dirs``: the flags naming directories)
+    can be written there (its folder, or the nearest one that exists, is a writable directory); none is a
+    device, pipe or socket (``/dev/full``); none names or links to an input (``inputs``: flag -> path;
+    links and ``..`` resolved, hard links by inode) or another output; no input lies inside a directory
+    the command replaces as a whole (``replaced``: output flags); an existing file is replaced only by one
+    of its kind (``kinds``: flag -> :func:`file_kind`'s word, default ``"text"``; None: any)."""
     from shardcore.errors import ShardError
 
-    path = Path(path)
-    if str(path) == "" or path.name in ("", ".", ".."):
-        raise ShardError(f"{flag} {str(path)!r}: not a file name")
-    if path.is_dir():
-        raise ShardError(f"{flag} {path}: is a directory, expected a file name")
-    if path.exists():
-        if not os.access(path.absolute().parent, os.W_OK | os.X_OK):
-            raise ShardError(f"{flag} {path}: directory {path.absolute().parent} is not writable")
-        return
-    _check_creatable(path, flag)
+    outs = [(f, Path(p)) for f, p in outputs.items() if p is not None]
+    ins = [(f, Path(p)) for f, p in (inputs or {}).items() if p not in (None, "")]
+    for i, (flag, path) in enumerate(outs):
+        if str(outputs[flag]) == "" or (path.name in ("", ".", "..") and flag not in dirs):
+            raise ShardError(f"{flag} {str(outputs[flag])!r}: not a {'directory' if flag in dirs else 'file'} name")
+        why = _kind_of_existing(path, flag in dirs)
+        base = path if path.is_dir() else path.absolute().parent
+        while not base.exists() and base != base.parent:
+            base = base.parent
+        if why is None and not base.is_dir():
+            why = f"{base} is a file, not a directory"
+        elif why is None and not os.access(base, os.W_OK | os.X_OK):
+            why = f"directory {base} is not writable"
+        if why:
+            raise ShardError(f"{flag} {path}: {why}")
+        for other, ipath in ins + outs[i + 1:]:
+            inside = flag in replaced and ipath.resolve().is_relative_to(path.resolve())
+            if _same_file(path, ipath) or inside:
+                role = "input" if (other, ipath) in ins else "output"
+                raise ShardError(f"{flag} {path} {'holds' if inside else 'is also'} the {role} {other} {ipath}: the "
+                                 f"output would replace it; choose another {flag}")
+        kind = (kinds or {}).get(flag, "text")
+        if kind is not None and path.is_file() and path.stat().st_size and file_kind(path) not in (kind, "unreadable"):
+            raise ShardError(f"{flag} {path} exists and is {file_kind(path)}, not "
+                             f"{'a text file' if kind == 'text' else kind}: refusing to replace it; choose another {flag}")
 
 
-def check_output_dir(path: str | os.PathLike, flag: str = "output directory") -> None:
-    """Fail early (one line) when ``path`` cannot be (or be created as) a writable directory."""
-    from shardcore.errors import ShardError
+_MAGIC = ((b"SQLite format 3\x00", "an SQLite database"), (b"PK\x03\x04", "a zip/torch file"),
+          (b"\x80", "a pickle/torch file"), (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF document"))
 
-    path = Path(path)
-    if path.exists():
-        if not path.is_dir():
-            raise ShardError(f"{flag} {path}: is a file, not a directory")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ShardError(f"{flag} {path}: directory is not writable")
-        return
-    _check_creatable(path, flag)
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What an existing file is, by its first bytes: one of ``_MAGIC``'s names, ``"text"`` or ``"binary"``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return "unreadable"
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), "binary" if b"\x00" in head else "text")
 
 
 def first_line(text: object, limit: int = 300) -> str:

@@ -30,8 +30,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shardcore import io
-from shardcore.argtypes import nonnegative_int, positive_float, positive_int
-from shardcore.cli.common import ArgumentParser, run_main, serve_if_torchrun_rank
+from shardcore.argtypes import device_count, nonnegative_int, positive_float, positive_int
+from shardcore.cli.common import ArgumentParser, check_outputs, run_main, serve_if_torchrun_rank
 from shardcore.errors import ShardError
 
 
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", required=True, help="dataset directory (table_configs and lookups)")
     p.add_argument("--plan", required=True, metavar="PLAN.json", help='{"tables": [ids], "shardings": [...]}')
-    p.add_argument("--ndevices", type=positive_int, default=None,
+    p.add_argument("--ndevices", type=device_count, default=None,
                    help="devices of the plan (default: torchrun's world size, else the plan's highest device + 1)")
     p.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
                    help="spawn: workers on this machine; torchrun: one rank per device on every host")
@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     from shardcore.oracles.measured.driver import PlanEvaluator
     from shardcore.plan import shardings_from_json
 
+    check_outputs(args, {"--out": args.out, "--torchrec": args.torchrec})   # never --plan nor the dataset
     ids, objs = read_plan(args.plan)
     configs = load_table_configs(os.path.join(args.data_dir, "table_configs.json"))
     bad = [i for i in ids if not 0 <= i < len(configs)]

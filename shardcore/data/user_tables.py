@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from shardcore.errors import ShardError
-from shardcore.io import read_text
+from shardcore.io import parse_json, read_text
 from shardcore.tables import BIN_NAMES, TableConfig, _number
 
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
@@ -48,7 +48,12 @@ def read_tables_csv(path: Path) -> tuple[list[TableConfig], list[str]]:
     reader = csv.DictReader([line for line in text.splitlines() if not line.lstrip().startswith("#")])
     header = [h.strip() for h in (reader.fieldnames or [])]
     reader.fieldnames = header
-    cols = {{"row": "rows"}.get(h, h): h for h in header}
+    cols: dict = {}
+    for h in header:   # two columns of one meaning (name twice, row and rows): which one counts would be a guess
+        key = {"row": "rows"}.get(h, h)
+        if key in cols and h:
+            raise ShardError(f"{path}: the header names column {key!r} twice ({cols[key]!r} and {h!r}); keep one")
+        cols[key] = h
     missing = [c for c in REQUIRED_COLUMNS if c not in cols]
     if missing:
         raise ShardError(f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header)}; "
@@ -84,10 +89,7 @@ def read_tables_json(path: Path) -> tuple[list[TableConfig], list[str]]:
     text = read_text(path, WHAT)
     if not text.strip():
         raise ShardError(f"{path}: empty file (expected {{\"tables\": [...]}})")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    obj = parse_json(text, path)
     entries = obj.get("tables") if isinstance(obj, dict) else obj
     if not isinstance(entries, list):
         raise ShardError(f'{path}: expected an object with a "tables" list')
@@ -99,6 +101,8 @@ def read_tables_json(path: Path) -> tuple[list[TableConfig], list[str]]:
         if not isinstance(entry, dict):
             raise ShardError(f"{where}: expected an object, got {type(entry).__name__}")
         entry = dict(entry)
+        if "row" in entry and "rows" in entry:
+            raise ShardError(f"{where}: gives both 'row' and 'rows'; keep one")
         if "row" not in entry and "rows" in entry:
             entry["row"] = entry["rows"]
         entry.setdefault("index", k)
@@ -124,10 +128,7 @@ def read_batch_size(path: str | os.PathLike) -> int | None:
     path = Path(path)
     text = read_text(path, WHAT)
     if path.suffix.lower() == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError:
-            return None   # read_tables reports it
+        obj = parse_json(text, path)
         value = obj.get("batch_size") if isinstance(obj, dict) else None
         if value is None:
             return None
@@ -138,6 +139,8 @@ def read_batch_size(path: str | os.PathLike) -> int | None:
             body = line.strip().lstrip("#").strip() if line.lstrip().startswith("#") else ""
             key, sep, rest = body.replace("=", ":").partition(":")
             if sep and key.strip().lower() in ("batch_size", "batch size", "batch"):
+                if value is not None:   # two statements: which batch the statistics hold for would be a guess
+                    raise ShardError(f"{path}:{lineno}: a second batch_size line (the first: {where}); keep one")
                 value, where = rest.strip(), f"{path}:{lineno}: batch_size"
         if value is None:
             return None

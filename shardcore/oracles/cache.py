@@ -510,6 +510,11 @@ class CachedOracle:
         return self.oracle.comm_model
 
     @property
+    def fits_exchange(self) -> bool:
+        """Whether that model is fitted to measured all-to-alls (the measured oracle's)."""
+        return bool(getattr(self.oracle, "fits_exchange", False))
+
+    @property
     def running(self) -> bool:
         return self.oracle.running
 
