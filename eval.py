@@ -123,6 +123,17 @@ def check_outputs(args) -> None:
                       folders={"--export-torchrec": (args.export_torchrec, ["index.json"])})
 
 
+def check_repeats(args) -> None:
+    """``--repeats N`` takes medians of noisy measurements: with nothing measured (--plan-only), or on an
+    emulated oracle (a model: the same answer every time), it would only repeat the work."""
+    from shardcore.oracles.factory import MEASURED, parse_oracle
+
+    if args.repeats > 1 and (args.plan_only or parse_oracle(args.oracle) != MEASURED):
+        why = "--plan-only measures nothing" if args.plan_only else \
+            f"the {args.oracle} oracle is a model that answers a plan the same every time"
+        raise ShardError(f"--repeats {args.repeats}: {why}; --repeats is for a measured oracle's noise (drop it)")
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
@@ -152,6 +163,7 @@ def main(argv=None):
               **algorithms.plugin_kwargs(args)}
     if getattr(args, "shardkit_refine", None) and args.plan_only:
         raise ShardError("--shardkit-refine measures candidates: it cannot be used with --plan-only")
+    check_repeats(args)
     if args.launcher == "torchrun":   # TorchRec plans for the hosts torchrun gives (its local_world_size)
         from shardcore.oracles.measured.launch import rank_env
 

@@ -307,6 +307,7 @@ def plan_tables(args):
                              "file" + (f" ({', '.join(needs_batch)} plan for it too)" if needs_batch else ""))
     if not any(a in ROW_SPLITTERS for a in algs):   # TorchRec's and shardkit's planners may split a table by rows
         check_fits(tables, names, args.max_memory, args.weights_precision)
+    Topology(ndevices, args.max_memory, args.weights_precision).check_fits(tables)   # all devices' memory together
     warning = no_reuse_warning(tables, names) if (args.oracle or needs_batch) else None
     if warning:
         print(warning)

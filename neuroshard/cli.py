@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 from typing import Sequence
 
-from shardcore.cli.common import make_parser
+from shardcore.cli.common import check_replaces_kind, make_parser
 from shardcore.argtypes import positive_int, fraction, seed_int
 from shardcore.config import add_config_args, config_from_args, given_args
 from shardcore.errors import ShardError
@@ -92,7 +92,9 @@ def check_cost_model_outputs(args: argparse.Namespace, names: Sequence[str]) -> 
         stem = curve_stem(args, names[0])
         outputs.update({"learning curve": f"{stem}_train_log.csv", "learning curve figure": f"{stem}_train_curve.png"})
         kinds["learning curve figure"] = "a PNG image"
-    io.check_outputs(outputs, inputs, kinds=kinds)
+    io.check_outputs(outputs, inputs)
+    for flag, path in outputs.items():
+        check_replaces_kind(path, kinds.get(flag, "text"), flag)
 
 
 def curve_stem(args: argparse.Namespace, name: str) -> str:

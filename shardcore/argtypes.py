@@ -132,7 +132,12 @@ def bounded_int(low: int, high: int, what: str) -> Callable[[str], int]:
     return convert
 
 
-#: the most devices a plan may have: beyond the largest embedding-sharding deployments, and planning
-#: time and memory grow with devices (10,000 took 33 s and 1.9 GB before any planner ran)
-MAX_DEVICES = 4096
-device_count = bounded_int(1, MAX_DEVICES, "a device count")
+MAX_DEVICES = 4096   # the most devices a plan may have
+
+
+def device_count(text: str) -> int:
+    """argparse type for a device count: 1 .. :data:`MAX_DEVICES` (planning time and memory grow with it)."""
+    v = positive_int(text)
+    if v > MAX_DEVICES:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_DEVICES} devices, got {text!r}")
+    return v

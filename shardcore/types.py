@@ -57,10 +57,9 @@ class Topology:
     precision: str = "fp16"
 
     def __post_init__(self):
-        if isinstance(self.ndevices, bool) or int(self.ndevices) != self.ndevices or self.ndevices < 1:
-            raise ShardError(f"a topology needs at least one device, got ndevices={self.ndevices!r}")
-        if self.ndevices > MAX_DEVICES:
-            raise ShardError(f"a topology of {self.ndevices} devices: at most {MAX_DEVICES} are planned for")
+        n = self.ndevices
+        if isinstance(n, bool) or int(n) != n or not 1 <= n <= MAX_DEVICES:
+            raise ShardError(f"a topology needs at least one device and at most {MAX_DEVICES}, got ndevices={n!r}")
         if not float(self.max_memory_gb) > 0:
             raise ShardError(f"the memory cap must be positive, got {self.max_memory_gb!r} GB")
         if self.precision not in PRECISION_BYTES:

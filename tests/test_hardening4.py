@@ -164,7 +164,7 @@ def test_concatenated_runs_refused(records, tmp_path, capsys):
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("".join(json.dumps(r) + "\n" for r in lines))
     code, _, err = run_script("tools/shardkit_compare.py", [mixed, "--alg", "lookup_greedy"], capsys)
-    one_line_error(code, err, r"records of different oracles or batches")
+    one_line_error(code, err, r"records priced with different oracles")
 
 
 def test_checkpoints_and_cost_data_carry_provenance(base, tmp_path):

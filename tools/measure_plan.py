@@ -21,7 +21,6 @@ devices on one machine (K = 0 and 1)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -59,10 +58,7 @@ def read_plan(path: str) -> tuple[list[int], list]:
     """``(table ids, shardings)`` of a plan file, or a one-line error."""
     if not Path(path).is_file():
         raise ShardError(f"--plan: {path} not found")
-    try:
-        obj = json.loads(io.read_text(Path(path), "plan (JSON)"))
-    except json.JSONDecodeError as exc:
-        raise ShardError(f"--plan {path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    obj = io.parse_json(io.read_text(Path(path), "plan (JSON)"), f"--plan {path}")
     ids = obj.get("tables") if isinstance(obj, dict) else None
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ShardError(f'--plan {path}: expected an object whose "tables" is a non-empty list of dataset table ids')

@@ -418,7 +418,7 @@ def _count_rows(path: Path) -> int | None:
 
 # -- main ------------------------------------------------------------------------------------------
 def check_args(args) -> list[str]:
-    from shardcore.io import check_output_dir
+    from shardcore.cli.common import check_outputs
     from shardcore.dataset import configs_batch_size
     from shardcore.oracles.factory import parse_oracle
 
@@ -441,10 +441,11 @@ def check_args(args) -> list[str]:
     out = Path(args.out_dir)
     if out.name in ("", ".", ".."):
         raise ShardError(f"--out-dir {args.out_dir!r}: not a folder name")
-    check_output_dir(out, "--out-dir")
     if args.work_dir is None:
         args.work_dir = str(Path("models") / "anchors_work" / out.name)
-    check_output_dir(args.work_dir, "--work-dir")
+    # both folders are rebuilt in parts (a stage's folder, the anchors swapped in whole): never over an input
+    check_outputs(args, {"--out-dir": out, "--work-dir": args.work_dir}, dirs=["--out-dir", "--work-dir"],
+                  replaced=["--out-dir", "--work-dir"], inputs={"--data-dir": args.data_dir})
     return [m for m in METHODS if m in stages]
 
 

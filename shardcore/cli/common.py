@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from shardcore.argtypes import MAX_DEVICES, device_count, int_list, positive_float, positive_int
+from shardcore.argtypes import MAX_DEVICES, device_count, int_list, positive_float
 from shardcore.config import Config, _dest, _flags, flag_fields
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 from shardcore.errors import ShardError
@@ -224,7 +224,33 @@ def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = 
         for n in names:
             outputs[f"{flag} ({n})"] = None if folder is None else os.path.join(folder, n)
             kinds[f"{flag} ({n})"] = _KIND_OF_SUFFIX.get(os.path.splitext(n)[1], "text")
-    io.check_outputs(outputs, {**command_inputs(args), **(inputs or {})}, dirs=dirs, replaced=replaced, kinds=kinds)
+    io.check_outputs(outputs, {**command_inputs(args), **(inputs or {})}, dirs=dirs, replaced=replaced)
+    for flag, path in outputs.items():
+        if path and flag not in dirs and (kinds or {}).get(flag, "text") is not None:
+            check_replaces_kind(path, (kinds or {}).get(flag, "text"), flag)
+
+
+_MAGIC = ((b"SQLite format 3\x00", "an SQLite database"), (b"PK\x03\x04", "a zip/torch file"),
+          (b"\x80", "a pickle/torch file"), (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF document"))
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What an existing file is, by its first bytes: one of ``_MAGIC``'s names, ``"text"`` or ``"binary"``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return "unreadable"
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), "binary" if b"\x00" in head else "text")
+
+
+def check_replaces_kind(path: str | os.PathLike, kind: str, flag: str = "output") -> None:
+    """An output of ``kind`` (:func:`file_kind`'s words, e.g. ``"text"``) replaces an existing file only of
+    the same kind: ``--out cache.sqlite`` for a JSONL report is refused in one line."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size and file_kind(path) not in (kind, "unreadable"):
+        raise ShardError(f"{flag} {path} exists and is {file_kind(path)}, not "
+                         f"{'a text file' if kind == 'text' else kind}: refusing to replace it; choose another {flag}")
 
 
 def add_task_args(parser: argparse.ArgumentParser, default_tasks: str, what: str = "task file") -> None:

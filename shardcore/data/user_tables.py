@@ -13,7 +13,6 @@ names the file, line (or entry) and table.
 from __future__ import annotations
 
 import csv
-import json
 import os
 from pathlib import Path
 

@@ -252,8 +252,7 @@ def record_pricing(rec: dict) -> dict:
     import re
 
     out = dict(rec.get("pricing") or {})
-    out.setdefault("oracle", rec.get("hardware"))
-    out.setdefault("batch_size", rec.get("batch_size"))
+    out.update({k: rec[f] for k, f in (("oracle", "hardware"), ("batch_size", "batch_size")) if rec.get(f) is not None})
     hardware, comm = str(rec.get("hardware") or ""), str((rec.get("parts") or {}).get("comm") or "")
     if "emulator_fit" not in out and hardware.startswith("emulated"):
         out["emulator_fit"] = ("devices" if "held out by devices" in hardware else

@@ -139,7 +139,7 @@ def parse_oracle(spec: str) -> str:
 
 
 RESUME_LABELS = {"ndevices": "device count", "max_memory_gb": "memory cap (GB)", "precision": "weights precision",
-                 "emulator_fit": "emulator fit", "exchange": "exchange model", "hardware": "oracle (hardware)",
+                 "emulator_fit": "emulator fit", "hardware": "oracle (hardware)", "exchange": "exchange model",
                  "dataset": "dataset", "batch_size": "batch size", "optimizer": "optimizer", "pf_augment": "--pf-augment"}
 
 
@@ -170,7 +170,7 @@ def pricing(oracle) -> dict:
     return out
 
 
-PRICING_LABELS = {"emulator_fit": "emulator fit", "exchange": "exchange model", "oracle": "oracle",
+PRICING_LABELS = {"emulator_fit": "emulator fit", "oracle": "oracle", "exchange": "exchange model",
                   "batch_size": "batch", "precision": "weights precision", "optimizer": "optimizer"}
 
 
