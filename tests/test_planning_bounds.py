@@ -1,0 +1,71 @@
+"""What a planner is asked stays within bounds: tables larger than a device, shardkit's time budget, greedy
+baselines at scale."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from shardcore.types import Topology
+
+
+
+def test_shardkit_falls_back_to_torchrec_where_greedy_cannot_place():
+    """A table larger than one device's cap: no greedy start places it, TorchRec's row-wise split does;
+    shardkit must not call the task infeasible."""
+    from shardcore.cli import algorithms
+    from shardcore.tables import TableConfig
+
+    tables = [TableConfig(0, 4_000_000, 128, 2.0), TableConfig(1, 1000, 16, 1.0), TableConfig(2, 5000, 32, 3.0)]
+    sharder = algorithms.resolve("shardkit", oracle="emulated:h200", time=0.2)
+    plan = sharder.shard(tables, Topology(4, 0.6, "fp16"))
+    assert plan.is_feasible(tables, 0.6, "fp16")
+
+
+def _tables(n, seed=0):
+    import random
+
+    from shardcore.tables import TableConfig
+
+    rng = random.Random(seed)
+    return [TableConfig(i, rng.choice([10, 1000, 10 ** 5, 10 ** 6]), rng.choice([4, 8, 16, 64]),
+                        rng.choice([1.0, 2.5, 10.0])) for i in range(n)]
+
+
+@pytest.mark.parametrize("cap", [0.05, 0.2, 10.0])   # tight caps: devices fill, the heap skips them
+def test_greedy_in_log_devices_chooses_as_its_definition(cap):
+    from shardcore.baselines import GREEDY_KEYS, _has_room, greedy_plan
+    from shardcore.errors import InfeasibleError
+
+    tables, n = _tables(300), 7
+    for key in GREEDY_KEYS.values():
+        keys = [float(key(t)) for t in tables]
+        order = sorted(range(len(tables)), key=lambda i: (keys[i], tables[i].size, tables[i].index, i), reverse=True)
+        acc_key, acc_mem, want = [0.0] * n, [0.0] * n, [-1] * len(tables)
+        try:
+            for i in order:    # the definition: the smallest (key, memory, device) among devices with room
+                need = tables[i].memory_gb("fp16")
+                legal = [d for d in range(n) if _has_room(acc_mem[d], need, cap)]
+                if not legal:
+                    raise InfeasibleError("no room")
+                d = min(legal, key=lambda d: (acc_key[d], acc_mem[d], d))
+                want[i] = d
+                acc_key[d] += keys[i]
+                acc_mem[d] += need
+        except InfeasibleError:
+            with pytest.raises(InfeasibleError):
+                greedy_plan(tables, n, cap, key)
+            continue
+        assert list(greedy_plan(tables, n, cap, key).allocation) == want
+
+
+def test_past_the_deadline_one_start_is_made():
+    from shardcore.cli import algorithms
+
+    tables = _tables(40)
+    sk = algorithms.resolve("shardkit", oracle="emulated:h200", shardkit_time=0.01)
+    model = sk.task_model(tables)
+    assert [n for n, _ in sk.start_plans(tables, 4, 10.0, "fp16", model, deadline=0.0)] == ["model_greedy"]
+    assert len(sk.start_plans(tables, 4, 10.0, "fp16", model)) == 7   # model_, hybrid_, replicate_greedy, four greedy
+    sk.shard(tables, Topology(4, 10.0))
+    assert sk.last_info["shardkit_stopped"] == "time budget" and sk.last_info["shardkit_searched"]
