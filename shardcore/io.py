@@ -141,7 +141,8 @@ def check_outputs(outputs: dict, inputs: dict | None = None, *, dirs=(), replace
                     (exists and is_dir and flag not in dirs, "is a directory, expected a file name"),
                     (exists and not is_dir and flag in dirs, "is a file, not a directory"),
                     (not base.is_dir(), f"{base} is a file, not a directory"),
-                    (not os.access(base, os.W_OK | os.X_OK), f"directory {base} is not writable"))
+                    (not os.access(base, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids),
+                     f"directory {base} is not writable"))
         why = next((w for bad, w in problems if bad), None)
         if why:
             raise ShardError(f"{flag} {path}: {why}")

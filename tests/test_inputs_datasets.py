@@ -14,7 +14,8 @@ from shardcore.dataset import load_dataset, load_table_configs
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
 
-from helpers import NON_UTF8, attack_base, check_one_line_case, copy_ds, edit_configs, set_field, write
+from helpers import (NON_UTF8, attack_base, check_one_line_case, copy_ds, edit_configs, one_line_error, run_script,
+                     set_field, write)
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +143,12 @@ def test_data_pt_derived_state_checked(base, tmp_path, change, pattern):
     ds = edit_data(base, tmp_path, change)
     with pytest.raises(ShardError, match=pattern):
         load_dataset(ds)
+
+
+def test_a_key_given_twice_in_table_configs_is_refused(base, tmp_path, capsys):
+    """``{"row": 10, "row": 20}``: JSON keeps the last without a word; which one the data meant is a guess."""
+    ds = copy_ds(base, tmp_path)
+    p = ds / "table_configs.json"
+    p.write_text(p.read_text().replace('"row":', '"row": 1, "row":', 1))
+    code, _, err = run_script("eval.py", ep(base, ds), capsys)
+    one_line_error(code, err, r"table_configs\.json: key 'row' appears twice in one object")

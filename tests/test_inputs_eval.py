@@ -142,3 +142,13 @@ def test_simulator_setting_warned_before_workers(tmp_path, capsys, monkeypatch):
     assert code != 0 and "no worker may start" in err
     warned = err.index("plans will run at 8")
     assert warned < err.index("no worker may start") and "workers up" not in out
+
+
+def test_repeats_refused_where_nothing_noisy_is_measured(base, capsys):
+    """--repeats takes medians of a measured oracle's noise: on --plan-only, or on an emulated oracle (the
+    same answer every time), it would only repeat the work."""
+    code, _, err = run_script("eval.py", ep(base, None, None, "--repeats", 3), capsys)
+    one_line_error(code, err, r"--repeats 3: --plan-only measures nothing")
+    argv = [a for a in ep(base) if a != "--plan-only"]
+    code, _, err = run_script("eval.py", [*argv, "--oracle", "emulated:h200", "--repeats", 2], capsys)
+    one_line_error(code, err, r"--repeats 2: the emulated:h200 oracle is a model that answers a plan the same")

@@ -156,3 +156,10 @@ def test_predicted_cost_data_refused(tmp_path, capsys):
                                                              "--epochs", 1, "--quiet"], capsys)
     one_line_error(code, err, r"meta\.json: holds predictions \(produced by a model\)")
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_record_naming_a_key_twice_is_refused(tmp_path, capsys):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"alg": "a", "task": 0, "cost_ms": 1.0, "cost_ms": 9.0, "device_costs_ms": [[1, 0, 0, 0]]}\n')
+    code, _, err = run_script("tools/shardkit_compare.py", [p], capsys)
+    one_line_error(code, err, r"r\.jsonl:1: key 'cost_ms' appears twice in one object")

@@ -186,3 +186,156 @@ def test_run_experiments_out_dir_checked_first(base, tmp_path, capsys):
                               capsys)
     one_line_error(code, err, r"--out-dir .*a_file: is a file, not a directory")
     assert victim.read_text() == "x\n"
+
+
+# -- every command that writes goes through the one rule ------------------------------------------------------
+PLAN_FILE = {"tables": [0, 1], "shardings": [{"type": "table_wise", "devices": [0]},
+                                             {"type": "table_wise", "devices": [1]}]}
+
+
+def writer_table(b, t):
+    """(script, argv) of every command that writes, its output (a file or a folder) at ``OUT``."""
+    import json
+
+    ds, tasks = b / "ds", b / "tasks.txt"
+    (t / "plan.json").write_text(json.dumps(PLAN_FILE))
+    (t / "t.csv").write_text("name,rows,dim,pooling_factor\na,10,8,1\nb,20,4,2\n")
+    (t / "sh.jsonl").write_text("")
+    (t / "data").mkdir(exist_ok=True)
+    emu = ROOT / "data" / "gpu_measurements" / "dlrm_b65536"
+    return [
+        ("eval.py", ep(b, None, None, "--out", "OUT")), ("eval.py", ep(b, None, None, "--export-torchrec", "OUT")),
+        ("eval_simulator.py", ["--task-path", tasks, "--data-dir", ds, "--gpu-devices", "0,1", "--out", "OUT"]),
+        ("plan.py", ["--tables", t / "t.csv", "--out", "OUT"]),
+        ("tools/measure_plan.py", ["--data-dir", ds, "--plan", t / "plan.json", "--out", "OUT"]),
+        ("tools/measure_plan.py", ["--data-dir", ds, "--plan", t / "plan.json", "--torchrec", "OUT"]),
+        ("tools/gen_hot_tasks.py", ["--data-dir", ds, "--tasks", tasks, "--out", "OUT"]),
+        ("tools/fit_shardkit_model.py", ["--data-dir", ds, "--cache-path", t / "c.sqlite", "--out", "OUT"]),
+        ("tools/predict_shard_costs.py", ["--shards", t / "sh.jsonl", "--out", "OUT"]),
+        ("tools/cpu_repeatability.py", ["--data-dir", ds, "--gpu-devices", "0,1", "--out", "OUT"]),
+        ("tools/emulator_accuracy.py", ["--out", "OUT"]), ("tools/fit_gpu_emulator.py", ["--out", "OUT"]),
+        ("tools/bench_oracle.py", ["--data-dir", ds, "--json", "OUT"]),
+        ("tools/gen_tasks.py", ["--data-dir", ds, "--T", 3, "--out-dir", "OUT"]),
+        ("tools/gen_tasks.py", ["--data-dir", ds, "--data_size", 3, "--out-dir", "OUT"]),
+        ("tools/gen_dlrm_data.py", ["--synthetic", "--out-dir", "OUT"]),
+        ("tools/gen_dlrm_data.py", ["--synthetic", "--out-dir", t / "never", "--raw-out", "OUT"]),
+        ("train_autoshard.py", ["--data-dir", ds, "--task-path", tasks, "--savedir", "OUT", "--xpid", "."]),
+        ("train_dreamshard.py", ["--data-dir", ds, "--task-path", tasks, "--out-dir", "OUT"]),
+        ("train_neuroshard.py", ["--dataset-dir", ds, "--gpu-devices", "0,1", "--out-dir", "OUT"]),
+        ("collect_compute_cost_data.py", ["--dataset_dir", ds, "--out_dir", "OUT"]),
+        ("collect_comm_cost_data.py", ["--dataset_dir", ds, "--gpu-devices", "0,1", "--out_dir", "OUT"]),
+        ("train_compute_cost_model.py", ["--data_dir", t / "data", "--out_path", "OUT"]),
+        ("train_comm_cost_model.py", ["--data_dir", t / "data", "--fw_out_path", "OUT"]),
+        ("tools/run_experiments.py", ["--scale", "tiny", "--oracle", "emulated:h200", "--data-dir", emu,
+                                      "--out-dir", "OUT", "--skip-train"]),
+        ("tools/bench_planning.py", ["--data-dir", ds, "--out-dir", "OUT"]),
+        ("tools/honest_margins.py", ["--out-dir", "OUT", "--force"]), ("tools/train_anchors.py", ["--out-dir", "OUT"]),
+        ("tools/gpu_check.py", ["--work-dir", "OUT"]), ("tools/gpu_check.py", ["--shards-out", "OUT"]),
+    ]
+
+
+def test_every_writer_refuses_a_pipe_or_device_as_its_output(base, tmp_path, capsys):
+    """A named pipe stands for a device file (``/dev/full``): an output is a regular file renamed into
+    place, so it would replace the device; every command refuses it in one line before any work."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for rel, argv in writer_table(base, tmp_path):
+        code, _, err = run_script(rel, [fifo if a == "OUT" else a for a in argv], capsys)
+        one_line_error(code, err, r"fifo: is a device, pipe or socket, not a regular file|fifo is a file, not a directory")
+        assert (tmp_path / "fifo").exists() and not (tmp_path / "fifo").is_file(), rel
+    assert not (tmp_path / "never").exists()
+
+
+def test_measure_plan_never_writes_over_its_plan(base, tmp_path, capsys):
+    """tools/measure_plan.py --out (or --torchrec) naming --plan, or a link to it: refused before any
+    worker starts; the plan file is as it was."""
+    import json
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN_FILE))
+    (tmp_path / "link.json").symlink_to(plan)
+    before = plan.read_bytes()
+    for flag, target in (("--out", plan), ("--torchrec", plan), ("--out", tmp_path / "link.json")):
+        code, out, err = run_script("tools/measure_plan.py", ["--data-dir", base / "ds", "--plan", plan, flag, target],
+                                    capsys)
+        one_line_error(code, err, rf"{flag} \S+ is also the input --plan")
+        assert "hardware:" not in out
+    assert plan.read_bytes() == before
+
+
+def test_an_unwritable_folder_is_refused_before_measuring(base, tmp_path, monkeypatch):
+    """The rule asks the folder with the process's effective ids: a read-only folder is refused (as a user
+    without write access; root writes anywhere, so the check runs under another effective uid)."""
+    from shardcore import io
+    from shardcore.errors import ShardError
+
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="ro-", dir="/tmp"))
+    try:
+        os.chmod(folder, 0o555)
+        root = os.geteuid() == 0
+        if root:
+            os.seteuid(65534)
+        try:
+            with pytest.raises(ShardError, match=r"--out .*: directory .* is not writable"):
+                io.check_outputs({"--out": folder / "r.json"})
+        finally:
+            if root:
+                os.seteuid(0)
+    finally:
+        os.chmod(folder, 0o755)
+        shutil.rmtree(folder)
+
+
+def test_outputs_under_a_file_are_refused_before_any_worker(base, tmp_path, capsys, monkeypatch):
+    """tools/measure_plan.py measured first and failed on writing: the output is checked before the
+    evaluator is built."""
+    import json
+
+    from shardcore.oracles.measured import driver
+
+    def no_worker(*a, **k):
+        raise AssertionError("an evaluator was built")
+
+    monkeypatch.setattr(driver.PlanEvaluator, "__init__", no_worker)
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN_FILE))
+    code, _, err = run_script("tools/measure_plan.py", ["--data-dir", base / "ds", "--plan", tmp_path / "plan.json",
+                                                        "--out", base / "a_file" / "r.json"], capsys)
+    one_line_error(code, err, r"--out .*a_file is a file, not a directory")
+
+
+def test_a_folder_replaced_whole_never_holds_an_input(tmp_path, capsys):
+    """tools/honest_margins.py --force replaces --out-dir as a whole: never a folder that holds --anchors."""
+    anchors = tmp_path / "out" / "anchors"
+    anchors.mkdir(parents=True)
+    (anchors / "keep.txt").write_text("mine\n")
+    code, _, err = run_script("tools/honest_margins.py", ["--out-dir", tmp_path / "out", "--force",
+                                                          "--anchors", anchors], capsys)
+    one_line_error(code, err, r"--out-dir \S+ holds the input --anchors")
+    assert (anchors / "keep.txt").read_text() == "mine\n"
+
+
+def test_export_folder_never_holds_an_input(base, tmp_path, capsys):
+    """eval.py --export-torchrec DIR rewrites DIR/<alg>/: a task file kept there is refused, not overwritten."""
+    alg_dir = tmp_path / "exp" / "random"
+    alg_dir.mkdir(parents=True)
+    shutil.copy(base / "tasks.txt", alg_dir / "task_0000.json")
+    code, _, err = run_script("eval.py", ep(base, None, alg_dir / "task_0000.json", "--alg", "random",
+                                            "--export-torchrec", tmp_path / "exp"), capsys)
+    one_line_error(code, err, r"--export-torchrec \(random/\) \S+ holds the input --task-path")
+
+
+def test_neuroshard_models_of_an_earlier_run_need_overwrite(base, tmp_path, capsys):
+    """train_neuroshard.py refuses an --out-dir holding an earlier run's models, as the other trainers
+    refuse theirs; --overwrite replaces them."""
+    import torch
+
+    out = tmp_path / "models"
+    out.mkdir()
+    torch.save({"old": 1}, out / "compute.pt")
+    before = (out / "compute.pt").read_bytes()
+    code, _, err = run_script("train_neuroshard.py", ["--dataset-dir", base / "ds", "--gpu-devices", "0,1",
+                                                      "--out-dir", out, "--skip-collection"], capsys)
+    one_line_error(code, err, r"--out-dir \S+ holds the models of an earlier run \(compute\.pt\): pass --overwrite")
+    assert (out / "compute.pt").read_bytes() == before

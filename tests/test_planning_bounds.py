@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from shardcore.errors import ShardError
 from shardcore.types import Topology
 
 
@@ -69,3 +70,28 @@ def test_past_the_deadline_one_start_is_made():
     assert len(sk.start_plans(tables, 4, 10.0, "fp16", model)) == 7   # model_, hybrid_, replicate_greedy, four greedy
     sk.shard(tables, Topology(4, 10.0))
     assert sk.last_info["shardkit_stopped"] == "time budget" and sk.last_info["shardkit_searched"]
+
+
+def test_a_topology_is_bounded_and_checks_memory_before_any_planner():
+    """At most MAX_DEVICES devices; tables needing more memory together than all devices hold are
+    infeasible for every plan, found by the one check before a planner is called (compare.plan_task)."""
+    from shardcore.argtypes import MAX_DEVICES
+    from shardcore.errors import InfeasibleError
+    from shardcore.evaluation.compare import plan_task
+    from shardcore.tables import TableConfig
+    from shardcore.types import Sharder
+
+    with pytest.raises(ShardError, match=rf"at most {MAX_DEVICES}, got ndevices={MAX_DEVICES + 1}"):
+        Topology(MAX_DEVICES + 1, 1.0)
+    tables = [TableConfig(i, 3_000_000, 64, 1.0) for i in range(3)]     # 0.36 GB each in fp16
+    with pytest.raises(InfeasibleError, match=r"need 1\.07\d* GB together \(fp16\), more than 2 devices of 0\.5 GB"):
+        Topology(2, 0.5).check_fits(tables)
+    Topology(3, 0.5).check_fits(tables)     # they fit, one per device
+    Topology(2, 0.5, "fp16").check_fits(tables[:2])
+
+    class Never(Sharder):
+        def shard(self, tables, topology):
+            raise AssertionError("the planner was called")
+
+    result, plan = plan_task(0, "never", Never("never"), tables, Topology(2, 0.5))
+    assert plan is None and not result.feasible and "need 1.07" in result.error

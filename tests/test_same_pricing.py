@@ -55,7 +55,6 @@ def test_concatenated_runs_refused(records, tmp_path, capsys):
 
 
 def test_resume_refuses_other_settings(tmp_path):
-
     trainer = fake_trainer(tmp_path, lambda shards: None, "r")
     extra = {"provenance": dict(trainer._provenance()), "ndevices": 2, "max_memory_gb": 5.0}
     trainer._check_resume(extra)     # the same settings: fine
@@ -63,7 +62,8 @@ def test_resume_refuses_other_settings(tmp_path):
     trainer.oracle.context = trainer_ctx     # a measured oracle's cache setting
     extra["provenance"] = dict(trainer._provenance())
     for key, value in [("hardware", "another GPU"), ("dataset", "0123abcd"), ("batch_size", 999), ("ndevices", 8),
-                       ("max_memory_gb", 1.0), ("pf_augment", 0.25)]:     # tables made heavier (--pf-augment)
+                       ("max_memory_gb", 1.0), ("pf_augment", 0.25),      # tables made heavier (--pf-augment)
+                       ("exchange", "analytic: 25 us + bytes / 50 GB/s")]:
         bad = {**extra, "provenance": {**extra["provenance"], key: value}}
         if key in ("ndevices", "max_memory_gb"):
             bad = {**extra, key: value, "provenance": {k: v for k, v in extra["provenance"].items() if k != key}}
@@ -104,6 +104,10 @@ def test_dreamshard_resume_refuses_other_settings(base, tmp_path, capsys, no_wor
             (["--data-dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "emulated:h200",
               "--bench-batch-size", 4], r"batch size 8, this run has 4"),
             (["--data-dir", other, "--gpu-devices", "0,1", "--oracle", "emulated:h200"], r"dataset"),
+            (["--data-dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "emulated:h200", "--comm-latency", 500],
+             r"exchange model 'analytic: 25 us \+ bytes / 200 GB/s', this run has 'analytic: 500 us"),
+            (["--data-dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "emulated:h200", "--emulator-fit", "full"],
+             r"emulator fit 'heldout', this run has 'full'"),
             (["--data-dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "measured",     # no worker starts
               "--cache-path", tmp_path / "c.sqlite"], r"oracle \(hardware\) 'emulated"),
             # a hyper-parameter given with another value than the checkpoint's (never kept silently)
@@ -116,3 +120,91 @@ def test_dreamshard_resume_refuses_other_settings(base, tmp_path, capsys, no_wor
                                                        "--oracle", "emulated:h200", "--rl-lr", "0.0005"], capsys)
     assert code == 0, err[-2000:]          # the same setting resumes
     assert (out / "1.pt").is_file()
+
+
+# -- records of one file compare only where they were priced alike ---------------------------------------------
+def _run_eval(out, *extra):
+    from shardcore.cli import common as cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.run_main(script("eval.py").main, [str(a) for a in emu("--alg", "random", "--out", out, *extra)])
+    assert exc.value.code == 0
+    return out
+
+
+@pytest.mark.parametrize("extra, field", [(["--comm-bandwidth", 20], "exchange models"),
+                                          (["--emulator-fit", "full"], "emulator fits"),
+                                          ("fp32", "weights precisions")])
+def test_compare_refuses_records_priced_another_way(extra, field, records, tmp_path, capsys):
+    """Records of another exchange model (shardkit priced at 200 GB/s, an anchor at 20 made a 2.8% margin
+    read 61%), emulator fit or precision than the others in one file: refused, naming the field; the same
+    holds for records written before they carried their pricing (read from their hardware and parts)."""
+    if extra == "fp32":   # the emulated card knows fp16 only: another precision's records, as a measured run writes
+        other = tmp_path / "other.jsonl"
+        other.write_text("".join(json.dumps({**r, "alg": "random", "pricing": {**r["pricing"], "precision": "fp32"}})
+                                 + "\n" for x in records.read_text().splitlines() for r in [json.loads(x)]
+                                 if r["alg"] == "lookup_greedy"))
+    else:
+        other = _run_eval(tmp_path / "other.jsonl", *extra)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(records.read_text() + other.read_text())
+    code, _, err = run_script("tools/shardkit_compare.py", [mixed, "--alg", "lookup_greedy"], capsys)
+    one_line_error(code, err, rf"records priced with different {field} \(lookup_greedy task 0: .*; random task 0: ")
+    if field != "weights precisions":   # precision: an older record never said it
+        old = tmp_path / "old.jsonl"
+        old.write_text("".join(json.dumps({k: v for k, v in json.loads(x).items() if k != "pricing"}) + "\n"
+                               for x in mixed.read_text().splitlines()))
+        code, _, err = run_script("tools/shardkit_compare.py", [old, "--alg", "lookup_greedy"], capsys)
+        one_line_error(code, err, rf"records priced with different {field}")
+
+
+def test_records_priced_alike_compare(records, tmp_path, capsys):
+    again = _run_eval(tmp_path / "again.jsonl")
+    both = tmp_path / "both.jsonl"
+    both.write_text(records.read_text() + again.read_text())
+    code, out, err = run_script("tools/shardkit_compare.py", [both, "--alg", "random"], capsys)
+    assert code == 0, err
+    assert "random:" in out and ("below the best anchor" in out or "ABOVE the best anchor" in out)
+
+
+def test_compare_needs_an_anchor_it_has(records, capsys):
+    """--anchors naming only --alg left no anchor (a traceback); naming an algorithm the file lacks
+    compared against fewer anchors than asked, without a word."""
+    for anchors, pattern in (("lookup_greedy", r"no anchor to compare lookup_greedy with"),
+                             ("size_greedy,torchrec", r"--anchors torchrec: no records of it")):
+        code, _, err = run_script("tools/shardkit_compare.py", [records, "--alg", "lookup_greedy", "--anchors",
+                                                                anchors], capsys)
+        one_line_error(code, err, pattern)
+
+
+def test_cost_accuracy_refuses_records_priced_another_way(records, tmp_path, capsys):
+    """tools/shardkit_cost_accuracy.py judges every record with one model: records of two exchange models
+    (or batches) are refused rather than judged with the first one's."""
+    other = _run_eval(tmp_path / "other.jsonl", "--comm-bandwidth", 20)
+    code, _, err = run_script("tools/shardkit_cost_accuracy.py", [
+        "--records", f"{records},{other}", "--task-path", T50, "--data-dir", EMU_DS, "--oracle", "emulated:h200"],
+        capsys)
+    one_line_error(code, err, r"--records: records priced with different exchange models")
+
+
+def test_neuroshard_samples_of_another_exchange_are_never_reused(base, tmp_path, capsys):
+    """Communication samples collected at 200 GB/s are not topped up at 20 GB/s (train_neuroshard.py
+    --comm-bandwidth 20 reused them), and two folders of different exchanges are not trained on together."""
+    from neuroshard.collect import load_comm_data
+
+    common = ["--dataset_dir", base / "ds", "--gpu-devices", "0,1", "--oracle", "emulated:h200", "--max_dim", 16,
+              "--T_range", "2,4", "--weights-precision", "fp16"]
+    code, _, err = run_script("collect_comm_cost_data.py", [*common, "--out_dir", tmp_path / "c200", "--data_size", 3],
+                              capsys)
+    assert code == 0, err
+    before = (tmp_path / "c200" / "comm_costs.csv").read_bytes()
+    code, _, err = run_script("collect_comm_cost_data.py", [*common, "--out_dir", tmp_path / "c200", "--data_size", 6,
+                                                            "--comm-bandwidth", 20], capsys)
+    one_line_error(code, err, r"comm_costs\.csv was measured in another setting \(exchange 'analytic: 25 us \+ "
+                              r"bytes / 200 GB/s', this run 'analytic: 25 us \+ bytes / 20 GB/s'\)")
+    assert (tmp_path / "c200" / "comm_costs.csv").read_bytes() == before
+    code, _, err = run_script("collect_comm_cost_data.py", [*common, "--out_dir", tmp_path / "c20", "--data_size", 3,
+                                                            "--comm-bandwidth", 20], capsys)
+    assert code == 0, err
+    with pytest.raises(ShardError, match=r"cost data measured in different settings: exchange .*200 GB/s.*20 GB/s"):
+        load_comm_data(f"{tmp_path / 'c200'},{tmp_path / 'c20'}")

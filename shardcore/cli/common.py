@@ -217,13 +217,14 @@ def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = 
     folder, the names the command writes in it), each file's kind by its suffix (``.pt``, ``.png``, text)."""
     from shardcore import io
 
-    outputs, kinds, dirs = dict(outputs), dict(kinds or {}), list(dirs)
-    for flag, (folder, names) in (folders or {}).items():
+    given, outputs, kinds, dirs = outputs, {}, dict(kinds or {}), list(dirs)
+    for flag, (folder, names) in (folders or {}).items():   # a folder before the files in it
         outputs[flag] = folder
         dirs.append(flag)
         for n in names:
             outputs[f"{flag} ({n})"] = None if folder is None else os.path.join(folder, n)
             kinds[f"{flag} ({n})"] = _KIND_OF_SUFFIX.get(os.path.splitext(n)[1], "text")
+    outputs.update(given)
     io.check_outputs(outputs, {**command_inputs(args), **(inputs or {})}, dirs=dirs, replaced=replaced)
     for flag, path in outputs.items():
         if path and flag not in dirs and (kinds or {}).get(flag, "text") is not None:
