@@ -255,10 +255,7 @@ def torchrec_problem(tables, names, plan, devices_per_host: int = 0) -> str | No
 
 
 def main(argv=None):
-    from shardcore.processes import unwind_on_sigterm
-
-    with unwind_on_sigterm():   # SIGTERM unwinds: the temporary folder of the tables' configs goes with it
-        return plan_tables(build_parser().parse_args(argv))
+    return plan_tables(build_parser().parse_args(argv))
 
 
 def check_batch(args, tables, file_batch: int | None) -> None:
@@ -273,6 +270,8 @@ def check_batch(args, tables, file_batch: int | None) -> None:
 
 
 def plan_tables(args):
+    """The command; its temporary folder (the tables' configs for the emulated oracle) goes with the run, on
+    SIGTERM too (run_main turns it into an exception that unwinds)."""
     import tempfile
 
     from shardcore.evaluation.compare import evaluate

@@ -12,13 +12,14 @@ from shardcore.argtypes import MAX_DEVICES, device_count, int_list, positive_flo
 from shardcore.config import Config, _dest, _flags, flag_fields
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 from shardcore.errors import ShardError
-from shardcore.processes import exit_now
+from shardcore.processes import exit_now, unwind_on_sigterm
 from shardcore.tables import PRECISION_BYTES
 
 
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
     """Run a script's ``main``; a :class:`ShardError` prints ``error: <message>`` and exits 2,
-    Ctrl-C exits 130 without a traceback.
+    Ctrl-C exits 130 without a traceback, SIGTERM 143 (raised as :class:`~shardcore.errors.Terminated`, it
+    unwinds as Ctrl-C does: ``finally`` blocks run, workers stop, locks and temporary folders go).
 
     The script's own torch work (planning, training small networks) runs on one thread
     (``SHARDKIT_NUM_THREADS`` overrides), and so does numpy's OpenBLAS (:func:`limit_blas_threads`):
@@ -37,7 +38,8 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     elif not any(isinstance(f, _ThreadsOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _ThreadsOnImport(threads))
     try:
-        code = main(argv) or 0
+        with unwind_on_sigterm():   # SIGTERM unwinds like Ctrl-C: workers stopped, locks and temporary files gone
+            code = main(argv) or 0
     except ShardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = 2
