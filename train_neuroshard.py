@@ -25,8 +25,8 @@ from tqdm import tqdm
 from neuroshard import config
 from neuroshard.checkpoints import save_bundle, save_model
 from neuroshard.cli import add_collection_args, add_training_args, training_config
-from neuroshard.collect import (check_comm_args, check_compute_args, collect_comm, collect_compute, load_comm_data,
-                                load_compute_data)
+from neuroshard.collect import (check_comm_args, check_compute_args, check_resumable, collect_comm, collect_compute,
+                                evaluator_setting, load_comm_data, load_compute_data)
 from neuroshard.config import SearchConfig
 from neuroshard.curve import write_curve
 from neuroshard.fitting import fit_comm_model, fit_compute_model
@@ -136,6 +136,10 @@ def train(args, ids, ndevices, counts, comm_dirs, compute_cfg, comm_cfg):
     t0 = time.perf_counter()
     if not args.skip_collection:
         with open_evaluator(args, args.dataset_dir, ids) as ev:
+            # samples already there of another setting are refused now, not after the compute collection
+            check_resumable(args.compute_data_dir, "compute", evaluator_setting(ev, exchange=False))
+            if ndevices in counts:
+                check_resumable(comm_dirs[counts.index(ndevices)], "comm", evaluator_setting(ev))
             print(f"[1/4] compute data: workers up in {ev.info.startup_s:.1f} s on {ev.info.device_type} "
                   f"({ev.ndevices} devices, batch {ev.batch_size})")
             s = collect_compute(ev, args.compute_data_dir, args.compute_samples, max_tables=args.max_tables,

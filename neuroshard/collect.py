@@ -344,25 +344,34 @@ def evaluator_setting(ev, exchange: bool = True) -> dict:
     return {**out, "exchange": exchange_setting(ev)} if exchange else out
 
 
+def check_resumable(out_dir: str | os.PathLike, kind: str, setting: dict) -> None:
+    """A collection into ``out_dir`` tops up the samples there only if they are ``kind`` data measured in
+    ``setting`` (:func:`evaluator_setting`): else one line, before anything is measured."""
+    csv_path = Path(out_dir) / (config.COMPUTE_CSV if kind == "compute" else config.COMM_CSV)
+    if not csv_path.is_file():
+        return
+    old = read_meta(csv_path)
+    old_setting = old.get("setting", {})
+    diff = [k for k in SETTING_KEYS if k in old_setting and old_setting[k] != setting.get(k)]
+    if old.get("kind", kind) != kind:
+        raise ShardError(f"{out_dir} holds {old.get('kind')} data, not {kind} data: choose another --out_dir")
+    if not diff and "exchange" not in old_setting and setting.get("exchange", "measured") != "measured":
+        diff = ["exchange"]   # samples of a modelled exchange that does not say whose constants
+    if diff:
+        k = diff[0]
+        raise ShardError(f"{csv_path} was measured in another setting ({k} {old_setting.get(k, 'not recorded')!r}, "
+                         f"this run {setting.get(k)!r}): its samples and this run's would be mixed; choose "
+                         "another --out_dir to collect for this one")
+
+
 def _prepare(out_dir: Path, csv_name: str, kind: str, setting: dict, params: dict) -> list[dict]:
     """Existing rows of a resumable collection (after checking its setting); writes meta.json."""
+    check_resumable(out_dir, kind, setting)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / csv_name
     meta_path = out_dir / config.META_JSON
     rows: list[dict] = []
     if csv_path.is_file():
-        old = read_meta(csv_path)
-        old_setting = old.get("setting", {})
-        diff = [k for k in SETTING_KEYS if k in old_setting and old_setting[k] != setting.get(k)]
-        if old.get("kind", kind) != kind:
-            raise ShardError(f"{out_dir} holds {old.get('kind')} data, not {kind} data: choose another --out_dir")
-        if not diff and "exchange" not in old_setting and setting.get("exchange", "measured") != "measured":
-            diff = ["exchange"]   # samples of a modelled exchange that does not say whose constants
-        if diff:
-            k = diff[0]
-            raise ShardError(f"{csv_path} was measured in another setting ({k} {old_setting.get(k, 'not recorded')!r}, "
-                             f"this run {setting.get(k)!r}): its samples and this run's would be mixed; choose "
-                             "another --out_dir to collect for this one")
         df = _read_csv(csv_path)
         rows = df.to_dict("records")
         for r in rows:

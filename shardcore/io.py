@@ -147,6 +147,8 @@ def check_outputs(outputs: dict, inputs: dict | None = None, *, dirs=(), replace
         if why:
             raise ShardError(f"{flag} {path}: {why}")
         for other, ipath in ins + outs[i + 1:]:
+            if other == flag:   # a file both read and written (a cache): one flag, one role
+                continue
             inside = flag in replaced and ipath.resolve().is_relative_to(path.resolve())
             if _same_file(path, ipath) or inside:
                 role = "input" if (other, ipath) in ins else "output"

@@ -57,3 +57,39 @@ def test_measure_plan_refuses_a_key_given_twice(base, tmp_path, capsys):
     plan.write_text('{"tables": [0, 1], "tables": [2, 3], "shardings": []}')
     code, _, err = run_script("tools/measure_plan.py", ["--data-dir", base / "ds", "--plan", plan], capsys)
     one_line_error(code, err, r"--plan \S+plan\.json: key 'tables' appears twice in one object")
+
+
+def test_the_probes_smoke_attacks_end_clean(tmp_path):
+    """tools/probe_inputs.py's handful (one attack per class, as subprocesses): each a one-line error or a
+    correct run, no input touched; its judge names every other outcome."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    out = tmp_path / "probe.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "probe_inputs.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert len(results) >= 5 and {r["outcome"] for r in results} <= {"clean error", "correct run"}
+    assert {r["class"] for r in results} >= {"outputs", "ambiguity", "bounds", "files"}
+
+
+def test_the_probes_judge():
+    from tools.probe_inputs import Attack, judge
+
+    refuse, run = Attack("a", "files", "plan.py", []), Attack("b", "files", "plan.py", [], expect="ok")
+    refuse.timeout = 5
+    assert judge(refuse, None, "", "", [], None)[0] == "hang"
+    assert judge(refuse, 2, "", "error: x\n", ["t.csv"], None)[0] == "lost input"
+    assert judge(refuse, 1, "", "Traceback (most recent call last):\nValueError: x\n", [], None)[0] == "traceback"
+    assert judge(refuse, -9, "", "", [], None)[0] == "traceback"
+    assert judge(refuse, 0, "wrote it\n", "", [], None)[0] == "silent wrong result"
+    assert judge(run, 0, "", "", [], "p.json not written")[0] == "silent wrong result"
+    assert judge(refuse, 2, "", "warning: y\nerror: x\n", [], None)[0] == "unclean error"
+    assert judge(run, 2, "", "error: x\n", [], None)[0] == "false refusal"
+    assert judge(refuse, 2, "", "error: x\n", [], None) == ("clean error", "error: x")
+    assert judge(run, 0, "", "", [], None)[0] == "correct run"

@@ -25,6 +25,7 @@ from shardcore.argtypes import MAX_DEVICES, device_count, int_list, name_list, n
 from shardcore.cli.common import check_outputs, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
+from shardcore.processes import output_lock
 from experiments.config import learned_methods
 from experiments.planning import DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, BenchConfig, bench_planning
 from shardcore.tables import PRECISION_BYTES
@@ -90,7 +91,8 @@ def main(argv=None):
         model_paths={m: getattr(args, f"{m}_model") for m in learned_methods()}, models_dir=args.models_dir,
         quiet=args.quiet,
         command=["python", os.path.relpath(os.path.abspath(__file__))] + list(argv if argv is not None else sys.argv[1:]))
-    bench_planning(cfg)
+    with output_lock(args.out_dir, "--out-dir"):   # one run at a time rewrites its tables and figure
+        bench_planning(cfg)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 def read_plan(path: str) -> tuple[list[int], list]:
     """``(table ids, shardings)`` of a plan file, or a one-line error."""
     if not Path(path).is_file():
-        raise ShardError(f"--plan: {path} not found")
+        raise ShardError(f"--plan: {path} {'is a directory' if Path(path).is_dir() else 'not found'}")
     obj = io.parse_json(io.read_text(Path(path), "plan (JSON)"), f"--plan {path}")
     ids = obj.get("tables") if isinstance(obj, dict) else None
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):

@@ -10,7 +10,8 @@ user would, with every input checksummed before and after, and is classified by 
 Outcomes, worst first:
 
 - ``hang``: still running after ``--timeout`` seconds (killed);
-- ``lost input``: an input's bytes changed, or it vanished or became something else;
+- ``lost input``: an input's bytes changed, or it vanished or became something else (but for the folder a
+  resumed training or collection continues, where that is the attack's point);
 - ``traceback``: a Python traceback, or an exit status other than 0, 2, 130 or 143;
 - ``silent wrong result``: exit status 0 where the input was refused by the rules, or an output that does not
   say what the run did (each attack that must succeed checks its output);
@@ -77,6 +78,7 @@ class Attack:
     check: Callable | None = None
     kind: str = "cmd"           # cmd | concurrent (a second run while the first holds its folder) | sigterm
     marker: str | None = None   # concurrent, sigterm: the file whose appearance says the first run is at work
+    continues: str | None = None   # an input folder a run that must succeed continues (a resumed training's)
     timeout: float | None = None
 
 
@@ -170,6 +172,13 @@ class Workspace:
             "--data-dir", self.inputs / "ds", "--task-path", self.inputs / "tasks.txt", "--gpu-devices", "0,1", *EMU,
             "--out-dir", self.inputs / "dsrun", "--num-iterations", 1, "--max-memory", 5, "--bench-steps", 2,
             "--bench-training-steps", 2, "--rl-num-batches", 1, "--rl-batch-size", 2, "--curve-tasks", 0])
+
+    def _build_autoshard(self) -> None:
+        self.need("base")
+        self.run("train_autoshard.py", [
+            "--data-dir", self.inputs / "ds", "--task-path", self.inputs / "tasks.txt", "--gpu-devices", "0,1", *EMU,
+            "--savedir", self.inputs / "asrun", "--xpid", "x", "--total-steps", 200, "--unroll-length", 10,
+            "--batch-size", 2])
 
     def _build_comm(self) -> None:
         self.need("base")
@@ -267,7 +276,7 @@ def run_attack(attack: Attack, ws: Workspace, timeout: float) -> tuple[str, str,
     seconds = time.perf_counter() - t0
     if rc == 0 and attack.expect == "ok" and attack.check is not None and problem is None:
         problem = attack.check(ws, out, so)
-    hurt = ws.damage(before)
+    hurt = [h for h in ws.damage(before) if not (attack.continues and h.startswith(attack.continues + "/"))]
     if attack.kind == "sigterm" and rc == 143 and problem is None:
         rc = 2 if attack.expect == "error" else 0       # judged by what it left behind (problem)
         se = "error: stopped by SIGTERM\n"
@@ -455,6 +464,23 @@ def output_attacks() -> list[Attack]:
                ["--tables", "{out}/p.torchrec.json", "--ndevices", 2, "--out", "{out}/p.json", "--torchrec"],
                needs=("base",), setup=lambda ws, o: shutil.copy(ws.inputs / "t.json", o / "p.torchrec.json")),
         Attack("out-empty-name", "outputs", "plan.py", ["--tables", "{ws}/t.csv", "--out", ""], needs=("base",)),
+        Attack("plan:out-replaces-its-own-earlier-plan", "outputs", "plan.py",
+               ["--tables", "{ws}/t.csv", "--ndevices", 2, "--out", "{out}/p.json"], expect="ok", needs=("base",),
+               setup=lambda ws, o: (o / "p.json").write_text('{"an": "earlier plan"}\n'),
+               check=json_check("{out}/p.json", lambda o: o.get("ndevices") == 2, "not the new plan")),
+        Attack("eval:out-replaces-its-own-earlier-records", "outputs", "eval.py",
+               ["--task-path", tasks, "--data-dir", ds, "--gpu-devices", "0,1", "--plan-only", "--out", "{out}/r.jsonl"],
+               expect="ok", needs=("base",), setup=lambda ws, o: (o / "r.jsonl").write_text("old\n"),
+               check=lambda ws, o, so: None if (o / "r.jsonl").read_text().count("\n") == 3 else "not 3 records"),
+        Attack("gen-tasks:into-its-own-earlier-folder", "outputs", "tools/gen_tasks.py",
+               ["--data-dir", ds, "--T", 3, "--num-train", 2, "--num-test", 2, "--out-dir", "{out}"], expect="ok",
+               needs=("base",), setup=lambda ws, o: (o / "train.txt").write_text("0,1,2\n"),
+               check=lambda ws, o, so: None if len((o / "train.txt").read_text().splitlines()) == 2 else "not rewritten"),
+        Attack("link-output-to-elsewhere", "outputs", "plan.py",
+               ["--tables", "{ws}/t.csv", "--ndevices", 2, "--out", "{out}/l.json"], expect="ok", needs=("base",),
+               setup=lambda ws, o: ((o / "target.json").write_text("{}\n"), (o / "l.json").symlink_to(o / "target.json")),
+               check=lambda ws, o, so: None if (o / "target.json").read_text() == "{}\n" and not (o / "l.json").is_symlink()
+               else "the link's target was written through"),
         Attack("out-is-a-folder", "outputs", "plan.py", ["--tables", "{ws}/t.csv", "--out", "{out}"], needs=("base",)),
     ]
     return out
@@ -511,6 +537,21 @@ def comparison_attacks() -> list[Attack]:
                         ("hyper-parameter", ["--gpu-devices", "0,1", *EMU, "--rl-lr", 0.01])):
         out.append(Attack(f"dreamshard-resume:{name}", "comparisons", "train_dreamshard.py", [*dream, *extra],
                           needs=("dreamshard",)))
+    auto = ["--data-dir", ds, "--task-path", tasks, "--savedir", "{ws}/asrun", "--xpid", "x", "--resume",
+            "--total-steps", 400, "--unroll-length", 10, "--batch-size", 2]
+    for name, extra, expect in (("exchange-bandwidth", ["--gpu-devices", "0,1", *EMU, "--comm-bandwidth", 50], "error"),
+                                ("emulator-fit", ["--gpu-devices", "0,1", *EMU, "--emulator-fit", "devices"], "error"),
+                                ("precision", ["--gpu-devices", "0,1", *EMU, "--weights-precision", "fp32"], "error"),
+                                ("device-count", ["--gpu-devices", "0,1,2", *EMU], "error"),
+                                ("other-tasks", ["--gpu-devices", "0,1", *EMU, "--task-path", "{ws}/tasks2.txt"], "error"),
+                                ("same-setting", ["--gpu-devices", "0,1", *EMU], "ok")):
+        out.append(Attack(f"autoshard-resume:{name}", "comparisons", "train_autoshard.py", [*auto, *extra],
+                          expect=expect, needs=("autoshard",), continues="asrun",
+                          setup=lambda ws, o: (ws.inputs / "tasks2.txt").write_text("0,1,2\n3,4,5\n"),
+                          check=stdout_check("resuming")))
+    out.append(Attack("dreamshard-resume:same-setting", "comparisons", "train_dreamshard.py",
+                      [*dream, "--gpu-devices", "0,1", *EMU], expect="ok", needs=("dreamshard",), continues="dsrun",
+                      check=lambda ws, o, so: None if (ws.inputs / "dsrun" / "1.pt").is_file() else "1.pt not written"))
     comm = ["--dataset_dir", ds, "--gpu-devices", "0,1", *EMU, "--weights-precision", "fp16", "--max_dim", 16,
             "--T_range", "2,4", "--out_dir", "{ws}/comm"]
     out += [
@@ -531,6 +572,8 @@ def comparison_attacks() -> list[Attack]:
                setup=lambda ws, o: ws.run("collect_comm_cost_data.py", [
                    "--dataset_dir", ws.inputs / "ds", "--gpu-devices", "0,1", *EMU, "--weights-precision", "fp16",
                    "--max_dim", 16, "--T_range", "2,4", "--data_size", 3, "--comm-bandwidth", 20, "--out_dir", o / "c20"])),
+        Attack("collect-comm:same-setting-tops-up", "comparisons", "collect_comm_cost_data.py", [*comm, "--data_size", 5],
+               expect="ok", needs=("comm",), continues="comm", check=stdout_check("5 samples (2 added")),
         Attack("collect-comm:corrupt-meta", "comparisons", "collect_comm_cost_data.py",
                [*comm[:-1], "{out}/comm", "--data_size", 6], needs=("comm",),
                setup=lambda ws, o: (shutil.copytree(ws.inputs / "comm", o / "comm"),

@@ -31,6 +31,7 @@ from shardcore.cli import algorithms
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_memory_args, add_oracle_args, run_main
 from shardcore.config import config_from_args
+from shardcore.processes import output_lock
 from shardcore.errors import ShardError
 from shardcore.cli.common import check_outputs
 
@@ -112,7 +113,8 @@ def main(argv=None):
         train_args={m: getattr(args, f"{m}_args") for m in learned_methods()},
         breakdown_set=args.breakdown_set[0] if args.breakdown_set else None,
         command=["python", os.path.relpath(os.path.abspath(__file__))] + list(argv if argv is not None else sys.argv[1:]))
-    run_experiments(cfg)
+    with output_lock(args.out_dir, "--out-dir"):   # two runs would interleave their tasks, logs and tables
+        run_experiments(cfg)
 
 
 if __name__ == "__main__":

@@ -303,6 +303,8 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
         recs = [check_record(io.parse_json(x, f"{path}:{k}"), f"{path}:{k}") for k, x in enumerate(lines, 1) if x.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ShardError(f"{path}: not a readable eval.py --out file ({io.first_line(exc, 200)})") from None
+    if not recs:
+        raise ShardError(f"{path}: no records in it (an empty file)")
     if rejudge_fit:
         recs = rejudge(path, recs, rejudge_fit, data_dir, task_path)
     return summarize_records(path, recs, alg, anchors, data_dir, draws, devices_per_host, piece_pools)

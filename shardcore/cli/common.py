@@ -227,7 +227,11 @@ def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = 
             outputs[f"{flag} ({n})"] = None if folder is None else os.path.join(folder, n)
             kinds[f"{flag} ({n})"] = _KIND_OF_SUFFIX.get(os.path.splitext(n)[1], "text")
     outputs.update(given)
-    io.check_outputs(outputs, {**command_inputs(args), **(inputs or {})}, dirs=dirs, replaced=replaced)
+    inputs = {**command_inputs(args), **(inputs or {})}
+    if "--cache-path" in inputs and not getattr(args, "plan_only", False):   # a measured oracle writes its cache too
+        outputs.setdefault("--cache-path", inputs["--cache-path"])
+        kinds.setdefault("--cache-path", "an SQLite database")
+    io.check_outputs(outputs, inputs, dirs=dirs, replaced=replaced)
     for flag, path in outputs.items():
         if path and flag not in dirs and (kinds or {}).get(flag, "text") is not None:
             check_replaces_kind(path, (kinds or {}).get(flag, "text"), flag)

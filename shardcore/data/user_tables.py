@@ -117,7 +117,7 @@ def read_tables(path: str | os.PathLike) -> tuple[list[TableConfig], list[str]]:
     """The tables of a CSV or JSON tables file and their names."""
     path = Path(path)
     if not path.is_file():
-        raise ShardError(f"tables file not found: {path}")
+        raise ShardError(f"tables file {'is a directory' if path.is_dir() else 'not found'}: {path}")
     return read_tables_json(path) if path.suffix.lower() == ".json" else read_tables_csv(path)
 
 

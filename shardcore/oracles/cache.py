@@ -216,6 +216,9 @@ class CostCache:
                                  "--cache-path (or --no-cache)") from None
             raise ShardError(f"cost cache {self.path}: {exc} (delete the file to start a new cache)") from None
         except sqlite3.DatabaseError as exc:
+            if not self.path.read_bytes()[:16].startswith(b"SQLite format 3"):   # someone's other file: never delete it
+                raise ShardError(f"cost cache {self.path}: not an SQLite database (another kind of file); choose "
+                                 "another --cache-path") from None
             raise ShardError(f"cost cache {self.path}: {exc} (delete the file to start a new cache)") from None
         except OSError as exc:
             raise ShardError(f"cost cache {self.path}: {exc.strerror or exc}") from None

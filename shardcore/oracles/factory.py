@@ -170,8 +170,8 @@ def pricing(oracle) -> dict:
     return out
 
 
-PRICING_LABELS = {"emulator_fit": "emulator fit", "oracle": "oracle", "exchange": "exchange model",
-                  "batch_size": "batch", "precision": "weights precision", "optimizer": "optimizer"}
+PRICING_LABELS = {"emulator_fit": "emulator fits", "oracle": "oracles", "exchange": "exchange models",
+                  "batch_size": "batches", "precision": "weights precisions", "optimizer": "optimizers"}
 
 
 def check_same_pricing(settings: dict, where: str) -> None:
@@ -183,7 +183,7 @@ def check_same_pricing(settings: dict, where: str) -> None:
         seen = [(k, s[field]) for k, s in items if s.get(field) is not None]
         other = next(((k, v) for k, v in seen if v != seen[0][1]), None)
         if other is not None:
-            raise ShardError(f"{where}: records priced with different {label}s ({seen[0][0]}: {seen[0][1]!r}; "
+            raise ShardError(f"{where}: records priced with different {label} ({seen[0][0]}: {seen[0][1]!r}; "
                              f"{other[0]}: {other[1]!r}): their costs do not compare; compare records of one setting")
 
 
