@@ -84,8 +84,8 @@ class Attack:
 
 # -- the scratch folder: inputs built on demand -------------------------------------------------------------
 class Workspace:
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, repo: Path = ROOT):
+        self.path, self.repo = path, repo
         self.inputs = path / "in"
         self.inputs.mkdir(parents=True, exist_ok=True)
         self.built: set[str] = set()
@@ -93,10 +93,10 @@ class Workspace:
     def env(self) -> dict:
         tmp = self.path / "tmp"
         tmp.mkdir(exist_ok=True)
-        return {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), "SHARDKIT_NUM_THREADS": "1"}
+        return {**os.environ, "PYTHONPATH": str(self.repo), "TMPDIR": str(tmp), "SHARDKIT_NUM_THREADS": "1"}
 
     def run(self, script: str, argv: list, timeout: float = 600) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, str(ROOT / script), *map(str, argv)], cwd=self.path, env=self.env(),
+        proc = subprocess.run([sys.executable, str(self.repo / script), *map(str, argv)], cwd=self.path, env=self.env(),
                               capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise ShardError(f"probe set-up: {script} failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
@@ -262,7 +262,7 @@ def run_attack(attack: Attack, ws: Workspace, timeout: float) -> tuple[str, str,
         attack.setup(ws, out)
     before = ws.snapshot()
     attack.timeout = attack.timeout or timeout
-    cmd = [sys.executable, str(ROOT / attack.script), *fill(attack.argv, ws, out)]
+    cmd = [sys.executable, str(ws.repo / attack.script), *fill(attack.argv, ws, out)]
     t0 = time.perf_counter()
     problem = None
     if attack.kind == "cmd":
@@ -798,6 +798,9 @@ def build_parser():
     p.add_argument("--list", action="store_true", help="list the attacks and stop")
     p.add_argument("--keep", default=None, metavar="DIR", help="build the scratch folder here and keep it")
     p.add_argument("--out", default=None, metavar="FILE.json", help="also write every attack's outcome as JSON")
+    p.add_argument("--repo", default=str(ROOT), metavar="DIR",
+                   help="run the commands of this checkout (default this one's; another, e.g. before a change, to "
+                        "compare; the fixtures are built with it too)")
     return p
 
 
@@ -823,7 +826,9 @@ def main(argv=None) -> int:
         return 0
     check_outputs(args, {"--out": args.out, "--keep": args.keep}, dirs=["--keep"])
     scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="probe-"))
-    ws = Workspace(scratch)
+    if not (Path(args.repo) / "eval.py").is_file():
+        raise ShardError(f"--repo {args.repo}: not a shardkit checkout (no eval.py)")
+    ws = Workspace(scratch, Path(args.repo).resolve())
     results = []
     try:
         for k, a in enumerate(attacks, 1):

@@ -215,8 +215,10 @@ _KIND_OF_SUFFIX = {".pt": "a zip/torch file", ".png": "a PNG image"}
 def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = None, dirs=(), replaced=(),
                   inputs: dict | None = None, folders: dict | None = None) -> None:
     """Before any work: :func:`shardcore.io.check_outputs`, the one rule for outputs, with the inputs the
-    command's flags name (:func:`command_inputs`, plus ``inputs``). ``folders``: flag -> (an output
-    folder, the names the command writes in it), each file's kind by its suffix (``.pt``, ``.png``, text)."""
+    command's flags name (:func:`command_inputs`, plus ``inputs``; a measured oracle's cache, which it
+    writes too, is an output as well), then no output replaces a file of another kind (``kinds``: flag ->
+    :func:`file_kind`'s word, default text; None: any). ``folders``: flag -> (an output folder, the names
+    the command writes in it), each file's kind by its suffix (``.pt``, ``.png``, text)."""
     from shardcore import io
 
     given, outputs, kinds, dirs = outputs, {}, dict(kinds or {}), list(dirs)
@@ -233,8 +235,9 @@ def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = 
         kinds.setdefault("--cache-path", "an SQLite database")
     io.check_outputs(outputs, inputs, dirs=dirs, replaced=replaced)
     for flag, path in outputs.items():
-        if path and flag not in dirs and (kinds or {}).get(flag, "text") is not None:
-            check_replaces_kind(path, (kinds or {}).get(flag, "text"), flag)
+        kind = kinds.get(flag, "text")
+        if path and flag not in dirs and kind is not None:
+            check_replaces_kind(path, kind, flag)
 
 
 _MAGIC = ((b"SQLite format 3\x00", "an SQLite database"), (b"PK\x03\x04", "a zip/torch file"),
