@@ -511,7 +511,7 @@ def comparison_attacks() -> list[Attack]:
                needs=("records",)),
         Attack("compare:a-precision-edited", "comparisons", cmp, ["{out}/p.jsonl", "--alg", "lookup_greedy"],
                needs=("records",), setup=lambda ws, o: (o / "p.jsonl").write_text("".join(
-                   json.dumps({**r, "pricing": {**r["pricing"], "precision": "fp32"}} if r["alg"] == "size_greedy" else r)
+                   json.dumps({**r, "pricing": {**r.get("pricing", {}), "precision": "fp32"}} if r["alg"] == "size_greedy" else r)
                    + "\n" for x in (ws.inputs / "rec.jsonl").read_text().splitlines() for r in [json.loads(x)]))),
         Attack("compare:hardware-edited", "comparisons", cmp, ["{out}/h.jsonl", "--alg", "lookup_greedy"],
                needs=("records",), setup=lambda ws, o: (o / "h.jsonl").write_text("".join(
@@ -832,7 +832,10 @@ def main(argv=None) -> int:
     results = []
     try:
         for k, a in enumerate(attacks, 1):
-            outcome, detail, seconds = run_attack(a, ws, args.timeout)
+            try:
+                outcome, detail, seconds = run_attack(a, ws, args.timeout)
+            except (ShardError, OSError, subprocess.SubprocessError) as exc:   # the attack's own set-up failed
+                outcome, detail, seconds = "not run", f"set-up: {exc}", 0.0
             results.append({"name": a.name, "class": a.klass, "expect": a.expect, "outcome": outcome,
                             "detail": detail, "seconds": round(seconds, 2)})
             mark = "  " if outcome in ("clean error", "correct run") else "!!"
@@ -847,18 +850,18 @@ def main(argv=None) -> int:
         from shardcore.io import write_json
 
         write_json(args.out, results)
-    return 1 if any(r["outcome"] in BAD for r in results) else 0
+    return 1 if any(r["outcome"] in (*BAD, "not run") for r in results) else 0
 
 
 def report(results: list[dict]) -> str:
     """The counts per class and outcome, and every attack that did not end clean."""
-    lines = ["| class | attacks | " + " | ".join(OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 2) + "|"]
+    lines = ["| class | attacks | " + " | ".join(OUTCOMES) + " | not run |", "|---" * (len(OUTCOMES) + 3) + "|"]
     for klass in CLASSES + ("all",):
         rows = [r for r in results if klass in ("all", r["class"])]
         if rows:
             lines.append(f"| {klass} | {len(rows)} | " + " | ".join(str(sum(r['outcome'] == o for r in rows))
-                                                                   for o in OUTCOMES) + " |")
-    bad = [r for r in results if r["outcome"] in BAD]
+                                                                   for o in (*OUTCOMES, "not run")) + " |")
+    bad = [r for r in results if r["outcome"] in (*BAD, "not run")]
     lines += [f"- {r['outcome']}: {r['name']}: {r['detail']}" for r in bad]
     return "\n".join(lines)
 
