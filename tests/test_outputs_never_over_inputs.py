@@ -263,7 +263,7 @@ def test_measure_plan_never_writes_over_its_plan(base, tmp_path, capsys):
     assert plan.read_bytes() == before
 
 
-def test_an_unwritable_folder_is_refused_before_measuring(base, tmp_path, monkeypatch):
+def test_an_unwritable_folder_is_refused():
     """The rule asks the folder with the process's effective ids: a read-only folder is refused (as a user
     without write access; root writes anywhere, so the check runs under another effective uid)."""
     from shardcore import io
