@@ -22,7 +22,8 @@ from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_device_args, add_oracle_args, device_ids, num_devices, open_evaluator, run_main
 from shardcore.cli.common import serve_if_torchrun_rank
 from shardcore.errors import ShardError
-from shardcore.io import check_output_dir
+from shardcore.cli.common import check_outputs
+from shardcore.processes import output_lock
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +48,8 @@ def main(argv=None):
         raise ShardError("communication needs at least 2 devices (--gpu_devices 0,1,...)")
     out_dir = args.out_dir or os.path.join(config.COST_DATA_DIR, f"comm_{ndevices}")
     check_comm_args(args.T_range, args.sleep_range, args.max_dim)
-    check_output_dir(out_dir, "--out_dir")
-    with open_evaluator(args, args.dataset_dir, ids) as ev:
+    check_outputs(args, {}, folders={"--out_dir": (out_dir, [config.COMM_CSV, config.META_JSON])})
+    with output_lock(out_dir, "--out_dir"), open_evaluator(args, args.dataset_dir, ids) as ev:
         print(f"measuring on {ev.info.device_type} ({ev.ndevices} devices, batch {ev.batch_size}); "
               f"workers up in {ev.info.startup_s:.1f} s")
         stats = collect_comm(ev, out_dir, args.data_size, t_range=args.T_range, sleep_range=args.sleep_range,

@@ -20,7 +20,8 @@ from neuroshard.collect import check_compute_args, collect_compute
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_device_args, add_memory_args, add_oracle_args, device_ids, open_evaluator, run_main
 from shardcore.cli.common import serve_if_torchrun_rank
-from shardcore.io import check_output_dir
+from shardcore.cli.common import check_outputs
+from shardcore.processes import output_lock
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +43,8 @@ def main(argv=None):
     if served is not None:
         return served
     check_compute_args(args.max_tables, args.max_memory, args.max_dim)
-    check_output_dir(args.out_dir, "--out_dir")
-    with open_evaluator(args, args.dataset_dir, device_ids(args)) as ev:
+    check_outputs(args, {}, folders={"--out_dir": (args.out_dir, [config.COMPUTE_CSV, config.META_JSON])})
+    with output_lock(args.out_dir, "--out_dir"), open_evaluator(args, args.dataset_dir, device_ids(args)) as ev:
         print(f"measuring on {ev.info.device_type} ({ev.ndevices} device(s), batch {ev.batch_size}, {ev.optimizer}, "
               f"{ev.precision}); workers up in {ev.info.startup_s:.1f} s")
         stats = collect_compute(ev, args.out_dir, args.data_size, max_tables=args.max_tables,

@@ -35,9 +35,9 @@ from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.oracles.measured.shardings import type_counts_text
 from shardcore.tasks import load_tasks
 from shardcore.oracles.commmodel import comm_kwargs
+from shardcore.oracles.factory import pricing
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import positive_int
-from shardcore.io import check_output_dir, check_output_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,12 +109,29 @@ def _repeat_counts(tables) -> list[int]:
 
 
 def check_outputs(args) -> None:
-    """Refuse unwritable --out / --export-torchrec paths before any planning or measuring."""
-    if args.out:
-        check_output_file(args.out, "--out")
-    cli.check_outputs(args, {"--out": args.out})
+    """Before any planning or measuring: --out and --export-torchrec can be written and replace no input
+    (the export rewrites DIR/index.json and a folder per algorithm as a whole)."""
+    from shardcore.interop.plan_export import alg_slug
+
+    outputs, replaced = {"--out": args.out}, []
     if args.export_torchrec:
-        check_output_dir(args.export_torchrec, "--export-torchrec")
+        for name in (a.strip() for a in args.alg.split(",") if a.strip()):
+            flag = f"--export-torchrec ({alg_slug(name)}/)"
+            outputs[flag] = os.path.join(args.export_torchrec, alg_slug(name))
+            replaced.append(flag)
+    cli.check_outputs(args, outputs, dirs=replaced, replaced=replaced,
+                      folders={"--export-torchrec": (args.export_torchrec, ["index.json"])})
+
+
+def check_repeats(args) -> None:
+    """``--repeats N`` takes medians of noisy measurements: with nothing measured (--plan-only), or on an
+    emulated oracle (a model: the same answer every time), it would only repeat the work."""
+    from shardcore.oracles.factory import MEASURED, parse_oracle
+
+    if args.repeats > 1 and (args.plan_only or parse_oracle(args.oracle) != MEASURED):
+        why = "--plan-only measures nothing" if args.plan_only else \
+            f"the {args.oracle} oracle is a model that answers a plan the same every time"
+        raise ShardError(f"--repeats {args.repeats}: {why}; --repeats is for a measured oracle's noise (drop it)")
 
 
 def main(argv=None):
@@ -146,6 +163,7 @@ def main(argv=None):
               **algorithms.plugin_kwargs(args)}
     if getattr(args, "shardkit_refine", None) and args.plan_only:
         raise ShardError("--shardkit-refine measures candidates: it cannot be used with --plan-only")
+    check_repeats(args)
     if args.launcher == "torchrun":   # TorchRec plans for the hosts torchrun gives (its local_world_size)
         from shardcore.oracles.measured.launch import rank_env
 
@@ -191,10 +209,12 @@ def main(argv=None):
             if note:
                 print(note)
 
+            setting = pricing(ev)   # what the costs depend on besides the plans, so that a reader compares like with like
+
             def show_and_mark(result, task):
                 if result.measured is not None:
                     result.extra.update(hardware=result.measured.hardware, parts=result.measured.parts,
-                                        batch_size=ev.batch_size)
+                                        batch_size=ev.batch_size, pricing={**setting, "oracle": result.measured.hardware})
                 show(result, task)
 
             with tqdm(total=len(tasks) * len(sharders), desc="measuring", unit="plan", disable=None) as bar:

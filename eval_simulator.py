@@ -38,7 +38,6 @@ from shardcore.tasks import load_tasks
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import positive_int
 from shardcore.costs import COST_PARTS
-from shardcore.io import check_output_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,9 +88,7 @@ def main(argv=None):
     served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
     if served is not None:
         return served
-    if args.out:
-        check_output_file(args.out, "--out")
-        check_outputs(args, {"--out": args.out})   # never the task file, the dataset or a model it reads
+    check_outputs(args, {"--out": args.out})   # never the task file, the dataset or a model it reads
     devices = device_ids(args)
     ndevices = num_devices(args)
     names = [a.strip() for a in args.alg.split(",") if a.strip()]

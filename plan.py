@@ -36,7 +36,7 @@ from shardcore.oracles.commmodel import (DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_CO
 from shardcore.errors import ShardError
 from shardcore.oracles.factory import batch_size_int
 from shardcore.evaluation.compare import lookup_load
-from shardcore.io import check_output_file, write_json
+from shardcore.io import write_json
 from shardcore.evaluation.report import format_table
 from shardcore.interop.plan_export import plan_json, torchrec_path_for, torchrec_plan_json
 from shardcore.interop.memory import EXACT_SGD
@@ -275,13 +275,29 @@ def torchrec_problem(tables, names, plan, devices_per_host: int = 0) -> str | No
 
 
 def main(argv=None):
+    return plan_tables(build_parser().parse_args(argv))
+
+
+def check_batch(args, tables, file_batch: int | None) -> None:
+    """Reuse statistics (bin_0..bin_16, length_cv) hold for the batch they were taken at: a --batch-size
+    other than the one the tables file states would price them at a batch they do not describe."""
+    if file_batch is None or args.batch_size is None or args.batch_size == file_batch:
+        return
+    if any(any(t.bins) or t.length_cv is not None for t in tables):
+        raise ShardError(f"--batch-size {args.batch_size}: {args.tables} states its reuse statistics (bin_*, "
+                         f"length_cv) were taken at batch {file_batch}, and they differ at another batch; plan for "
+                         f"--batch-size {file_batch}, or take the statistics at {args.batch_size}")
+
+
+def plan_tables(args):
+    """The command; its temporary folder (the tables' configs for the emulated oracle) goes with the run, on
+    SIGTERM too (run_main turns it into an exception that unwinds)."""
     import tempfile
 
     from shardcore.evaluation.compare import evaluate
     from shardcore.tasks import Task
     from shardcore.types import Topology
 
-    args = build_parser().parse_args(argv)
     algs = list(args.alg)
     if args.torchrec and not args.out:
         raise ShardError("--torchrec writes beside the plan: give --out PLAN.json too")
@@ -292,18 +308,16 @@ def main(argv=None):
                          "--oracle emulated:h200 to write the cheapest")
     if args.plot is not None and args.oracle is None:
         raise ShardError("--plot draws the plans' costs: price them with --oracle (e.g. emulated:h200)")
-    if args.plot:
-        check_output_file(args.plot, "--plot")
-    if args.out:
-        check_output_file(args.out, "--out")
-        if args.torchrec:
-            check_output_file(torchrec_path_for(args.out), "--torchrec")
     cli.check_outputs(args, {"--out": args.out, "--torchrec": torchrec_path_for(args.out) if args.out and args.torchrec
                              else None, "--plot": args.plot}, {"--plot": "a PNG image"})
     devices = device_ids(args)
     ndevices = num_devices(args)
+    # the plan's devices by their ids where --gpu-devices names each; more plan devices (--ndevices) than
+    # ids are measured in turns on those: then the plan's own numbers 0..N-1
+    labels = devices if len(devices) == ndevices else list(range(ndevices))
     tables, names = read_tables(args.tables)
     file_batch = read_batch_size(args.tables)
+    check_batch(args, tables, file_batch)
     batch = args.batch_size or file_batch
     needs_batch = [a for a in algs if a in BATCH_PLANNERS]
     if args.oracle is not None and batch is None:
@@ -315,6 +329,7 @@ def main(argv=None):
                              "file" + (f" ({', '.join(needs_batch)} plan for it too)" if needs_batch else ""))
     if not any(a in ROW_SPLITTERS for a in algs):   # TorchRec's and shardkit's planners may split a table by rows
         check_fits(tables, names, args.max_memory, args.weights_precision)
+    Topology(ndevices, args.max_memory, args.weights_precision).check_fits(tables)   # all devices' memory together
     warning = no_reuse_warning(tables, names) if (args.oracle or needs_batch) else None
     if warning:
         print(warning)
@@ -371,7 +386,7 @@ def main(argv=None):
     why = torchrec_problem(tables, names, plan, args.devices_per_host) if args.torchrec else None
     if why:
         raise ShardError(f"--torchrec: {chosen.alg}'s plan cannot be applied by TorchRec: {why}; --pick another planner")
-    table, imb, worst = summary(tables, names, plan, devices, args.max_memory, args.weights_precision,
+    table, imb, worst = summary(tables, names, plan, labels, args.max_memory, args.weights_precision,
                                 chosen.device_costs_ms if oracle is not None else None)
     if oracle is None:
         for r in results:
@@ -397,7 +412,7 @@ def main(argv=None):
         if oracle is not None:
             meta.update(cost_ms=round(chosen.cost_ms, 6), priced_on=hardware, batch_size=batch)
         write_json(args.out, plan_json(tables, plan, args.max_memory, args.weights_precision, names,
-                                       device_ids=devices, **meta))
+                                       device_ids=devices if labels is devices else None, **meta))
         print(f"wrote {args.out}")
         if args.torchrec:
             path = torchrec_path_for(args.out)

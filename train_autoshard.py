@@ -32,7 +32,8 @@ from shardcore.types import Topology
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import check_resumed_config, flags_given
 from shardcore.config import add_config_args, config_from_args
-from shardcore.io import check_output_dir
+from shardcore.cli.common import check_outputs
+from shardcore.processes import output_lock
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,13 +97,22 @@ def main(argv=None):
     served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
     if served is not None:
         return served
-    check_output_dir(os.path.join(args.savedir, args.xpid), "--savedir/--xpid")
+    out_dir = os.path.join(args.savedir, args.xpid)
+    check_outputs(args, {}, folders={"--savedir/--xpid": (out_dir, OUTPUTS)})
+    with output_lock(out_dir, "--savedir/--xpid"):   # one run at a time writes a folder's logs and checkpoint
+        return train(args, argv, out_dir)
+
+
+#: what a run writes in <savedir>/<xpid>/
+OUTPUTS = ("model.pt", "best.pt", "train_log.csv", "episodes.csv", "policy_eval.csv", "train_curve.png")
+
+
+def train(args, argv, out_dir: str):
     devices = device_ids(args)
     ndevices = num_devices(args)   # --ndevices beside fewer --gpu-devices: plans of N devices measured on those
     dataset = load_dataset(args.data_dir, with_lookups=False)
     tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
     check_tasks(tasks, dataset, ndevices, args.max_memory, args.weights_precision)
-    out_dir = os.path.join(args.savedir, args.xpid)
     ckpt = os.path.join(out_dir, "model.pt")
     model = None
     if args.resume:

@@ -27,7 +27,8 @@ from shardcore.tasks import load_tasks
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import check_resumed_config, flags_given
 from shardcore.config import add_config_args, config_from_args
-from shardcore.io import check_output_dir
+from shardcore.cli.common import check_outputs
+from shardcore.processes import output_lock
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +56,14 @@ def main(argv=None):
     served = serve_if_torchrun_rank(args)   # torchrun ranks other than 0 measure, nothing else
     if served is not None:
         return served
-    check_output_dir(args.out_dir, "--out-dir")
+    written = [f"{i}.pt" for i in range(args.num_iterations)] + [BEST, "train_log.csv", "learning_curve.csv",
+                                                                  "learning_curve.png"]
+    check_outputs(args, {}, folders={"--out-dir": (args.out_dir, written)})
+    with output_lock(args.out_dir, "--out-dir"):   # one run at a time writes a folder's checkpoints and logs
+        return train(args, argv)
+
+
+def train(args, argv):
     devices = device_ids(args)
     ndevices = num_devices(args)
     dataset = load_dataset(args.data_dir, with_lookups=False)

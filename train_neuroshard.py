@@ -16,6 +16,7 @@ Writes <out-dir>/compute.pt, fw_comm.pt, bw_comm.pt and neuroshard.pt (all three
 """
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -24,17 +25,19 @@ from tqdm import tqdm
 from neuroshard import config
 from neuroshard.checkpoints import save_bundle, save_model
 from neuroshard.cli import add_collection_args, add_training_args, training_config
-from neuroshard.collect import (check_comm_args, check_compute_args, collect_comm, collect_compute, load_comm_data,
-                                load_compute_data)
+from neuroshard.collect import (check_comm_args, check_compute_args, check_resumable, collect_comm, collect_compute,
+                                evaluator_setting, load_comm_data, load_compute_data)
 from neuroshard.config import SearchConfig
 from neuroshard.curve import write_curve
 from neuroshard.fitting import fit_comm_model, fit_compute_model
-from shardcore.argtypes import int_list
+from shardcore.argtypes import MAX_DEVICES, int_list
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_device_args, add_memory_args, add_oracle_args, device_ids, num_devices, open_evaluator
 from shardcore.cli.common import run_main, serve_if_torchrun_rank
 from shardcore.errors import ShardError
-from shardcore.io import check_finite, check_output_dir
+from shardcore.cli.common import check_outputs
+from shardcore.io import check_finite
+from shardcore.processes import output_lock
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="communication cost data directories, one per --comm-devices count (default "
                         "data/cost_data/comm_<number of devices>)")
     p.add_argument("--out-dir", "--out_dir", dest="out_dir", default=config.MODEL_DIR,
-                   help="where the models go (default %(default)s)")
+                   help="where the models go (default %(default)s); models an earlier run left there are refused "
+                        "unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the models an earlier run left in --out-dir (they are trained anew from the data)")
     add_memory_args(p, default_max_memory=config.COLLECTION.max_mem_gb,
                     default_precision=config.COLLECTION.weights_precision)
     add_collection_args(p, "train", group=p.add_argument_group("collection"))
@@ -67,8 +73,9 @@ def comm_plan(args: argparse.Namespace, ndevices: int) -> tuple[list[int], list[
     folders (``--comm-data-dir``, one per count, default data/cost_data/comm_<N>); one-line errors."""
     counts = list(args.comm_devices) if args.comm_devices else [ndevices]
     shown = ",".join(map(str, counts))
-    if min(counts) < 2:
-        raise ShardError(f"--comm-devices: NeuroShard's communication data need at least 2 devices, got {shown}")
+    if min(counts) < 2 or max(counts) > MAX_DEVICES:
+        raise ShardError(f"--comm-devices: NeuroShard's communication data need at least 2 devices (and at most "
+                         f"{MAX_DEVICES}), got {shown}")
     if len(set(counts)) != len(counts):
         raise ShardError(f"--comm-devices lists a count twice: {shown}")
     if getattr(args, "launcher", "spawn") == "torchrun" and counts != [ndevices]:
@@ -103,11 +110,36 @@ def main(argv=None):
     # everything the later steps need is checked now, not after the collection (which takes long)
     check_compute_args(args.max_tables, args.max_memory, args.max_dim)
     check_comm_args(args.T_range, args.sleep_range, args.max_dim)
-    for d in (args.out_dir, args.compute_data_dir, *comm_dirs):
-        check_output_dir(d, "output directory")
+    data = {"--compute-data-dir": (args.compute_data_dir, [config.COMPUTE_CSV, config.META_JSON])}
+    for n, d in zip(counts, comm_dirs):
+        data[f"--comm-data-dir ({n} devices)"] = (d, [config.COMM_CSV, config.META_JSON])
+    check_outputs(args, {}, folders={"--out-dir": (args.out_dir, MODEL_FILES),
+                                     **({} if args.skip_collection else data)})
+    left = [f for f in MODEL_FILES[:4] if os.path.isfile(os.path.join(args.out_dir, f))]
+    if left and not args.overwrite:
+        raise ShardError(f"--out-dir {args.out_dir} holds the models of an earlier run ({', '.join(left)}): pass "
+                         "--overwrite to replace them, or choose another --out-dir")
+    with contextlib.ExitStack() as locks:   # one run at a time writes each folder
+        held = set()
+        for flag, (folder, _) in [("--out-dir", (args.out_dir, ())), *([] if args.skip_collection else data.items())]:
+            if os.path.abspath(folder) not in held:
+                held.add(os.path.abspath(folder))
+                locks.enter_context(output_lock(folder, flag))
+        return train(args, ids, ndevices, counts, comm_dirs, compute_cfg, comm_cfg)
+
+
+#: what a run writes in --out-dir
+MODEL_FILES = ("compute.pt", "fw_comm.pt", "bw_comm.pt", "neuroshard.pt", "train_log.csv", "train_curve.png")
+
+
+def train(args, ids, ndevices, counts, comm_dirs, compute_cfg, comm_cfg):
     t0 = time.perf_counter()
     if not args.skip_collection:
         with open_evaluator(args, args.dataset_dir, ids) as ev:
+            # samples already there of another setting are refused now, not after the compute collection
+            check_resumable(args.compute_data_dir, "compute", evaluator_setting(ev, exchange=False))
+            if ndevices in counts:
+                check_resumable(comm_dirs[counts.index(ndevices)], "comm", evaluator_setting(ev))
             print(f"[1/4] compute data: workers up in {ev.info.startup_s:.1f} s on {ev.info.device_type} "
                   f"({ev.ndevices} devices, batch {ev.batch_size})")
             s = collect_compute(ev, args.compute_data_dir, args.compute_samples, max_tables=args.max_tables,

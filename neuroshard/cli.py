@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 from typing import Sequence
 
-from shardcore.cli.common import check_outputs_spare_inputs, check_replaces_kind, make_parser
+from shardcore.cli.common import check_replaces_kind, make_parser
 from shardcore.argtypes import positive_int, fraction, seed_int
 from shardcore.config import add_config_args, config_from_args, given_args
 from shardcore.errors import ShardError
@@ -87,11 +87,24 @@ def check_cost_model_outputs(args: argparse.Namespace, names: Sequence[str]) -> 
         for f in files:
             inputs[f"--data_dir {f}"] = f
     outputs = {f"--{n}": getattr(args, n) for n in names}
+    kinds = {flag: "a zip/torch file" for flag in outputs}
+    if all(outputs.values()):   # and the learning curve written beside the models (write_curve)
+        stem = curve_stem(args, names[0])
+        outputs.update({"learning curve": f"{stem}_train_log.csv", "learning curve figure": f"{stem}_train_curve.png"})
+        kinds["learning curve figure"] = "a PNG image"
+    io.check_outputs(outputs, inputs)
     for flag, path in outputs.items():
-        io.check_output_file(path, flag)
-    check_outputs_spare_inputs(outputs, inputs)
-    for flag, path in outputs.items():
-        check_replaces_kind(path, "a zip/torch file", flag)
+        check_replaces_kind(path, kinds.get(flag, "text"), flag)
+
+
+def curve_stem(args: argparse.Namespace, name: str) -> str:
+    """Where a cost-model script writes its learning curve: beside ``--out_path`` (compute), in the folder
+    of ``--fw_out_path`` (communication: ``comm_train_log.csv``)."""
+    import os
+
+    if name == "out_path":
+        return os.path.splitext(args.out_path)[0]
+    return os.path.join(os.path.dirname(args.fw_out_path) or ".", "comm")
 
 
 def cost_model_config(args: argparse.Namespace, defaults: ModelConfig) -> ModelConfig:

@@ -63,7 +63,7 @@ from . import config
 from .original_data import is_original_dir, read_original_comm_data, read_original_compute_data
 
 LIST_COLUMNS = ("table_ids", "dims", "rows", "pooling_factors")
-SETTING_KEYS = ("hardware", "dataset", "batch_size", "optimizer", "precision")
+SETTING_KEYS = ("hardware", "dataset", "batch_size", "optimizer", "precision", "exchange")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,19 +248,30 @@ def read_meta(csv_path: Path) -> dict:
     if not meta.is_file():
         return {}
     try:
-        return json.loads(meta.read_text())
-    except json.JSONDecodeError:
-        return {}
+        obj = json.loads(meta.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ShardError(f"{meta}: unreadable ({exc}): the setting its samples were measured in is unknown; "
+                         "move it away and collect again") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("setting", {}), dict):
+        raise ShardError(f"{meta}: not a cost data meta file (expected an object with a 'setting' object)")
+    return obj
 
 
-def common_setting(metas: Sequence[dict]) -> dict:
-    """The setting shared by several data files (keys on which they disagree are dropped)."""
+def common_setting(metas: Sequence[dict], where: Sequence[str] = ()) -> dict:
+    """The setting shared by several data files (``where``: their names): samples measured in different
+    settings (another oracle, dataset, batch, optimizer, precision or exchange model) would train one model
+    on a mix, refused in one line naming the field; a key a file does not state (older data) is not compared."""
     settings = [m.get("setting", {}) for m in metas]
+    names = list(where) or [f"data file {k + 1}" for k in range(len(settings))]
     out = {}
     for key in SETTING_KEYS:
-        values = {json.dumps(s.get(key)) for s in settings}
-        if len(values) == 1 and settings and settings[0].get(key) is not None:
-            out[key] = settings[0][key]
+        given = [(n, s[key]) for n, s in zip(names, settings) if s.get(key) is not None]
+        other = next(((n, v) for n, v in given if v != given[0][1]), None)
+        if other is not None:
+            raise ShardError(f"cost data measured in different settings: {key} {given[0][1]!r} in {given[0][0]}, "
+                             f"{other[1]!r} in {other[0]}; train on data of one setting")
+        if given and len(given) == len(settings):
+            out[key] = given[0][1]
     return out
 
 
@@ -286,7 +297,8 @@ def load_compute_data(paths) -> tuple[list[list[TableConfig]], np.ndarray, dict]
                 costs.append((_cost(row["fw_ms"], "fw_ms"), _cost(row["bw_ms"], "bw_ms")))
         metas.append(read_meta(f))
         refuse_predictions(metas[-1], str(f.parent / config.META_JSON), f"{f.name}'s measured costs")
-    return shards, np.asarray(costs, dtype=np.float64).reshape(-1, 2), common_setting(metas)
+    setting = common_setting(metas, [str(p) for p in originals + files])
+    return shards, np.asarray(costs, dtype=np.float64).reshape(-1, 2), setting
 
 
 def load_comm_data(paths) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray], dict]:
@@ -316,33 +328,50 @@ def load_comm_data(paths) -> tuple[list[np.ndarray], list[np.ndarray], list[np.n
                     arr.append(v)
         metas.append(read_meta(f))
         refuse_predictions(metas[-1], str(f.parent / config.META_JSON), f"{f.name}'s measured costs")
-    return dims, delays, fw, bw, common_setting(metas)
+    return dims, delays, fw, bw, common_setting(metas, [str(p) for p in originals + files])
 
 
 # ----------------------------------------------------------------------------------------------
 # Collection
 # ----------------------------------------------------------------------------------------------
-def evaluator_setting(ev) -> dict:
+def evaluator_setting(ev, exchange: bool = True) -> dict:
+    """What the samples depend on besides themselves; ``exchange``: the all-to-alls' (communication data)."""
+    from shardcore.oracles.factory import exchange_setting
+
     ctx = ev.context
-    return {"hardware": ctx.hardware, "dataset": ctx.dataset, "batch_size": int(ctx.batch_size),
-            "optimizer": ctx.optimizer, "precision": ctx.precision}
+    out = {"hardware": ctx.hardware, "dataset": ctx.dataset, "batch_size": int(ctx.batch_size),
+           "optimizer": ctx.optimizer, "precision": ctx.precision}
+    return {**out, "exchange": exchange_setting(ev)} if exchange else out
+
+
+def check_resumable(out_dir: str | os.PathLike, kind: str, setting: dict) -> None:
+    """A collection into ``out_dir`` tops up the samples there only if they are ``kind`` data measured in
+    ``setting`` (:func:`evaluator_setting`): else one line, before anything is measured."""
+    csv_path = Path(out_dir) / (config.COMPUTE_CSV if kind == "compute" else config.COMM_CSV)
+    if not csv_path.is_file():
+        return
+    old = read_meta(csv_path)
+    old_setting = old.get("setting", {})
+    diff = [k for k in SETTING_KEYS if k in old_setting and old_setting[k] != setting.get(k)]
+    if old.get("kind", kind) != kind:
+        raise ShardError(f"{out_dir} holds {old.get('kind')} data, not {kind} data: choose another --out_dir")
+    if not diff and "exchange" not in old_setting and setting.get("exchange", "measured") != "measured":
+        diff = ["exchange"]   # samples of a modelled exchange that does not say whose constants
+    if diff:
+        k = diff[0]
+        raise ShardError(f"{csv_path} was measured in another setting ({k} {old_setting.get(k, 'not recorded')!r}, "
+                         f"this run {setting.get(k)!r}): its samples and this run's would be mixed; choose "
+                         "another --out_dir to collect for this one")
 
 
 def _prepare(out_dir: Path, csv_name: str, kind: str, setting: dict, params: dict) -> list[dict]:
     """Existing rows of a resumable collection (after checking its setting); writes meta.json."""
+    check_resumable(out_dir, kind, setting)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / csv_name
     meta_path = out_dir / config.META_JSON
     rows: list[dict] = []
     if csv_path.is_file():
-        old = read_meta(csv_path)
-        old_setting = old.get("setting", {})
-        diff = [k for k in SETTING_KEYS if k in old_setting and old_setting[k] != setting.get(k)]
-        if old.get("kind", kind) != kind:
-            raise ShardError(f"{out_dir} holds {old.get('kind')} data, not {kind} data: choose another --out_dir")
-        if diff:
-            raise ShardError(f"{csv_path} was measured in another setting ({', '.join(diff)} differ): "
-                             "choose another --out_dir to collect for this one")
         df = _read_csv(csv_path)
         rows = df.to_dict("records")
         for r in rows:
@@ -429,7 +458,7 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int | None, max_t
             raise ShardError("--pf-augment needs an emulated oracle (--oracle emulated:...): a measured one looks up "
                              "the dataset's real ids, whatever a table's pooling factor says")
         params.update(pf_augment=float(pf_augment))
-    rows = _prepare(out_dir, config.COMPUTE_CSV, "compute", evaluator_setting(ev), params)
+    rows = _prepare(out_dir, config.COMPUTE_CSV, "compute", evaluator_setting(ev, exchange=False), params)
     csv_path = out_dir / config.COMPUTE_CSV
     added = hits = 0
     store = measurement_store(ev)

@@ -19,7 +19,7 @@ def train_args(ctx: TrainContext) -> list[str]:
              "--compute-data-dir", str(ctx.folder / "compute"),
              "--comm-devices", ",".join(map(str, counts)),
              "--comm-data-dir", ",".join(str(ctx.folder / f"comm_{n}") for n in counts),
-             "--out-dir", str(ctx.folder), "--weights-precision", ctx.precision, "--seed", str(ctx.seed)]
+             "--out-dir", str(ctx.folder), "--overwrite", "--weights-precision", ctx.precision, "--seed", str(ctx.seed)]
             + list(ctx.oracle_flags))
 
 

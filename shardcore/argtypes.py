@@ -130,3 +130,14 @@ def bounded_int(low: int, high: int, what: str) -> Callable[[str], int]:
         return v
     convert.__name__ = what.replace(" ", "_")
     return convert
+
+
+MAX_DEVICES = 4096   # the most devices a plan may have
+
+
+def device_count(text: str) -> int:
+    """argparse type for a device count: 1 .. :data:`MAX_DEVICES` (planning time and memory grow with it)."""
+    v = positive_int(text)
+    if v > MAX_DEVICES:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_DEVICES} devices, got {text!r}")
+    return v

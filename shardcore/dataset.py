@@ -61,10 +61,7 @@ def load_table_configs(path: str | os.PathLike) -> list[TableConfig]:
                              f"{DEFAULT_DATA_DIR}); cost models trained on that data are given with --compute-model, "
                              "--fw-comm-model and --bw-comm-model")
         raise ShardError(f"table configs not found: {path} (run tools/gen_dlrm_data.py first)")
-    try:
-        obj = json.loads(io.read_text(path, "table_configs.json (JSON)"))
-    except json.JSONDecodeError as exc:
-        raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    obj = io.parse_json(io.read_text(path, "table_configs.json (JSON)"), path)
     if isinstance(obj, list):   # NeuroShard's layout: a bare list of tables (shardcore.originals)
         return tables_from_original_list(obj, path)
     if not isinstance(obj, dict) or not isinstance(obj.get("tables"), list):

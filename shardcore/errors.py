@@ -2,7 +2,7 @@
 
 Every problem caused by bad input (a missing file, a malformed line, an infeasible request) is raised as
 :class:`ShardError` with a one-line message; the scripts print it as ``error: <message>`` and exit 2.
-:class:`Terminated` is how SIGTERM unwinds a script that asked for it; how processes start and end is in
+:class:`Terminated` is how SIGTERM unwinds a script (``run_main``); how processes start and end is in
 :mod:`shardcore.processes`.
 """
 
@@ -16,5 +16,5 @@ class InfeasibleError(ShardError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM received where a script asked for it (torchrun's rank 0): unwinds like Ctrl-C, so the
-    evaluator stops its workers, and the script reports it in one line."""
+    """SIGTERM received by a script (``run_main``, torchrun's rank 0): unwinds like Ctrl-C, so the
+    evaluator stops its workers and temporary folders go, and the script reports it in one line."""

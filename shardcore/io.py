@@ -1,8 +1,6 @@
-"""Atomic output helpers: write to a temporary file beside the target, then rename.
-
-A crash or Ctrl-C in the middle of a write never leaves a half-written file
-under the final name.
-"""
+"""Outputs and inputs: the one rule every output obeys (:func:`check_outputs`), atomic writes (a temporary
+file beside the target, then renamed: never a half-written file under the final name), strict reads
+(text, JSON, torch files with ``weights_only=True``) and checkpoints."""
 
 from __future__ import annotations
 
@@ -14,11 +12,7 @@ import warnings
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+from shardcore.errors import ShardError
 
 
 @contextlib.contextmanager
@@ -28,8 +22,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    tmp_path = Path(tmp)
-    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
+    tmp_path, mask = Path(tmp), os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp_path, 0o666 & ~mask)  # mkstemp makes 0600; outputs get the usual permissions
     try:
         yield tmp_path
         os.replace(tmp_path, path)
@@ -89,8 +84,6 @@ def read_maybe_gzipped(path: str | os.PathLike) -> bytes:
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
     """A text file's contents as UTF-8 (a leading byte-order mark is dropped). An unreadable file or
     one that is not UTF-8 text raises :class:`~shardcore.errors.ShardError` with one line."""
-    from shardcore.errors import ShardError
-
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -106,53 +99,61 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
                          f"expected a {what}") from None
 
 
-def _nearest_existing(path: Path) -> Path:
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
+def parse_json(text: str, where) -> Any:
+    """JSON text whose objects name each key once (``{"row": 1, "row": 2}`` would keep the last without a
+    word); a malformed text or a repeated key is one line naming ``where``."""
+    def unique(pairs):
+        if len({k for k, _ in pairs}) < len(pairs):
+            raise ShardError(f"{where}: key {next(k for k, _ in pairs if sum(j == k for j, _ in pairs) > 1)!r} "
+                             "appears twice in one object; keep one")
+        return dict(pairs)
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as exc:
+        raise ShardError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
 
 
-def _check_creatable(path: Path, flag: str) -> None:
-    """``path`` does not exist yet: its nearest existing ancestor must be a writable directory."""
-    from shardcore.errors import ShardError
-
-    base = _nearest_existing(path.absolute().parent)
-    if not base.is_dir():
-        raise ShardError(f"{flag} {path}: {base} is a file, not a directory")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise ShardError(f"{flag} {path}: directory {base} is not writable")
+def _same_file(a: Path, b: Path) -> bool:   # links resolved; hard links by inode
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
 
 
-def check_output_file(path: str | os.PathLike, flag: str = "output") -> None:
-    """Fail early (one line) when a file cannot be written at ``path``: it is a directory, a parent is
-    a file, or the directory is not writable. Creates nothing."""
-    from shardcore.errors import ShardError
-
-    path = Path(path)
-    if str(path) == "" or path.name in ("", ".", ".."):
-        raise ShardError(f"{flag} {str(path)!r}: not a file name")
-    if path.is_dir():
-        raise ShardError(f"{flag} {path}: is a directory, expected a file name")
-    if path.exists():
-        if not os.access(path.absolute().parent, os.W_OK | os.X_OK):
-            raise ShardError(f"{flag} {path}: directory {path.absolute().parent} is not writable")
-        return
-    _check_creatable(path, flag)
-
-
-def check_output_dir(path: str | os.PathLike, flag: str = "output directory") -> None:
-    """Fail early (one line) when ``path`` cannot be (or be created as) a writable directory."""
-    from shardcore.errors import ShardError
-
-    path = Path(path)
-    if path.exists():
-        if not path.is_dir():
-            raise ShardError(f"{flag} {path}: is a file, not a directory")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ShardError(f"{flag} {path}: directory is not writable")
-        return
-    _check_creatable(path, flag)
+def check_outputs(outputs: dict, inputs: dict | None = None, *, dirs=(), replaced=()) -> None:
+    """The one rule every command that writes checks before any work (one line each, nothing created):
+    each output (``outputs``: flag -> path, None where not given; ``dirs``: the flags naming directories)
+    can be written there (its folder, or the nearest one that exists, is a writable directory); none is a
+    device, pipe or socket (``/dev/full``); none names or links to an input (``inputs``: flag -> path;
+    links and ``..`` resolved, hard links by inode) or another output; no input lies inside a directory
+    the command replaces as a whole (``replaced``: output flags)."""
+    outs = [(f, Path(p)) for f, p in outputs.items() if p is not None]
+    ins = [(f, Path(p)) for f, p in (inputs or {}).items() if p not in (None, "")]
+    for i, (flag, path) in enumerate(outs):
+        if str(outputs[flag]) == "" or (path.name in ("", ".", "..") and flag not in dirs):
+            raise ShardError(f"{flag} {str(outputs[flag])!r}: not a {'directory' if flag in dirs else 'file'} name")
+        base = path if path.is_dir() else path.absolute().parent
+        while not base.exists() and base != base.parent:
+            base = base.parent
+        exists, is_dir = path.exists(), path.is_dir()
+        problems = ((exists and not (is_dir or path.is_file()), "is a device, pipe or socket, not a regular file: "
+                     "never written over"),   # an output is a regular file renamed into place
+                    (exists and is_dir and flag not in dirs, "is a directory, expected a file name"),
+                    (exists and not is_dir and flag in dirs, "is a file, not a directory"),
+                    (not base.is_dir(), f"{base} is a file, not a directory"),
+                    (not os.access(base, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids),
+                     f"directory {base} is not writable"))
+        why = next((w for bad, w in problems if bad), None)
+        if why:
+            raise ShardError(f"{flag} {path}: {why}")
+        for other, ipath in ins + outs[i + 1:]:
+            if other == flag:   # a file both read and written (a cache): one flag, one role
+                continue
+            inside = flag in replaced and ipath.resolve().is_relative_to(path.resolve())
+            if _same_file(path, ipath) or inside:
+                role = "input" if (other, ipath) in ins else "output"
+                raise ShardError(f"{flag} {path} {'holds' if inside else 'is also'} the {role} {other} {ipath}: the "
+                                 f"output would replace it; choose another {flag}")
 
 
 def first_line(text: object, limit: int = 300) -> str:
@@ -166,8 +167,6 @@ def first_line(text: object, limit: int = 300) -> str:
 def checkpoint_contents(path: str | os.PathLike) -> Iterator[None]:
     """Build a model from a checkpoint's entries: a missing entry, a wrong type or a tensor whose shape
     does not fit the architecture becomes one line ``<path>: broken checkpoint (...)``."""
-    from shardcore.errors import ShardError
-
     try:
         yield
     except ShardError as exc:
@@ -186,8 +185,6 @@ def safe_torch_load(path: str | os.PathLike, what: str = "file", name: str | Non
     strings, lists and dicts is refused as unsafe, other read failures give one line as well."""
     import torch
     import pickle
-
-    from shardcore.errors import ShardError
 
     kwargs.setdefault("map_location", "cpu")
     label = name or str(path)
@@ -208,27 +205,17 @@ def safe_torch_load(path: str | os.PathLike, what: str = "file", name: str | Non
                          f"({type(exc).__name__}: {first_line(exc, 200)})") from None
 
 
-def train_hint(method: str | None) -> str:
-    """``train one with python train_<method>.py``: the way forward from a checkpoint that cannot be used."""
-    from shardcore import registry
-
-    return registry.train_hint(method)
-
-
 def load_checkpoint(path: str | os.PathLike, method: str | None = None, version: int | None = None,
                     label: str | None = None) -> dict:
     """A checkpoint dict read with ``weights_only=True`` (never unpickles code). A missing or unreadable
-    file, another method's checkpoint (``method``) or another format version (``version``) raise
-    :class:`~shardcore.errors.ShardError` with one line; ``label`` names the kind ("an AutoShard").
-    A checkpoint of the original repositories' code (a bare ``state_dict``, AutoShard's ``model.tar``,
-    or a pickle that needs code to load) is named as such, with the command that trains one here:
-    their networks differ from these, so their weights cannot be loaded."""
-    from shardcore.errors import ShardError
-
-    if not os.path.isfile(path):
-        raise ShardError(f"checkpoint not found: {path}")
+    file, another method's (``method``) or format version's (``version``) is one line; ``label`` names the
+    kind ("an AutoShard"). One of the original repositories' code (a bare ``state_dict``, ``model.tar``, a
+    pickle needing code) is named so, with the command that trains one here (their networks differ)."""
     from shardcore import registry
 
+    train_hint = registry.train_hint
+    if not os.path.isfile(path):
+        raise ShardError(f"checkpoint not found: {path}")
     original = (f"if it comes from the original {registry.originals_text()} code, it cannot be loaded here "
                 f"(their networks differ): {train_hint(method)}")
     try:
@@ -253,17 +240,11 @@ def nonfinite_entry(obj: Any, where: str = "") -> str | None:
     import math
 
     if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point() or obj.is_complex():
-            return None if bool(torch.isfinite(obj).all()) else (where or "tensor")
-        return None
+        exact = not (obj.is_floating_point() or obj.is_complex())
+        return None if exact or bool(torch.isfinite(obj).all()) else (where or "tensor")
     if isinstance(obj, float):
         return None if math.isfinite(obj) else (where or "value")
-    if isinstance(obj, dict):
-        items = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    else:
-        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
     for k, v in items:
         bad = nonfinite_entry(v, f"{where}.{k}" if where else str(k))
         if bad is not None:
@@ -275,8 +256,6 @@ def check_finite(obj: Any, label: str, hint: str = "") -> None:
     """Refuse (one line, ``label: non-finite values in <entry>``) weights, scalers or statistics that
     hold a NaN or an infinity: every checkpoint loader and saver calls it, so a diverged network is
     neither written nor used."""
-    from shardcore.errors import ShardError
-
     bad = nonfinite_entry(obj)
     if bad is not None:
         raise ShardError(f"{label} (non-finite values in {bad})" + (f"; {hint}" if hint else ""))

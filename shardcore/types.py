@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from shardcore.costs import COST_PARTS  # noqa: F401  (re-exported: the order of every per-device cost list)
-from shardcore.errors import ShardError
+from shardcore.errors import InfeasibleError, ShardError
+from shardcore.argtypes import MAX_DEVICES
 from shardcore.tables import PRECISION_BYTES, TableConfig
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
@@ -56,14 +57,24 @@ class Topology:
     precision: str = "fp16"
 
     def __post_init__(self):
-        if isinstance(self.ndevices, bool) or int(self.ndevices) != self.ndevices or self.ndevices < 1:
-            raise ShardError(f"a topology needs at least one device, got ndevices={self.ndevices!r}")
+        n = self.ndevices
+        if isinstance(n, bool) or int(n) != n or not 1 <= n <= MAX_DEVICES:
+            raise ShardError(f"a topology needs at least one device and at most {MAX_DEVICES}, got ndevices={n!r}")
         if not float(self.max_memory_gb) > 0:
             raise ShardError(f"the memory cap must be positive, got {self.max_memory_gb!r} GiB")
         if self.precision not in PRECISION_BYTES:
             raise ShardError(f"unknown precision {self.precision!r}: choose one of {', '.join(sorted(PRECISION_BYTES))}")
         object.__setattr__(self, "ndevices", int(self.ndevices))
         object.__setattr__(self, "max_memory_gb", float(self.max_memory_gb))
+
+    def check_fits(self, tables: Sequence[TableConfig]) -> None:
+        """Before any planner runs: tables that need more memory together than all the devices hold are
+        infeasible for every plan (any sharding holds each weight at least once): one line."""
+        need = sum(t.memory_gb(self.precision) for t in tables)
+        if need > self.ndevices * (self.max_memory_gb + 1e-12):
+            raise InfeasibleError(f"infeasible: the {len(tables)} tables need {need:.4g} GB together ({self.precision}), "
+                                  f"more than {self.ndevices} devices of {self.max_memory_gb:g} GB hold; raise "
+                                  "--max-memory or add devices")
 
 
 @dataclass

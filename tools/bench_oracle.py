@@ -84,6 +84,7 @@ def fmt_costs(costs):
 
 def main(argv=None):
     args = parse_args(argv)
+    cli.check_out_file(args, args.json, "--json")   # before any measuring; never the dataset or the cache
     ndev = len(cli.device_ids(args))
     ds = load_dataset(args.data_dir, with_lookups=False)
     rng = np.random.default_rng(args.seed)

@@ -21,10 +21,11 @@ import os
 import sys
 
 
-from shardcore.argtypes import int_list, name_list, nonnegative_int, positive_float, positive_int, seed_int
-from shardcore.cli.common import run_main
+from shardcore.argtypes import MAX_DEVICES, device_count, int_list, name_list, nonnegative_int, positive_float, positive_int, seed_int
+from shardcore.cli.common import check_outputs, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
+from shardcore.processes import output_lock
 from experiments.config import learned_methods
 from experiments.planning import DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, BenchConfig, bench_planning
 from shardcore.tables import PRECISION_BYTES
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", type=int_list, default=list(DEFAULT_TABLE_SIZES), metavar="N,...",
                    help="table counts of the first sweep (default 50,100,200,400,856; capped at the "
                         "dataset's table count)")
-    p.add_argument("--tables-ndevices", type=positive_int, default=4, metavar="D",
+    p.add_argument("--tables-ndevices", type=device_count, default=4, metavar="D",
                    help="devices in the table sweep (default 4)")
     p.add_argument("--devices", type=int_list, default=list(DEFAULT_DEVICE_COUNTS), metavar="D,...",
                    help="device counts of the second sweep (default 4,8,16,32,64,128)")
@@ -76,8 +77,12 @@ def main(argv=None):
     algs = args.algs
     if min(args.tables) < 1 or min(args.devices) < 1:
         raise ShardError("--tables and --devices take positive counts")
+    if max(args.devices) > MAX_DEVICES:
+        raise ShardError(f"--devices {max(args.devices)}: at most {MAX_DEVICES} devices are planned for")
     if args.headroom < 1:
         raise ShardError(f"--headroom must be at least 1, got {args.headroom:g}")
+    check_outputs(args, {}, folders={"--out-dir": (args.out_dir, ["planning_tables.csv", "planning_devices.csv",
+                                                                  "planning.md", "planning.png"])})
     cfg = BenchConfig(
         data_dir=args.data_dir, out_dir=args.out_dir, algs=algs, table_sizes=tuple(args.tables),
         tables_ndevices=args.tables_ndevices, device_counts=tuple(args.devices), devices_tables=args.devices_tables,
@@ -86,7 +91,8 @@ def main(argv=None):
         model_paths={m: getattr(args, f"{m}_model") for m in learned_methods()}, models_dir=args.models_dir,
         quiet=args.quiet,
         command=["python", os.path.relpath(os.path.abspath(__file__))] + list(argv if argv is not None else sys.argv[1:]))
-    bench_planning(cfg)
+    with output_lock(args.out_dir, "--out-dir"):   # one run at a time rewrites its tables and figure
+        bench_planning(cfg)
 
 
 if __name__ == "__main__":

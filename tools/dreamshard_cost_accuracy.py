@@ -11,7 +11,6 @@ compute and communication costs.
 """
 
 import argparse
-import json
 import os
 
 
@@ -21,12 +20,13 @@ from dreamshard.sharder import DreamShardModel
 from shardcore.cli.common import run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
-from shardcore.oracles.setting import refuse_predictions
+from shardcore.evaluation.compare import check_record, record_pricing
+from shardcore.oracles.factory import check_same_pricing
 from shardcore.plan import Plan
 from shardcore.evaluation.report import format_table
 from shardcore.tasks import load_tasks
 from shardcore.cli.common import ArgumentParser as OneLineParser
-from shardcore.io import read_text
+from shardcore.io import parse_json, read_text
 
 
 def mape(pred, true) -> float:
@@ -50,14 +50,12 @@ def main(argv=None):
     rows = []
     for lineno, line in enumerate(read_text(args.results, "JSON-lines results file").splitlines(), start=1):
         if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ShardError(f"{args.results}:{lineno}: malformed JSON ({exc.msg})") from None
-            refuse_predictions(rows[-1], f"{args.results}:{lineno}", "measured plans (eval.py --out)")
-    rows = [r for r in rows if isinstance(r, dict) and r.get("cost_ms") is not None]
+            where = f"{args.results}:{lineno}"
+            rows.append(check_record(parse_json(line, where), where))
+    rows = [r for r in rows if r.get("cost_ms") is not None]
     if not rows:
         raise ShardError(f"{args.results}: no measured plans (run eval.py without --plan-only)")
+    check_same_pricing({f"{r['alg']} task {r['task']}": record_pricing(r) for r in rows}, args.results)
     pred_all, true_all, pred_dev, true_dev = [], [], [], []
     for r in rows:
         if r["task"] >= len(tasks):

@@ -32,7 +32,7 @@ from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from shardcore.oracles.factory import batch_size_int
 from shardcore.cli.common import ArgumentParser as OneLineParser
-from shardcore.io import check_output_dir, check_output_file
+from shardcore.cli.common import check_outputs
 from shardcore.tables import dim_problem
 from shardcore.tasks import save_tasks
 from shardcore.data.taskgen import generate_transfer_tasks
@@ -106,9 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for d in [args.dim] + list(args.dims or []):
         if dim_problem(d):
             raise ShardError(f"--dim/--dims: {dim_problem(d)}")
-    check_output_dir(args.out_dir, "--out-dir")
-    if args.raw_out is not None:
-        check_output_file(args.raw_out, "--raw-out")
+    check_outputs(args, {"--raw-out": args.raw_out}, {"--raw-out": None},
+                  folders={"--out-dir": (args.out_dir, ["table_configs.json", "data.pt", "train.txt", "test.txt"])})
     t0 = time.time()
     autoshard_tasks = (args.T_range is not None or args.num_train is not None or args.num_test is not None
                        or args.test_as_train or args.transfer or args.transfer_ratio is not None)

@@ -18,7 +18,6 @@ from shardcore.cli.common import ArgumentParser as OneLineParser, check_out_file
 from shardcore.argtypes import positive_int
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
-from shardcore.io import check_output_file
 from shardcore.tables import dim_problem
 from shardcore.tasks import Task, load_tasks, save_tasks
 
@@ -44,7 +43,6 @@ def main(argv=None) -> None:
     problem = dim_problem(args.hot_dim)
     if problem:
         raise ShardError(f"--hot-dim: {problem}")
-    check_output_file(args.out, "--out")
     check_out_file(args, args.out)   # never --tasks, the file it starts from
     dataset = load_dataset(args.data_dir, with_lookups=False)
     tables = dataset.tables

@@ -17,7 +17,7 @@ import argparse
 import os
 
 
-from shardcore.argtypes import int_list, positive_float, positive_int, fraction, seed_int
+from shardcore.argtypes import device_count, int_list, positive_float, positive_int, fraction, seed_int
 from shardcore.cli.common import original_range, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
@@ -26,7 +26,7 @@ from shardcore.data.taskgen import (TaskSpec, generate_single_pool_tasks, genera
                                    halving_dims)
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import nonnegative_int
-from shardcore.io import check_output_dir
+from shardcore.cli.common import check_outputs
 from shardcore.tables import dim_problem
 
 
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="NeuroShard's flag, NeuroShard's meaning: keep only tasks whose tables together fit "
                           "GiB, counted in fp32 unless --weights-precision is given (its default was 15 for "
                           "4 devices)")
-    ns.add_argument("--ndevices", type=positive_int, default=4, help="devices assumed by --max-mem (default 4)")
+    ns.add_argument("--ndevices", type=device_count, default=4, help="devices assumed by --max-mem (default 4)")
     ns.add_argument("--weights-precision", choices=["fp16", "fp32"], default=None,
                     help="bytes per weight counted by the memory cap (default fp16 with --max-mem, fp32 with "
                          "--max_mem, as the original NeuroShard)")
@@ -105,7 +105,7 @@ def main(argv=None):
         raise ShardError("--max-mem / --max_mem select NeuroShard-style tasks: give --dims or --max-dim too")
     precision = args.weights_precision or ("fp32" if args.total_mem is not None else "fp16")
     out_dir = args.out_dir or os.path.join("data", f"dlrm_tasks_{t_max if t_min == t_max else f'{t_min}_{t_max}'}")
-    check_output_dir(out_dir, "--out-dir")
+    check_outputs(args, {}, folders={"--out-dir": (out_dir, ["train.txt", "test.txt"])})
     if args.all_tables and (args.judge_pool is not None or dims is not None or args.max_mem is not None
                             or args.total_mem is not None or args.train_fraction != 0.5):
         raise ShardError("--all-tables draws AutoShard-style tasks from every table: it takes no --judge-pool, "
@@ -159,6 +159,7 @@ def neuroshard_file(args) -> None:
     spec = TaskSpec(t_min=t_min, t_max=t_max, seed=args.seed, dims=dims, precision=precision, total_mem_gb=total)
     tasks = generate_single_pool_tasks(tables, args.data_size, spec)
     out_dir = args.out_dir or os.path.join("data", "tasks", "4_gpu")
+    check_outputs(args, {}, folders={"--out-dir": (out_dir, ["data.txt"])})
     save_tasks(os.path.join(out_dir, "data.txt"), tasks)
     print(f"wrote {len(tasks)} NeuroShard-style tasks ({t_min}..{t_max} tables each, ids drawn from all "
           f"{len(tables)} tables with replacement, total memory <= {total:g} GiB in {precision}) to "

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tools.gpu_check_lib: the check itself
 
 from shardcore.argtypes import int_list, name_list, positive_float, positive_int  # noqa: E402
-from shardcore.cli.common import make_parser, run_main  # noqa: E402
+from shardcore.cli.common import check_outputs, make_parser, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.oracles.factory import batch_size_int  # noqa: E402
 from tools.gpu_check_lib import DEFAULT_ALGS, SHARD_POOLS, SHIPPED_SETS, CheckConfig, run_check  # noqa: E402
@@ -113,8 +113,10 @@ def main(argv=None):
             path = spec.rpartition("=")[2]
             if not os.path.isfile(path):
                 raise ShardError(f"{flag}: file not found: {path}")
-    if args.work_dir.exists() and not args.work_dir.is_dir():
-        raise ShardError(f"--work-dir {args.work_dir} exists and is not a directory")
+    inputs = {f"{flag} {spec}": spec.rpartition("=")[2] for flag, specs in (("--compare", args.compare),
+                                                                            ("--plans", args.plans)) for spec in specs}
+    check_outputs(args, {"--work-dir": args.work_dir, "--shards-out": args.shards_out}, dirs=["--work-dir"],
+                  inputs={**inputs, **{f"--checkpoint {pt}": pt for pt in args.checkpoint}})
     if args.data_dir is not None and not args.data_dir.is_dir():
         raise ShardError(f"--data-dir {args.data_dir}: not a directory")
     cfg = CheckConfig(device=args.device, work_dir=args.work_dir, data_dir=args.data_dir,

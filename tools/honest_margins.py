@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shardcore.argtypes import name_list, positive_float, positive_int  # noqa: E402
-from shardcore.cli.common import make_parser, run_main  # noqa: E402
+from shardcore.cli.common import check_outputs, make_parser, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 
 TASKS = ROOT / "data" / "gpu_measurements" / "tasks"
@@ -94,6 +94,9 @@ def main(argv=None):
     out = args.out_dir or ROOT / "results" / "honest_margins" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     if out.exists() and not args.force:
         raise ShardError(f"--out-dir {out} exists (--force replaces it)")
+    # --force replaces the folder as a whole: never one holding what the run reads
+    check_outputs(args, {"--out-dir": out}, dirs=["--out-dir"], replaced=["--out-dir"],
+                  inputs={"the dataset": DATA, "the task sets": TASKS})
     algs, ns_flags = algorithms(args.anchors)
     if args.algs is not None:
         algs = list(args.algs)

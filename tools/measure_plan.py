@@ -21,7 +21,6 @@ devices on one machine (K = 0 and 1)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,8 +29,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shardcore import io
-from shardcore.argtypes import nonnegative_int, positive_float, positive_int
-from shardcore.cli.common import ArgumentParser, run_main, serve_if_torchrun_rank
+from shardcore.argtypes import device_count, nonnegative_int, positive_float, positive_int
+from shardcore.cli.common import ArgumentParser, check_outputs, run_main, serve_if_torchrun_rank
 from shardcore.errors import ShardError
 
 
@@ -39,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", required=True, help="dataset directory (table_configs and lookups)")
     p.add_argument("--plan", required=True, metavar="PLAN.json", help='{"tables": [ids], "shardings": [...]}')
-    p.add_argument("--ndevices", type=positive_int, default=None,
+    p.add_argument("--ndevices", type=device_count, default=None,
                    help="devices of the plan (default: torchrun's world size, else the plan's highest device + 1)")
     p.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn",
                    help="spawn: workers on this machine; torchrun: one rank per device on every host")
@@ -58,11 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 def read_plan(path: str) -> tuple[list[int], list]:
     """``(table ids, shardings)`` of a plan file, or a one-line error."""
     if not Path(path).is_file():
-        raise ShardError(f"--plan: {path} not found")
-    try:
-        obj = json.loads(io.read_text(Path(path), "plan (JSON)"))
-    except json.JSONDecodeError as exc:
-        raise ShardError(f"--plan {path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise ShardError(f"--plan: {path} {'is a directory' if Path(path).is_dir() else 'not found'}")
+    obj = io.parse_json(io.read_text(Path(path), "plan (JSON)"), f"--plan {path}")
     ids = obj.get("tables") if isinstance(obj, dict) else None
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ShardError(f'--plan {path}: expected an object whose "tables" is a non-empty list of dataset table ids')
@@ -81,6 +77,7 @@ def main(argv=None) -> int:
     from shardcore.oracles.measured.driver import PlanEvaluator
     from shardcore.plan import shardings_from_json
 
+    check_outputs(args, {"--out": args.out, "--torchrec": args.torchrec})   # never --plan nor the dataset
     ids, objs = read_plan(args.plan)
     configs = load_table_configs(os.path.join(args.data_dir, "table_configs.json"))
     bad = [i for i in ids if not 0 <= i < len(configs)]

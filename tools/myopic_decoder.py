@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardcore.argtypes import positive_float, positive_int
+from shardcore.argtypes import device_count, positive_float, positive_int
 from shardcore.baselines import make_baseline
 from shardcore.cli.common import make_parser, run_main
 from shardcore.dataset import load_table_configs
@@ -145,7 +145,7 @@ def main(argv=None):
                                                      "autoshard:PATH (default %(default)s)")
     p.add_argument("--task-path", default=DEFAULT_TASKS, help="task file (default %(default)s)")
     p.add_argument("--data-dir", default=DEFAULT_DATA, help="dataset the tasks index (default %(default)s)")
-    p.add_argument("--ndevices", type=positive_int, default=4, help="devices per plan (default %(default)s)")
+    p.add_argument("--ndevices", type=device_count, default=4, help="devices per plan (default %(default)s)")
     p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GiB",
                    help="weights per device, fp16 (default %(default)s)")
     p.add_argument("--oracle", default="emulated:h200",

@@ -54,7 +54,6 @@ def main(argv=None):
                    help="accept dims above a table's own dim (the shipped random shards re-dim tables up to "
                         "128); by default such a dim is an error")
     args = p.parse_args(argv)
-    io.check_output_file(args.out, "--out")
     check_outputs(args, {"--out": args.out})   # never the shard file it reads (measurements lost)
     card = parse_oracle(args.oracle).split(":", 1)[1]
     tables = load_table_configs(args.table_configs)

@@ -31,8 +31,9 @@ from shardcore.cli import algorithms
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.cli.common import add_memory_args, add_oracle_args, run_main
 from shardcore.config import config_from_args
+from shardcore.processes import output_lock
 from shardcore.errors import ShardError
-from shardcore.io import check_output_dir
+from shardcore.cli.common import check_outputs
 
 DEFAULTS = ExperimentConfig()
 
@@ -55,9 +56,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_train_args(args) -> None:
+    """Every ``--<method>-args``, after the scale's flags for that method, parsed by its training script's
+    own parser now: a flag it does not take, or a bad value, is one line before any task is written (a
+    training that failed on it later was skipped with a note, and the run ended with status 0)."""
+    import importlib.util
+    import shlex
+
+    specs = registry.available()
+    for m in learned_methods():
+        text = getattr(args, f"{m}_args", "") or ""
+        if not text.strip() or m not in specs:
+            continue
+        spec = specs[m]
+        try:
+            flags = shlex.split(text)
+        except ValueError as exc:
+            raise ShardError(f"--{m}-args {text!r}: {exc}") from None
+        loaded = importlib.util.spec_from_file_location(f"_check_{m}_train_script", spec.train_script)
+        module = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+        parser = module.build_parser()
+        parser.prog = spec.train_script.name
+
+        def refuse(status=0, message=None, m=m, name=spec.train_script.name):
+            said = " ".join(str(message or "").split()).removeprefix("error: ") or f"{name} exits with status {status}"
+            raise ShardError(f"--{m}-args: {said}")
+
+        parser.exit = refuse
+        parser.print_help = parser.print_usage = lambda file=None: None
+        parser.parse_args([*spec.scale_flags.get(args.scale, ()), *flags])
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    check_output_dir(args.out_dir, "--out-dir")   # before any task is written or anything trained
+    check_outputs(args, {"--models-dir": args.models_dir}, dirs=["--models-dir"],
+                  folders={"--out-dir": (args.out_dir, ["measurements.csv", "results.md", "costs.png",
+                                                        "breakdown.png", "summary.json"])},
+                  inputs={f"--{m}-model": getattr(args, f"{m}_model") for m in learned_methods()})
+    check_train_args(args)   # a typo in --<method>-args is said now, not after the task sets, as a skipped method
     if args.breakdown_set is not None and len(args.breakdown_set) != 1:
         raise ShardError("--breakdown-set takes one T:D")
     if args.num_train is not None and args.num_train < 0:
@@ -76,7 +113,8 @@ def main(argv=None):
         train_args={m: getattr(args, f"{m}_args") for m in learned_methods()},
         breakdown_set=args.breakdown_set[0] if args.breakdown_set else None,
         command=["python", os.path.relpath(os.path.abspath(__file__))] + list(argv if argv is not None else sys.argv[1:]))
-    run_experiments(cfg)
+    with output_lock(args.out_dir, "--out-dir"):   # two runs would interleave their tasks, logs and tables
+        run_experiments(cfg)
 
 
 if __name__ == "__main__":

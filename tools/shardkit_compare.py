@@ -48,6 +48,8 @@ from shardcore.argtypes import positive_int
 from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR
 from shardcore.oracles.emulated.oracle import DEVICES, EMULATOR_FITS, FULL, HELDOUT
 from shardcore.errors import ShardError
+from shardcore.evaluation.compare import record_pricing
+from shardcore.oracles.factory import check_same_pricing
 
 DEFAULT_DATA_DIR = str(MEASUREMENTS_DIR / "dlrm_b65536")
 
@@ -298,9 +300,11 @@ def summarize(path: str, alg: str, anchors: list[str] | None, data_dir: str = DE
         raise ShardError("--repeat applies to gpu_check.json summaries, not to eval.py --out files")
     try:
         lines = io.read_maybe_gzipped(path).decode("utf-8").splitlines()
-        recs = [check_record(json.loads(x), f"{path}:{k}") for k, x in enumerate(lines, 1) if x.strip()]
+        recs = [check_record(io.parse_json(x, f"{path}:{k}"), f"{path}:{k}") for k, x in enumerate(lines, 1) if x.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ShardError(f"{path}: not a readable eval.py --out file ({io.first_line(exc, 200)})") from None
+    if not recs:
+        raise ShardError(f"{path}: no records in it (an empty file)")
     if rejudge_fit:
         recs = rejudge(path, recs, rejudge_fit, data_dir, task_path)
     return summarize_records(path, recs, alg, anchors, data_dir, draws, devices_per_host, piece_pools)
@@ -317,15 +321,19 @@ def compared(path: str, recs: list[dict], alg: str, anchors: list[str] | None) -
             raise ShardError(f"{path}: {r['alg']} on task {r['task']} appears twice (two eval.py runs "
                              "concatenated?); compare one run's records")
         by.setdefault(r["alg"], {})[int(r["task"])] = r
-    setting = {(r.get("hardware"), r.get("batch_size")) for r in recs if r.get("cost_ms") is not None}
-    if len(setting) > 1:
-        raise ShardError(f"{path}: records of different oracles or batches "
-                         f"({'; '.join(sorted(f'{h} (batch {b})' for h, b in setting))}): their costs do not compare")
+    check_same_pricing({f"{r['alg']} task {r['task']}": record_pricing(r) for r in recs if r.get("cost_ms") is not None},
+                       path)   # another oracle, batch, precision, exchange model or emulator fit: costs do not compare
     if alg not in by:
         raise ShardError(f"{path}: no {alg} records")
     # default anchors: every other algorithm but shardkit's own restricted variant (shardkit-tw, the
     # learned methods' table-wise reference), which is shardkit, not an anchor
+    missing = [a for a in anchors or () if a not in by]
+    if missing:
+        raise ShardError(f"{path}: --anchors {missing[0]}: no records of it (the file has {', '.join(sorted(by))})")
     algs = [a for a in by if a == alg or (a in anchors if anchors is not None else a not in NOT_ANCHORS)]
+    if len(algs) < 2:
+        raise ShardError(f"{path}: no anchor to compare {alg} with (--anchors names only {alg}, or the file has no "
+                         "other algorithm)")
     tasks = set.intersection(*({t for t, r in by[a].items() if r.get("cost_ms") is not None} for a in algs))
     if not tasks:
         raise ShardError(f"{path}: no task every algorithm planned and measured")

@@ -15,7 +15,6 @@ with --exclude-tasks naming the task file.
 """
 
 import argparse
-import json
 
 
 import numpy as np
@@ -23,9 +22,9 @@ import numpy as np
 from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
-from shardcore.oracles.factory import batch_size_int
-from shardcore.oracles.setting import refuse_predictions
-from shardcore.evaluation.compare import record_plan
+from shardcore.io import parse_json
+from shardcore.oracles.factory import batch_size_int, check_same_pricing
+from shardcore.evaluation.compare import check_record, record_plan, record_pricing
 from shardcore.tasks import load_tasks
 
 
@@ -67,11 +66,7 @@ def main(argv=None):
         for k, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise ShardError(f"--records {path}: line {k} is not JSON") from None
-            refuse_predictions(rec, f"--records {path}:{k}", "an oracle's costs (eval.py --out)")
+            rec = check_record(parse_json(line, f"--records {path}:{k}"), f"--records {path}:{k}")
             if rec.get("cost_ms") is not None and rec.get("feasible"):
                 recs.append(rec)
     if args.algs:
@@ -79,6 +74,8 @@ def main(argv=None):
         recs = [r for r in recs if r["alg"] in keep]
     if not recs:
         raise ShardError("--records: no measured feasible plan in them")
+    # one model judges them all: records priced another way (batch, oracle, exchange) would be judged wrongly
+    check_same_pricing({f"{r['alg']} task {r['task']}": record_pricing(r) for r in recs}, "--records")
     batch = args.batch_size or int(recs[0].get("batch_size") or 4096)
     model = CostModel.load(args.model) if args.model else emulated_model(args.data_dir, batch)
     rows = []

@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:          # run as a script: this checkout's packag
     sys.path.insert(0, str(ROOT))
 
 from shardcore.cli.common import make_parser, run_main  # noqa: E402
-from shardcore.argtypes import int_list, nonnegative_int, positive_float, positive_int  # noqa: E402
+from shardcore.argtypes import device_count, int_list, nonnegative_int, positive_float, positive_int  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 
 METHODS = ("neuroshard", "dreamshard", "autoshard")    # the order they run in
@@ -82,7 +82,7 @@ def build_parser():
     p.add_argument("--emulator-fit", default="heldout", choices=["heldout", "full"],
                    help="the emulated oracle's fit (default heldout: a plan is judged by a fit without every "
                         "measured shard holding one of its tables)")
-    p.add_argument("--ndevices", type=positive_int, default=4, help="devices of a training plan (default 4)")
+    p.add_argument("--ndevices", type=device_count, default=4, help="devices of a training plan (default 4)")
     p.add_argument("--max-memory", type=positive_float, default=5.0,
                    help="memory cap per device in GiB, fp16 weights (default 5)")
     p.add_argument("--seed", type=nonnegative_int, default=0,
@@ -418,7 +418,7 @@ def _count_rows(path: Path) -> int | None:
 
 # -- main ------------------------------------------------------------------------------------------
 def check_args(args) -> list[str]:
-    from shardcore.io import check_output_dir
+    from shardcore.cli.common import check_outputs
     from shardcore.dataset import configs_batch_size
     from shardcore.oracles.factory import parse_oracle
 
@@ -441,10 +441,11 @@ def check_args(args) -> list[str]:
     out = Path(args.out_dir)
     if out.name in ("", ".", ".."):
         raise ShardError(f"--out-dir {args.out_dir!r}: not a folder name")
-    check_output_dir(out, "--out-dir")
     if args.work_dir is None:
         args.work_dir = str(Path("models") / "anchors_work" / out.name)
-    check_output_dir(args.work_dir, "--work-dir")
+    # both folders are rebuilt in parts (a stage's folder, the anchors swapped in whole): never over an input
+    check_outputs(args, {"--out-dir": out, "--work-dir": args.work_dir}, dirs=["--out-dir", "--work-dir"],
+                  replaced=["--out-dir", "--work-dir"], inputs={"--data-dir": args.data_dir})
     return [m for m in METHODS if m in stages]
 
 

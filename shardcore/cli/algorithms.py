@@ -11,6 +11,7 @@ its settings as a config (``CONFIG`` in its module); the scripts then get its fl
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +93,9 @@ def resolve(name: str, seed: int = 0, **kwargs) -> Sharder:
     if name in BASELINES:
         return make_baseline(name, seed=seed)
     path = Path(name)
-    if name.endswith(".pt") or path.is_file():
+    if name.endswith(".pt") or path.is_file() or os.sep in name:   # a path: a checkpoint, or nothing
         if not path.is_file():
-            raise ShardError(f"checkpoint not found: {path}")
+            raise ShardError(f"checkpoint {'is a directory' if path.is_dir() else 'not found'}: {path}")
         return _method_module(checkpoint_method(path)).load_sharder(path, **kwargs)
     if name in CORE_PLUGINS:
         module, _, func = CORE_PLUGINS[name].partition(":")

@@ -8,17 +8,18 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from shardcore.argtypes import int_list, positive_float, positive_int
+from shardcore.argtypes import MAX_DEVICES, device_count, int_list, positive_float
 from shardcore.config import Config, _dest, _flags, flag_fields
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 from shardcore.errors import ShardError
-from shardcore.processes import exit_now
+from shardcore.processes import exit_now, unwind_on_sigterm
 from shardcore.tables import PRECISION_BYTES
 
 
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
     """Run a script's ``main``; a :class:`ShardError` prints ``error: <message>`` and exits 2,
-    Ctrl-C exits 130 without a traceback.
+    Ctrl-C exits 130 without a traceback, SIGTERM 143 (raised as :class:`~shardcore.errors.Terminated`, it
+    unwinds as Ctrl-C does: ``finally`` blocks run, workers stop, locks and temporary folders go).
 
     The script's own torch work (planning, training small networks) runs on one thread
     (``SHARDKIT_NUM_THREADS`` overrides), and so does numpy's OpenBLAS (:func:`limit_blas_threads`):
@@ -37,7 +38,8 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     elif not any(isinstance(f, _ThreadsOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _ThreadsOnImport(threads))
     try:
-        code = main(argv) or 0
+        with unwind_on_sigterm():   # SIGTERM unwinds like Ctrl-C: workers stopped, locks and temporary files gone
+            code = main(argv) or 0
     except ShardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = 2
@@ -45,8 +47,9 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
         from shardcore.errors import Terminated
 
         if isinstance(exc, Terminated):
-            print("error: stopped by SIGTERM (under torchrun, a host's agent stops all its ranks when one of "
-                  "them fails; see the other ranks' output)", file=sys.stderr)
+            hint = (" (under torchrun, a host's agent stops all its ranks when one of them fails; see the other "
+                    "ranks' output)" if "TORCHELASTIC_RUN_ID" in os.environ else "")
+            print(f"error: stopped by SIGTERM{hint}", file=sys.stderr)
             code = 143
         else:
             print("interrupted", file=sys.stderr)
@@ -155,28 +158,31 @@ def make_parser(description: str | None = None, **kwargs) -> ArgumentParser:
     return ArgumentParser(description=description, **kwargs)
 
 
-_INPUT_FLAGS = (("task_path", "--task-path"), ("tables", "--tables"), ("compute_model", "--compute-model"),
-                ("fw_comm_model", "--fw-comm-model"), ("bw_comm_model", "--bw-comm-model"),
-                ("checkpoint", "--checkpoint"), ("shards", "--shards"), ("table_configs", "--table-configs"),
-                ("data", "--data"), ("shardkit_model", "--shardkit-model"), ("tasks", "--tasks"),
-                ("params", "--params"), ("exclude_tasks", "--exclude-tasks"), ("results", "--results"),
-                ("records", "--records"), ("model", "--model"))
+_INPUT_FLAGS = (("task_path", "--task-path"), ("tables", "--tables"), ("checkpoint", "--checkpoint"),
+                ("shards", "--shards"), ("table_configs", "--table-configs"), ("data", "--data"),
+                ("tasks", "--tasks"), ("params", "--params"), ("exclude_tasks", "--exclude-tasks"),
+                ("results", "--results"), ("records", "--records"), ("model", "--model"), ("plan", "--plan"),
+                ("expected_test", "--expected-test"), ("repeat", "--repeat"), ("anchors", "--anchors"),
+                ("files", "FILE"))
 _LIST_INPUTS = ("data", "exclude_tasks", "records")   # comma-separated lists of files
 
 
 def command_inputs(args: argparse.Namespace) -> dict:
-    """The files a script's flags name as inputs (flag -> path), for
-    :func:`check_outputs_spare_inputs`: the task file, the dataset's table configs and
-    ``data.pt``, the measurement cache (where a measured oracle may write it), model files and every
-    ``--alg`` entry that is a file."""
+    """The files a script's flags name as inputs (flag -> path), for :func:`check_outputs`: the task
+    file, the dataset's table configs and ``data.pt``, the measurement cache (where a measured oracle may
+    write it), every model file (``--*-model``), plan and record files, and every ``--alg`` entry that is
+    a file."""
     from shardcore.oracles.cache import DEFAULT_CACHE_PATH
 
     inputs: dict = {}
-    for dest, flag in _INPUT_FLAGS:
+    named = list(_INPUT_FLAGS) + [(d, "--" + d.replace("_", "-")) for d in sorted(vars(args)) if d.endswith("_model")]
+    for dest, flag in named:
         v = getattr(args, dest, None)
-        if isinstance(v, (str, os.PathLike)) and str(v):
-            for k, part in enumerate(str(v).split(",") if dest in _LIST_INPUTS else [v]):
-                inputs[flag if k == 0 else f"{flag}[{k}]"] = part
+        parts = [v] if isinstance(v, (str, os.PathLike)) else list(v) if isinstance(v, (list, tuple)) else []
+        if dest in _LIST_INPUTS and isinstance(v, str):
+            parts = v.split(",")
+        for k, part in enumerate(p for p in parts if isinstance(p, (str, os.PathLike)) and str(p)):
+            inputs[flag if k == 0 else f"{flag}[{k}]"] = part
     measurements = getattr(args, "measurements", None)   # a folder of measured shards and plans (emulator tools)
     if isinstance(measurements, (str, os.PathLike)) and os.path.isdir(measurements):
         for root, _, files in os.walk(measurements):
@@ -184,39 +190,77 @@ def command_inputs(args: argparse.Namespace) -> dict:
                 if name.endswith((".jsonl", ".jsonl.gz", ".txt")) or name == "table_configs.json":
                     path = os.path.join(root, name)
                     inputs[f"--measurements ({os.path.relpath(path, measurements)})"] = path
-    data_dir = getattr(args, "data_dir", None)
-    if data_dir:
-        inputs["--data-dir (table_configs.json)"] = os.path.join(data_dir, "table_configs.json")
-        inputs["--data-dir (data.pt)"] = os.path.join(data_dir, "data.pt")
-    if hasattr(args, "cache_path") and str(getattr(args, "oracle", "measured")).startswith("measured"):
+    for dest, flag in (("data_dir", "--data-dir"), ("dataset_dir", "--dataset-dir")):
+        if getattr(args, dest, None):
+            for name in ("table_configs.json", "data.pt"):
+                inputs[f"{flag} ({name})"] = os.path.join(getattr(args, dest), name)
+    if hasattr(args, "cache_path") and str(getattr(args, "oracle", None) or "measured").startswith("measured"):
         inputs["--cache-path"] = args.cache_path or DEFAULT_CACHE_PATH
     alg = getattr(args, "alg", None)
-    if isinstance(alg, str):
-        for name in alg.split(","):
-            if name.strip() and os.path.isfile(name.strip()):
-                inputs[f"--alg {name.strip()}"] = name.strip()
+    for name in (alg.split(",") if isinstance(alg, str) else alg if isinstance(alg, (list, tuple)) else []):
+        if str(name).strip() and os.path.isfile(str(name).strip()):
+            inputs[f"--alg {str(name).strip()}"] = str(name).strip()
     return inputs
 
 
 def check_out_file(args: argparse.Namespace, path, flag: str = "--out", kind: str | None = "text") -> None:
-    """Before any work: ``path`` (an output file flag's value; None: not given) can be written, names no
-    input of the command and replaces no file of another kind (:func:`check_outputs`)."""
+    """Before any work: ``path`` (an output file flag's value; None: not given) obeys
+    :func:`shardcore.io.check_outputs` against the command's inputs."""
+    check_outputs(args, {flag: path}, {flag: kind})
+
+
+_KIND_OF_SUFFIX = {".pt": "a zip/torch file", ".png": "a PNG image"}
+
+
+def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = None, dirs=(), replaced=(),
+                  inputs: dict | None = None, folders: dict | None = None) -> None:
+    """Before any work: :func:`shardcore.io.check_outputs`, the one rule for outputs, with the inputs the
+    command's flags name (:func:`command_inputs`, plus ``inputs``; a measured oracle's cache, which it
+    writes too, is an output as well), then no output replaces a file of another kind (``kinds``: flag ->
+    :func:`file_kind`'s word, default text; None: any). ``folders``: flag -> (an output folder, the names
+    the command writes in it), each file's kind by its suffix (``.pt``, ``.png``, text)."""
     from shardcore import io
 
-    if path:
-        io.check_output_file(path, flag)
-        check_outputs(args, {flag: path}, {flag: kind})
-
-
-def check_outputs(args: argparse.Namespace, outputs: dict, kinds: dict | None = None) -> None:
-    """Before any work: no output (flag -> path) names an input of the command (:func:`command_inputs`)
-    or another output, and none replaces an existing file of another kind (``kinds``: flag -> what
-    :func:`file_kind` must say, default ``"text"``; ``None`` skips the check)."""
-    check_outputs_spare_inputs(outputs, command_inputs(args))
+    given, outputs, kinds, dirs = outputs, {}, dict(kinds or {}), list(dirs)
+    for flag, (folder, names) in (folders or {}).items():   # a folder before the files in it
+        outputs[flag] = folder
+        dirs.append(flag)
+        for n in names:
+            outputs[f"{flag} ({n})"] = None if folder is None else os.path.join(folder, n)
+            kinds[f"{flag} ({n})"] = _KIND_OF_SUFFIX.get(os.path.splitext(n)[1], "text")
+    outputs.update(given)
+    inputs = {**command_inputs(args), **(inputs or {})}
+    if "--cache-path" in inputs and not getattr(args, "plan_only", False):   # a measured oracle writes its cache too
+        outputs.setdefault("--cache-path", inputs["--cache-path"])
+        kinds.setdefault("--cache-path", "an SQLite database")
+    io.check_outputs(outputs, inputs, dirs=dirs, replaced=replaced)
     for flag, path in outputs.items():
-        kind = (kinds or {}).get(flag, "text")
-        if path and kind is not None:
+        kind = kinds.get(flag, "text")
+        if path and flag not in dirs and kind is not None:
             check_replaces_kind(path, kind, flag)
+
+
+_MAGIC = ((b"SQLite format 3\x00", "an SQLite database"), (b"PK\x03\x04", "a zip/torch file"),
+          (b"\x80", "a pickle/torch file"), (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF document"))
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What an existing file is, by its first bytes: one of ``_MAGIC``'s names, ``"text"`` or ``"binary"``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return "unreadable"
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), "binary" if b"\x00" in head else "text")
+
+
+def check_replaces_kind(path: str | os.PathLike, kind: str, flag: str = "output") -> None:
+    """An output of ``kind`` (:func:`file_kind`'s words, e.g. ``"text"``) replaces an existing file only of
+    the same kind: ``--out cache.sqlite`` for a JSONL report is refused in one line."""
+    path = Path(path)
+    if path.is_file() and path.stat().st_size and file_kind(path) not in (kind, "unreadable"):
+        raise ShardError(f"{flag} {path} exists and is {file_kind(path)}, not "
+                         f"{'a text file' if kind == 'text' else kind}: refusing to replace it; choose another {flag}")
 
 
 def add_task_args(parser: argparse.ArgumentParser, default_tasks: str, what: str = "task file") -> None:
@@ -240,7 +284,7 @@ def add_device_args(parser: argparse.ArgumentParser, default_ndevices: int = 4) 
     g.add_argument("--gpu-devices", "--gpu_devices", dest="gpu_devices", type=int_list, default=None, metavar="IDS",
                    help="devices that measure, e.g. 0,1,2,3; on a CPU-only machine these are logical "
                         f"devices (default: {default_ndevices} devices, or all GPUs up to --ndevices)")
-    g.add_argument("--ndevices", type=positive_int, default=None, metavar="N",
+    g.add_argument("--ndevices", type=device_count, default=None, metavar="N",
                    help="devices a plan has (default: as many as --gpu-devices lists, else "
                         f"{default_ndevices}); more than --gpu-devices lists measures each plan device's "
                         "compute on those devices in turn and models the all-to-all (--comm-bandwidth, "
@@ -254,6 +298,8 @@ def device_ids(args: argparse.Namespace) -> list[int]:
         ids = list(args.gpu_devices)
         if len(set(ids)) != len(ids) or min(ids) < 0:
             raise ShardError(f"--gpu-devices must list distinct non-negative ids, got {ids}")
+        if len(ids) > MAX_DEVICES:
+            raise ShardError(f"--gpu-devices lists {len(ids)} devices: at most {MAX_DEVICES} are planned for")
         if args.ndevices is not None and args.ndevices < len(ids):
             raise ShardError(f"--ndevices {args.ndevices} is fewer than the {len(ids)} devices --gpu-devices lists")
         return ids
@@ -464,64 +510,6 @@ def serve_if_torchrun_rank(args: argparse.Namespace) -> int | None:
             signal.signal(signal.SIGTERM, on_term)
         return None
     return serve(getattr(args, "timeout", DEFAULT_TIMEOUT_S) + 300.0)
-
-
-# -- outputs that must not replace what they should not ------------------------------------------
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        if a.resolve() == b.resolve():
-            return True
-        return a.exists() and b.exists() and os.path.samefile(a, b)   # hard links too
-    except OSError:
-        return False
-
-
-def check_outputs_spare_inputs(outputs: dict, inputs: dict) -> None:
-    """No output of a command may name one of its inputs (or another output): ``outputs`` and
-    ``inputs`` map a flag (``"--out"``) to a path or None (not given). Paths are compared resolved
-    (symbolic links, ``..``) and by inode (hard links); a directory input covers the files under it
-    only where a file is named explicitly. One line names both flags."""
-    outs = [(flag, Path(p)) for flag, p in outputs.items() if p not in (None, "")]
-    ins = [(flag, Path(p)) for flag, p in inputs.items() if p not in (None, "")]
-    for i, (flag, path) in enumerate(outs):
-        for other, ipath in ins + outs[i + 1:]:
-            if _same_file(path, ipath):
-                role = "input" if (other, ipath) in ins else "output"
-                raise ShardError(f"{flag} {path} is also the {role} {other} {ipath}: the output would replace "
-                                 f"it; choose another {flag}")
-
-
-_MAGIC = ((b"SQLite format 3\x00", "an SQLite database"), (b"PK\x03\x04", "a zip/torch file"),
-          (b"\x80", "a pickle/torch file"), (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF document"))
-
-
-def file_kind(path: str | os.PathLike) -> str:
-    """What an existing file is, by its first bytes: one of ``_MAGIC``'s names, ``"text"`` or
-    ``"binary"``."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-    except OSError:
-        return "unreadable"
-    for magic, name in _MAGIC:
-        if head.startswith(magic):
-            return name
-    if b"\x00" in head:
-        return "binary"
-    return "text"
-
-
-def check_replaces_kind(path: str | os.PathLike, kind: str, flag: str = "output") -> None:
-    """An output of ``kind`` (``file_kind``'s words, e.g. ``"text"``) may replace an existing file only
-    of the same kind: ``--out cache.sqlite`` for a JSONL report is refused in one line."""
-    path = Path(path)
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    found = file_kind(path)
-    if found != kind and found != "unreadable":
-        what = "a text file" if kind == "text" else kind
-        raise ShardError(f"{flag} {path} exists and is {found}, not {what}: refusing to replace it; "
-                         f"choose another {flag}")
 
 
 def flags_given(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:

@@ -13,12 +13,11 @@ names the file, line (or entry) and table.
 from __future__ import annotations
 
 import csv
-import json
 import os
 from pathlib import Path
 
 from shardcore.errors import ShardError
-from shardcore.io import read_text
+from shardcore.io import parse_json, read_text
 from shardcore.tables import BIN_NAMES, TableConfig, _number
 
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
@@ -48,7 +47,12 @@ def read_tables_csv(path: Path) -> tuple[list[TableConfig], list[str]]:
     reader = csv.DictReader([line for line in text.splitlines() if not line.lstrip().startswith("#")])
     header = [h.strip() for h in (reader.fieldnames or [])]
     reader.fieldnames = header
-    cols = {{"row": "rows"}.get(h, h): h for h in header}
+    cols: dict = {}
+    for h in header:   # two columns of one meaning (name twice, row and rows): which one counts would be a guess
+        key = {"row": "rows"}.get(h, h)
+        if key in cols and h:
+            raise ShardError(f"{path}: the header names column {key!r} twice ({cols[key]!r} and {h!r}); keep one")
+        cols[key] = h
     missing = [c for c in REQUIRED_COLUMNS if c not in cols]
     if missing:
         raise ShardError(f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header)}; "
@@ -84,10 +88,7 @@ def read_tables_json(path: Path) -> tuple[list[TableConfig], list[str]]:
     text = read_text(path, WHAT)
     if not text.strip():
         raise ShardError(f"{path}: empty file (expected {{\"tables\": [...]}})")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ShardError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    obj = parse_json(text, path)
     entries = obj.get("tables") if isinstance(obj, dict) else obj
     if not isinstance(entries, list):
         raise ShardError(f'{path}: expected an object with a "tables" list')
@@ -99,6 +100,8 @@ def read_tables_json(path: Path) -> tuple[list[TableConfig], list[str]]:
         if not isinstance(entry, dict):
             raise ShardError(f"{where}: expected an object, got {type(entry).__name__}")
         entry = dict(entry)
+        if "row" in entry and "rows" in entry:
+            raise ShardError(f"{where}: gives both 'row' and 'rows'; keep one")
         if "row" not in entry and "rows" in entry:
             entry["row"] = entry["rows"]
         entry.setdefault("index", k)
@@ -114,7 +117,7 @@ def read_tables(path: str | os.PathLike) -> tuple[list[TableConfig], list[str]]:
     """The tables of a CSV or JSON tables file and their names."""
     path = Path(path)
     if not path.is_file():
-        raise ShardError(f"tables file not found: {path}")
+        raise ShardError(f"tables file {'is a directory' if path.is_dir() else 'not found'}: {path}")
     return read_tables_json(path) if path.suffix.lower() == ".json" else read_tables_csv(path)
 
 
@@ -124,10 +127,7 @@ def read_batch_size(path: str | os.PathLike) -> int | None:
     path = Path(path)
     text = read_text(path, WHAT)
     if path.suffix.lower() == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError:
-            return None   # read_tables reports it
+        obj = parse_json(text, path)
         value = obj.get("batch_size") if isinstance(obj, dict) else None
         if value is None:
             return None
@@ -138,6 +138,8 @@ def read_batch_size(path: str | os.PathLike) -> int | None:
             body = line.strip().lstrip("#").strip() if line.lstrip().startswith("#") else ""
             key, sep, rest = body.replace("=", ":").partition(":")
             if sep and key.strip().lower() in ("batch_size", "batch size", "batch"):
+                if value is not None:   # two statements: which batch the statistics hold for would be a guess
+                    raise ShardError(f"{path}:{lineno}: a second batch_size line (the first: {where}); keep one")
                 value, where = rest.strip(), f"{path}:{lineno}: batch_size"
         if value is None:
             return None

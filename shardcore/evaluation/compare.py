@@ -107,6 +107,7 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
     ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
     start = time.perf_counter()
     try:
+        topology.check_fits(tables)   # no planner searches its whole budget for what no plan can hold
         plan = sharder.shard(tables, topology)
         error = None
     except InfeasibleError as exc:
@@ -242,6 +243,31 @@ def check_record(obj, where: str) -> dict:
     if obj.get("cost_ms") is not None and dev is None:
         raise ShardError(f"{where}: a cost without 'device_costs_ms'")
     return obj
+
+
+def record_pricing(rec: dict) -> dict:
+    """How an ``eval.py --out`` record was priced (:func:`shardcore.oracles.factory.pricing`): its ``pricing``
+    where it carries one, else what its ``hardware``, ``batch_size`` and ``parts`` say (older records),
+    the exchange in :func:`~shardcore.oracles.factory.exchange_setting`'s words."""
+    import re
+
+    out = dict(rec.get("pricing") or {})
+    out.update({k: rec[f] for k, f in (("oracle", "hardware"), ("batch_size", "batch_size")) if rec.get(f) is not None})
+    hardware, comm = str(rec.get("hardware") or ""), str((rec.get("parts") or {}).get("comm") or "")
+    if "emulator_fit" not in out and hardware.startswith("emulated"):
+        out["emulator_fit"] = ("devices" if "held out by devices" in hardware else
+                               "heldout" if "held out" in hardware else "full")
+    if "exchange" not in out and comm:
+        head = comm.split(";")[0]
+        found = re.search(r"analytic: ([\d.]+) us \+ bytes / ([\d.]+) GB/s", head)
+        hosts = re.search(r"between hosts of (\d+) devices ([\d.]+) us \+ bytes / ([\d.]+) GB/s", comm)
+        out["exchange"] = (
+            "none (one device)" if comm.startswith("none") else "measured" if comm.startswith("measured") else
+            "fitted to measured all-to-alls" if "fitted" in head or not found else
+            f"analytic: {float(found[1]):g} us + bytes / {float(found[2]):g} GB/s" + (
+                f", hosts of {hosts[1]}: {float(hosts[2]):g} us + bytes / {float(hosts[3]):g} GB/s between them"
+                if hosts else ""))
+    return out
 
 
 def expected_slowest(compute, comm, ratios, draws: int = 1000, seed: int = 0, pools=(), pool_of=None):

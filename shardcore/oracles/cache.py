@@ -216,6 +216,9 @@ class CostCache:
                                  "--cache-path (or --no-cache)") from None
             raise ShardError(f"cost cache {self.path}: {exc} (delete the file to start a new cache)") from None
         except sqlite3.DatabaseError as exc:
+            if not self.path.read_bytes()[:16].startswith(b"SQLite format 3"):   # someone's other file: never delete it
+                raise ShardError(f"cost cache {self.path}: not an SQLite database (another kind of file); choose "
+                                 "another --cache-path") from None
             raise ShardError(f"cost cache {self.path}: {exc} (delete the file to start a new cache)") from None
         except OSError as exc:
             raise ShardError(f"cost cache {self.path}: {exc.strerror or exc}") from None
@@ -508,6 +511,11 @@ class CachedOracle:
     def comm_model(self):
         """The exchange model where the exchange is not measured (:class:`~shardcore.oracles.commmodel.CommModel`)."""
         return self.oracle.comm_model
+
+    @property
+    def fits_exchange(self) -> bool:
+        """Whether that model is fitted to measured all-to-alls (the measured oracle's)."""
+        return bool(getattr(self.oracle, "fits_exchange", False))
 
     @property
     def running(self) -> bool:

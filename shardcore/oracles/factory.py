@@ -139,8 +139,52 @@ def parse_oracle(spec: str) -> str:
 
 
 RESUME_LABELS = {"ndevices": "device count", "max_memory_gb": "memory cap (GiB)", "precision": "weights precision",
-                 "hardware": "oracle (hardware)", "dataset": "dataset", "batch_size": "batch size",
-                 "optimizer": "optimizer", "pf_augment": "--pf-augment"}
+                 "emulator_fit": "emulator fit", "hardware": "oracle (hardware)", "exchange": "exchange model",
+                 "dataset": "dataset", "batch_size": "batch size", "optimizer": "optimizer", "pf_augment": "--pf-augment"}
+
+
+def exchange_setting(oracle) -> str:
+    """How an open oracle prices the exchange, in words two runs compare: ``measured`` (timed all-to-alls),
+    ``fitted to measured all-to-alls`` (the measured oracle's model past its workers), or the analytic
+    model's constants (``--comm-bandwidth``, ``--comm-latency``, hosts); ``none`` on one device."""
+    model = getattr(oracle, "comm_model", None)
+    if getattr(oracle, "ndevices", 2) == 1:
+        return "none (one device)"
+    if model is None:
+        return "measured"
+    if model.source == "fitted" or getattr(oracle, "fits_exchange", False):
+        return "fitted to measured all-to-alls"
+    hosts = (f", hosts of {model.devices_per_host}: {model.inter_latency_us:g} us + bytes / "
+             f"{model.inter_bandwidth_gbps:g} GB/s between them" if model.devices_per_host else "")
+    return f"analytic: {model.latency_us:g} us + bytes / {model.bandwidth_gbps:g} GB/s{hosts}"
+
+
+def pricing(oracle) -> dict:
+    """What a plan's cost depends on besides the plan, for the records an oracle prices (``eval.py --out``'s
+    ``pricing``): two records compare only where every field agrees (:func:`check_same_pricing`)."""
+    ctx = getattr(oracle, "context", None)
+    out = {"oracle": str(getattr(oracle, "hardware", "")), "batch_size": int(oracle.batch_size),
+           "precision": str(oracle.precision), "optimizer": str(oracle.optimizer), "exchange": exchange_setting(oracle)}
+    if str(getattr(ctx, "hardware", "")).startswith("emulated"):
+        out["emulator_fit"] = str(getattr(oracle, "fit", ""))
+    return out
+
+
+PRICING_LABELS = {"emulator_fit": "emulator fits", "oracle": "oracles", "exchange": "exchange models",
+                  "batch_size": "batches", "precision": "weights precisions", "optimizer": "optimizers"}
+
+
+def check_same_pricing(settings: dict, where: str) -> None:
+    """``settings``: a label (a file, a record) -> its pricing dict. Records priced differently (another
+    emulator fit, exchange model, oracle, batch, precision or optimizer) do not compare: one line naming
+    the first field that differs and both values. A field a setting lacks (an older record) is not compared."""
+    items = list(settings.items())
+    for field, label in PRICING_LABELS.items():
+        seen = [(k, s[field]) for k, s in items if s.get(field) is not None]
+        other = next(((k, v) for k, v in seen if v != seen[0][1]), None)
+        if other is not None:
+            raise ShardError(f"{where}: records priced with different {label} ({seen[0][0]}: {seen[0][1]!r}; "
+                             f"{other[0]}: {other[1]!r}): their costs do not compare; compare records of one setting")
 
 
 def training_provenance(oracle, ndevices: int, max_memory_gb: float, precision: str,
@@ -150,7 +194,9 @@ def training_provenance(oracle, ndevices: int, max_memory_gb: float, precision: 
     optimizer; ``pf_augment``, where given, the share of its training tables made heavier
     (:func:`shardcore.tables.augment_tasks`). A resumed training must match it (:func:`check_resume`)."""
     out = {"ndevices": int(ndevices), "max_memory_gb": float(max_memory_gb), "precision": precision,
-           "hardware": str(getattr(oracle, "hardware", ""))}
+           "hardware": str(getattr(oracle, "hardware", "")), "exchange": exchange_setting(oracle)}
+    if getattr(oracle, "fit", None) is not None:   # the emulated card's
+        out["emulator_fit"] = str(oracle.fit)
     if pf_augment is not None:
         out["pf_augment"] = float(pf_augment)
     try:

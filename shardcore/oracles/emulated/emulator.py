@@ -93,7 +93,7 @@ import numpy as np
 from shardcore.errors import ShardError
 from shardcore.tables import NUM_BINS, TableConfig
 
-from .domain import Domain, domain_of, physical_features
+from .domain import Domain, domain_of, physical_features  # noqa: F401  (physical_features: the bound's too)
 
 ROOT = Path(__file__).resolve().parents[3]   # the repository root (shardcore/oracles/emulated/)
 MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"

@@ -366,6 +366,12 @@ class PlanEvaluator:
         return out
 
     @property
+    def fits_exchange(self) -> bool:
+        """Whether the modelled exchange is (or, once started, will be) fitted to the workers' measured
+        all-to-alls (more plan devices than two or more workers), not the analytic model it was given."""
+        return self.comm_model is not None and (self.comm_model.source == "fitted" or self.nworkers >= 2)
+
+    @property
     def info(self) -> OracleInfo:
         """The device kind, the workers' start-up time and the noise so far (:class:`~shardcore.types.OracleInfo`)."""
         return OracleInfo(self.device_type, self.startup_s, self.noise_pct)
