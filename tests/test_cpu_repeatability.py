@@ -54,7 +54,9 @@ def test_reference_runner_is_fixed_and_costs_time():
     assert len(fw) == len(bw) == 3 and min(fw) > 0 and min(bw) > 0
 
 
-def test_paired_samples_sit_between_reference_samples(tmp_path):
+def test_a_shards_samples_sit_between_reference_blocks_each_warm_on_its_own(tmp_path):
+    """The reference is timed in a block of its own before and after the shard's back-to-back samples, each
+    block after one untimed iteration: neither is timed right after the other has filled the caches."""
     torch.set_num_threads(1)
     tables = make_data(tmp_path / "ds")
     ref = ReferenceRunner(64)
@@ -67,11 +69,16 @@ def test_paired_samples_sit_between_reference_samples(tmp_path):
 
     ref.sample = counted
     runner = benchmark.ShardRunner(tmp_path / "ds", [tables[0], tables[1]], batch_size=64)
-    fw, bw, refs = runner.sample_paired(ref, 1, 4)
-    assert len(fw) == len(bw) == len(refs) == 4 and min(fw) > 0 and min(bw) > 0 and min(refs) > 0
-    assert calls == [(0, 1)] * 5     # one reference iteration before the first sample and after each
+    own = []
+    shard_sample = runner.sample
+    runner.sample = lambda warmup, iters, *a: own.append((warmup, iters)) or shard_sample(warmup, iters, *a)
+    fw, bw, refs = runner.sample_blocked(ref, 0, 4)
+    assert len(fw) == len(bw) == 4 and min(fw) > 0 and min(bw) > 0
+    assert len(refs) == 2 * benchmark.REFERENCE_BLOCK_ITERS and min(refs) > 0
+    assert calls == [(1, benchmark.REFERENCE_BLOCK_ITERS)] * 2   # a warm block before and after
+    assert own == [(1, 4)]                                       # the shard warmed once, then timed back to back
     empty = benchmark.ShardRunner(tmp_path / "ds", [], batch_size=64)
-    assert empty.sample_paired(ref, 1, 3) == ([0.0] * 3, [0.0] * 3, [1.0] * 3) and len(calls) == 5
+    assert empty.sample_blocked(ref, 1, 3) == ([0.0] * 3, [0.0] * 3, [1.0]) and len(calls) == 2
 
 
 def test_steady_heap_stops_page_faults_of_repeated_large_buffers():

@@ -65,6 +65,7 @@ from shardcore.types import ComputeCost  # noqa: F401  (a shard's cost; defined 
 
 DEFAULT_WARMUP_ITERS = 2
 DEFAULT_BENCH_ITERS = 7
+REFERENCE_BLOCK_ITERS = 3   # timed reference iterations before and after each CPU measurement (sample_blocked)
 LEARNING_RATE = 0.01
 
 
@@ -475,33 +476,30 @@ class ShardRunner:
                 gc.enable()
         return fw, bw
 
-    def sample_paired(self, ref: "ShardRunner", warmup_iters: int = DEFAULT_WARMUP_ITERS,
-                      bench_iters: int = DEFAULT_BENCH_ITERS) -> tuple[list[float], list[float], list[float]]:
-        """Like :meth:`sample`, with one timed iteration of ``ref`` (the reference shard, see
-        :class:`ReferenceRunner`) before the first timed iteration and after each: the forward and
-        backward times (ms) of this shard and, third, the mean fw+bw time of the reference iterations
-        just before and just after each. A sample over its reference is a cost at the machine's speed
-        of that moment (the CPU protocol of :mod:`shardcore.oracles.measured.driver`)."""
+    def sample_blocked(self, ref: "ShardRunner", warmup_iters: int = DEFAULT_WARMUP_ITERS,
+                       bench_iters: int = DEFAULT_BENCH_ITERS, ref_iters: int = REFERENCE_BLOCK_ITERS
+                       ) -> tuple[list[float], list[float], list[float]]:
+        """The CPU protocol of :mod:`shardcore.oracles.measured.driver`: a block of ``ref`` (the reference
+        shard, :class:`ReferenceRunner`: one untimed iteration, then ``ref_iters`` timed), this shard's
+        block (at least one untimed iteration, then ``bench_iters`` timed, back to back), and the
+        reference's block again. Each is timed in its own warm state -- a heavy shard evicts the
+        reference's rows from the caches, and the reference this shard's, so that a reference iteration
+        timed right after the shard (or the shard right after the reference) runs slower than either
+        alone, the more so the heavier the shard. Returns this shard's forward and backward times (ms)
+        and the reference's fw+bw times of both blocks: their median is the machine's speed of the
+        moment."""
         if self.empty:
-            return [0.0] * bench_iters, [0.0] * bench_iters, [1.0] * bench_iters
+            return [0.0] * bench_iters, [0.0] * bench_iters, [1.0]
         if bench_iters < 1:
             raise ShardError(f"bench_iters must be at least 1, got {bench_iters}")
-        for _ in range(max(0, warmup_iters)):
-            self.backward(self.forward())
 
-        def one_ref() -> float:
-            rf, rb = ref.sample(0, 1)
-            return rf[0] + rb[0]
+        def ref_block() -> list[float]:
+            rf, rb = ref.sample(1, ref_iters)
+            return [f + b for f, b in zip(rf, rb)]
 
-        fw, bw, refs = [], [], []
-        before = one_ref()
-        for _ in range(bench_iters):
-            f, b = self.sample(0, 1)
-            after = one_ref()
-            fw.extend(f)
-            bw.extend(b)
-            refs.append((before + after) / 2)
-            before = after
+        refs = ref_block()
+        fw, bw = self.sample(max(1, warmup_iters), bench_iters)
+        refs += ref_block()
         return fw, bw, refs
 
     def close(self) -> None:

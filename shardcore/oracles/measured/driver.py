@@ -58,26 +58,26 @@ Four things make a CPU cost a property of the shard rather than of the moment:
 - *a steady heap*: workers keep the C heap's freed memory (:func:`~shardcore.oracles.measured.worker.steady_heap`): FBGEMM's backward
   allocates tens of MB of work buffers per iteration, and whether they came from pages held or
   freshly mapped (~4,000 page faults a backward) made one build of a shard 10-15% slower than another;
-- *a paired reference shard*: every worker holds a fixed synthetic shard
-  (:class:`~shardcore.oracles.measured.benchmark.ReferenceRunner`) and times one iteration of it before each
-  timed iteration of the shard and after the last
-  (:meth:`~shardcore.oracles.measured.benchmark.ShardRunner.sample_paired`); each sample is divided by the
-  mean of the reference samples around it, i.e. taken at the machine's speed of that moment (the
-  two correlate at 0.6-0.7 sample by sample: fast and slow spells of seconds hit both);
-- *the lower quartile* of those ratios (:func:`low_quantile`; and of each exchange's repetitions, at
-  least :data:`CPU_MIN_COMM_ITERS`), not the median: the slow samples are the disturbed ones.
+- *a reference shard timed in blocks of its own*: every worker holds a fixed synthetic shard
+  (:class:`~shardcore.oracles.measured.benchmark.ReferenceRunner`) and times a block of it before and after
+  each measurement of a shard (:meth:`~shardcore.oracles.measured.benchmark.ShardRunner.sample_blocked`:
+  one untimed iteration, then three timed, on either side); the median of those six is the machine's speed
+  of the moment, the shard's own samples are taken back to back in between. Each runs in its own warm
+  state: a reference iteration timed right after a heavy shard (whose rows evicted the reference's from
+  the caches) runs slower than the reference alone, and a light shard's right after the reference slower
+  than alone, so a per-sample ratio reported heavy shards at about half their wall-clock cost and light
+  ones above it (``tools/cpu_truth.py`` measures this against an independent timing);
+- *the lower quartile* of the shard's samples (:func:`low_quantile`; and of each exchange's repetitions,
+  at least :data:`CPU_MIN_COMM_ITERS`), not the median: the slow samples are the disturbed ones.
 
-A device's compute cost is that quantile times the reference's **nominal** cost, calibrated once per
-machine, batch, optimizer and precision and kept in the measurement cache (the first value wins), so
-costs of different sessions and days are comparable; the plan's exchange is scaled by nominal over
-the reference's median during the measurement; :attr:`speed_drift_pct` says how far those factors
-spread in a session. ``tools/cpu_repeatability.py`` (3 tasks x 4 baseline plans, 5 interleaved
-rounds, 4 logical devices, idle 2-core EPYC VM, one pass each): mean deviation from the plan's
-median 3.55% with the previous protocol (reference on worker 0 before each pass, one scale per
-measurement), 2.34% with this one (2.08% at 15 timed iterations); p90 max/min 1.19 -> 1.14 (1.11).
-What is left is noise of seconds that the reference does not follow (a 0.4 GB shard timed in blocks
-of 15 paired samples, never rebuilt, still spreads 3.5% between blocks); the issue's goal (1.5%) is
-not reached on this VM. The costs are "CPU ms at the nominal speed", and the CPU hardware fingerprint
+A device's compute cost is that quantile times the reference's **nominal** cost over its median beside
+the shard (the nominal calibrated once per machine, batch, optimizer and precision and kept in the
+measurement cache, the first value wins), so costs of different sessions and days are comparable; the
+plan's exchange is scaled by nominal over the reference's median during the measurement;
+:attr:`speed_drift_pct` says how far those factors spread in a session. ``tools/cpu_repeatability.py``
+measures how well the oracle repeats itself (a plan's deviation from its median over interleaved rounds),
+``tools/cpu_truth.py`` whether it tells the truth (every device's reported compute against an independent
+wall-clock timing of its shard); docs/oracles.md gives their current figures. The costs are "CPU ms at the nominal speed", and the CPU hardware fingerprint
 names this protocol (:data:`~shardcore.oracles.setting.CPU_PROTOCOL`), so older CPU measurements in a cache
 are not mixed with them. After all compute, the all-to-alls run **together** in every worker, each
 repetition started from a barrier so that the measured time is the exchange itself and not the wait
@@ -726,16 +726,13 @@ class PlanEvaluator:
                 self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
             return {k: ComputeCost(float(statistics.median(fw)), float(statistics.median(bw)))
                     for k, (fw, bw) in samples.items()}
-        # CPU: every sample at the speed of its moment (over the reference samples around it), the
-        # lower quartile of those ratios, times the reference's nominal cost (see the module notes)
-        nominal = self.reference_nominal()
+        # CPU: the lower quartile of the shard's samples, brought to the nominal speed by the reference
+        # blocks timed around them (see the module notes)
         out = {}
         for k, (fw, bw) in samples.items():
-            rel = [(f + b) / r for f, b, r in zip(fw, bw, refs[k])]
-            self._noise.append(relative_iqr(rel))
-            out[k] = ComputeCost(nominal * low_quantile([f / r for f, r in zip(fw, refs[k])]),
-                                 nominal * low_quantile([b / r for b, r in zip(bw, refs[k])]))
-        self._speed_scale([r for rs in refs.values() for r in rs])
+            self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
+            scale = self._speed_scale(refs[k])
+            out[k] = ComputeCost(scale * low_quantile(fw), scale * low_quantile(bw))
         return out
 
     # -- repeatability on the CPU (see the module notes) ----------------------------------------

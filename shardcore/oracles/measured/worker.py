@@ -190,7 +190,7 @@ def worker_main(rank: int, world: int, conn, cfg: WorkerConfig) -> None:
         try:
             if kind == "compute":
                 tables, batch_size, optimizer, precision, warmup, rewarm, iters, usable, keep = msg[2:11]
-                paired = bool(msg[11]) if len(msg) > 11 else False   # CPU: each sample after a reference one
+                paired = bool(msg[11]) if len(msg) > 11 else False   # CPU: reference blocks around the shard's
                 key = (tuple(piece_key(t) for t in tables), batch_size, optimizer, precision)
                 t0 = time.perf_counter()
                 if current is None or current[0] != key:  # a new operator: full warm-up
@@ -205,8 +205,8 @@ def worker_main(rank: int, world: int, conn, cfg: WorkerConfig) -> None:
                 refs = None
                 try:
                     if paired:
-                        fw, bw, refs = runner.sample_paired(reference(batch_size, optimizer, precision, warmup),
-                                                            warmup, iters)
+                        fw, bw, refs = runner.sample_blocked(reference(batch_size, optimizer, precision, warmup),
+                                                             warmup, iters)
                     else:
                         fw, bw = runner.sample(warmup, iters)
                     lookups = getattr(runner, "num_lookups", 0)
