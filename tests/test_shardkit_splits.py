@@ -199,3 +199,38 @@ def test_fp32_plans_priced_by_bytes_and_said_so(tmp_path):
     p = Plan.from_shardings(tables, [Sharding.from_json(t["sharding"]) for t in plan["tables"]], 8)
     fp32 = p.device_memory_gb(tables, "fp32")
     assert max(fp32) <= 16.0 + 1e-9 and fp32 == [2 * m for m in p.device_memory_gb(tables, "fp16")]
+
+
+def test_shardkit_planner_on_an_fp32_collection_plans_as_plan_py(tmp_path):
+    """The MLPerf tables as an fp32 EmbeddingBagCollection through ShardkitPlanner give plan.py's plan for the
+    same tables, precision, weights cap and batch (both kept to what TorchRec applies)."""
+    pytest.importorskip("torchrec")
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+    from torchrec.modules.embedding_configs import DataType
+
+    from shardkit_torchrec import ShardkitPlanner
+
+    tables, names = mlperf()
+    world, batch = 8, 65536
+    topo = TopologyFactory.create_topology(TrainerConfig(world_size=world, local_world_size=world,
+                                                         hbm_cap_bytes=20 << 30), kernel_config=KernelConfig("cuda"))
+    model = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=t.dim, num_embeddings=t.row,
+                                                              feature_names=[f"f_{n}"], data_type=DataType.FP32)
+                                           for t, n in zip(tables, names)], device=torch.device("meta"))
+    cons = {n: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t, n in zip(tables, names)}
+    planner = ShardkitPlanner(topo, batch_size=batch // world, constraints=cons)
+    planner.plan_json(model, [EmbeddingBagCollectionSharder()])
+    cap = planner.last_info["weights_cap_gb"]   # the weights' cap the memory account left (plan.py's --max-memory)
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "plan.py"), "--tables", str(ROOT / "examples/models/mlperf_dlrm_criteo1tb.csv"),
+                           "--ndevices", str(world), "--max-memory", repr(cap), "--weights-precision", "fp32",
+                           "--alg", "shardkit", "--out", str(out), "--torchrec"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    theirs = json.loads(out.read_text())
+    assert planner.last_info["precision"] == "fp32" and "fp32 compute derived from fp16" in planner.last_info["precision_note"]
+    got = planner.last_plan.table_shardings(tables)
+    assert [s.to_json(t) for s, t in zip(got, tables)] == [t["sharding"] for t in theirs["tables"]]
