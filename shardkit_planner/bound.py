@@ -16,13 +16,16 @@ the replicas' all-reduce) and its per-device maximum of bytes sent and received 
 enters exactly. Per device and per parameter set of the compute model, the kernel's terms that are sums
 over its tables enter exactly (each piece's own share, computed by the model's own feature function on
 the piece alone); the kernel's constant, its table count's square and ``n log n`` (tangents at the
-integers: exact there), and its ``max(1, lookups / 10^k)`` launch terms (an epigraph) are exact too.
+integers: exact there), its ``max(1, lookups / 10^k)`` launch terms and its total lookups' ``T log T``
+(epigraphs of convex functions of the device's lookups) are exact too.
 
 **Relaxed parts** (each replaced by something no larger, so the bound stays a bound): the terms that
-couple a kernel's tables -- the widest table's dim, the sort over the kernel's rows, the kernel's total
-lookups' ``T log T``, and the hats of its whole footprint -- take each piece's own value (a kernel's
-widest dim, rows, lookups and footprint are at least each piece's own; the footprint hats their
-minimum from there up); a row-wise block is priced and counted in memory as the table's smallest block.
+couple a kernel's tables -- the widest table's dim, the sort over the kernel's rows and the hats of its
+whole footprint -- take each piece's own value (a kernel's widest dim, rows and footprint are at least
+each piece's own; the footprint hats their minimum from there up); a column block's share is the lower
+convex hull of its share at every width; a row-wise block is priced and counted in memory as the table's
+smallest block. These are looser for kernels of many heavy tables (long histories), where the coupled
+terms weigh most.
 A piece beyond the card's measured range is priced as the model prices it (its in-range twin plus its
 physical extra, :mod:`shardcore.oracles.emulated.domain`).
 
@@ -142,7 +145,8 @@ def piece_terms(compute: GpuComputeModel, pieces: Sequence[TableConfig], batch: 
     :func:`lower_bound` sums over a device (see the module notes): ``add[s]`` ``[pieces, 2]`` (forward,
     backward) of parameter set ``s``, ``lookups[s]`` (the launch terms' lookups), and ``extra``
     ``[pieces, 2]`` (the physical extra beyond the measured range); plus the kernel-level weights of each
-    set: ``const``, ``tables_sq``, ``tables_log``, ``floor`` ``{10^k: [fw, bw]}``."""
+    set: ``const``, ``tables_sq``, ``tables_log``, ``lookups_log`` (the kernel's ``T log2 T / 30``), ``floor``
+    ``{10^k: [fw, bw]}``."""
     if compute.spec.get("family") == "cpu":
         raise ShardError("the lower bound prices an emulated GPU's model; a CPU model has other coupled terms")
     spec = compute.spec
@@ -162,10 +166,11 @@ def piece_terms(compute: GpuComputeModel, pieces: Sequence[TableConfig], batch: 
         out = dom.outside(ta.row, ta.pf, ta.dim)
         extra = np.where(out[:, None], np.maximum(diff, 0.0) @ physical_weights(compute.card).T, 0.0)
         ta = inside
-    kernel_cols = [names["const"], names.get("tables_sq"), names.get("tables_x_log2")]
+    kernel_cols = [names["const"], names.get("tables_sq"), names.get("tables_x_log2"), names.get("shard_lookups_x_log2")]
     floor_cols = [(name, i) for name, i in names.items() if name.startswith("floor_lookups1e")]
     sfp_cols = [i for name, i in names.items() if name.startswith("lookups_shard_fp1e")]
-    out = {"add": [], "lookups": [], "const": [], "tables_sq": [], "tables_log": [], "floor": [], "extra": extra}
+    out = {"add": [], "lookups": [], "const": [], "tables_sq": [], "tables_log": [], "lookups_log": [], "floor": [],
+           "extra": extra}
     for i, b in enumerate(compute.batches):
         at = compute.set_batch(i, batch)
         X = shard_features(ta, shard_of, len(pieces), at, spec, bpw)
@@ -194,6 +199,8 @@ def piece_terms(compute: GpuComputeModel, pieces: Sequence[TableConfig], batch: 
         out["const"].append(W[:, names["const"]])
         out["tables_sq"].append(W[:, names["tables_sq"]] if "tables_sq" in names else np.zeros(2))
         out["tables_log"].append(W[:, names["tables_x_log2"]] if "tables_x_log2" in names else np.zeros(2))
+        out["lookups_log"].append(W[:, names["shard_lookups_x_log2"]] if "shard_lookups_x_log2" in names
+                                  else np.zeros(2))
         out["floor"].append({10.0 ** float(name[len("floor_lookups1e"):]): W[:, c] for name, c in floor_cols})
     return out
 
@@ -406,11 +413,12 @@ def lower_bound(tables: Sequence[TableConfig], topology: Topology, compute: GpuC
             f, df = a * math.log2(a + 1), math.log2(a + 1) + a / ((a + 1) * math.log(2))
             P.row({R: 1.0, **{v: -c * df for v, c in D["count"].items()}}, lo=f - df * a)
         kern = []
+        tlog = [_lookups_log(P, D["lookups"][s]) for s in range(nsets)]
         for phase in (0, 1):
             k_ = P.var()
             for s in range(nsets):
                 coef = {k_: 1.0, u: -terms["const"][s][phase], Q: -terms["tables_sq"][s][phase],
-                        R: -terms["tables_log"][s][phase]}
+                        R: -terms["tables_log"][s][phase], tlog[s]: -terms["lookups_log"][s][phase]}
                 for v, c in D["add"][s][phase].items():
                     coef[v] = coef.get(v, 0.0) - c
                 for scale, wgt in terms["floor"][s].items():
@@ -493,11 +501,12 @@ def _average_device(P, Z, dev, terms, nsets, n, B, slices, tang, lat, ms_per_byt
         f, df = a * math.log2(a + 1), math.log2(a + 1) + a / ((a + 1) * math.log(2))
         P.row({R: 1.0, **{v: -c * df for v, c in count.items()}}, lo=f - df * a)
     cost: dict = {}
+    tlog = [_lookups_log(P, total("lookups", s)) for s in range(nsets)]
     for phase in (0, 1):
         k_ = P.var()
         for s in range(nsets):
             coef = {k_: 1.0, any_mp: -terms["const"][s][phase], Q: -terms["tables_sq"][s][phase],
-                    R: -terms["tables_log"][s][phase]}
+                    R: -terms["tables_log"][s][phase], tlog[s]: -terms["lookups_log"][s][phase]}
             for v, c in total("add", s, phase).items():
                 coef[v] = coef.get(v, 0.0) - c
             look = total("lookups", s)
@@ -525,6 +534,19 @@ def _average_device(P, Z, dev, terms, nsets, n, B, slices, tang, lat, ms_per_byt
         cost[ids] = 1.0
         cost[ar] = 1.0
     P.row({Z: 1.0, **{v: -c for v, c in cost.items()}}, lo=0.0)
+
+
+LOOKUP_TANGENTS = [2.0 ** k for k in range(1, 37)]
+
+
+def _lookups_log(P, lookups: dict) -> int:
+    """A variable at least ``T log2 max(T, 2) / 30`` of the kernel's lookups ``T`` (``lookups``: var ->
+    coefficient): tangents of that convex function at powers of two (exact between them to within the curve)."""
+    Y = P.var()
+    for a in LOOKUP_TANGENTS:
+        f, df = a * math.log2(a) / 30.0, (math.log2(a) + 1.0 / math.log(2)) / 30.0
+        P.row({Y: 1.0, **{v: -c * df for v, c in lookups.items()}}, lo=f - df * a)
+    return Y
 
 
 def _plan_of(val, tables, n, blocks, rws, sel_cw, sel_dp) -> Plan | None:
