@@ -324,8 +324,68 @@ def main(argv=None):
         fh.write(json.dumps({"summary": s, "meta": meta, "devices": devs, "exchange": comm}, indent=1) + "\n")
     with atomic_open(args.out_dir / "truth.md") as fh:
         fh.write(text)
+    write_views(args.out_dir, s, meta, argv)
     print(text)
     return 0
+
+
+def write_views(out: Path, s: dict, meta: dict, argv) -> None:
+    """``classes.csv`` and ``checks.csv`` (the report's tables) and a result manifest beside them
+    (results/README.md's format), so that the folder can be a result of its own."""
+    import csv
+    import io as _io
+
+    from shardcore.io import atomic_open
+
+    def write_csv(name, header, rows):
+        buf = _io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(header)
+        w.writerows(rows)
+        with atomic_open(out / name) as fh:
+            fh.write(buf.getvalue())
+
+    rows = [[k, v["devices"], f"{v['independent_ms'][0]}-{v['independent_ms'][1]}",
+             f"{v['ratio'][0]} / {v['ratio'][1]} / {v['ratio'][2]}"] for k, v in s["by_size"].items()]
+    rows += [[k, v["devices"], "", f"{v['ratio'][0]} / {v['ratio'][1]} / {v['ratio'][2]}"] for k, v in s["by_kind"].items()]
+    rows.append(["every device", s["devices"], "", f"{s['ratio'][0]} / {s['ratio'][1]} / {s['ratio'][2]}"])
+    write_csv("classes.csv", ["shards", "devices", "independent ms", "reported / independent (min / median / max)"], rows)
+    checks = [["devices within 0.75-1.33x", f"{s['within_band']} of {s['devices']}", "all",
+               "met" if s["within_band"] == s["devices"] else "not met"],
+              ["slope of reported against independent", s["slope"], f"{SLOPE[0]}-{SLOPE[1]}",
+               "met" if SLOPE[0] <= s["slope"] <= SLOPE[1] else "not met"],
+              ["plan cost: mean deviation from its median over the rounds", f"{s['repeatability']['plan_mean_dev_pct']}%",
+               "", ""],
+              ["device compute: mean deviation from its median over the rounds",
+               f"{s['repeatability']['device_mean_dev_pct']}%", "", ""]]
+    if "exchange" in s:
+        e = s["exchange"]
+        checks.append(["pooled all-to-all: reported / independent (min / median / max), slope",
+                       f"{e['ratio'][0]} / {e['ratio'][1]} / {e['ratio'][2]}, slope {e['slope']}", "", ""])
+    write_csv("checks.csv", ["check", "figure", "goal", "verdict"], checks)
+    rel = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
+    manifest = {"format": "shardkit-result/1",
+                "title": "The measured CPU oracle against an independent timing of the same shards",
+                "landscape": "measured CPU", "hardware": meta["hardware"],
+                "setup": "every device's shard timed alone after the oracle: one thread, wall clock, the minimum of "
+                         "the timed iterations after warm-ups; the pooled all-to-all between fresh gloo processes",
+                "command": meta["command"], "commit": _commit(),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "records": [{"path": f"{rel}/truth.json", "what": "every device's reported and independent figures"},
+                            {"path": f"{rel}/classes.csv", "what": "the ratio by shard size and by what a device holds"},
+                            {"path": f"{rel}/checks.csv", "what": "the checks and their goals"}],
+                "views": {"classes": {"kind": "csv", "path": f"{rel}/classes.csv"},
+                          "checks": {"kind": "csv", "path": f"{rel}/checks.csv"}}}
+    with atomic_open(out / "manifest.json") as fh:
+        fh.write(json.dumps(manifest, indent=2) + "\n")
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -445,7 +445,7 @@ def main(argv=None):
                                         "table": "cases"},
                               "summary": {"kind": "zoo", "records": f"{rel}/records.jsonl",
                                           "bounds": f"{rel}/bounds.jsonl", "table": "summary"}},
-                    "headline": {"view": "summary", "order": 3, "sets": f"{len(files)} public models x devices x caps"}}
+                    "headline": {"view": "summary", "order": 2.5, "sets": f"{len(files)} public models x devices x caps"}}
         with atomic_open(stage / "manifest.json") as fh:
             fh.write(json.dumps(manifest, indent=2) + "\n")
         if out.exists():
