@@ -259,6 +259,7 @@ def main(argv=None):
     from shardcore.types import CommLayout
 
     args = build_parser().parse_args(argv)
+    made_by = _commit()   # the code that makes the records: taken before they are made
     if args.ndevices < 2:
         raise ShardError("--ndevices: at least 2 (the exchange is part of the check)")
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -317,13 +318,16 @@ def main(argv=None):
                          "independent_ms": comm_ind[i][d]})
     s = summarize(devs, [{"costs_ms": p["costs_ms"]} for p in plans], comm)
     text = render(s, hardware)
-    meta = {"hardware": hardware, "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+    from shardcore.oracles.setting import cpu_name
+
+    meta = {"hardware": hardware, "cpu": cpu_name() or platform.machine(), "cpus": os.cpu_count(),
             "command": "python tools/cpu_truth.py " +
             " ".join(sys.argv[1:] if argv is None else map(str, argv)), "oracle_seconds": round(oracle_s, 1)}
     with atomic_open(args.out_dir / "truth.json") as fh:
         fh.write(json.dumps({"summary": s, "meta": meta, "devices": devs, "exchange": comm}, indent=1) + "\n")
     with atomic_open(args.out_dir / "truth.md") as fh:
         fh.write(text)
+    meta["commit"] = made_by
     write_views(args.out_dir, s, meta, argv)
     print(text)
     return 0
@@ -369,7 +373,7 @@ def write_views(out: Path, s: dict, meta: dict, argv) -> None:
                 "landscape": "measured CPU", "hardware": meta["hardware"],
                 "setup": "every device's shard timed alone after the oracle: one thread, wall clock, the minimum of "
                          "the timed iterations after warm-ups; the pooled all-to-all between fresh gloo processes",
-                "command": meta["command"], "commit": _commit(),
+                "command": meta["command"], "commit": meta["commit"],
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "records": [{"path": f"{rel}/truth.json", "what": "every device's reported and independent figures"},
                             {"path": f"{rel}/classes.csv", "what": "the ratio by shard size and by what a device holds"},

@@ -380,31 +380,41 @@ def render_zoo(m: dict, name: str, root: Path = ROOT) -> str:
     return zoo.render_cases(records, bounds, algs) if table == "cases" else zoo.render_summary(records, bounds, algs)
 
 
-def render_headline(ms: dict[str, dict], root: Path = ROOT) -> str:
-    """The front page's table: per manifest with a ``headline``, its landscape, hardware, task sets and the
-    compared planner's margin on each, ordered by ``order`` then folder name."""
-    heads = sorted((m for m in ms.values() if m.get("headline")), key=lambda m: (m["headline"].get("order", 99), m["name"]))
-    rows = []
-    for m in heads:
-        view = m["headline"]["view"]
-        if m["views"][view]["kind"] == "zoo":
-            from tools import zoo
+def headline_row(m: dict, root: Path = ROOT) -> tuple[str, str]:
+    """(task sets, cell) of one manifest's headline view."""
+    view = m["headline"]["view"]
+    if m["views"][view]["kind"] == "zoo":
+        from tools import zoo
 
-            cell = zoo.headline(*zoo_records(m, view, root))
-            if m["headline"].get("note"):
-                cell += f" — *{m['headline']['note']}*"
-            rows.append([f"**{m['landscape']}**", m["hardware"], m["headline"].get("sets", "public models"), cell,
-                         f"[{m['name']}](results/{m['name']}/)"])
-            continue
+        cell = zoo.headline(*zoo_records(m, view, root))
+        sets = m["headline"].get("sets", "public models")
+    else:
         got = view_margins(m, view, root)
         labels = m["views"][view].get("labels")
         tasks = [g["tasks"] for g in got]
         sets = ", ".join(g["label"] for g in got) + "; " + (f"{tasks[0]} tasks each" if len(set(tasks)) == 1 else
                                                             ", ".join(map(str, tasks)) + " tasks")
         cell = "; ".join(f"{g['label']}: {margin_cell(g, labels)}" for g in got)
-        if m["headline"].get("note"):
-            cell += f" — *{m['headline']['note']}*"
-        rows.append([f"**{m['landscape']}**", m["hardware"], sets, cell, f"[{m['name']}](results/{m['name']}/)"])
+    if m["headline"].get("note"):
+        cell += f" — *{m['headline']['note']}*"
+    return sets, cell
+
+
+def render_headline(ms: dict[str, dict], root: Path = ROOT) -> str:
+    """The front page's table: one row per landscape, the manifests with a ``headline`` of that landscape
+    (ordered by ``order`` then folder name) joined in it: their hardware, task sets and the compared
+    planner's margin on each."""
+    heads = sorted((m for m in ms.values() if m.get("headline")), key=lambda m: (m["headline"].get("order", 99), m["name"]))
+    rows = []
+    for landscape in LANDSCAPES:
+        these = [m for m in heads if m["landscape"] == landscape]
+        if not these:
+            continue
+        parts = [headline_row(m, root) for m in these]
+        hardware = " / ".join(dict.fromkeys(m["hardware"] for m in these))
+        rows.append([f"**{landscape}**", hardware, " + ".join(sets for sets, _ in parts),
+                     "<br>".join(cell for _, cell in parts),
+                     ", ".join(f"[{m['name']}](results/{m['name']}/)" for m in these)])
     return md_table(["landscape", "hardware", "task sets (devices)", "shardkit against the best other planner (95% paired "
                      "interval over tasks)", "records"], rows)
 
