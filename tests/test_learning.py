@@ -24,6 +24,7 @@ from dreamshard.trainer import DreamShardTrainer
 from helpers import FnOracle
 from shardcore.tables import TableConfig
 from shardcore.tasks import Task
+from shardcore.topology import Topology
 
 NDEVICES, CAP_GB = 4, 100.0   # every placement fits: the test is about balance, not memory
 
@@ -78,11 +79,11 @@ def test_dreamshard_policy_beats_random(problem, tmp_path):
     cfg = DreamShardConfig(hidden=32, embed=16, head_hidden=32, num_iterations=3, bench_steps=8,
                            bench_training_steps=100, rl_num_batches=15, rl_batch_size=8, seed=0)
 
-    trainer = DreamShardTrainer(cfg, tables, tasks, NDEVICES, CAP_GB, FnOracle(device_costs), tmp_path,
+    trainer = DreamShardTrainer(cfg, tables, tasks, Topology(NDEVICES, CAP_GB), FnOracle(device_costs), tmp_path,
                                 log=lambda _: None)
 
     def greedy_cost():
-        return float(np.mean([plan_cost(ts, trainer.model.place(ts, NDEVICES, CAP_GB)[0][0]) for ts in task_tables]))
+        return float(np.mean([plan_cost(ts, trainer.model.place(ts, Topology(NDEVICES, CAP_GB))[0][0]) for ts in task_tables]))
 
     untrained = greedy_cost()
     trainer.run(cfg.num_iterations)
@@ -104,13 +105,13 @@ def test_autoshard_policy_beats_random_over_seeds(problem, tmp_path):
     torch.set_num_threads(1)
 
     def mean_cost(model) -> float:
-        return float(np.mean([plan_cost(ts, model.place(ts, NDEVICES, CAP_GB)[0]) for ts in task_tables]))
+        return float(np.mean([plan_cost(ts, model.place(ts, Topology(NDEVICES, CAP_GB))[0]) for ts in task_tables]))
 
     runs = []
     for seed in AUTOSHARD_SEEDS:
         cfg = AutoShardConfig(unroll_length=12, batch_size=4, replay_ratio=4, learning_rate=3e-3, seed=seed,
                               decode_samples=0)   # the policy's own (argmax) plans are judged
-        trainer = AutoShardTrainer(cfg, tables, tasks, NDEVICES, CAP_GB, FnOracle(device_costs),
+        trainer = AutoShardTrainer(cfg, tables, tasks, Topology(NDEVICES, CAP_GB), FnOracle(device_costs),
                                    tmp_path / f"seed{seed}", log=lambda _: None)
         untrained = mean_cost(trainer.model)
         summary = trainer.run(AUTOSHARD_STEPS, num_actors=1)

@@ -38,6 +38,7 @@ from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR
 from shardcore.oracles.factory import open_oracle
 from shardcore.tasks import load_tasks
 from shardcore.types import Topology
+from shardcore.topology import DEFAULT_MAX_MEMORY_GB
 
 DEFAULT_DATA = str(MEASUREMENTS_DIR / "dlrm_b65536")
 DEFAULT_TASKS = str(MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt")
@@ -146,7 +147,7 @@ def main(argv=None):
     p.add_argument("--task-path", default=DEFAULT_TASKS, help="task file (default %(default)s)")
     p.add_argument("--data-dir", default=DEFAULT_DATA, help="dataset the tasks index (default %(default)s)")
     p.add_argument("--ndevices", type=device_count, default=4, help="devices per plan (default %(default)s)")
-    p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GiB",
+    p.add_argument("--max-memory", type=positive_float, default=DEFAULT_MAX_MEMORY_GB, metavar="GiB",
                    help="weights per device, fp16 (default %(default)s)")
     p.add_argument("--oracle", default="emulated:h200",
                    help="the judge: emulated:<card> (held out by each plan's tables; default %(default)s)")
@@ -168,7 +169,7 @@ def main(argv=None):
         for task in tqdm(tasks, desc="tasks", unit="task"):
             tables = task.tables(all_tables)
             plan = greedy.shard(tables, topo)
-            costs["lookup_greedy"].append(oracle.evaluate(plan.shard_tables(tables)).cost_ms)
+            costs["lookup_greedy"].append(oracle.evaluate(plan.device_pieces).cost_ms)
             memory = [t.memory_gb("fp16") for t in tables]
             for name, model in models:
                 f = model.for_task(tables, batch)

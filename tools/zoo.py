@@ -161,6 +161,7 @@ def run_case(case: Case, path: Path, args, workdir: Path) -> tuple[list[dict], d
     from shardcore.data.user_tables import read_batch_size, read_tables
     from shardcore.evaluation.compare import evaluate
     from shardcore.tasks import Task
+    from shardcore.cli.common import planning_context
     from shardcore.types import Topology
 
     tables, names = read_tables(path)
@@ -177,9 +178,10 @@ def run_case(case: Case, path: Path, args, workdir: Path) -> tuple[list[dict], d
     sub = workdir / f"{case.model}-{case.ndevices}-{case.cap:g}-{case.precision}"
     sub.mkdir(parents=True, exist_ok=True)
     oracle, data_dir = plan_script.open_pricing_oracle(pargs, tables, batch, case.ndevices, None, str(sub))
-    sharders = {a: algorithms.resolve(a, seed=0, **plan_script.plan_kwargs(pargs, a, batch, data_dir, "emulated:h200"))
-                for a in args.algs}
     topology = Topology(case.ndevices, case.cap, case.precision)
+    ctx = planning_context(pargs, topology, batch, oracle="emulated:h200", data_dir=data_dir)
+    configs = algorithms.planner_configs(pargs)
+    sharders = {a: algorithms.build(a, ctx, configs) for a in args.algs}
     task = [Task(tuple(range(len(positions))))]
     algorithms.attach_oracle(sharders.values(), oracle)
     with oracle as ev:
@@ -194,7 +196,7 @@ def run_case(case: Case, path: Path, args, workdir: Path) -> tuple[list[dict], d
             t0 = time.perf_counter()
             try:
                 b = lower_bound(positions, topology, ev.model, ev.comm_model, batch, time_limit_s=args.bound_time)
-                solver_ms = float(ev.evaluate(b.plan.shard_tables(positions)).cost_ms) if b.plan is not None else None
+                solver_ms = float(ev.evaluate(b.plan.device_pieces).cost_ms) if b.plan is not None else None
                 bound = {"lower_ms": round(b.lower_ms, 6), "status": b.status, "seconds": round(b.seconds, 2),
                          "nodes": b.nodes, "solver_plan_ms": None if solver_ms is None else round(solver_ms, 6),
                          "space": b.space, **b.details}
@@ -208,9 +210,9 @@ def run_case(case: Case, path: Path, args, workdir: Path) -> tuple[list[dict], d
         rec = dict(base, alg=r.alg, feasible=r.feasible, planning_s=round(r.planning_seconds, 3))
         if r.feasible and r.cost_ms is not None:
             plan = r.plan(positions)
-            types = plan.sharding_types(positions)
+            types = plan.sharding_types
             rec.update(cost_ms=round(r.cost_ms, 6), device_costs_ms=[[round(x, 6) for x in d] for d in r.device_costs_ms],
-                       max_memory_gib=round(max(plan.device_memory_gb(positions, case.precision)), 4),
+                       max_memory_gib=round(max(plan.device_memory_gb()), 4),
                        types={t: types.count(t) for t in sorted(set(types))}, shardings=r.shardings)
             for k in ("shardkit_work", "shardkit_stopped", "shardkit_start"):
                 if k in r.extra:
