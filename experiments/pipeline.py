@@ -32,7 +32,7 @@ from shardcore.errors import InfeasibleError, ShardError
 from shardcore.evaluation.compare import TaskResult, evaluate
 from shardcore.tables import TableConfig
 from shardcore.data.taskgen import TaskSpec, generate_tasks, generate_transfer_tasks
-from shardcore.oracles.emulated.emulator import judge_pool
+from shardcore.oracles.emulated.measurements import judge_pool
 from shardcore.tasks import load_tasks, save_tasks
 from shardcore.cli.algorithms import configs_from_dicts
 from shardcore.oracles.commmodel import comm_kwargs

@@ -43,8 +43,9 @@ import numpy as np
 
 from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import ID_ELEMENT_SIZE, OUTPUT_ELEMENT_SIZE, CommModel
-from shardcore.oracles.emulated.emulator import (GpuComputeModel, _distinct_rows, _hat, feature_names, known_cv,
-                                                 physical_features, physical_weights, replica_features, shard_features)
+from shardcore.oracles.emulated.measurements import physical_weights
+from shardcore.oracles.emulated.model import (GpuComputeModel, _distinct_rows, _hat, feature_names, known_cv,
+                                              physical_features, replica_features, shard_features)
 from shardcore.plan import Plan, batch_slices, column_wise, data_parallel, row_blocks, row_wise, table_wise
 from shardcore.tables import DIM_MULTIPLE, TableConfig, bytes_per_element
 from shardcore.topology import MEMORY_TOLERANCE_GB, Topology

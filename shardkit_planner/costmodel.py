@@ -49,8 +49,10 @@ import numpy as np
 
 from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_exchange_model, id_bytes,
                                          id_width as piece_id_width, pooled_width, remote_bytes)
-from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, PIECE_DEVICE_KINDS, GpuComputeModel, fit_params, fit_weights, load_gpu_model, piece_device_kind, predict_devices,
-                                shard_features, table_arrays)
+from shardcore.oracles.emulated.measurements import SHIPPED, load_gpu_model
+from shardcore.oracles.emulated.model import (CPU_SPEC, DEFAULT_SPEC, PIECE_DEVICE_KINDS, GpuComputeModel, fit_params,
+                                              fit_weights, piece_device_kind, predict_devices, shard_features,
+                                              table_arrays)
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import EXACT_SGD
 from shardcore.io import atomic_open
@@ -248,7 +250,7 @@ class CostModel:
 
         try:
             by_n = {int(n): comm(c) for n, c in (obj.get("comm_by_devices") or {}).items()}
-            return cls(compute=GpuComputeModel(obj["compute"]), comm=comm(obj["comm"]), comm_by_devices=by_n or None,
+            return cls(compute=GpuComputeModel(obj["compute"], SHIPPED), comm=comm(obj["comm"]), comm_by_devices=by_n or None,
                        batch_size=int(obj["batch_size"]), landscape=str(obj["landscape"]),
                        length_cv=obj.get("length_cv"), precision=str(obj.get("precision", "fp16")),
                        source=str(obj.get("source", "")))
@@ -334,7 +336,7 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
             raise ShardError("the cache holds no plan measurements at two or more sizes to fit the exchange; "
                              "measure some plans (eval.py) first") from None
         comm, comm_src = comm_fallback, "the given exchange model (no plan measurements)"
-    return CostModel(GpuComputeModel(params), comm, int(batch_size), landscape=MEASURED, length_cv=cvs,
+    return CostModel(GpuComputeModel(params, SHIPPED), comm, int(batch_size), landscape=MEASURED, length_cv=cvs,
                      precision=precision, comm_by_devices=per_n or None,
                      source=f"fitted: compute on {len(shards)} shards, comm on {comm_src}")
 

@@ -141,7 +141,7 @@ class ShardkitSharder(Sharder):
         and, for an emulated card, its measurements (the held-out refits' data)."""
         model = self.cost_model()
         if model.landscape.startswith("emulated:"):
-            from shardcore.oracles.emulated.emulator import measured_landscapes
+            from shardcore.oracles.emulated.measurements import measured_landscapes
 
             measured_landscapes(model.landscape.split(":", 1)[1])
 
@@ -157,7 +157,8 @@ class ShardkitSharder(Sharder):
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model
-        from shardcore.oracles.emulated.emulator import heldout_model, model_error, piece_bias, piece_spread, seen_tables
+        from shardcore.oracles.emulated.measurements import (heldout_model, model_error, piece_bias, piece_spread,
+                                                             seen_tables)
 
         card = model.landscape.split(":", 1)[1]
         ndevices = topology.ndevices if topology is not None else None
@@ -191,7 +192,7 @@ class ShardkitSharder(Sharder):
         if model.precision == precision:
             return model
         if model.landscape.startswith("emulated:"):
-            from shardcore.oracles.emulated.emulator import FP32_NOTE
+            from shardcore.oracles.emulated.model import FP32_NOTE
 
             note = f"; {FP32_NOTE}" if precision == "fp32" else ""
             return dataclasses.replace(model, precision=precision, source=model.source + note)

@@ -96,7 +96,8 @@ from shardcore.errors import ShardError
 from shardkit_torchrec.torchrec_planner import TIE_BREAK_MS, TYPE_ORDER, kernel_order  # noqa: F401 - the tie-break's order, here too
 from shardkit_torchrec.torchrec_planner import tie_break_ms as _tie_break
 from shardcore.oracles.commmodel import ID_ELEMENT_SIZE, CommModel, allreduce_bytes, id_width, pooled_width
-from shardcore.oracles.emulated.emulator import BIN_REPS, load_gpu_model
+from shardcore.oracles.emulated.measurements import load_gpu_model
+from shardcore.oracles.emulated.model import BIN_REPS
 from shardcore.plan import DATA_PARALLEL, ROW_WISE, ShardPiece
 from shardcore.tables import GB, TableConfig, bytes_per_element
 from shardcore.types import OUTPUT_ELEMENT_SIZE
@@ -165,7 +166,7 @@ def precision_note(model, precision: str) -> str | None:
     where it did): fp32 from the fp16 measurements by the bytes it moves, as every other pricing output says."""
     if precision == "fp16":
         return None
-    from shardcore.oracles.emulated.emulator import FP32_NOTE
+    from shardcore.oracles.emulated.model import FP32_NOTE
 
     return FP32_NOTE
 

@@ -332,7 +332,8 @@ LAYER_RULES = {
 # interop; our planner may start from another planner (cli.algorithms) and fits its cost model with the
 # emulator's feature family.
 METHOD_RULE = ("core", "shardcore.data", "shardcore.processes", *ORACLE_CONTRACT, "shardcore.cli.common")
-PLANNER_RULE = METHOD_RULE + ("shardcore.oracles.emulated.emulator",)
+# our planner's cost model is the emulated card's compute model, refitted on the card's measurements
+PLANNER_RULE = METHOD_RULE + ("shardcore.oracles.emulated.model", "shardcore.oracles.emulated.measurements")
 for _m in METHODS:
     LAYER_RULES[_m] = METHOD_RULE
 LAYER_RULES["shardkit_planner"] = PLANNER_RULE

@@ -15,7 +15,7 @@ from shardcore.dataset import configs_batch_size
 from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import PIECES_NOTE, CommModel, allreduce_bytes, comm_splits, id_width, pooled_width
 from shardcore.oracles.setting import EXACT_SGD, normalize_optimizer, normalize_precision
-from shardcore.oracles.emulated.emulator import FP32_NOTE
+from shardcore.oracles.emulated.model import FP32_NOTE
 from shardcore.tables import TableConfig
 from shardcore.types import CacheContext, CommLayout, CommSplits, ComputeCost, DeviceCost, OracleInfo, PlanResult
 from shardcore.planning import (DEVICES, EMULATED_CARDS, EMULATOR_FITS, FULL, HELDOUT,  # noqa: F401  (re-exported)
@@ -65,7 +65,7 @@ class EmulatedOracle:
                  batch_size: int | None = None, optimizer: str = EXACT_SGD, precision: str = "fp16",
                  comm_model: CommModel | None = None, fit: str = HELDOUT):
         from shardcore.dataset import load_dataset
-        from shardcore.oracles.emulated.emulator import load_gpu_model
+        from shardcore.oracles.emulated.measurements import load_gpu_model
 
         check_emulator_fit(fit)
         self.fit = fit
@@ -130,7 +130,7 @@ class EmulatedOracle:
         """One line naming the tables this card prices outside its measured range, and by how far
         (:mod:`shardcore.oracles.emulated.domain`); None when all are inside and fp16."""
         from shardcore.oracles.emulated.domain import domain_note
-        from shardcore.oracles.emulated.emulator import card_domain
+        from shardcore.oracles.emulated.measurements import card_domain
 
         return domain_note(card_domain(self.card), tables, names, self.precision)
 
@@ -164,7 +164,7 @@ class EmulatedOracle:
         tables of another dataset were never measured)."""
         if self.fit == FULL:
             return self.model
-        from shardcore.oracles.emulated.emulator import heldout_model, seen_tables
+        from shardcore.oracles.emulated.measurements import heldout_model, seen_tables
 
         seen = seen_tables(tables, self.card)
         return heldout_model(seen, self.card, rule=HOLDOUT_RULE[self.fit]) if seen else self.model
@@ -173,7 +173,7 @@ class EmulatedOracle:
                        judged: Sequence[TableConfig] | None = None) -> list[ComputeCost]:
         """Each device's (fw, bw) compute; the held-out fit is the one without the tables of ``judged``
         (default: every table of ``shards``)."""
-        from shardcore.oracles.emulated.emulator import predict_devices
+        from shardcore.oracles.emulated.model import predict_devices
 
         shards = [self._check(s, f"shard {k}") for k, s in enumerate(shards)]
         cv_of = None if self.length_cv is None else (lambda t: self.length_cv[t.index])
