@@ -1,6 +1,6 @@
 """TorchRec's planner as an ``--alg`` (it needs TorchRec installed).
 
-**``--alg torchrec``** (:func:`load_sharder` -> :class:`TorchRecSharder`). For each task it builds a
+**``--alg torchrec``** (:func:`make_sharder` -> :class:`TorchRecSharder`). For each task it builds a
 TorchRec ``EmbeddingBagCollection`` on the ``meta`` device (no memory allocated) with one
 ``EmbeddingBagConfig`` per table (rows, dim, ``data_type`` = the weights precision, fp16 by default),
 lets every table take any sharding type our oracle measures -- table-wise, column-wise,
