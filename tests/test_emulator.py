@@ -706,7 +706,7 @@ def test_a_piece_line_names_its_task_set_and_an_old_one_its_device_counts(tmp_pa
     """A measured device with pieces is judged by the held-out judge of its own task: a line names its set
     (NS and the training-pool sets have 4 or 8 devices too); a line that names none is of the test set of
     its device count."""
-    from shardcore.oracles.emulated import emulator as E
+    from shardcore.oracles.emulated import measurements as E   # where the loading reads its files
 
     (tmp_path / "dlrm_b65536").mkdir()
     os.symlink(os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json"),
@@ -803,7 +803,7 @@ def test_the_piece_errors_file_is_used_only_for_the_replica_law_it_was_written_w
     """h200_piece_errors.json is a cache of the held-out judge's error on the measured piece devices; the
     replica law is code, not part of the parameter file its digest ties it to, so the file also names the
     law's features and is computed afresh when they differ (as when the law took a cost per replica)."""
-    from shardcore.oracles.emulated import emulator as E
+    from shardcore.oracles.emulated import measurements as E   # where the loading reads its files
 
     shipped = json.loads((E.MEASUREMENTS_DIR / E.PIECE_ERROR_FILES["h200"]).read_text())
     assert shipped["replica_features"] == list(E.REPLICA_FEATURES)
