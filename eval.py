@@ -24,17 +24,15 @@ from shardcore.evaluation import report
 from shardcore.cli import common as cli
 from shardcore.cli.common import serve_if_torchrun_rank
 from shardcore.argtypes import seed_int
-from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, add_torchrec_args,
-                           device_ids, num_devices, open_evaluator, prestart_oracle, run_main)
+from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids,
+                                  num_devices, open_evaluator, planning_context, prestart_oracle, run_main, topology_of)
 from shardcore.dataset import load_dataset
 from shardcore.errors import ShardError
 from shardcore.evaluation.compare import evaluate
-from shardcore.types import Topology
 from shardcore.io import atomic_open
 from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.oracles.measured.shardings import type_counts_text
 from shardcore.tasks import load_tasks
-from shardcore.oracles.commmodel import comm_kwargs
 from shardcore.oracles.factory import pricing
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import positive_int
@@ -63,18 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write every plan as DIR/<alg>/task_<k>.json (plain) and .torchrec.json "
                         "(TorchRec ParameterSharding, every sharding type) plus DIR/index.json; tables are named as "
                         "table_configs.json names them ('name'), else table_<index>")
-    add_torchrec_args(p)
-    ns = p.add_argument_group("NeuroShard (--alg neuroshard)")
-    ns.add_argument("--compute-model", "--compute_model", dest="compute_model", default=None, metavar="PT",
-                    help="pre-trained compute cost model (default models/neuroshard/compute.pt)")
-    ns.add_argument("--fw-comm-model", "--fw_comm_model", dest="fw_comm_model", default=None, metavar="PT",
-                    help="forward communication cost model (default models/neuroshard/fw_comm.pt)")
-    ns.add_argument("--bw-comm-model", "--bw_comm_model", dest="bw_comm_model", default=None, metavar="PT",
-                    help="backward communication cost model (default models/neuroshard/bw_comm.pt)")
-    p.add_argument("--checkpoint", "--checkpointpath", dest="checkpoint", default=None, metavar="PT",
-                   help="AutoShard checkpoint for --alg autoshard (default models/autoshard/default/model.pt; "
-                        "--checkpointpath is AutoShard's spelling, though its model.tar files cannot be loaded)")
-    algorithms.add_plugin_args(p, measuring=True)   # --shardkit-time, --shardkit-refine, ...
+    algorithms.add_planner_args(p, measuring=True)   # each planner's own flags: --shardkit-time, --torchrec-time, ...
     p.add_argument("--task-set", default=None, metavar="NAME",
                    help="row label of the paper-style table (default: derived from the task file)")
     add_oracle_args(p)
@@ -126,9 +113,9 @@ def check_outputs(args) -> None:
 def check_repeats(args) -> None:
     """``--repeats N`` takes medians of noisy measurements: with nothing measured (--plan-only), or on an
     emulated oracle (a model: the same answer every time), it would only repeat the work."""
-    from shardcore.oracles.factory import MEASURED, parse_oracle
+    from shardcore.planning import MEASURED, parse_landscape
 
-    if args.repeats > 1 and (args.plan_only or parse_oracle(args.oracle) != MEASURED):
+    if args.repeats > 1 and (args.plan_only or parse_landscape(args.oracle) != MEASURED):
         why = "--plan-only measures nothing" if args.plan_only else \
             f"the {args.oracle} oracle is a model that answers a plan the same every time"
         raise ShardError(f"--repeats {args.repeats}: {why}; --repeats is for a measured oracle's noise (drop it)")
@@ -151,25 +138,16 @@ def main(argv=None):
     tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
     if args.max_tasks is not None:
         tasks = tasks[: args.max_tasks]
-    batch_size = measured_batch_size(args)
-    models = {"compute_model": args.compute_model, "fw_comm_model": args.fw_comm_model,
-              "bw_comm_model": args.bw_comm_model, "checkpoint": args.checkpoint,
-              # the landscape and the flags a planner with its own cost model reads (others ignore them)
-              "oracle": args.oracle, "data_dir": args.data_dir, **comm_kwargs(args),
-              "cache_path": args.cache_path, "emulator_fit": args.emulator_fit, "torchrec_time": args.torchrec_time,
-              "memory_model": args.torchrec_memory or "torchrec",
-              # tables a planner that calibrates on the machine (shardkit) never measures: the evaluated tasks'
-              "exclude_task_files": [args.task_path],
-              **algorithms.plugin_kwargs(args)}
+    topology = topology_of(args, ndevices)   # under torchrun, its hosts (TorchRec's local_world_size)
+    # the one context every planner is built with; a planner that calibrates on the machine (shardkit) never
+    # measures the evaluated tasks' tables
+    ctx = planning_context(args, topology, measured_batch_size(args), evaluated_tasks=[args.task_path])
+    configs = algorithms.planner_configs(args)   # each planner's own flags, bound to its own config
     if getattr(args, "shardkit_refine", None) and args.plan_only:
         raise ShardError("--shardkit-refine measures candidates: it cannot be used with --plan-only")
     check_repeats(args)
-    if args.launcher == "torchrun":   # TorchRec plans for the hosts torchrun gives (its local_world_size)
-        from shardcore.oracles.measured.launch import rank_env
-
-        models["local_world_size"] = rank_env().local_world_size
     prestart_oracle(args)   # the workers' imports beside the planners' set-up
-    sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=batch_size, **models) for name in names}
+    sharders = {name: algorithms.build(name, ctx, configs) for name in names}
 
     def show(result, task):
         if args.quiet:
@@ -185,9 +163,8 @@ def main(argv=None):
             tqdm.write(f"task {result.task:3d} {result.alg:>20s}: feasible, memory GiB [{mem}], "
                        f"allocation {result.allocation}")
 
-    topology = Topology(ndevices, args.max_memory, args.weights_precision)
-    mode = "plan only" if args.plan_only else ("measured on hardware" if args.oracle == "measured"
-                                               else f"judged by the {args.oracle} oracle")
+    mode = "plan only" if args.plan_only else ("measured on hardware" if not ctx.landscape.emulated
+                                               else f"judged by the {ctx.oracle} oracle")
     print(f"{len(tasks)} tasks from {args.task_path}, {ndevices} devices, cap {args.max_memory:g} GiB "
           f"({args.weights_precision}), {mode}; algorithms: {', '.join(names)}")
     if args.plan_only:
@@ -250,8 +227,8 @@ def main(argv=None):
             return [named[t.index] if t.index in named and k == 0 else d
                     for t, d, k in zip(tables, default_names(tables), _repeat_counts(tables))]
 
-        records = [PlanRecord(r.task, r.alg, tasks[r.task].tables(dataset.tables), r.plan(),
-                              names_of(tasks[r.task].tables(dataset.tables))) for r in results]
+        records = [PlanRecord(r.task, r.alg, r.plan(), names_of(tasks[r.task].tables(dataset.tables)))
+                   for r in results]
         paths = export_plans(args.export_torchrec, records, args.max_memory, args.weights_precision)
         print(f"exported {len(paths) - 1} plan files to {args.export_torchrec}/ (index.json lists them)")
     if args.out:

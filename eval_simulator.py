@@ -20,18 +20,16 @@ import statistics
 
 from tqdm import tqdm
 
-from neuroshard.cli import add_model_paths, add_search_args, model_kwargs, search_kwargs
 from neuroshard.simulator import Simulator
 from shardcore.cli import algorithms
 from shardcore.evaluation import report
 from shardcore.cli.common import check_outputs, serve_if_torchrun_rank
 from shardcore.argtypes import seed_int
 from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
-                           open_evaluator, oracle_batch_size, run_main)
+                                  open_evaluator, oracle_batch_size, planning_context, run_main, topology_of)
 from shardcore.dataset import configs_batch_size, load_dataset
 from shardcore.errors import ShardError
 from shardcore.evaluation.compare import evaluate
-from shardcore.types import Topology
 from shardcore.io import atomic_open
 from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.tasks import load_tasks
@@ -48,8 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_task_args(p, "data/dlrm_tasks_50/test.txt")
     add_device_args(p)
     add_memory_args(p, default_precision="fp32")
-    add_model_paths(p)
-    add_search_args(p)
     p.add_argument("--max-tasks", type=positive_int, default=None, metavar="N", help="only the first N tasks")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--measure", action="store_true",
@@ -57,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="one JSON object per task and algorithm")
     p.add_argument("--quiet", action="store_true", help="no per-task lines, only the summary")
     add_oracle_args(p)
-    algorithms.add_plugin_args(p, measuring=False)   # --shardkit-time, --shardkit-model, ...
+    # each planner's own flags: NeuroShard's models (which also score every plan) and search, --shardkit-time, ...
+    algorithms.add_planner_args(p, measuring=False)
     return p
 
 
@@ -98,20 +95,17 @@ def main(argv=None):
     tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
     if args.max_tasks is not None:
         tasks = tasks[: args.max_tasks]
-    paths = model_kwargs(args)
-    sim = Simulator.load(paths["compute_model"], paths["fw_comm_model"], paths["bw_comm_model"])
-    kwargs = dict(paths, **search_kwargs(args))
+    configs = algorithms.planner_configs(args)
+    models = configs["neuroshard"]   # the simulator that scores every plan: NeuroShard's models
+    sim = Simulator.load(models.compute_model, models.fw_comm_model, models.bw_comm_model)
+    topology = topology_of(args, ndevices)
     # shardkit plans for the landscape of --oracle (its own cost model; the simulator then scores it)
-    from shardcore.oracles.commmodel import comm_kwargs
-
-    kwargs.update(oracle=args.oracle, data_dir=args.data_dir, **comm_kwargs(args), **algorithms.plugin_kwargs(args))
-    sharders = {name: algorithms.resolve(name, seed=args.seed, batch_size=args.batch_size, **kwargs)
-                for name in names}
-    topology = Topology(ndevices, args.max_memory, args.weights_precision)
+    ctx = planning_context(args, topology, args.batch_size)
+    sharders = {name: algorithms.build(name, ctx, configs) for name in names}
 
     def show(result, task):
         if args.measure and result.measured is not None:   # the simulator's verdict on the measured plan
-            simulated = sim.evaluate(result.plan().shard_tables(task.tables(dataset.tables)))
+            simulated = sim.evaluate(result.plan().device_pieces)
             result.extra["simulated_cost_ms"] = simulated.cost_ms
             result.extra["simulated_device_costs_ms"] = simulated.device_costs_ms
         if args.quiet:

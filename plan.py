@@ -29,7 +29,8 @@ from pathlib import Path
 
 from shardcore.cli import algorithms
 from shardcore.data.user_tables import read_batch_size, read_tables
-from shardcore.cli.common import add_device_args, add_memory_args, add_torchrec_args, device_ids, num_devices, run_main
+from shardcore.cli.common import (add_device_args, add_memory_args, device_ids, num_devices, planning_context, run_main,
+                                  topology_of)
 from shardcore.argtypes import name_list, nonnegative_float, nonnegative_int, positive_float
 from shardcore.oracles.commmodel import (DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US,
                                         DEFAULT_INTER_HOST_BANDWIDTH_GBPS, DEFAULT_INTER_HOST_LATENCY_US)
@@ -40,40 +41,43 @@ from shardcore.io import write_json
 from shardcore.evaluation.report import format_table
 from shardcore.interop.plan_export import plan_json, torchrec_path_for, torchrec_plan_json
 from shardcore.interop.memory import EXACT_SGD
-from shardcore.interop.torchrec_memory import compare_memory
+from shardcore.planning import DEFAULT_BATCH_SIZE, EMULATOR_FITS, HELDOUT, MEASURED, parse_landscape
+from shardkit_torchrec.torchrec_memory import compare_memory
 from shardcore.cli import common as cli
 from shardcore.cli.common import ArgumentParser as OneLineParser
 from shardcore.argtypes import seed_int
 
-def check_fits(tables, names, max_memory_gb, precision):
+def check_fits(tables, names, topology):
     """A planner that places whole tables only needs every table to fit one device: the largest that
     does not is named."""
+    precision = topology.precision
     for t, n in sorted(zip(tables, names), key=lambda x: -x[0].memory_gb(precision))[:1]:
         need = t.memory_gb(precision)
-        if need > max_memory_gb + 1e-12:
+        if not topology.holds(need):
             raise ShardError(f"table {n!r} ({t.row} x {t.dim}, {need:.3f} GiB in {precision}) is larger than "
-                             f"the {max_memory_gb:g} GiB per-device memory cap: no plan of these planners can hold it "
+                             f"the {topology.max_memory_gb:g} GiB per-device memory cap: no plan of these planners can hold it "
                              "(raise --max-memory, or add shardkit or torchrec to --alg: they split a table over devices)")
 
 
-def summary(tables, names, plan, devices, max_memory_gb, precision, device_costs_ms=None):
+def summary(names, plan, devices, device_costs_ms=None):
     """Where each table went: per device its tables or blocks, memory and, priced (``device_costs_ms``,
     the oracle's four parts per device), its cost parts; else its lookup load, a hardware-free proxy."""
     from shardcore.costs import COST_PARTS
 
-    mem = plan.device_memory_gb(tables, precision)
-    load = lookup_load(tables, plan)
+    max_memory_gb = plan.topology.max_memory_gb
+    mem = plan.device_memory_gb()
+    load = lookup_load(plan)
     mean = sum(load) / len(load) if load else 0.0
     rows = []
     # a name per piece: a split table's pieces are named by what they hold
     tags = {"table_wise": "", "column_wise": " [cols]", "row_wise": " [rows]", "data_parallel": " [replica]",
             "grid": " [grid]"}
     pieces, replicated = [], []
-    for n, t, s in zip(names, tables, plan.table_shardings(tables)):
+    for n, t, s in zip(names, plan.tables, plan.shardings):
         pieces += [None if s.type == "data_parallel" else n + tags[s.type]] * len(s.pieces(t, plan.ndevices))
         if s.type == "data_parallel":   # on every device: named once, below the table
             replicated.append(n)
-    for d, shard in enumerate(plan.shards):
+    for d, shard in enumerate(plan.device_positions):
         shown = ", ".join(pieces[i] for i in shard if pieces[i] is not None)
         if len(shown) > 100:
             shown = shown[:97] + "..."
@@ -95,7 +99,6 @@ def summary(tables, names, plan, devices, max_memory_gb, precision, device_costs
 BATCH_PLANNERS = ("torchrec", "torchrec-tw", "torchrec-emu", "shardkit", "shardkit-tw")
 # planners that may split a table larger than the per-device cap by rows
 ROW_SPLITTERS = ("torchrec", "torchrec-emu", "shardkit")
-DEFAULT_PLAN_BATCH = 4096   # without an oracle: the batch a batch-dependent planner assumes (said in a note)
 
 
 def build_parser():
@@ -115,7 +118,7 @@ def build_parser():
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random baseline (default 0)")
     p.add_argument("--batch-size", type=batch_size_int, default=None, metavar="B",
                    help="the global batch the plans are made and priced for (default: the tables file's batch_size; "
-                        f"without --oracle, {DEFAULT_PLAN_BATCH} for the planners that need one, said in a note). "
+                        f"without --oracle, {DEFAULT_BATCH_SIZE} for the planners that need one, said in a note). "
                         "With an --oracle it must be known: from the file or this flag")
     o = p.add_argument_group("pricing the plans (side by side)")
     o.add_argument("--oracle", default=None, metavar="NAME",
@@ -125,9 +128,10 @@ def build_parser():
                         "Default: none (a hardware-free lookup-load summary per plan)")
     o.add_argument("--pick", default=None, metavar="ALG",
                    help="the plan --out writes (default: the cheapest on --oracle; without --oracle the only --alg)")
-    o.add_argument("--emulator-fit", default="heldout", choices=["heldout", "full"],
+    o.add_argument("--emulator-fit", default=HELDOUT, choices=EMULATOR_FITS,
                    help="which fit of the emulated GPU prices a plan (default heldout: never fitted on the plan's "
-                        "own tables, if they were among the measured ones; full: the shipped fit)")
+                        "own tables, if they were among the measured ones; devices: never fitted on a device made "
+                        "only of them; full: the shipped fit)")
     o.add_argument("--comm-bandwidth", type=positive_float, default=DEFAULT_COMM_BANDWIDTH_GBPS, metavar="GB/S",
                    help="modelled all-to-all bandwidth per device and direction on an emulated oracle (default "
                         f"{DEFAULT_COMM_BANDWIDTH_GBPS:g}: NVLink 4 within one 8-GPU node, assumed)")
@@ -146,13 +150,7 @@ def build_parser():
                         f"{DEFAULT_INTER_HOST_LATENCY_US:g}, assumed); only with --devices-per-host")
     o.add_argument("--cache-path", default=None, metavar="FILE",
                    help="measurement cache of --oracle measured (default data/cost_cache.sqlite)")
-    add_torchrec_args(p)
-    sk = p.add_argument_group("shardkit (--alg shardkit)")
-    sk.add_argument("--shardkit-oracle", default=None, choices=["emulated:h200", "measured"],
-                    help="the landscape shardkit plans for (default: --oracle's, else emulated:h200): emulated:h200 "
-                         "(the emulator's model, needs nothing else) or measured (this machine's fitted model, "
-                         "models/shardkit/cpu_cost_model.json or --shardkit-model)")
-    algorithms.add_plugin_args(p, measuring=False, groups={"shardkit": sk})   # --shardkit-time, ...
+    algorithms.add_planner_args(p, measuring=False)   # each planner's own flags: --shardkit-time, --torchrec-time, ...
     p.add_argument("--out", default=None, metavar="PLAN.json", help="write the plan as JSON (atomically)")
     p.add_argument("--torchrec", action="store_true",
                    help="also write the TorchRec-loadable form beside --out (PLAN.torchrec.json)")
@@ -190,9 +188,9 @@ def open_pricing_oracle(args, tables, batch, ndevices, devices, workdir):
     """The oracle of ``--oracle`` for these tables and the data directory the planners are given."""
     from shardcore.oracles.commmodel import CommModel, comm_kwargs
     from shardcore.dataset import save_table_configs
-    from shardcore.oracles.factory import MEASURED, open_oracle, parse_oracle
+    from shardcore.oracles.factory import open_oracle
 
-    spec = parse_oracle(args.oracle)
+    spec = parse_landscape(args.oracle)
     dataset_dir = _dataset_dir_of(Path(args.tables), tables)
     comm = CommModel.of(**comm_kwargs(args))
     if spec == MEASURED:
@@ -237,18 +235,6 @@ def side_by_side(results, best_alg) -> str:
                          "max memory GiB", "of cap", "sharding types", "planning s"], rows)
 
 
-def plan_kwargs(args, alg, batch, data_dir, landscape):
-    """What ``algorithms.resolve`` gets for one planner (as eval.py passes them)."""
-    from shardcore.oracles.commmodel import comm_kwargs
-
-    kwargs = {"batch_size": batch, "data_dir": data_dir, **comm_kwargs(args), "cache_path": args.cache_path,
-              "emulator_fit": args.emulator_fit, "torchrec_time": args.torchrec_time,
-              "memory_model": args.torchrec_memory or "torchrec"}
-    if alg in ("shardkit", "shardkit-tw"):
-        kwargs.update(oracle=landscape, **algorithms.plugin_kwargs(args))
-    return kwargs
-
-
 def keep_torchrec_expressible(sharder, ndevices: int) -> None:
     """shardkit's search kept to what TorchRec applies on one host (``--torchrec``): a row-wise table over
     every rank in rank order, never over a subset (shardkit_torchrec's cost model; without TorchRec
@@ -262,13 +248,13 @@ def keep_torchrec_expressible(sharder, ndevices: int) -> None:
                                                 wrap=lambda model: TorchRecCostModel.wrap(model, ndevices))
 
 
-def torchrec_problem(tables, names, plan, devices_per_host: int = 0) -> str | None:
-    """Why TorchRec cannot apply ``plan`` on hosts of ``devices_per_host`` (0: one host), None when it
+def torchrec_problem(names, plan) -> str | None:
+    """Why TorchRec cannot apply ``plan`` on its topology's hosts (one where it has none), None when it
     can (plan_export.torchrec_problem: row-wise over every rank or one host's, grid blocks one host each)."""
     from shardcore.interop.plan_export import torchrec_problem as problem
 
-    for n, s in zip(names, plan.table_shardings(tables)):
-        why = problem(s, plan.ndevices, devices_per_host or plan.ndevices)
+    for n, s in zip(names, plan.shardings):
+        why = problem(s, plan.ndevices, plan.topology.devices_per_host or plan.ndevices)
         if why:
             return f"table {n!r}: {why}"
     return None
@@ -296,7 +282,6 @@ def plan_tables(args):
 
     from shardcore.evaluation.compare import evaluate
     from shardcore.tasks import Task
-    from shardcore.types import Topology
 
     algs = list(args.alg)
     if args.torchrec and not args.out:
@@ -321,35 +306,34 @@ def plan_tables(args):
     batch = args.batch_size or file_batch
     needs_batch = [a for a in algs if a in BATCH_PLANNERS]
     if args.oracle is not None and batch is None:
-        from shardcore.oracles.factory import MEASURED, parse_oracle
-
-        if parse_oracle(args.oracle) != MEASURED:
+        if parse_landscape(args.oracle) != MEASURED:
             raise ShardError(f"--oracle {args.oracle} prices lookups per batch and the batch is not known: give "
                              "--batch-size B (the global batch your model trains with) or a batch_size in the tables "
                              "file" + (f" ({', '.join(needs_batch)} plan for it too)" if needs_batch else ""))
+    topology = topology_of(args, ndevices)
     if not any(a in ROW_SPLITTERS for a in algs):   # TorchRec's and shardkit's planners may split a table by rows
-        check_fits(tables, names, args.max_memory, args.weights_precision)
-    Topology(ndevices, args.max_memory, args.weights_precision).check_fits(tables)   # all devices' memory together
+        check_fits(tables, names, topology)
+    topology.check_fits(tables)   # all devices' memory together
     warning = no_reuse_warning(tables, names) if (args.oracle or needs_batch) else None
     if warning:
         print(warning)
-    landscape = args.shardkit_oracle or (args.oracle.lower() if args.oracle else "emulated:h200")
     # planners and oracles see the tables at their positions 0..n-1 (a plan is by position)
     positions = [dataclasses.replace(t, index=k) for k, t in enumerate(tables)]
     with tempfile.TemporaryDirectory(prefix="plan-") as workdir:
         if args.oracle is None:
             if needs_batch and batch is None:
-                batch = DEFAULT_PLAN_BATCH
+                batch = DEFAULT_BATCH_SIZE
                 print(f"note: {', '.join(needs_batch)} plan for batch {batch}, assumed (give --batch-size B or a "
                       "batch_size in the tables file for yours)")
             oracle, data_dir = None, None
         else:
             oracle, data_dir = open_pricing_oracle(args, tables, batch, ndevices, devices, workdir)
-        sharders = {a: algorithms.resolve(a, seed=args.seed, **plan_kwargs(args, a, batch, data_dir, landscape))
-                    for a in algs}
+        # one context for every planner: the landscape that prices the plans (none without --oracle)
+        ctx = planning_context(args, topology, batch, oracle=args.oracle, data_dir=data_dir)
+        configs = algorithms.planner_configs(args)
+        sharders = {a: algorithms.build(a, ctx, configs) for a in algs}
         if args.torchrec and "shardkit" in sharders:
             keep_torchrec_expressible(sharders["shardkit"], ndevices)
-        topology = Topology(ndevices, args.max_memory, args.weights_precision)
         task = [Task(tuple(t.index for t in positions))]
         if oracle is None:
             results = evaluate(task, positions, sharders, topology)
@@ -382,12 +366,11 @@ def plan_tables(args):
         chosen = next(r for r in results if r.alg == (args.pick or algs[0]))
     if not chosen.feasible:
         raise ShardError(f"--pick {chosen.alg}: {chosen.error}")
-    plan = chosen.plan()
-    why = torchrec_problem(tables, names, plan, args.devices_per_host) if args.torchrec else None
+    plan = dataclasses.replace(chosen.plan(), tables=tuple(tables))   # the tables as the file names them
+    why = torchrec_problem(names, plan) if args.torchrec else None
     if why:
         raise ShardError(f"--torchrec: {chosen.alg}'s plan cannot be applied by TorchRec: {why}; --pick another planner")
-    table, imb, worst = summary(tables, names, plan, labels, args.max_memory, args.weights_precision,
-                                chosen.device_costs_ms if oracle is not None else None)
+    table, imb, worst = summary(names, plan, labels, chosen.device_costs_ms if oracle is not None else None)
     if oracle is None:
         for r in results:
             if r is not chosen:
@@ -397,8 +380,8 @@ def plan_tables(args):
     print(table)
     print(f"feasible: max device memory {worst:.3f} GiB of {args.max_memory:g} GiB; "
           f"lookup-load imbalance (max / mean) {imb:.3f}")
-    print(compare_memory(tables, plan, args.weights_precision, args.max_memory, batch, getattr(args, "optimizer", None)
-                         or EXACT_SGD, names, args.devices_per_host or None, devices).text(format_table))
+    print(compare_memory(plan, batch, getattr(args, "optimizer", None) or EXACT_SGD, names,
+                         topology.devices_per_host or None, devices).text(format_table))
     if args.plot:
         from shardcore.evaluation.plots import plot_plans
 
@@ -411,14 +394,12 @@ def plan_tables(args):
         meta = {"alg": chosen.alg}
         if oracle is not None:
             meta.update(cost_ms=round(chosen.cost_ms, 6), priced_on=hardware, batch_size=batch)
-        write_json(args.out, plan_json(tables, plan, args.max_memory, args.weights_precision, names,
-                                       device_ids=devices if labels is devices else None, **meta))
+        write_json(args.out, plan_json(plan, names, device_ids=devices if labels is devices else None, **meta))
         print(f"wrote {args.out}")
         if args.torchrec:
             path = torchrec_path_for(args.out)
-            write_json(path, torchrec_plan_json(tables, plan, names, args.weights_precision,
-                                                module_path=args.torchrec_module,
-                                                local_world_size=args.devices_per_host or None))
+            write_json(path, torchrec_plan_json(plan, names, module_path=args.torchrec_module,
+                                                local_world_size=topology.devices_per_host or None))
             print(f"wrote {path} (TorchRec: shardcore.interop.plan_export.load_torchrec_plan)")
     return 0
 

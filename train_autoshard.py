@@ -23,7 +23,7 @@ from autoshard.sharder import AutoShardModel
 from autoshard.trainer import AutoShardTrainer
 from shardcore.baselines import make_baseline
 from shardcore.cli.common import serve_if_torchrun_rank
-from shardcore.cli.common import add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag, device_ids, num_devices, open_evaluator, prestart_oracle, run_main
+from shardcore.cli.common import add_device_args, add_task_args, add_memory_args, add_oracle_args, add_refused_flag, device_ids, num_devices, open_evaluator, prestart_oracle, run_main, topology_of
 from shardcore.argtypes import positive_float
 from shardcore.dataset import load_dataset
 from shardcore.errors import InfeasibleError, ShardError
@@ -80,15 +80,15 @@ def learner_threads(text: str) -> int:
     return 1
 
 
-def check_tasks(tasks, dataset, ndevices: int, cap: float, precision: str) -> None:
+def check_tasks(tasks, dataset, topology: Topology) -> None:
     """Every training task must have a feasible plan (found by the size greedy), or training is moot."""
     greedy = make_baseline("size_greedy")
-    topology = Topology(ndevices, cap, precision)
     for k, task in enumerate(tasks):
         try:
             greedy.shard(task.tables(dataset.tables), topology)
         except InfeasibleError:
-            raise ShardError(f"training task {k} does not fit on {ndevices} devices under the {cap:g} GiB cap "
+            raise ShardError(f"training task {k} does not fit on {topology.ndevices} devices under the "
+                             f"{topology.max_memory_gb:g} GiB cap "
                              "(raise --max-memory or use more devices)") from None
 
 
@@ -112,7 +112,8 @@ def train(args, argv, out_dir: str):
     ndevices = num_devices(args)   # --ndevices beside fewer --gpu-devices: plans of N devices measured on those
     dataset = load_dataset(args.data_dir, with_lookups=False)
     tasks = load_tasks(args.task_path, num_tables=dataset.num_tables)
-    check_tasks(tasks, dataset, ndevices, args.max_memory, args.weights_precision)
+    topology = topology_of(args, ndevices)
+    check_tasks(tasks, dataset, topology)
     ckpt = os.path.join(out_dir, "model.pt")
     model = None
     if args.resume:
@@ -135,8 +136,7 @@ def train(args, argv, out_dir: str):
           f"{num_actors} actors, {args.total_steps} steps -> {out_dir}/")
     prestart_oracle(args)   # the workers' imports beside the trainer's set-up
     ev = open_evaluator(args, args.data_dir, devices, ndevices)
-    trainer = AutoShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev, out_dir,
-                               precision=args.weights_precision, model=model,
+    trainer = AutoShardTrainer(cfg, dataset.tables, tasks, topology, ev, out_dir, model=model,
                                checkpoint_interval_s=args.checkpoint_interval, log=tqdm.write)
     # the trainer restores this handler when it returns: once it has stopped on a Ctrl-C (and saved), a
     # second, impatient one must not cut the summary below short, which says where the checkpoint is

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from dreamshard.config import DreamShardConfig
 from dreamshard.sharder import DreamShardModel
 from dreamshard.trainer import BEST, DreamShardTrainer
-from shardcore.cli.common import serve_if_torchrun_rank
+from shardcore.cli.common import serve_if_torchrun_rank, topology_of
 from shardcore.cli.common import (add_device_args, add_task_args, add_memory_args, add_oracle_args, device_ids, num_devices,
                            open_evaluator, prestart_oracle, run_main)
 from shardcore.dataset import load_dataset
@@ -87,8 +87,8 @@ def train(args, argv):
     prestart_oracle(args)   # the workers' imports beside the trainer's set-up
     ev = open_evaluator(args, args.data_dir, devices)
     # built before the oracle's workers start: a --resume in another setting is refused first
-    trainer = DreamShardTrainer(cfg, dataset.tables, tasks, ndevices, args.max_memory, ev,
-                                args.out_dir, precision=args.weights_precision, model=model, log=tqdm.write)
+    trainer = DreamShardTrainer(cfg, dataset.tables, tasks, topology_of(args, ndevices), ev, args.out_dir,
+                                model=model, log=tqdm.write)
     with ev:
         start = trainer.model.iteration + 1
         with tqdm(total=args.num_iterations, initial=start, desc="iterations", unit="it") as bar:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from shardcore.argtypes import finite_float, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
-from shardcore.tables import length_cv_flag
+from shardcore.data.features import length_cv_flag
 
 
 def default_num_actors() -> int:
@@ -113,3 +113,15 @@ class AutoShardConfig(Config):
     def buffers(self, num_actors: int) -> int:
         """How many unrolls may wait for the learner (``num_buffers``, 0: max(2 x actors, batch))."""
         return self.num_buffers or max(2 * int(num_actors), self.batch_size)
+
+
+DEFAULT_CHECKPOINT = "models/autoshard/default/model.pt"
+
+
+@dataclass
+class PlannerConfig(Config):
+    """``--alg autoshard``'s settings: which trained policy plans (the flag as AutoShard spells it too)."""
+
+    checkpoint: str | None = param(None, f"AutoShard checkpoint for --alg autoshard (default {DEFAULT_CHECKPOINT}; "
+                                   "--checkpointpath is AutoShard's spelling, though its model.tar files cannot be "
+                                   "loaded)", flags=("--checkpoint", "--checkpointpath"), type=str, metavar="PT")

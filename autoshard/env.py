@@ -25,7 +25,9 @@ from typing import Sequence
 
 import torch
 
-from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.tables import TableConfig
+from shardcore.data.features import FeatureScaler
+from shardcore.topology import Topology
 from shardcore.types import CostOracle
 
 from .networks import CostModel
@@ -34,15 +36,16 @@ EPS = 1e-9
 
 
 class ShardingEnv:
-    def __init__(self, scaler: FeatureScaler, cost_model: CostModel | None, ndevices: int, max_memory_gb: float,
-                 precision: str = "fp16", *, scaled_device_features: bool = False, relative_costs: bool = False):
+    def __init__(self, scaler: FeatureScaler, cost_model: CostModel | None, topology: Topology, *,
+                 scaled_device_features: bool = False, relative_costs: bool = False):
         self.scaler = scaler
         self.scaled_device_features = bool(scaled_device_features)
         self.relative_costs = bool(relative_costs)
         self.cost_model = cost_model
-        self.ndevices = int(ndevices)
-        self.cap = float(max_memory_gb)
-        self.precision = precision
+        self.topology = topology
+        self.ndevices = topology.ndevices
+        self.cap = topology.max_memory_gb
+        self.precision = topology.precision
         self.tables: list[TableConfig] = []
 
     # -- episode -----------------------------------------------------------------------------
@@ -85,7 +88,7 @@ class ShardingEnv:
     def observation(self) -> dict:
         i = self.order[self.pos]
         after_mem = self.dev_mem + self.mem[i]
-        mask = after_mem <= self.cap + EPS
+        mask = after_mem <= self.topology.limit_gb
         if not bool(mask.any()):
             mask = torch.ones(self.ndevices, dtype=torch.bool)
         now = self._predicted(self.dev_emb, self.dev_count > 0)

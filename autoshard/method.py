@@ -37,6 +37,7 @@ METHOD = MethodSpec(
     name="autoshard", label="AutoShard", train_script=ROOT / "train_autoshard.py",
     train_hint="python train_autoshard.py (or run_autoshard.py)", default_precision="fp16",
     train_args=train_args, checkpoint="model.pt", selected="best.pt", every_table_tasks=True, stale=stale,
+    planner_config="autoshard.config:PlannerConfig",
     seen_note="trained on tasks drawn from every table of the dataset, the test tasks' tables included, as the "
               "original's gen_dlrm_data.py draws them without --transfer",
     scale_flags={"full": (),

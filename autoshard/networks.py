@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from shardcore.layers import mlp
-from shardcore.tables import FEATURE_NAMES
+from shardcore.data.features import FEATURE_NAMES
 
 from .config import AutoShardConfig
 

@@ -22,15 +22,17 @@ from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.baselines import Sharder
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan
-from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.planning import PlanningContext
+from shardcore.tables import TableConfig
+from shardcore.data.features import FeatureScaler
+from shardcore.topology import Topology
 
-from .config import AutoShardConfig
+from .config import DEFAULT_CHECKPOINT, AutoShardConfig, PlannerConfig
 from .env import ShardingEnv
 from .networks import AutoShardNet, CostModel
 
 METHOD = "autoshard"
 VERSION = 1
-DEFAULT_CHECKPOINT = "models/autoshard/default/model.pt"
 
 
 @dataclass
@@ -49,9 +51,9 @@ class AutoShardModel:
         torch.manual_seed(cfg.seed)
         return cls(cfg, scaler, AutoShardNet(cfg), CostModel(cfg))
 
-    def env(self, ndevices: int, max_memory_gb: float, precision: str = "fp16") -> ShardingEnv:
-        return ShardingEnv(self.scaler, self.cost_model if self.cfg.use_cost_model else None, ndevices,
-                           max_memory_gb, precision, scaled_device_features=self.cfg.scaled_device_features,
+    def env(self, topology: Topology) -> ShardingEnv:
+        return ShardingEnv(self.scaler, self.cost_model if self.cfg.use_cost_model else None, topology,
+                           scaled_device_features=self.cfg.scaled_device_features,
                            relative_costs=self.cfg.relative_costs)
 
     def save(self, path: str | os.PathLike, extra: dict | None = None) -> None:
@@ -78,29 +80,29 @@ class AutoShardModel:
         return model
 
     @torch.no_grad()
-    def place(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-              precision: str = "fp16", samples: int | None = None, seed: int = 0) -> tuple[list[int], float]:
+    def place(self, tables: Sequence[TableConfig], topology: Topology, samples: int | None = None,
+              seed: int = 0) -> tuple[list[int], float]:
         """The greedy plan (argmax at every step), or with ``samples`` > 0 (default: the config's
         ``decode_samples``) the best of it and ``samples`` plans sampled from the policy, best by the
         cost model's predicted slowest device (feasible plans first). Returns the allocation and the
         memory overflow in GiB (0 if feasible)."""
         samples = self.cfg.decode_samples if samples is None else int(samples)
         if samples <= 0 or not self.cfg.use_cost_model:
-            allocs, overs = self.rollouts(tables, ndevices, max_memory_gb, precision, 0, seed)
+            allocs, overs = self.rollouts(tables, topology, 0, seed)
             return allocs[0], overs[0]
-        allocs, overs = self.rollouts(tables, ndevices, max_memory_gb, precision, samples, seed)
-        scores = [(over > 0, over, self.predicted_plan_cost(tables, a, ndevices), k)
+        allocs, overs = self.rollouts(tables, topology, samples, seed)
+        scores = [(over > 0, over, self.predicted_plan_cost(tables, a, topology.ndevices), k)
                   for k, (a, over) in enumerate(zip(allocs, overs))]
         best = min(scores)[3]
         return allocs[best], overs[best]
 
     @torch.no_grad()
-    def rollouts(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float, precision: str,
-                 samples: int, seed: int = 0) -> tuple[list[list[int]], list[float]]:
+    def rollouts(self, tables: Sequence[TableConfig], topology: Topology, samples: int,
+                 seed: int = 0) -> tuple[list[list[int]], list[float]]:
         """1 + ``samples`` episodes run side by side: the first argmax, the others sampled from the
         policy (a generator seeded with ``seed``, so a plan is reproducible)."""
         gen = torch.Generator().manual_seed(int(seed))
-        envs = [self.env(ndevices, max_memory_gb, precision) for _ in range(1 + samples)]
+        envs = [self.env(topology) for _ in range(1 + samples)]
         obs = [e.reset(tables) for e in envs]
         state = self.net.initial_state(len(envs))
         done = torch.ones(1, len(envs), dtype=torch.bool)
@@ -130,18 +132,23 @@ class AutoShardSharder(Sharder):
     model: AutoShardModel = None
 
     def shard(self, tables, topology):
-        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
-        alloc, over = self.model.place(tables, ndevices, max_memory_gb, precision)
+        alloc, over = self.model.place(tables, topology)
         if over > 0:
             raise InfeasibleError(f"infeasible: the AutoShard policy ran out of room under the "
-                                  f"{max_memory_gb:g} GiB cap (over by {over:.3f} GiB)")
-        return Plan(tuple(alloc), ndevices)
+                                  f"{topology.max_memory_gb:g} GiB cap (over by {over:.3f} GiB)")
+        return Plan.table_wise(tables, alloc, topology)
 
 
-def load_sharder(path=None, checkpoint=None, **_) -> AutoShardSharder:
-    """``--alg PATH.pt``, or ``--alg autoshard`` with ``--checkpoint PATH`` (default
+def make_sharder(ctx: PlanningContext, config: PlannerConfig | None = None, checkpoint=None,
+                 planners=None) -> AutoShardSharder:
+    """``--alg PATH.pt``, or ``--alg autoshard`` with ``--checkpoint PATH`` (``config.checkpoint``; default
     models/autoshard/default/model.pt, where ``train_autoshard.py`` writes by default)."""
-    path = path or checkpoint or DEFAULT_CHECKPOINT
+    return load_sharder(checkpoint or (config.checkpoint if config is not None else None))
+
+
+def load_sharder(path=None) -> AutoShardSharder:
+    """The sharder of the AutoShard checkpoint at ``path`` (default :data:`DEFAULT_CHECKPOINT`)."""
+    path = path or DEFAULT_CHECKPOINT
     if not Path(path).is_file():
         raise ShardError(f"AutoShard checkpoint not found: {path} (train one with train_autoshard.py, "
                          "or pass --checkpoint PATH)")

@@ -50,7 +50,8 @@ from shardcore.errors import ShardError
 from shardcore.processes import exit_now, preloaded_context, run_then_exit
 from shardcore.oracles.factory import (MIN_JUDGED_TASKS, check_beats_untrained, check_resume, is_emulated,
                                        training_provenance)
-from shardcore.tables import FeatureScaler, TableConfig, augment_tasks
+from shardcore.tables import TableConfig
+from shardcore.data.features import FeatureScaler, augment_tasks
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, PlanResult, Topology
 
@@ -80,9 +81,7 @@ class ActorSpec:
     cfg: dict
     scaler: dict
     tasks: list            # list of lists of TableConfig
-    ndevices: int
-    max_memory_gb: float
-    precision: str
+    topology: Topology
     references: list | None = None   # per task, the reference plan's cost (ms) of the speedup reward
 
 
@@ -156,7 +155,7 @@ def _actor_loop(actor_id, spec, shared_net, shared_cost, req_q, resp_q, out_q, s
     cfg = AutoShardConfig.from_dict(spec.cfg)
     net, cost = AutoShardNet(cfg), CostModel(cfg)
     env = ShardingEnv(FeatureScaler.from_state(spec.scaler), cost if cfg.use_cost_model else None,
-                      spec.ndevices, spec.max_memory_gb, spec.precision,
+                      spec.topology,
                       scaled_device_features=cfg.scaled_device_features, relative_costs=cfg.relative_costs)
     seed = cfg.seed * 1000 + actor_id + 1
     rng = random.Random(seed)
@@ -329,8 +328,8 @@ def pad(shards: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
 # ------------------------------------------------------------------------------------------------
 class AutoShardTrainer:
     def __init__(self, cfg: AutoShardConfig, dataset_tables: Sequence[TableConfig], tasks: Sequence[Task],
-                 ndevices: int, max_memory_gb: float, oracle: CostOracle, out_dir: str | os.PathLike,
-                 precision: str = "fp16", model: AutoShardModel | None = None,
+                 topology: Topology, oracle: CostOracle, out_dir: str | os.PathLike,
+                 model: AutoShardModel | None = None,
                  checkpoint_interval_s: float = 300.0, log: Callable[[str], None] = print):
         """``oracle`` judges the actors' plans (per device ``[fw compute, fw comm, bw comm, bw compute]`` ms)."""
         self.cfg = cfg
@@ -340,7 +339,8 @@ class AutoShardTrainer:
         for t, ts in zip(self.tasks, self.task_tables):
             if not ts:
                 raise ShardError("a training task has no tables")
-        self.ndevices, self.cap, self.precision = int(ndevices), float(max_memory_gb), precision
+        self.topology = topology
+        self.ndevices = topology.ndevices
         self.oracle = oracle
         self.out_dir = Path(out_dir)
         self.checkpoint_interval_s = float(checkpoint_interval_s)
@@ -378,7 +378,7 @@ class AutoShardTrainer:
 
     def _provenance(self) -> dict:
         """What this training's measurements depend on: a resumed run must match it."""
-        return training_provenance(self.oracle, self.ndevices, self.cap, self.precision, self.cfg.pf_augment)
+        return training_provenance(self.oracle, self.topology, self.cfg.pf_augment)
 
     def _check_resume(self, extra: dict) -> None:
         stored = dict(extra.get("provenance") or {})
@@ -427,7 +427,7 @@ class AutoShardTrainer:
         from shardcore.errors import InfeasibleError
 
         out = []
-        topology = Topology(self.ndevices, self.cap, self.precision)
+        topology = self.topology
         for tables in self.task_tables:
             try:
                 plan = make_baseline("lookup_greedy").shard(tables, topology)
@@ -458,7 +458,7 @@ class AutoShardTrainer:
             greedy = make_baseline("lookup_greedy")
             self._greedy_costs = []
             for k, tables in enumerate(tasks):
-                alloc = greedy.shard(tables, Topology(self.ndevices, self.cap, self.precision)).allocation
+                alloc = greedy.shard(tables, self.topology).allocation
                 self._greedy_costs.append(self._plan_cost(tables, alloc, lock))
                 writer.writerow({"step": self.model.steps, "elapsed_s": round(elapsed_s, 2), "task": k,
                                  "alg": "lookup_greedy", "cost_ms": round(self._greedy_costs[-1], 5),
@@ -467,7 +467,7 @@ class AutoShardTrainer:
         ratios = []
         try:
             for k, tables in enumerate(tasks):
-                alloc, over = self.model.place(tables, self.ndevices, self.cap, self.precision, samples=0)
+                alloc, over = self.model.place(tables, self.topology, samples=0)
                 cost = self._plan_cost(tables, alloc, lock) if over <= 0 else None
                 writer.writerow({"step": self.model.steps, "elapsed_s": round(elapsed_s, 2), "task": k,
                                  "alg": "policy", "cost_ms": "" if cost is None else round(cost, 5),
@@ -484,7 +484,7 @@ class AutoShardTrainer:
         try:
             out = []
             for tables in self.task_tables[:EVAL_TASKS]:
-                alloc, over = self.model.place(tables, self.ndevices, self.cap, self.precision)
+                alloc, over = self.model.place(tables, self.topology)
                 out.append(self._plan_cost(tables, alloc, lock) if over <= 0 else None)
             return out
         finally:
@@ -519,7 +519,7 @@ class AutoShardTrainer:
                             "cost_buffer": self.buffer.to_state(), "updates": self.updates,
                             "episodes": self.episodes, "elapsed_s": float(elapsed_s),
                             "tasks": [t.to_line() for t in self.tasks], "ndevices": self.ndevices,
-                            "max_memory_gb": self.cap, "provenance": self._provenance(),
+                            "max_memory_gb": self.topology.max_memory_gb, "provenance": self._provenance(),
                             "untrained_ms": self.untrained_ms, "best_ratio": self.best_ratio}
         path = self.out_dir / "model.pt"
         self.model.save(path)
@@ -541,7 +541,7 @@ class AutoShardTrainer:
         path = self.out_dir / "best.pt"
         self.model.save(path, extra={
             "updates": self.updates, "episodes": self.episodes, "elapsed_s": float(elapsed_s),
-            "ndevices": self.ndevices, "max_memory_gb": self.cap, "provenance": self._provenance(),
+            "ndevices": self.ndevices, "max_memory_gb": self.topology.max_memory_gb, "provenance": self._provenance(),
             "best_ratio": self.best_ratio,
             "selected": f"the greedy policy's check at step {self.model.steps} with the lowest mean cost over the "
                         f"lookup greedy's on the training tasks ({ratio:.4f})"})
@@ -576,8 +576,8 @@ class AutoShardTrainer:
         shared_cost.load_state_dict(self.model.cost_model.state_dict())
         shared_net.share_memory()
         shared_cost.share_memory()
-        spec = ActorSpec(cfg.to_dict(), self.model.scaler.to_state(), self.task_tables, self.ndevices, self.cap,
-                         self.precision, self.reference_costs() if cfg.reward == "speedup" else None)
+        spec = ActorSpec(cfg.to_dict(), self.model.scaler.to_state(), self.task_tables, self.topology,
+                         self.reference_costs() if cfg.reward == "speedup" else None)
         # the unrolls waiting for the learner are bounded (torchbeast's --num_buffers): an actor that is
         # ahead waits, rather than the learner learning from a policy many updates old
         req_q, out_q, stop = ctx.Queue(), ctx.Queue(maxsize=cfg.buffers(num_actors)), ctx.Event()

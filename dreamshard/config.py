@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from shardcore.argtypes import finite_float, fraction, nonnegative_int, positive_int, seed_int
 from shardcore.argtypes import learning_rate as learning_rate_type
 from shardcore.config import Config, param
-from shardcore.tables import length_cv_flag
+from shardcore.data.features import length_cv_flag
 
 
 def _episodes(text: str) -> int:

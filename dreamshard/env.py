@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from shardcore.topology import Topology
+
 from .networks import CostNet
 
 
@@ -27,15 +29,15 @@ class Observation:
 
 
 class EstimatedMDP:
-    def __init__(self, cost_net: CostNet, features: torch.Tensor, memory_gb: torch.Tensor, ndevices: int,
-                 max_memory_gb: float, batch: int = 1, infeasible_penalty: float = 2.0):
+    def __init__(self, cost_net: CostNet, features: torch.Tensor, memory_gb: torch.Tensor, topology: Topology,
+                 batch: int = 1, infeasible_penalty: float = 2.0):
         """``features [T, 21]`` standardised table features, ``memory_gb [T]`` each table's weights."""
         self.cost_net = cost_net
         self.x = features
         self.mem = memory_gb.to(torch.float64)
-        self.D = ndevices
+        self.topology = topology
+        self.D = topology.ndevices
         self.T = features.shape[0]
-        self.cap = float(max_memory_gb)
         self.B = batch
         self.infeasible_penalty = infeasible_penalty
         with torch.no_grad():
@@ -66,7 +68,7 @@ class EstimatedMDP:
         other_max = others.max(-1).values if self.D > 1 else torch.full_like(after_total, float("-inf"))
         plan_max = torch.maximum(after_total, other_max)
         feats = torch.cat([after, after_total.unsqueeze(-1), plan_max.unsqueeze(-1)], dim=-1)
-        mask = self.used + self.mem[j] <= self.cap + 1e-12
+        mask = self.used + self.mem[j] <= self.topology.limit_gb
         none = ~mask.any(-1)
         self.infeasible |= none
         mask[none] = True

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from shardcore.layers import mlp
-from shardcore.tables import NUM_FEATURES
+from shardcore.data.features import NUM_FEATURES
 
 from .config import DreamShardConfig
 

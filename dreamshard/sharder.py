@@ -20,7 +20,10 @@ from shardcore.oracles.setting import PRODUCED_BY, produced_by
 from shardcore.baselines import Sharder
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan
-from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.planning import PlanningContext
+from shardcore.tables import TableConfig
+from shardcore.data.features import FeatureScaler
+from shardcore.topology import Topology
 
 from .config import DreamShardConfig
 from .env import EstimatedMDP
@@ -72,24 +75,23 @@ class DreamShardModel:
         return model
 
     @torch.no_grad()
-    def predict(self, tables: Sequence[TableConfig], plan: Plan) -> tuple[torch.Tensor, float]:
+    def predict(self, plan: Plan) -> tuple[torch.Tensor, float]:
         """The cost network's prediction for a plan: per device ``[D, 3]`` (forward compute, backward
         compute, communication) and the plan cost, in ms."""
-        x = self.features(plan.expand(tables)).unsqueeze(0)
+        x = self.features([p for _, p in plan.pieces]).unsqueeze(0)
         assign = torch.zeros(1, plan.ndevices, len(plan.allocation))
         assign[0, torch.tensor(plan.allocation), torch.arange(len(plan.allocation))] = 1.0
         dc, overall = self.cost_net(x, assign)
         return dc[0] * self.cost_scale, float(overall[0]) * self.cost_scale
 
     @torch.no_grad()
-    def place(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-              precision: str = "fp16", sample: bool = False, batch: int = 1,
+    def place(self, tables: Sequence[TableConfig], topology: Topology, sample: bool = False, batch: int = 1,
               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the policy: greedy (argmax) or sampled. Returns ``allocations [batch, T]``,
         ``predicted costs [batch]`` (ms) and ``infeasible [batch]``."""
         x = self.features(tables)
-        mem = torch.tensor([t.memory_gb(precision) for t in tables], dtype=torch.float64)
-        env = EstimatedMDP(self.cost_net, x, mem, ndevices, max_memory_gb, batch=batch,
+        mem = torch.tensor([t.memory_gb(topology.precision) for t in tables], dtype=torch.float64)
+        env = EstimatedMDP(self.cost_net, x, mem, topology, batch=batch,
                            infeasible_penalty=self.cfg.infeasible_penalty)
         emb = self.policy.embed(x)
         obs = env.reset()
@@ -105,18 +107,18 @@ class DreamShardModel:
         return env.allocations(), info["predicted_cost"] * self.cost_scale, info["infeasible"]
 
     @torch.no_grad()
-    def decode(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-               precision: str = "fp16", samples: int | None = None, seed: int = 0) -> tuple[list[int], float, bool]:
+    def decode(self, tables: Sequence[TableConfig], topology: Topology, samples: int | None = None,
+               seed: int = 0) -> tuple[list[int], float, bool]:
         """The plan inference gives: the policy's greedy (argmax) plan when ``samples`` is 0 (the paper's
         decoding), otherwise the best by this model's own cost network (its predicted plan cost) of the
         greedy plan and ``samples`` plans sampled from the policy. Sampling uses a generator seeded with
         ``seed``, so a task always gets the same plan. ``samples`` defaults to ``cfg.decode_samples``.
         Returns ``(allocation, predicted cost ms, infeasible)``; a feasible plan is preferred."""
         n = self.cfg.decode_samples if samples is None else int(samples)
-        alloc, pred, infeasible = self.place(tables, ndevices, max_memory_gb, precision)
+        alloc, pred, infeasible = self.place(tables, topology)
         if n > 0:
             gen = torch.Generator().manual_seed(int(seed))
-            a, p, i = self.place(tables, ndevices, max_memory_gb, precision, sample=True, batch=n, generator=gen)
+            a, p, i = self.place(tables, topology, sample=True, batch=n, generator=gen)
             alloc, pred, infeasible = torch.cat([alloc, a]), torch.cat([pred, p]), torch.cat([infeasible, i])
         score = pred.masked_fill(infeasible, float("inf"))
         k = int(score.argmin()) if bool((~infeasible).any()) else 0   # ties: the first (the greedy plan)
@@ -128,15 +130,19 @@ class DreamShardSharder(Sharder):
     model: DreamShardModel = None
 
     def shard(self, tables, topology):
-        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
-        alloc, _, infeasible = self.model.decode(tables, ndevices, max_memory_gb, precision)
+        alloc, _, infeasible = self.model.decode(tables, topology)
         if infeasible:
             raise InfeasibleError(f"infeasible: the DreamShard policy found no device with room for some "
-                                  f"table under the {max_memory_gb:g} GiB cap")
-        return Plan(tuple(alloc), ndevices)
+                                  f"table under the {topology.max_memory_gb:g} GiB cap")
+        return Plan.table_wise(tables, alloc, topology)
 
 
-def load_sharder(path, **_) -> DreamShardSharder:
+def make_sharder(ctx: PlanningContext, config=None, checkpoint=None, planners=None) -> DreamShardSharder:
+    """``--alg PATH.pt`` of a DreamShard checkpoint (the policy plans; it has no settings of its own)."""
+    return load_sharder(checkpoint)
+
+
+def load_sharder(path) -> DreamShardSharder:
     if path is None:
         raise ShardError("--alg dreamshard needs a trained checkpoint: --alg models/dreamshard/best.pt "
                          "(or an iteration's N.pt)")

@@ -42,7 +42,8 @@ from shardcore.baselines import make_baseline
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.oracles.factory import (MIN_JUDGED_TASKS, check_beats_untrained, check_resume, is_emulated,
                                        training_provenance)
-from shardcore.tables import FeatureScaler, TableConfig, augment_tasks
+from shardcore.tables import TableConfig
+from shardcore.data.features import FeatureScaler, augment_tasks
 from shardcore.tasks import Task
 from shardcore.types import CostOracle, Topology
 
@@ -87,17 +88,16 @@ class Measured:
 
 class DreamShardTrainer:
     def __init__(self, cfg: DreamShardConfig, dataset_tables: Sequence[TableConfig], tasks: Sequence[Task],
-                 ndevices: int, max_memory_gb: float, oracle: CostOracle, out_dir: str | os.PathLike,
-                 precision: str = "fp16", model: DreamShardModel | None = None, log: Callable[[str], None] = print):
+                 topology: Topology, oracle: CostOracle, out_dir: str | os.PathLike,
+                 model: DreamShardModel | None = None, log: Callable[[str], None] = print):
         # the oracle-dependent defaults filled in (and stored in the checkpoint)
         cfg = cfg.for_oracle(is_emulated(oracle))
         self.cfg = cfg
         self.tasks = list(tasks)
         self.task_tables = augment_tasks([t.tables(dataset_tables) for t in self.tasks], cfg.pf_augment, cfg.seed,
                                          is_emulated(oracle))
-        self.ndevices = ndevices
-        self.cap = max_memory_gb
-        self.precision = precision
+        self.topology = topology
+        self.ndevices = topology.ndevices
         self.oracle = oracle   # judges the sampled plans: per device [fw comp, fw comm, bw comm, bw comp] ms
         self.out_dir = Path(out_dir)
         self.log = log
@@ -106,7 +106,8 @@ class DreamShardTrainer:
             model = DreamShardModel.new(cfg, FeatureScaler.fit(train_tables, length_cv=cfg.length_cv_feature))
         self.model = model
         self.features = [model.features(ts) for ts in self.task_tables]
-        self.mem = [torch.tensor([t.memory_gb(precision) for t in ts], dtype=torch.float64) for ts in self.task_tables]
+        self.mem = [torch.tensor([t.memory_gb(topology.precision) for t in ts], dtype=torch.float64)
+                    for ts in self.task_tables]
         if model.extra:   # a resumed training continues only in the setting it measured in
             check_resume(model.extra.get("provenance") or {}, self._provenance(), "in another --out-dir")
         self.buffer = [Measured(**m) for m in model.extra.get("buffer", [])]
@@ -127,7 +128,7 @@ class DreamShardTrainer:
 
     def _provenance(self) -> dict:
         """What this training's measurements depend on: a resumed run must match it."""
-        return training_provenance(self.oracle, self.ndevices, self.cap, self.precision, self.cfg.pf_augment)
+        return training_provenance(self.oracle, self.topology, self.cfg.pf_augment)
 
     # -- 1. measure plans sampled by the policy -------------------------------------------------
     def collect(self) -> list[Measured]:
@@ -135,8 +136,8 @@ class DreamShardTrainer:
         picks = [self.rng.randrange(len(self.tasks)) for _ in range(self.cfg.bench_steps)]
         new = []
         for k in sorted(set(picks)):
-            alloc, _, infeasible = self.model.place(self.task_tables[k], self.ndevices, self.cap, self.precision,
-                                                    sample=True, batch=picks.count(k), generator=self.gen)
+            alloc, _, infeasible = self.model.place(self.task_tables[k], self.topology, sample=True,
+                                                    batch=picks.count(k), generator=self.gen)
             for b in range(alloc.shape[0]):
                 if bool(infeasible[b]):
                     continue
@@ -208,7 +209,7 @@ class DreamShardTrainer:
         rewards = []
         for _ in range(cfg.rl_num_batches):
             k = self.rng.randrange(len(self.tasks))
-            env = EstimatedMDP(self.model.cost_net, self.features[k], self.mem[k], self.ndevices, self.cap,
+            env = EstimatedMDP(self.model.cost_net, self.features[k], self.mem[k], self.topology,
                                batch=cfg.rl_batch_size, infeasible_penalty=cfg.infeasible_penalty)
             emb = policy.embed(self.features[k])
             obs = env.reset()
@@ -241,7 +242,7 @@ class DreamShardTrainer:
         self.model.policy.eval()
         out = []
         for k in range(min(VALIDATION_TASKS, len(self.tasks))):
-            alloc, _, infeasible = self.model.decode(self.task_tables[k], self.ndevices, self.cap, self.precision)
+            alloc, _, infeasible = self.model.decode(self.task_tables[k], self.topology)
             out.append(None if infeasible else float(self.judge(k, alloc).cost_ms))
         return out
 
@@ -258,12 +259,11 @@ class DreamShardTrainer:
         for k in range(n):
             if k not in self._lookup_cost:
                 try:
-                    plan = self._lookup.shard(self.task_tables[k], Topology(self.ndevices, self.cap, self.precision))
+                    plan = self._lookup.shard(self.task_tables[k], self.topology)
                     self._lookup_cost[k] = float(self.judge(k, plan.allocation).cost_ms)
                 except InfeasibleError:
                     self._lookup_cost[k] = float("nan")
-            alloc, pred, infeasible = self.model.decode(self.task_tables[k], self.ndevices, self.cap,
-                                                        self.precision, samples=0)
+            alloc, pred, infeasible = self.model.decode(self.task_tables[k], self.topology, samples=0)
             if infeasible or self._lookup_cost[k] != self._lookup_cost[k]:
                 continue
             g = float(self.judge(k, alloc).cost_ms)
@@ -271,7 +271,7 @@ class DreamShardTrainer:
             greedy.append(g)
             ape.append(abs(pred - g) / g)
             if self.cfg.decode_samples > 0:
-                alloc, _, infeasible = self.model.decode(self.task_tables[k], self.ndevices, self.cap, self.precision)
+                alloc, _, infeasible = self.model.decode(self.task_tables[k], self.topology)
                 decoded.append(float(self.judge(k, alloc).cost_ms) if not infeasible else float("nan"))
         if not lookup:
             return None

@@ -10,16 +10,17 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from shardcore import registry
-from shardcore.registry import CORE_PLUGINS
 from shardcore.baselines import BASELINES
 from shardcore.argtypes import name_list, nonnegative_int, positive_float, positive_int, seed_int
 from shardcore.config import Config, add_config_args, param
 from shardcore.dataset import DEFAULT_DATA_DIR
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD
+from shardcore.planning import HELDOUT
+from shardcore.topology import DEFAULT_MAX_MEMORY_GB
 
 PAPER_BASELINES = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
-PLUGINS = ("torchrec",)    # the core's optional planner in the results table: TorchRec's, every sharding type
+PLUGINS = ("torchrec",)    # the declared baseline planner in the results table: TorchRec's, every sharding type
 LABELS = {"random": "Random", "naive": "Naive", "size_greedy": "Size-based", "dim_greedy": "Dim-based",
           "lookup_greedy": "Lookup-based", "size_lookup_greedy": "Size-lookup-based", "torchrec": "TorchRec",
           "torchrec-tw": "TorchRec (TW)", "shardkit-tw": "shardkit (TW)"}
@@ -33,10 +34,16 @@ NOT_IN_TABLE = ("torchrec-emu",)
 MEASURED_REPEATS = 3
 
 
+def baseline_planners() -> tuple[str, ...]:
+    """The declared planners the reports count among the baselines (TorchRec's)."""
+    return registry.baseline_planners()
+
+
 def planners() -> tuple[str, ...]:
-    """The planners declared beside the learned methods (``shardkit_methods.PLANNER_PLUGINS``), less
+    """The other planners declared beside the learned methods (``shardkit_methods.PLANNERS``), less
     ``NOT_IN_TABLE``."""
-    return tuple(n for n in registry.planner_plugins() if n not in NOT_IN_TABLE)
+    base = set(baseline_planners())
+    return tuple(n for n in registry.declared_planners() if n not in NOT_IN_TABLE and n not in base)
 
 
 def learned_methods() -> tuple[str, ...]:
@@ -50,7 +57,7 @@ def all_algs() -> tuple[str, ...]:
 
 
 def known_algs() -> list[str]:
-    return list(BASELINES) + list(CORE_PLUGINS) + list(learned_methods()) + list(planners())
+    return list(BASELINES) + list(baseline_planners()) + list(learned_methods()) + list(planners())
 
 
 def label(alg: str) -> str:
@@ -59,7 +66,7 @@ def label(alg: str) -> str:
 
 def order_algs(algs) -> list[str]:
     """Algorithms in the paper's column order (baselines, TorchRec, learned), unknown ones last."""
-    known = [a for a in ("random", "naive") + PAPER_BASELINES[1:] + tuple(CORE_PLUGINS) + learned_methods() + planners()
+    known = [a for a in ("random", "naive") + PAPER_BASELINES[1:] + baseline_planners() + learned_methods() + planners()
              if a in algs]
     return known + sorted(a for a in set(algs) if a not in known)
 
@@ -193,7 +200,7 @@ class ExperimentConfig(Config):
                                   type=nonnegative_int, metavar="N")
     num_test: int | None = param(None, "test tasks per set, all measured (default: the scale's; 50 full, 5 small)",
                                  type=positive_int, metavar="N")
-    max_memory: float = 5.0                  # --max-memory (shardcore.cli.common.add_memory_args, default from here)
+    max_memory: float = DEFAULT_MAX_MEMORY_GB   # --max-memory (shardcore.cli.common.add_memory_args)
     precision: str = "fp16"                  # --weights-precision (likewise)
     seed: int = param(0, "seed of the random baseline and of training (default {default})", type=seed_int)
     task_seed: int = param(0, "seed of task generation and of the train/test table split (default {default}; "
@@ -207,7 +214,7 @@ class ExperimentConfig(Config):
     no_cache: bool = False
     timeout: float = DEFAULT_TIMEOUT_S
     oracle: str = "measured"                 # or "emulated:h200" (shardcore.oracles.factory)
-    emulator_fit: str = "heldout"            # which fit of an emulated card judges (shardcore.oracles.emulated.oracle.EMULATOR_FITS)
+    emulator_fit: str = HELDOUT              # which fit of an emulated card judges (shardcore.planning.EMULATOR_FITS)
     repeats: int | None = param(None, "measure every plan in N interleaved rounds and keep the medians (default "
                                 f"{MEASURED_REPEATS} on the measured oracle, whose rounds differ by a few percent; 1 "
                                 "on an emulated one)", type=positive_int, metavar="N")
@@ -216,17 +223,13 @@ class ExperimentConfig(Config):
     devices_per_host: int | None = None      # hosts of G devices, two-level exchange (None: one host)
     inter_host_bandwidth: float | None = None
     inter_host_latency: float | None = None
-    torchrec_time: float | None = param(None, "TorchRec's planner stops proposing after S seconds per task (its "
-                                        "timeout_seconds) and keeps its best plan so far (default: no limit)",
-                                        type=positive_float, metavar="S")
-    torchrec_memory: str = param("torchrec", "what TorchRec counts against the cap: torchrec (its training estimate, "
-                                 "weights + I/O buffers) or weights (the cap's own accounting) (default {default})",
-                                 choices=("torchrec", "weights"))
     skip_train: bool = param(False, "never train: use given or existing checkpoints, skip methods without one",
                              action="store_true", group=LEARNED)
     retrain: bool = param(False, "train again even where --models-dir holds a finished checkpoint",
                           action="store_true", group=LEARNED)
-    planner_args: dict = field(default_factory=dict)  # the declared planners' flags given (--shardkit-time ...)
+    # each planner's settings from its own flags (--shardkit-time, --torchrec-time ...), as plain values by the
+    # planner that owns them (shardcore.cli.algorithms.planner_configs)
+    planner_args: dict = field(default_factory=dict)
     model_paths: dict = field(default_factory=dict)   # method -> checkpoint given by the user
     train_args: dict = field(default_factory=dict)    # method -> extra flags (a string) for its script
     train_timeout_s: float | None = param(-1.0, "stop a training run after S seconds (DreamShard then uses its "
@@ -278,14 +281,10 @@ class ExperimentConfig(Config):
                              "is not one of the task sets")
         if c.train_timeout_s is not None and c.train_timeout_s <= 0:
             raise ShardError("--train-timeout must be positive")
-        from shardcore.oracles.factory import parse_oracle
+        from shardcore.planning import MEASURED, check_emulator_fit, parse_landscape
 
-        c.oracle = parse_oracle(self.oracle)
-        from shardcore.oracles.emulated.oracle import EMULATOR_FITS
-        from shardcore.oracles.factory import MEASURED
-
-        if c.emulator_fit not in EMULATOR_FITS:
-            raise ShardError(f"--emulator-fit must be one of {', '.join(EMULATOR_FITS)}, got {c.emulator_fit!r}")
+        c.oracle = parse_landscape(self.oracle)
+        check_emulator_fit(c.emulator_fit, "--emulator-fit")
         if SCALES[c.scale].emulated_only and c.oracle == MEASURED:
             raise ShardError(f"--scale {c.scale} plans for tens of devices: judge it on --oracle emulated:h200")
         c.repeats = (MEASURED_REPEATS if c.oracle == MEASURED else 1) if self.repeats is None else int(self.repeats)

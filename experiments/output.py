@@ -110,11 +110,12 @@ def _hosts(cfg: ExperimentConfig) -> str:
     from shardcore.oracles.commmodel import CommModel, comm_kwargs
 
     comm = CommModel.of(**comm_kwargs(cfg))
+    torchrec_time = (cfg.planner_args.get("torchrec") or {}).get("time")
     return (f" Devices in hosts of {cfg.devices_per_host}: every exchange modelled on two levels, within a host "
             f"{comm.latency_us:g} us + bytes / {comm.bandwidth_gbps:g} GB/s, between hosts {comm.inter_latency_us:g} us "
             f"+ bytes / {comm.inter_bandwidth_gbps:g} GB/s per device (assumed); TorchRec and shardkit plan for the "
-            f"same hosts" + (f"; TorchRec's planning stops after {cfg.torchrec_time:g} s per task"
-                             if cfg.torchrec_time else "") + ".")
+            f"same hosts" + (f"; TorchRec's planning stops after {torchrec_time:g} s per task"
+                             if torchrec_time else "") + ".")
 
 
 def _plan_cost(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], algs: list[str]) -> list[str]:

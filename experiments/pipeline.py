@@ -32,13 +32,14 @@ from shardcore.errors import InfeasibleError, ShardError
 from shardcore.evaluation.compare import TaskResult, evaluate
 from shardcore.tables import TableConfig
 from shardcore.data.taskgen import TaskSpec, generate_tasks, generate_transfer_tasks
-from shardcore.oracles.emulated.emulator import judge_pool
+from shardcore.oracles.emulated.measurements import judge_pool
 from shardcore.tasks import load_tasks, save_tasks
-from shardcore.types import Topology
+from shardcore.cli.algorithms import configs_from_dicts
 from shardcore.oracles.commmodel import comm_kwargs
-from shardcore.registry import CORE_PLUGINS
+from shardcore.planning import Landscape, PlanningContext
+from shardcore.topology import Topology
 
-from .config import PLUGINS, SCALES, ExperimentConfig, TaskSetDef, learned_methods, planners
+from .config import PLUGINS, SCALES, ExperimentConfig, TaskSetDef, baseline_planners, learned_methods, planners
 from .facts import machine_info, now, software_versions
 from .output import SetOutcome, mean_line, terminal_text, write_outputs
 from .training import LearnedModel, model_for, prepare_learned
@@ -86,24 +87,37 @@ class GuardedSharder(Sharder):
         return bool(self.inner.measures_candidates)
 
 
-def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: int | None,
-                   learned: dict[str, dict[int, LearnedModel]], notes: list[str] | None = None,
-                   planner_kwargs: dict | None = None) -> tuple[dict[str, Sharder], dict[str, str]]:
-    """Sharders of the available algorithms for one device count, and the checkpoint used per learned
-    one. ``planner_kwargs`` go to the declared planners (:func:`~experiments.config.planners`): the
-    landscape they plan for, the data, the cache, the test tables a fitted model must not see."""
+def topology_of(cfg: ExperimentConfig, ndevices: int) -> Topology:
+    """A task set's topology: its devices, the run's cap, precision and hosts."""
+    return Topology(ndevices, cfg.max_memory, cfg.precision, devices_per_host=cfg.devices_per_host or 0)
+
+
+def planning_context_of(cfg: ExperimentConfig, ndevices: int, batch_size: int | None,
+                        evaluated_tasks: Sequence[str] = ()) -> PlanningContext:
+    """The context every planner of a task set is built with: its topology, the judged batch and landscape."""
+    land = Landscape(cfg.oracle, fit=cfg.emulator_fit, comm_bandwidth=cfg.comm_bandwidth, comm_latency=cfg.comm_latency,
+                     inter_host_bandwidth=cfg.inter_host_bandwidth, inter_host_latency=cfg.inter_host_latency,
+                     data_dir=cfg.data_dir, cache_path=cfg.cache_path)
+    return PlanningContext(topology_of(cfg, ndevices), batch_size, land, cfg.seed, tuple(evaluated_tasks))
+
+
+def build_sharders(algs: Sequence[str], ctx: PlanningContext, learned: dict[str, dict[int, LearnedModel]],
+                   notes: list[str] | None = None, configs: dict | None = None
+                   ) -> tuple[dict[str, Sharder], dict[str, str]]:
+    """Sharders of the available algorithms for one task set's context (its devices, the judged landscape,
+    the test tables a fitted model must not see), each with its own settings from ``configs``, and the
+    checkpoint used per learned one."""
     from shardcore.cli import algorithms
 
     sharders: dict[str, Sharder] = {}
     used: dict[str, str] = {}
+    ndevices = ctx.topology.ndevices
     for alg in algs:
         if alg in BASELINES:
-            sharders[alg] = algorithms.resolve(alg, seed=seed)
-        elif alg in PLUGINS or alg in CORE_PLUGINS or alg in planners():   # TorchRec (every type, or table-wise)
-            kwargs = dict(planner_kwargs or {})   # the judged hardware: TorchRec's planner is configured for it too
+            sharders[alg] = algorithms.build(alg, ctx)
+        elif alg in PLUGINS or alg in baseline_planners() or alg in planners():   # TorchRec, shardkit
             try:
-                sharders[alg] = GuardedSharder(alg, inner=algorithms.resolve(alg, seed=seed, batch_size=batch_size,
-                                                                             **kwargs))
+                sharders[alg] = GuardedSharder(alg, inner=algorithms.build(alg, ctx, configs))
             except ShardError as exc:
                 if notes is not None:
                     notes.append(f"{alg}: skipped: {exc}")
@@ -112,7 +126,7 @@ def build_sharders(algs: Sequence[str], ndevices: int, seed: int, batch_size: in
             if m is None:
                 continue
             try:
-                inner = algorithms.resolve(m.checkpoint, seed=seed, batch_size=batch_size)
+                inner = algorithms.build(m.checkpoint, ctx, configs)
             except ShardError as exc:
                 if notes is not None:
                     notes.append(f"{alg}: skipped on {ndevices} devices: cannot load {m.checkpoint}: {exc}")
@@ -246,7 +260,7 @@ def measure_set(cfg: ExperimentConfig, ts: TaskSetDef, tasks, dataset_tables, sh
         t1 = time.perf_counter()
         with tqdm(total=len(tasks) * len(sharders), desc=ts.name, unit="plan",
                   disable=(not progress) if progress is not None else None) as bar:
-            results = evaluate(tasks, dataset_tables, sharders, Topology(ts.ndevices, cfg.max_memory, cfg.precision),
+            results = evaluate(tasks, dataset_tables, sharders, topology_of(cfg, ts.ndevices),
                                oracle=ev, on_result=on_result, progress=bar, repeats=cfg.repeats)
         return SetOutcome(ts, results, report.summarize(results, ts.name, seed=cfg.seed), used, ev.info.startup_s,
                           time.perf_counter() - t1, ev.info.device_type, ev.batch_size)
@@ -295,13 +309,11 @@ def run_experiments(cfg: ExperimentConfig, progress: bool | None = None) -> dict
     for ts in cfg.task_sets:
         tasks = load_tasks(task_dirs[ts] / "test.txt", num_tables=dataset.num_tables)
         set_notes: list[str] = []
-        planner_kwargs = {"oracle": cfg.oracle, "data_dir": cfg.data_dir, **comm_kwargs(cfg), "cache_path": cfg.cache_path,
-                          "emulator_fit": cfg.emulator_fit, "torchrec_time": cfg.torchrec_time,
-                          "memory_model": cfg.torchrec_memory, **cfg.planner_args,
-                          # tables a model fitted from the cache must not have seen
-                          "exclude_task_files": [str(task_dirs[t] / "test.txt") for t in cfg.task_sets]}
-        sharders, used = build_sharders(algs, ts.ndevices, cfg.seed, batch_size, learned, set_notes,
-                                        planner_kwargs=planner_kwargs)
+        # the judged hardware: TorchRec's planner and shardkit plan for it too; tables a model fitted from the
+        # cache must not have seen
+        ctx = planning_context_of(cfg, ts.ndevices, batch_size,
+                                  evaluated_tasks=[str(task_dirs[t] / "test.txt") for t in cfg.task_sets])
+        sharders, used = build_sharders(algs, ctx, learned, set_notes, configs_from_dicts(cfg.planner_args))
         notes += [n for n in set_notes if n not in notes]
         t0 = time.perf_counter()
         outcomes.append(measure_set(cfg, ts, tasks, dataset.tables, sharders, used, progress))

@@ -32,7 +32,7 @@ from shardcore.evaluation import report
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.io import write_text
 from shardcore.tables import TableConfig, total_memory_gb
-from shardcore.types import Topology
+from shardcore.topology import DEFAULT_MAX_MEMORY_GB, Topology
 
 from .config import PLUGINS, all_algs, known_algs, label, learned_methods, order_algs, planners
 from .facts import machine_info, now, software_versions
@@ -58,7 +58,7 @@ class BenchConfig:
     tables_ndevices: int = 4
     device_counts: tuple[int, ...] = DEFAULT_DEVICE_COUNTS
     devices_tables: int = 400
-    max_memory: float = 5.0
+    max_memory: float = DEFAULT_MAX_MEMORY_GB
     headroom: float = 1.5
     precision: str = "fp16"
     repeats: int = 3
@@ -67,7 +67,7 @@ class BenchConfig:
     model_paths: dict = field(default_factory=dict)
     models_dir: str | None = "models/experiments/small"
     quiet: bool = False
-    plugin_oracle: str = "emulated:h200"   # the landscape the planner plugins (shardkit_methods.PLANNER_PLUGINS) plan for
+    plugin_oracle: str = "emulated:h200"   # the landscape the declared planners (shardkit_methods.PLANNERS) plan for
     devices_per_host: int = 0              # hosts of G devices (the planners that model the exchange plan for them)
     command: list = field(default_factory=lambda: list(sys.argv))
 
@@ -146,6 +146,7 @@ def _bench_child_main() -> None:
     spec = json.loads(sys.stdin.read())
     from shardcore.cli import algorithms
     from shardcore.dataset import load_dataset
+    from shardcore.planning import Landscape, PlanningContext
 
     def emit(obj):
         sys.stdout.write("BENCH " + json.dumps(obj) + "\n")
@@ -153,8 +154,12 @@ def _bench_child_main() -> None:
 
     try:
         tables = load_dataset(spec["data_dir"], with_lookups=False).tables
-        sharder = algorithms.resolve(spec["alg_path"], seed=spec["seed"], batch_size=spec.get("batch_size"),
-                                     **spec.get("plugin_kwargs", {}))
+        # every size is planned on its own topology; the context's gives the precision and the hosts
+        hosts = int(spec.get("devices_per_host") or 0)
+        ctx = PlanningContext(Topology(max(2, hosts), 1.0, spec["precision"], devices_per_host=hosts),
+                              spec.get("batch_size"), Landscape(spec.get("oracle"), data_dir=spec["data_dir"]),
+                              spec["seed"])
+        sharder = algorithms.build(spec["alg_path"], ctx)
         # warm-up on a small task: lazy initialisation is not charged to the first size
         warm = tables[: min(8, len(tables))]
         try:
@@ -181,7 +186,7 @@ def _bench_child_main() -> None:
         mem_mb = None
         status, error = "ok", ""
         try:
-            topology = Topology(d, cap, spec["precision"])
+            topology = Topology(d, cap, spec["precision"], devices_per_host=int(spec.get("devices_per_host") or 0))
             gc.collect()
             if rss_ok:
                 _reset_peak()
@@ -336,9 +341,9 @@ def bench_planning(cfg: BenchConfig, progress: bool | None = None) -> dict:
                     "batch_size": batch_size, "max_memory": cfg.max_memory, "headroom": cfg.headroom,
                     "precision": cfg.precision, "repeats": cfg.repeats, "time_limit_s": cfg.time_limit_s}
             if alg in planners():   # a declared planner with its own cost model plans for the emulated landscape here
-                spec["plugin_kwargs"] = {"oracle": cfg.plugin_oracle, "data_dir": os.path.abspath(cfg.data_dir)}
+                spec["oracle"] = cfg.plugin_oracle
             if cfg.devices_per_host:   # shardkit's model and TorchRec's topology (local_world_size) alike
-                spec["plugin_kwargs"] = dict(spec.get("plugin_kwargs", {}), devices_per_host=cfg.devices_per_host)
+                spec["devices_per_host"] = cfg.devices_per_host
             todo = list(points)
             got: dict[int, dict] = {}
             while todo:

@@ -7,5 +7,6 @@ fast NumPy copy the search scores plans with), ``checkpoints`` (the trained mode
 standardisation and target scale, saved and loaded), ``fitting`` (their training); ``simulator`` (a
 plan's cost from the three models),
 ``search`` (table-wise greedy grid search and column-wise beam search), ``sharder``
-(:class:`NeuroShardSharder` and ``load_sharder`` for ``--alg neuroshard``), ``cli`` (shared flags).
+(:class:`NeuroShardSharder` and the registry's factory ``make_sharder`` for ``--alg neuroshard``), ``cli``
+(shared flags).
 """

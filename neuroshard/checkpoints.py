@@ -1,8 +1,8 @@
 """NeuroShard's trained cost models and their checkpoints.
 
 A trained model wraps its network (:mod:`neuroshard.networks`) with what was fitted beside it: the
-feature standardisation (:class:`~shardcore.tables.FeatureScaler` for the compute model's tables,
-its base :class:`~shardcore.tables.Standardiser` for the communication models' device features),
+feature standardisation (:class:`~shardcore.data.features.FeatureScaler` for the compute model's tables,
+its base :class:`~shardcore.data.features.Standardiser` for the communication models' device features),
 the target scale, the training metrics and the measurement setting; it predicts through the
 network's NumPy copy (:mod:`neuroshard.numpy_nets`).
 
@@ -24,7 +24,8 @@ import numpy as np
 from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import PRODUCED_BY, produced_by
-from shardcore.tables import FeatureScaler, Standardiser, TableConfig
+from shardcore.tables import TableConfig
+from shardcore.data.features import FeatureScaler, Standardiser
 
 from .config import ModelConfig
 from .networks import BW_FEATURES, FW_FEATURES, LOG_FEATURES, CommCostNet, ComputeCostNet, comm_features

@@ -16,21 +16,6 @@ from . import config
 from .config import ModelConfig, SearchConfig
 
 
-def add_model_paths(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("NeuroShard models")
-    g.add_argument("--compute-model", "--compute_model", dest="compute_model", default=None, metavar="PT",
-                   help=f"compute cost model (default {config.COMPUTE_MODEL})")
-    g.add_argument("--fw-comm-model", "--fw_comm_model", dest="fw_comm_model", default=None, metavar="PT",
-                   help=f"forward communication cost model (default {config.FW_COMM_MODEL})")
-    g.add_argument("--bw-comm-model", "--bw_comm_model", dest="bw_comm_model", default=None, metavar="PT",
-                   help=f"backward communication cost model (default {config.BW_COMM_MODEL})")
-
-
-def model_kwargs(args: argparse.Namespace) -> dict:
-    return {"compute_model": args.compute_model, "fw_comm_model": args.fw_comm_model,
-            "bw_comm_model": args.bw_comm_model}
-
-
 def add_collection_args(p: argparse.ArgumentParser, script: str, group=None) -> None:
     """The collection flags of ``script`` (``"compute"``: collect_compute_cost_data.py, ``"comm"``:
     collect_comm_cost_data.py, ``"train"``: train_neuroshard.py), generated from

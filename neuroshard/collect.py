@@ -12,7 +12,7 @@ a dim drawn from ``max_dim, max_dim/2, ..., 4`` (data augmentation: the same tab
 with probability ``whole_share``, every table at its own dim (a table-wise plan's device); with
 probability ``pf_augment`` a table is made 2x or 4x heavier (:func:`heavier`; emulated oracles only);
 if the shard's weights exceed ``max_mem`` GiB, its largest tables are dropped until it fits. Shards
-are measured through the oracle's ``measure_shards``; the measurement cache around it
+are measured through the oracle's ``measure_devices``; the measurement cache around it
 (:class:`~shardcore.oracles.cache.CachedOracle`) reads and fills the shard entries, so a shard measured
 before (by any script) costs nothing. Columns: ``sample``,
 ``num_tables``, ``table_ids``, ``dims``, ``rows``, ``pooling_factors`` (``;``-separated, one entry
@@ -55,7 +55,8 @@ from shardcore.errors import ShardError
 from shardcore.oracles.cache import measurement_store, shard_key
 from shardcore.oracles.factory import is_emulated
 from shardcore.oracles.setting import PRODUCED_BY, produced_by, refuse_predictions
-from shardcore.tables import NUM_BINS, TableConfig, heavier
+from shardcore.tables import NUM_BINS, TableConfig
+from shardcore.data.features import heavier
 from shardcore.types import CommLayout
 from shardcore.data.taskgen import halving_dims, split_pools
 
@@ -492,7 +493,7 @@ def collect_compute(ev, out_dir: str | os.PathLike, data_size: int | None, max_t
                 if s:
                     batch.append(s)
             cached = [store is not None and ev.is_stored(s) for s in batch]
-            costs = ev.measure_shards(batch)
+            costs = ev.measure_devices(batch)
             for s, c, hit in zip(batch, costs, cached):
                 rows.append(shard_row(len(rows), s, c.fw_ms, c.bw_ms, precision, hit))
             _write_csv(csv_path, rows)

@@ -9,14 +9,14 @@ setting's 1..20 ms. ``collect_comm_cost_data.py --sleep_range 1,20`` restores th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardcore.argtypes import float_list, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 from shardcore.cli.common import original_range
 from shardcore.argtypes import learning_rate as learning_rate_type
-from shardcore.config import Config, param
+from shardcore.config import Config, add_config_args, given_args, param
 from shardcore.dataset import DEFAULT_DATA_DIR
-from shardcore.tables import length_cv_flag
+from shardcore.data.features import length_cv_flag
 
 # -- locations ----------------------------------------------------------------------------------
 MODEL_DIR = "models/neuroshard"
@@ -190,3 +190,28 @@ class SearchConfig(Config):
     min_dim: int = MIN_DIM     # a column shard's dim stays a multiple of this
     column_wise: bool = param(True, "table-wise search only: never split a table", flags=("--no-column-wise",),
                               action="store_false", cli_default=None)
+
+
+@dataclass
+class PlannerConfig(Config):
+    """``--alg neuroshard``'s settings: its three cost models (the flags as NeuroShard spells them too) and the
+    search settings given on the command line (:class:`SearchConfig`'s flags; the others keep a bundle's
+    stored settings, else the defaults)."""
+
+    compute_model: str | None = param(None, f"pre-trained compute cost model (default {COMPUTE_MODEL})",
+                                      flags=("--compute-model", "--compute_model"), type=str, metavar="PT")
+    fw_comm_model: str | None = param(None, f"forward communication cost model (default {FW_COMM_MODEL})",
+                                      flags=("--fw-comm-model", "--fw_comm_model"), type=str, metavar="PT")
+    bw_comm_model: str | None = param(None, f"backward communication cost model (default {BW_COMM_MODEL})",
+                                      flags=("--bw-comm-model", "--bw_comm_model"), type=str, metavar="PT")
+    search: dict = field(default_factory=dict)   # SearchConfig fields given, by name
+
+    @classmethod
+    def add_args(cls, group, skip_groups: tuple[str, ...] = ()) -> None:
+        add_config_args(group, cls(), skip_groups=skip_groups)
+        add_config_args(group, SearchConfig(), skip_groups=skip_groups)
+
+    @classmethod
+    def from_args(cls, args) -> "PlannerConfig":
+        paths = {f: getattr(args, f, None) for f in ("compute_model", "fw_comm_model", "bw_comm_model")}
+        return cls(**paths, search=given_args(SearchConfig, args))

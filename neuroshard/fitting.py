@@ -3,8 +3,8 @@
 The samples are split into train / validation / test (seeded); the loss is the squared error of log
 costs (relative errors, so cheap and expensive shards count alike); after every epoch the
 validation MAPE is computed and the best epoch's weights are kept; the held-out test MAPE is
-reported. Feature standardisation (:class:`~shardcore.tables.FeatureScaler` for tables, its base
-:class:`~shardcore.tables.Standardiser` for the communication features) and the target scale are
+reported. Feature standardisation (:class:`~shardcore.data.features.FeatureScaler` for tables, its base
+:class:`~shardcore.data.features.Standardiser` for the communication features) and the target scale are
 fitted on the training split and saved in the checkpoint (:mod:`neuroshard.checkpoints`).
 """
 
@@ -23,7 +23,8 @@ from torch import nn
 
 from shardcore import io
 from shardcore.errors import ShardError
-from shardcore.tables import NUM_FEATURES, SCALED_FEATURES, FeatureScaler, Standardiser, TableConfig
+from shardcore.tables import TableConfig
+from shardcore.data.features import NUM_FEATURES, SCALED_FEATURES, FeatureScaler, Standardiser
 
 from .checkpoints import CommCostModel, ComputeCostModel
 from .config import ModelConfig, comm_model_config, compute_model_config

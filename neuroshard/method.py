@@ -40,6 +40,7 @@ def stale(checkpoint: Path, device_counts) -> str | None:
 
 
 METHOD = MethodSpec(
+    planner_config="neuroshard.config:PlannerConfig",
     name="neuroshard", label="NeuroShard", train_script=ROOT / "train_neuroshard.py",
     train_hint="python train_neuroshard.py (or train_compute_cost_model.py and train_comm_cost_model.py)",
     default_precision="fp32", train_args=train_args, checkpoint="neuroshard.pt",

@@ -1,7 +1,7 @@
 """NeuroShard's cost networks (PyTorch) and their inputs.
 
 **Compute cost of a shard** (:class:`ComputeCostNet`): each table's 21 standardised features
-(:class:`~shardcore.tables.FeatureScaler`, all four scaled features on a log scale:
+(:class:`~shardcore.data.features.FeatureScaler`, all four scaled features on a log scale:
 :data:`LOG_FEATURES`) go through a table MLP; its outputs are *summed* over the shard; a head MLP
 predicts the shard's forward and backward compute cost (two outputs; their sum is the shard's
 compute cost). The sum makes the model apply to shards of any number of tables. By default
@@ -30,7 +30,7 @@ from torch import nn
 
 from shardcore.errors import ShardError
 from shardcore.layers import mlp
-from shardcore.tables import FEATURE_NAMES, NUM_FEATURES, SCALED_FEATURES
+from shardcore.data.features import FEATURE_NAMES, NUM_FEATURES, SCALED_FEATURES
 
 from .config import ModelConfig
 

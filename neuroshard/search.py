@@ -36,11 +36,11 @@ import numpy as np
 
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
+from shardcore.topology import Topology
 
 from .config import SearchConfig
 from .simulator import Simulator
 
-MEM_EPS = 1e-12   # the same tolerance as the baselines' memory check
 INF = math.inf
 
 
@@ -76,16 +76,15 @@ class SearchResult:
 class TaskSearch:
     """Search state for one task: its tables, devices, memory cap and the simulator."""
 
-    def __init__(self, sim: Simulator, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                 precision: str = "fp16", cfg: SearchConfig | None = None):
+    def __init__(self, sim: Simulator, tables: Sequence[TableConfig], topology: Topology,
+                 cfg: SearchConfig | None = None):
         self.sim = sim
         self.tables = list(tables)
-        self.ndevices = int(ndevices)
-        self.max_memory_gb = float(max_memory_gb)
-        self.precision = precision
+        self.topology = topology
+        self.ndevices = topology.ndevices
         self.cfg = cfg or SearchConfig()
         self.num_tables = len(self.tables)
-        self.mem = np.array([t.memory_gb(precision) for t in self.tables], dtype=np.float64)
+        self.mem = np.array([t.memory_gb(topology.precision) for t in self.tables], dtype=np.float64)
         self.dim = np.array([t.dim for t in self.tables], dtype=np.int64)
         self._shard_info: dict[tuple[int, int], tuple[np.ndarray, float]] = {}   # (pos, k) -> (emb, cost)
         self._cache: dict[tuple[int, ...], Candidate] = {}
@@ -134,7 +133,7 @@ class TaskSearch:
         dsum = np.zeros((g, d))
         alive = np.ones(g, dtype=bool)
         alloc = np.full((g, m), -1, dtype=np.int64)
-        cap_mem = self.max_memory_gb + MEM_EPS
+        cap_mem = self.topology.limit_gb
         cap_dim = caps[:, None] + 1e-9
         head = self.sim.compute.head
         rows = np.arange(g)
@@ -243,13 +242,12 @@ class TaskSearch:
                 history.append(best.cost)
         plan = None
         if best.feasible:
-            splits = best.splits if any(k > 1 for k in best.splits) else None
-            plan = Plan(best.allocation, self.ndevices, splits)
+            plan = Plan.from_allocation(self.tables, best.allocation, self.topology, best.splits)
         return SearchResult(plan, best.cost, best.device_costs, start.cost, best.splits,
                             time.perf_counter() - t0, self.evaluated, steps, history)
 
 
-def search(sim: Simulator, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-           precision: str = "fp16", cfg: SearchConfig | None = None) -> SearchResult:
+def search(sim: Simulator, tables: Sequence[TableConfig], topology: Topology,
+           cfg: SearchConfig | None = None) -> SearchResult:
     """Table-wise search, then (unless ``cfg.column_wise`` is off) the column-wise beam search."""
-    return TaskSearch(sim, tables, ndevices, max_memory_gb, precision, cfg).beam()
+    return TaskSearch(sim, tables, topology, cfg).beam()

@@ -1,6 +1,7 @@
 """NeuroShard as a :class:`~shardcore.baselines.Sharder` (``--alg neuroshard`` or a checkpoint path).
 
-``load_sharder(path, compute_model=..., fw_comm_model=..., bw_comm_model=..., **kw)``:
+``make_sharder(ctx, config, checkpoint)`` (the registry's factory) is
+``load_sharder(checkpoint, compute_model=..., fw_comm_model=..., bw_comm_model=..., batch_size, **search)``:
 
 - ``path=None`` (``--alg neuroshard``): the three models from ``compute_model``, ``fw_comm_model``
   and ``bw_comm_model``, each defaulting to ``models/neuroshard/{compute,fw_comm,bw_comm}.pt``;
@@ -10,8 +11,9 @@
   others from the explicit paths or from their default names beside it.
 
 Search settings (``k``, ``n``, ``max_length``, ``search_steps``, ``cap_start``, ``cap_end``,
-``column_wise``) may be passed as keyword arguments; ``batch_size`` (the batch the plans will run
-at) is checked against the models' training data. Other keyword arguments are ignored.
+``column_wise``: the ``--alg neuroshard`` flags, :class:`~neuroshard.config.PlannerConfig`) override a
+bundle's stored ones; ``batch_size`` (the batch the plans will run at) is checked against the models'
+training data.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from typing import Sequence
 from shardcore.baselines import Sharder
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan
+from shardcore.planning import PlanningContext
 from shardcore.tables import TableConfig
+from shardcore.topology import Topology
 
 from . import config
-from .config import SearchConfig
+from .config import PlannerConfig, SearchConfig
 from .checkpoints import read_checkpoint
 from .search import SearchResult, search
 from .simulator import Simulator
@@ -59,21 +63,19 @@ class NeuroShardSharder(Sharder):
         print(text, file=sys.stderr)
         return text
 
-    def search_plan(self, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                    precision: str = "fp16") -> SearchResult:
-        return search(self.simulator, tables, ndevices, max_memory_gb, precision, self.search)
+    def search_plan(self, tables: Sequence[TableConfig], topology: Topology) -> SearchResult:
+        return search(self.simulator, tables, topology, self.search)
 
     def shard(self, tables, topology) -> Plan:
-        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
         if not tables:
-            return Plan((), ndevices)
-        self.check_device_count(ndevices)
-        result = self.search_plan(tables, ndevices, max_memory_gb, precision)
+            return Plan((), (), topology)
+        self.check_device_count(topology.ndevices)
+        result = self.search_plan(tables, topology)
         self.last_result = result
         if result.plan is None:
             raise InfeasibleError(
-                f"infeasible: NeuroShard found no placement of {len(tables)} tables on {ndevices} devices "
-                f"under the {max_memory_gb:g} GiB cap, even with column-wise splits")
+                f"infeasible: NeuroShard found no placement of {len(tables)} tables on {topology.ndevices} devices "
+                f"under the {topology.max_memory_gb:g} GiB cap, even with column-wise splits")
         return result.plan
 
 
@@ -91,9 +93,18 @@ def _search_config(base: dict | None, overrides: dict) -> SearchConfig:
     return cfg
 
 
+def make_sharder(ctx: PlanningContext, config: PlannerConfig | None = None, checkpoint=None,
+                 planners=None) -> NeuroShardSharder:
+    """``--alg neuroshard`` or a NeuroShard checkpoint for ``ctx`` (its batch, where known, checked against
+    the models' training data), with ``config``'s model paths and search settings."""
+    cfg = config or PlannerConfig()
+    return load_sharder(checkpoint, cfg.compute_model, cfg.fw_comm_model, cfg.bw_comm_model, ctx.batch_size,
+                        **cfg.search)
+
+
 def load_sharder(path=None, compute_model=None, fw_comm_model=None, bw_comm_model=None,
-                 batch_size: int | None = None, **kwargs) -> NeuroShardSharder:
-    """See the module docstring."""
+                 batch_size: int | None = None, **search) -> NeuroShardSharder:
+    """See the module docstring (``search``: :class:`SearchConfig` fields)."""
     paths = {"compute": compute_model, "fw_comm": fw_comm_model, "bw_comm": bw_comm_model}
     bundle = None
     search_defaults: dict = {}
@@ -116,7 +127,7 @@ def load_sharder(path=None, compute_model=None, fw_comm_model=None, bw_comm_mode
             raise ShardError(f"{path}: unknown NeuroShard checkpoint kind {kind!r}")
     sim = Simulator.load(paths["compute"], paths["fw_comm"], paths["bw_comm"], bundle=bundle)
     sim.check_setting(batch_size=int(batch_size) if batch_size is not None else None)
-    return NeuroShardSharder(name=name, simulator=sim, search=_search_config(search_defaults, kwargs))
+    return NeuroShardSharder(name=name, simulator=sim, search=_search_config(search_defaults, search))
 
 
 def default_model_paths() -> dict[str, str]:

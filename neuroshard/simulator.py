@@ -31,7 +31,7 @@ import numpy as np
 
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
-from shardcore.types import PlanResult
+from shardcore.types import DeviceCost, PlanResult, device_costs
 
 from . import config
 from .checkpoints import CommCostModel, ComputeCostModel, load_model
@@ -60,18 +60,19 @@ class Simulator:
         return np.stack([compute[..., 0], fw, bw, compute[..., 1]], axis=-1)
 
     # -- plans -------------------------------------------------------------------------------
-    def device_costs(self, shards: Sequence[Sequence[TableConfig]]) -> np.ndarray:
-        """``[D, 4]`` for one plan given as the tables on each device."""
-        comp = self.compute.predict_shards(shards)
-        dims = np.array([sum(t.dim for t in s) for s in shards], dtype=np.float64)
+    def device_costs(self, devices: Sequence[Sequence[TableConfig]]) -> np.ndarray:
+        """``[D, 4]`` for one plan given as the tables on each device (the search's array form)."""
+        comp = self.compute.predict_shards(devices)
+        dims = np.array([sum(t.dim for t in s) for s in devices], dtype=np.float64)
         return self.score(comp[None], dims[None])[0]
 
-    def plan_device_costs(self, tables: Sequence[TableConfig], plan: Plan) -> np.ndarray:
-        return self.device_costs(plan.shard_tables(tables))
+    def estimate(self, plan: Plan) -> list[DeviceCost]:
+        """Per device of ``plan`` its predicted cost."""
+        return device_costs(self.device_costs(plan.device_pieces))
 
-    def plan_cost(self, tables: Sequence[TableConfig], plan: Plan) -> float:
+    def plan_cost(self, plan: Plan) -> float:
         """Max over devices of the sum of the four predicted costs (ms)."""
-        return float(self.plan_device_costs(tables, plan).sum(-1).max())
+        return float(self.device_costs(plan.device_pieces).sum(-1).max())
 
     # -- the cost-oracle interface (shardcore.types.CostOracle) ---------------------------------
     @property
@@ -85,12 +86,12 @@ class Simulator:
         return {"compute": "modelled (NeuroShard compute model)",
                 "comm": "modelled (NeuroShard forward and backward communication models)"}
 
-    def evaluate(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None) -> PlanResult:
+    def evaluate(self, devices: Sequence[Sequence[TableConfig]], no_cache: bool | None = None) -> PlanResult:
         """The simulated :class:`~shardcore.types.PlanResult` of a plan (``no_cache`` is ignored:
         nothing is cached)."""
         t0 = time.perf_counter()
-        costs = self.device_costs(shards)
-        return PlanResult(costs.tolist(), wall_s=time.perf_counter() - t0, parts=self.parts,
+        costs = self.device_costs(devices)
+        return PlanResult(device_costs(costs), wall_s=time.perf_counter() - t0, parts=self.parts,
                           hardware=self.hardware)
 
     def __enter__(self) -> "Simulator":

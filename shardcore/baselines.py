@@ -28,26 +28,21 @@ import numpy as np
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
+from shardcore.topology import Topology
 from shardcore.types import Sharder  # noqa: F401  (defined with the data model; imported from here too)
 
-EPS = 1e-12
-
-
-def _no_room(t: TableConfig, pos: int, mem: Sequence[float], max_memory_gb: float, precision: str) -> InfeasibleError:
-    need = t.memory_gb(precision)
+def _no_room(t: TableConfig, pos: int, mem: Sequence[float], topology: Topology) -> InfeasibleError:
+    need = t.memory_gb(topology.precision)
+    cap = topology.max_memory_gb
     return InfeasibleError(
         f"infeasible: table {t.index} (task position {pos}, {need:.3f} GiB) fits on no device "
-        f"(cap {max_memory_gb:g} GiB, most free {max_memory_gb - min(mem):.3f} GiB)")
+        f"(cap {cap:g} GiB, most free {cap - min(mem):.3f} GiB)")
 
 
-def _has_room(used: float, need: float, cap: float) -> bool:
-    return used + need <= cap + EPS
-
-
-def greedy_plan(tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                key: Callable[[TableConfig], float], precision: str = "fp16") -> Plan:
+def greedy_plan(tables: Sequence[TableConfig], topology: Topology, key: Callable[[TableConfig], float]) -> Plan:
     """The greedy of README "Baselines" with an arbitrary cost key: largest key first, each table on the
     device with the smallest accumulated key among those with room."""
+    ndevices, precision = topology.ndevices, topology.precision
     keys = [float(key(t)) for t in tables]
     order = sorted(range(len(tables)),
                    key=lambda i: (keys[i], tables[i].size, tables[i].index, i), reverse=True)
@@ -60,10 +55,10 @@ def greedy_plan(tables: Sequence[TableConfig], ndevices: int, max_memory_gb: flo
     for i in order:
         need = tables[i].memory_gb(precision)
         full = []
-        while heap and not _has_room(heap[0][1], need, max_memory_gb):
+        while heap and not topology.holds(heap[0][1] + need):
             full.append(heapq.heappop(heap))
         if not heap:
-            raise _no_room(tables[i], i, acc_mem, max_memory_gb, precision)
+            raise _no_room(tables[i], i, acc_mem, topology)
         d = heapq.heappop(heap)[2]
         alloc[i] = d
         acc_key[d] += keys[i]
@@ -71,7 +66,7 @@ def greedy_plan(tables: Sequence[TableConfig], ndevices: int, max_memory_gb: flo
         heapq.heappush(heap, (acc_key[d], acc_mem[d], d))
         for entry in full:
             heapq.heappush(heap, entry)
-    return Plan(tuple(alloc), ndevices)
+    return Plan.table_wise(tables, alloc, topology)
 
 
 def dim_key(t: TableConfig) -> float:
@@ -101,8 +96,7 @@ GREEDY_KEYS: dict[str, Callable[[TableConfig], float]] = {
 @dataclass
 class GreedySharder(Sharder):
     def shard(self, tables, topology):
-        return greedy_plan(tables, topology.ndevices, topology.max_memory_gb, GREEDY_KEYS[self.name],
-                           topology.precision)
+        return greedy_plan(tables, topology, GREEDY_KEYS[self.name])
 
 
 @dataclass
@@ -114,37 +108,36 @@ class RandomSharder(Sharder):
         self.rng = np.random.default_rng(self.seed)
 
     def shard(self, tables, topology):
-        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
-        mem = [0.0] * ndevices
+        mem = [0.0] * topology.ndevices
         alloc = []
         for i, t in enumerate(tables):
-            need = t.memory_gb(precision)
-            legal = [d for d in range(ndevices) if _has_room(mem[d], need, max_memory_gb)]
+            need = t.memory_gb(topology.precision)
+            legal = [d for d in range(topology.ndevices) if topology.holds(mem[d] + need)]
             if not legal:
-                raise _no_room(t, i, mem, max_memory_gb, precision)
+                raise _no_room(t, i, mem, topology)
             d = legal[int(self.rng.integers(len(legal)))]
             alloc.append(d)
             mem[d] += need
-        return Plan(tuple(alloc), ndevices)
+        return Plan.table_wise(tables, alloc, topology)
 
 
 @dataclass
 class NaiveSharder(Sharder):
     def shard(self, tables, topology):
-        ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
+        ndevices = topology.ndevices
         mem = [0.0] * ndevices
         alloc = []
         for i, t in enumerate(tables):
-            need = t.memory_gb(precision)
+            need = t.memory_gb(topology.precision)
             for step in range(ndevices):
                 d = (i + step) % ndevices
-                if _has_room(mem[d], need, max_memory_gb):
+                if topology.holds(mem[d] + need):
                     break
             else:
-                raise _no_room(t, i, mem, max_memory_gb, precision)
+                raise _no_room(t, i, mem, topology)
             alloc.append(d)
             mem[d] += need
-        return Plan(tuple(alloc), ndevices)
+        return Plan.table_wise(tables, alloc, topology)
 
 
 BASELINES = ("random", "naive") + tuple(GREEDY_KEYS)

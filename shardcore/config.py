@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 C = TypeVar("C", bound="Config")
 _NO_CLI_DEFAULT = object()
@@ -134,7 +134,22 @@ def given_args(cls: type["Config"], args: argparse.Namespace, prefix: str = "") 
 
 @dataclass
 class Config:
-    """Base of every method's config dataclass: the one (de)serialiser of configs."""
+    """Base of every method's config dataclass: the one (de)serialiser of configs, and where a planner's
+    settings meet the command line (:meth:`add_args`, :meth:`from_args`: ``--<flag_prefix><field>``)."""
+
+    #: what every flag of this config starts with (``shardkit-``: ``--shardkit-time``); empty for flags
+    #: spelled as an original repository spelled them
+    flag_prefix: ClassVar[str] = ""
+
+    @classmethod
+    def add_args(cls, group, skip_groups: tuple[str, ...] = ()) -> None:
+        """This config's flags in ``group`` (fields of a group in ``skip_groups`` get none)."""
+        add_config_args(group, cls(), prefix=cls.flag_prefix, skip_groups=skip_groups)
+
+    @classmethod
+    def from_args(cls: type[C], args: argparse.Namespace) -> C:
+        """The config the flags of :meth:`add_args` give (a flag not given keeps the field's default)."""
+        return config_from_args(cls, args, prefix=cls.flag_prefix)
 
     def to_dict(self) -> dict:
         """Plain values (what a checkpoint stores)."""

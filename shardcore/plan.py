@@ -19,18 +19,15 @@ batch slice only (``B_d`` samples, :func:`batch_slices`), as a training step run
 pooled outputs are its own samples', never exchanged). Every oracle and cost model prices a
 device's compute as these kernels.
 
-A plan expands into **pieces** (:class:`ShardPiece`, a :class:`~shardcore.tables.TableConfig` with
-the rows and dim the device holds, and for RW the row range, for DP the batch slice); ``allocation``
-then gives the device of every piece, ``shards`` the pieces per device. Memory per device counts
-each piece's rows x dims (a DP table counts on every device).
-
-Plans made of table-wise tables and *uniform* column splits keep today's compact form, which is
-lossless: ``Plan(allocation, ndevices, splits)`` (``splits[i] = k`` cuts table ``i`` into ``k`` column
-shards of ``dim / k``; the allocation covers the expanded table list, table ``i`` as ``k``
-consecutive shards). Plans with row-wise, grid, data-parallel or uneven column-wise tables carry their
-``shardings`` (:meth:`Plan.from_shardings` chooses the form). :meth:`Plan.table_shardings` gives
-every plan's per-table shardings, and :func:`shardings_to_json` / :func:`shardings_from_json`
-their JSON form (``eval.py --out``'s ``"shardings"``).
+A :class:`Plan` is the task's tables, one sharding per table and the :class:`~shardcore.topology.Topology`
+it is for. It expands into **pieces** (:class:`ShardPiece`: a shard in TorchRec's sense, the part of a table
+one device holds, as a :class:`~shardcore.tables.TableConfig` with the rows and dim the device holds, and for
+RW the row range, for DP the batch slice); :attr:`Plan.device_pieces` gives each device's pieces, which is
+what an oracle prices. Memory per device counts each piece's rows x dims (a DP table counts on every
+device); :attr:`Plan.feasible` is the cap check. :meth:`Plan.shardings_json` / :meth:`Plan.from_json` are
+the JSON form (``eval.py --out``'s ``"shardings"``); :meth:`Plan.from_allocation` reads the compact form of
+older records (``allocation`` over the pieces, ``splits[i] = k`` cutting table ``i`` into ``k`` column blocks
+of ``dim / k``), which :attr:`Plan.allocation` and :attr:`Plan.splits` still write beside the shardings.
 """
 
 from __future__ import annotations
@@ -41,23 +38,10 @@ from typing import Any, Sequence
 
 from shardcore.errors import ShardError
 from shardcore.tables import DIM_MULTIPLE, TableConfig
+from shardcore.topology import Topology
 
 TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL, GRID = "table_wise", "column_wise", "row_wise", "data_parallel", "grid"
 SHARDING_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL, GRID)
-
-
-def split_tables(tables: Sequence[TableConfig], splits: Sequence[int] | None) -> list[TableConfig]:
-    """The expanded table list: table ``i`` becomes ``splits[i]`` column shards of ``dim / splits[i]``."""
-    if splits is None:
-        return list(tables)
-    if len(splits) != len(tables):
-        raise ShardError(f"plan splits {len(splits)} tables but the task has {len(tables)}")
-    out = []
-    for t, k in zip(tables, splits):
-        if k < 1 or t.dim % k:
-            raise ShardError(f"table {t.index} (dim {t.dim}) cannot be split into {k} column shards")
-        out.extend([t.with_dim(t.dim // k)] * k)
-    return out
 
 
 def row_blocks(rows: int, k: int) -> list[int]:
@@ -117,26 +101,26 @@ def local_batch(t: TableConfig, batch_size: int) -> int:
     return int(batch_size)
 
 
-def device_kernels(shard: Sequence[TableConfig], batch_size: int) -> list[tuple[int, list[TableConfig]]]:
-    """The fused kernels a device runs for its pieces, as ``(batch, pieces)``: its model-parallel
+def device_kernels(pieces: Sequence[TableConfig], batch_size: int) -> list[tuple[int, list[TableConfig]]]:
+    """The fused kernels a device runs for its ``pieces``, as ``(batch, pieces)``: its model-parallel
     pieces (table-wise, column-wise, row-wise) in one kernel over the whole batch, then its
     data-parallel replicas in another over the device's batch slice (one per distinct slice, normally
-    one). Empty kernels are left out, so a shard of whole tables is one kernel at ``batch_size``."""
-    mp = [t for t in shard if getattr(t, "kind", None) != DATA_PARALLEL]
+    one). Empty kernels are left out, so a device of whole tables is one kernel at ``batch_size``."""
+    mp = [t for t in pieces if getattr(t, "kind", None) != DATA_PARALLEL]
     out = [(int(batch_size), mp)] if mp else []
     dp: dict = {}
-    for t in shard:
+    for t in pieces:
         if getattr(t, "kind", None) == DATA_PARALLEL:
             dp.setdefault(tuple(t.batch_part) if t.batch_part else None, []).append(t)
     out.extend((local_batch(ts[0], batch_size), ts) for ts in dp.values())
     return out
 
 
-def has_pieces(shard: Sequence[TableConfig]) -> bool:
-    """Whether a device's shard holds a row-wise or data-parallel piece: its lookups are not its
-    tables' full batch, so the measurement cache (which keys a shard by its tables' index, rows and
-    dim) neither stores nor answers it, nor the plan it belongs to."""
-    return any(getattr(t, "special", False) for t in shard)
+def has_pieces(pieces: Sequence[TableConfig]) -> bool:
+    """Whether a device's pieces hold a row-wise or data-parallel one: its lookups are not its
+    tables' full batch, so the measurement cache (which keys a device's work by its tables' index, rows
+    and dim) neither stores nor answers it, nor the plan it belongs to."""
+    return any(getattr(t, "special", False) for t in pieces)
 
 
 def piece_key(t: TableConfig) -> tuple:
@@ -290,132 +274,154 @@ def data_parallel(ndevices: int) -> Sharding:
 
 @dataclass(frozen=True)
 class Plan:
-    """``allocation[i] = d``: the (expanded) task's i-th piece goes to device ``d``.
+    """A plan: per task table one :class:`Sharding`, on a :class:`~shardcore.topology.Topology`.
 
-    Compact form (``shardings`` is None): the pieces are the tables, or with ``splits`` their uniform
-    column shards. General form: ``shardings`` (one per task table) defines the pieces; ``allocation``
-    and ``splits`` (pieces per table) are derived from it (:meth:`from_shardings`).
+    The one form every planner returns and every consumer reads: ``tables`` (the task's, by position),
+    ``shardings`` (one per table) and ``topology``; what it gives each device follows from them
+    (:attr:`pieces`, :attr:`device_pieces`, :attr:`device_memory_gb`, :attr:`feasible`). The compact form
+    of older records and plan files (``allocation`` over the pieces, ``splits`` per table) is read with
+    :meth:`from_allocation` and written as :attr:`allocation` / :attr:`splits`.
     """
 
-    allocation: tuple[int, ...]
-    ndevices: int
-    splits: tuple[int, ...] | None = None   # pieces per task table; None: every table is one piece
-    shardings: tuple[Sharding, ...] | None = None   # None: the compact form
+    tables: tuple[TableConfig, ...]
+    shardings: tuple[Sharding, ...]
+    topology: Topology
 
     def __post_init__(self):
-        if self.ndevices < 1:
-            raise ShardError(f"a plan needs at least one device, got {self.ndevices}")
-        bad = [d for d in self.allocation if not 0 <= d < self.ndevices]
-        if bad:
-            raise ShardError(f"plan puts a table on device {bad[0]}, but there are {self.ndevices} devices")
-        if self.splits is not None and sum(self.splits) != len(self.allocation):
-            raise ShardError(f"plan splits tables into {sum(self.splits)} shards but allocates {len(self.allocation)}")
-        if self.shardings is not None and self.splits is None:
-            raise ShardError("a plan with shardings needs its pieces per table (use Plan.from_shardings)")
+        object.__setattr__(self, "tables", tuple(self.tables))
+        object.__setattr__(self, "shardings", tuple(self.shardings))
+        if len(self.shardings) != len(self.tables):
+            raise ShardError(f"{len(self.shardings)} shardings for {len(self.tables)} tables")
+        n = self.topology.ndevices
+        for pos, (t, s) in enumerate(zip(self.tables, self.shardings)):
+            s.check(t, n, where=f"table {t.index} (task position {pos})")
+
+    # -- building one ------------------------------------------------------------------------------
+    @classmethod
+    def table_wise(cls, tables: Sequence[TableConfig], devices: Sequence[int], topology: Topology) -> "Plan":
+        """Every table whole: table ``i`` on device ``devices[i]``."""
+        if len(devices) != len(tables):
+            raise ShardError(f"plan puts {len(devices)} tables on devices but the task has {len(tables)}")
+        return cls(tables, tuple(table_wise(d) for d in devices), topology)
 
     @classmethod
-    def from_shards(cls, shards: Sequence[Sequence[int]], num_tables: int | None = None,
-                    splits: Sequence[int] | None = None) -> "Plan":
-        """Build from ``shards[d] = [table positions on device d]``; every table exactly once."""
-        n = sum(len(s) for s in shards) if num_tables is None else num_tables
-        alloc = [-1] * n
-        for d, shard in enumerate(shards):
-            for i in shard:
-                if not 0 <= i < n or alloc[i] != -1:
-                    raise ShardError(f"shards must name each of tables 0..{n - 1} exactly once (bad: {i})")
+    def from_allocation(cls, tables: Sequence[TableConfig], allocation: Sequence[int], topology: Topology,
+                        splits: Sequence[int] | None = None) -> "Plan":
+        """The compact form of records and plan files: table ``i`` cut into ``splits[i]`` column blocks of
+        ``dim / splits[i]`` (default: whole), the pieces in table order, piece ``j`` on ``allocation[j]``."""
+        n = topology.ndevices
+        bad = [d for d in allocation if not 0 <= int(d) < n]
+        if bad:
+            raise ShardError(f"plan puts a table on device {bad[0]}, but there are {n} devices")
+        ks = tuple(int(k) for k in splits) if splits is not None else (1,) * len(tables)
+        if len(ks) != len(tables):
+            raise ShardError(f"plan splits {len(ks)} tables but the task has {len(tables)}")
+        for t, k in zip(tables, ks):
+            if k < 1 or t.dim % k:
+                raise ShardError(f"table {t.index} (dim {t.dim}) cannot be split into {k} column shards")
+        if sum(ks) != len(allocation):
+            raise ShardError(f"plan has {len(allocation)} pieces but the task's tables make {sum(ks)}")
+        out, pos = [], 0
+        for t, k in zip(tables, ks):
+            devs = [int(d) for d in allocation[pos:pos + k]]
+            out.append(table_wise(devs[0]) if k == 1 else column_wise([(d, t.dim // k) for d in devs]))
+            pos += k
+        return cls(tables, tuple(out), topology)
+
+    @classmethod
+    def from_device_tables(cls, tables: Sequence[TableConfig], positions: Sequence[Sequence[int]],
+                           topology: Topology) -> "Plan":
+        """Every table whole, from ``positions[d]``: the task positions of the tables on device ``d``
+        (each exactly once)."""
+        alloc = [-1] * len(tables)
+        if len(positions) != topology.ndevices:
+            raise ShardError(f"{len(positions)} devices' tables for a topology of {topology.ndevices} devices")
+        for d, on in enumerate(positions):
+            for i in on:
+                if not 0 <= i < len(tables) or alloc[i] != -1:
+                    raise ShardError(f"devices must hold each of tables 0..{len(tables) - 1} exactly once (bad: {i})")
                 alloc[i] = d
         if -1 in alloc:
             raise ShardError(f"table {alloc.index(-1)} is on no device")
-        return cls(tuple(alloc), len(shards), tuple(splits) if splits is not None else None)
+        return cls.table_wise(tables, alloc, topology)
 
     @classmethod
-    def from_shardings(cls, tables: Sequence[TableConfig], shardings: Sequence[Sharding], ndevices: int) -> "Plan":
-        """The plan giving table ``i`` the sharding ``shardings[i]``; the compact form when every
-        table is table-wise or uniformly column split (so such plans equal today's)."""
-        if len(shardings) != len(tables):
-            raise ShardError(f"{len(shardings)} shardings for {len(tables)} tables")
-        for pos, (t, s) in enumerate(zip(tables, shardings)):
-            s.check(t, ndevices, where=f"table {t.index} (task position {pos})")
-        legacy = [s.legacy(t.dim) for t, s in zip(tables, shardings)]
-        if all(x is not None for x in legacy):
-            alloc = tuple(d for _k, devs in legacy for d in devs)
-            splits = tuple(k for k, _ in legacy)
-            return cls(alloc, ndevices, splits if any(k > 1 for k in splits) else None)
-        alloc, counts = [], []
-        for t, s in zip(tables, shardings):
-            pieces = _pieces(s, t, ndevices)
-            alloc.extend(d for d, _ in pieces)
-            counts.append(len(pieces))
-        return cls(tuple(alloc), ndevices, tuple(counts), tuple(shardings))
+    def from_json(cls, tables: Sequence[TableConfig], obj: Any, topology: Topology, where: str = "plan") -> "Plan":
+        """The plan of a ``"shardings"`` list (see :meth:`shardings_json`)."""
+        if not isinstance(obj, list):
+            raise ShardError(f"{where}: shardings must be a list, got {type(obj).__name__}")
+        if len(obj) != len(tables):
+            raise ShardError(f"{where}: {len(obj)} shardings for {len(tables)} tables")
+        shardings = [Sharding.from_json(o, t, where=f"{where}: table {t.index} (task position {pos})")
+                     for pos, (t, o) in enumerate(zip(tables, obj))]
+        return cls(tables, tuple(shardings), topology)
+
+    # -- what it gives each device -----------------------------------------------------------------
+    @property
+    def ndevices(self) -> int:
+        return self.topology.ndevices
+
+    @functools.cached_property
+    def pieces(self) -> tuple[tuple[int, TableConfig], ...]:
+        """``(device, piece)`` of every piece, in table order (a table's in column / row / device order);
+        a table-wise table's piece is the table itself."""
+        n = self.topology.ndevices
+        return tuple(x for t, s in zip(self.tables, self.shardings)
+                     for x in (((s.devices[0], t),) if s.type == TABLE_WISE else pieces_of(s, t, n)))
 
     @property
-    def shards(self) -> list[list[int]]:
-        """``shards[d]``: positions (in the expanded piece list) of the pieces on device ``d``."""
+    def allocation(self) -> tuple[int, ...]:
+        """The device of every piece (:attr:`pieces`' order): the compact form's allocation."""
+        return tuple(int(d) for d, _ in self.pieces)
+
+    @property
+    def general(self) -> bool:
+        """Whether the plan needs its shardings to be written (row-wise, grid, data-parallel or uneven
+        column-wise tables), not the compact allocation and splits."""
+        return any(s.legacy(t.dim) is None for t, s in zip(self.tables, self.shardings))
+
+    @property
+    def splits(self) -> tuple[int, ...] | None:
+        """Column blocks per table in the compact form: None when every table is whole, or when the
+        plan is :attr:`general`."""
+        if self.general:
+            return None
+        ks = tuple(len(s.devices) for s in self.shardings)
+        return ks if any(k > 1 for k in ks) else None
+
+    @property
+    def device_positions(self) -> list[list[int]]:
+        """Per device the positions (in :attr:`pieces`) of its pieces."""
         out: list[list[int]] = [[] for _ in range(self.ndevices)]
-        for i, d in enumerate(self.allocation):
+        for i, (d, _) in enumerate(self.pieces):
             out[d].append(i)
         return out
 
     @property
-    def general(self) -> bool:
-        """Whether the plan needs the general form (row-wise, grid, data-parallel or uneven column-wise)."""
-        return self.shardings is not None
-
-    def table_shardings(self, tables: Sequence[TableConfig]) -> list[Sharding]:
-        """Every table's sharding (the compact form's tables are table-wise or uniform column splits)."""
-        if self.shardings is not None:
-            if len(self.shardings) != len(tables):
-                raise ShardError(f"plan has {len(self.shardings)} tables but the task has {len(tables)}")
-            return list(self.shardings)
-        self.expand(tables)
-        splits = self.splits if self.splits is not None else (1,) * len(tables)
-        out, pos = [], 0
-        for t, k in zip(tables, splits):
-            devs = self.allocation[pos:pos + k]
-            out.append(table_wise(devs[0]) if k == 1 else column_wise([(d, t.dim // k) for d in devs]))
-            pos += k
+    def device_pieces(self) -> list[list[TableConfig]]:
+        """Per device its pieces: what an oracle prices (:data:`~shardcore.types.DevicePieces`)."""
+        out: list[list[TableConfig]] = [[] for _ in range(self.ndevices)]
+        for d, p in self.pieces:
+            out[d].append(p)
         return out
 
-    def sharding_types(self, tables: Sequence[TableConfig]) -> list[str]:
-        return [s.type for s in self.table_shardings(tables)]
-
-    def expand(self, tables: Sequence[TableConfig]) -> list[TableConfig]:
-        """The pieces the allocation refers to (today's form: ``tables`` with the column splits)."""
-        if self.shardings is not None:
-            if len(self.shardings) != len(tables):
-                raise ShardError(f"plan has {len(self.shardings)} tables but the task has {len(tables)}")
-            expanded = [p for t, s in zip(tables, self.shardings) for _d, p in _pieces(s, t, self.ndevices)]
-        else:
-            expanded = split_tables(tables, self.splits)
-        if len(expanded) != len(self.allocation):
-            raise ShardError(f"plan has {len(self.allocation)} tables but the task has {len(expanded)}")
-        return expanded
-
-    def shard_tables(self, tables: Sequence[TableConfig]) -> list[list[TableConfig]]:
-        expanded = self.expand(tables)
-        return [[expanded[i] for i in shard] for shard in self.shards]
-
-    def device_memory_gb(self, tables: Sequence[TableConfig], precision: str = "fp16") -> list[float]:
+    def device_memory_gb(self, precision: str | None = None) -> list[float]:
+        """Per device the GiB of its pieces' weights (at the topology's precision unless another is given)."""
+        precision = precision or self.topology.precision
         mem = [0.0] * self.ndevices
-        for t, d in zip(self.expand(tables), self.allocation):
-            mem[d] += t.memory_gb(precision)
+        for d, p in self.pieces:
+            mem[d] += p.memory_gb(precision)
         return mem
 
-    def is_feasible(self, tables: Sequence[TableConfig], max_memory_gb: float, precision: str = "fp16") -> bool:
-        return max(self.device_memory_gb(tables, precision)) <= max_memory_gb + 1e-12
+    @property
+    def feasible(self) -> bool:
+        """Whether every device holds its pieces within the cap (:meth:`Topology.holds`)."""
+        return self.topology.holds(max(self.device_memory_gb(), default=0.0))
 
+    @property
+    def sharding_types(self) -> list[str]:
+        return [s.type for s in self.shardings]
 
-def shardings_to_json(tables: Sequence[TableConfig], plan: Plan) -> list[dict]:
-    """Per task table ``{"type", "devices", "dims" (column-wise, grid), "rows" (row-wise, grid)}``."""
-    return [s.to_json(t) for t, s in zip(tables, plan.table_shardings(tables))]
-
-
-def shardings_from_json(tables: Sequence[TableConfig], obj: Any, ndevices: int, where: str = "plan") -> Plan:
-    """The plan of a ``"shardings"`` list (see :func:`shardings_to_json`)."""
-    if not isinstance(obj, list):
-        raise ShardError(f"{where}: shardings must be a list, got {type(obj).__name__}")
-    if len(obj) != len(tables):
-        raise ShardError(f"{where}: {len(obj)} shardings for {len(tables)} tables")
-    shardings = [Sharding.from_json(o, t, where=f"{where}: table {t.index} (task position {pos})")
-                 for pos, (t, o) in enumerate(zip(tables, obj))]
-    return Plan.from_shardings(tables, shardings, ndevices)
+    def shardings_json(self) -> list[dict]:
+        """Per task table ``{"type", "devices", "dims" (column-wise, grid), "rows" (row-wise, grid)}``."""
+        return [s.to_json(t) for t, s in zip(self.tables, self.shardings)]

@@ -1,11 +1,15 @@
-"""The method registry: what the core and the experiment runner know of the learned methods.
+"""What the core and the experiment runner know of the planners they do not hold: the learned methods
+and the other planners the top level declares.
 
 The core never names a method. The list of method packages comes from the top level
 (``shardkit_methods.METHOD_PACKAGES``), or from the ``SHARDKIT_METHODS`` environment variable
 (comma-separated package names) where it is set; each package declares itself in its ``method``
 module as ``METHOD = MethodSpec(...)``: its name and label, how it is trained (script, arguments,
-flags per experiment scale), where its checkpoint is, and the precision of its original code. A
-method module imports nothing heavy, so reading the registry costs no torch import of a method.
+flags per experiment scale), where its checkpoint is, its planner's settings (a config class) and the
+precision of its original code. A method module imports nothing heavy, so reading the registry costs no
+torch import of a method. The planners that are not trained by a script (``shardkit_methods.PLANNERS``:
+TorchRec's, ours) are :class:`PlannerSpec` s. :mod:`shardcore.cli.algorithms` makes one table of every
+``--alg`` name from these and the core's baselines.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ from typing import Callable, Mapping, Sequence
 from shardcore.errors import ShardError
 
 METHODS_ENV = "SHARDKIT_METHODS"
-TOP_LEVEL_LIST = "shardkit_methods"    # module with METHOD_PACKAGES, at the repository's top level
-# Planners served by an optional module of the core (imported only when asked for, by
-# shardcore.cli.algorithms): ``module`` or ``module:function`` (default function: load_sharder).
-CORE_PLUGINS = {"torchrec": "shardcore.interop.torchrec_planner",
-                "torchrec-tw": "shardcore.interop.torchrec_planner:load_sharder_tw"}
+TOP_LEVEL_LIST = "shardkit_methods"    # module with METHOD_PACKAGES and PLANNERS, at the repository's top level
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """A planner the top level declares beside the learned methods (``shardkit_methods.PLANNERS``)."""
+
+    factory: str                  # "module:function", called as function(ctx, config, checkpoint, planners)
+    config: str | None = None     # "module:Class" of its settings, or the --alg name whose settings it shares
+    baseline: bool = False        # a heuristic the reports compare the learned methods against (TorchRec's)
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ class MethodSpec:
     # original draws them, not from the training pool of the train/test split
     every_table_tasks: bool = False
     flag_spellings: tuple[str, ...] = ()   # flags of the original code the shared CLI also accepts
+    planner_config: str | None = None      # "module:Class" of the --alg planner's settings (its flags), if any
     model_help: str = ""             # appended to the runner's --<name>-model help
     task_seed_note: str = ""         # a note when the runner's task seed differs from 0 and it trained
     seen_note: str = ""              # a note whenever it trained: what of the test tasks its training saw
@@ -126,18 +136,26 @@ def method_names() -> tuple[str, ...]:
     return tuple(getattr(listing, "METHOD_PACKAGES", ()))
 
 
-def planner_plugins() -> dict[str, str]:
-    """``{--alg name: "module[:function]"}`` of the planners the top-level list declares beside the
-    learned methods (``PLANNER_PLUGINS``); empty where there is no list. The module is imported only
-    when its name is asked for."""
+def declared_planners() -> dict[str, PlannerSpec]:
+    """``{--alg name: PlannerSpec}`` of the planners the top-level list declares beside the learned
+    methods (``PLANNERS``); empty where there is no list. Their modules are imported only when asked for."""
     try:
         listing = importlib.import_module(TOP_LEVEL_LIST)
     except ModuleNotFoundError:
         return {}
-    plugins = getattr(listing, "PLANNER_PLUGINS", {})
-    if not isinstance(plugins, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plugins.items()):
-        raise ShardError(f"{TOP_LEVEL_LIST}.PLANNER_PLUGINS must map --alg names to 'module[:function]' strings")
-    return dict(plugins)
+    out = {}
+    for name, decl in dict(getattr(listing, "PLANNERS", {})).items():
+        try:
+            out[str(name)] = PlannerSpec(**decl)
+        except TypeError:
+            raise ShardError(f"{TOP_LEVEL_LIST}.PLANNERS[{name!r}] must give factory='module:function' and "
+                             "optionally config and baseline") from None
+    return out
+
+
+def baseline_planners() -> tuple[str, ...]:
+    """The declared planners the reports count among the baselines (TorchRec's)."""
+    return tuple(n for n, p in declared_planners().items() if p.baseline)
 
 
 def get(name: str) -> MethodSpec:

@@ -36,45 +36,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from shardcore.costs import COST_PARTS  # noqa: F401  (re-exported: the order of every per-device cost list)
-from shardcore.errors import InfeasibleError, ShardError
-from shardcore.argtypes import MAX_DEVICES
-from shardcore.tables import PRECISION_BYTES, TableConfig
+from shardcore.planning import PlanningContext  # noqa: F401  (re-exported: what every planner is built with)
+from shardcore.tables import TableConfig
+from shardcore.topology import Topology  # noqa: F401  (re-exported: where a plan runs)
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from shardcore.plan import Plan
 
 
-Shards = Sequence[Sequence[TableConfig]]   # shards[d]: the tables device d holds
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Where a plan runs: ``ndevices`` devices, each holding at most ``max_memory_gb`` of weights
-    counted at ``precision`` (``fp16``: 2 bytes per weight, ``fp32``: 4)."""
-
-    ndevices: int
-    max_memory_gb: float
-    precision: str = "fp16"
-
-    def __post_init__(self):
-        n = self.ndevices
-        if isinstance(n, bool) or int(n) != n or not 1 <= n <= MAX_DEVICES:
-            raise ShardError(f"a topology needs at least one device and at most {MAX_DEVICES}, got ndevices={n!r}")
-        if not float(self.max_memory_gb) > 0:
-            raise ShardError(f"the memory cap must be positive, got {self.max_memory_gb!r} GiB")
-        if self.precision not in PRECISION_BYTES:
-            raise ShardError(f"unknown precision {self.precision!r}: choose one of {', '.join(sorted(PRECISION_BYTES))}")
-        object.__setattr__(self, "ndevices", int(self.ndevices))
-        object.__setattr__(self, "max_memory_gb", float(self.max_memory_gb))
-
-    def check_fits(self, tables: Sequence[TableConfig]) -> None:
-        """Before any planner runs: tables that need more memory together than all the devices hold are
-        infeasible for every plan (any sharding holds each weight at least once): one line."""
-        need = sum(t.memory_gb(self.precision) for t in tables)
-        if need > self.ndevices * (self.max_memory_gb + 1e-12):
-            raise InfeasibleError(f"infeasible: the {len(tables)} tables need {need:.4g} GB together ({self.precision}), "
-                                  f"more than {self.ndevices} devices of {self.max_memory_gb:g} GB hold; raise "
-                                  "--max-memory or add devices")
+#: per device the pieces it holds (:attr:`shardcore.plan.Plan.device_pieces`): what an oracle prices
+DevicePieces = Sequence[Sequence[TableConfig]]
 
 
 @dataclass
@@ -218,7 +189,7 @@ class OracleInfo:
 class PlanResult:
     """What an oracle answers for one plan (the one result type of every :class:`CostOracle`)."""
 
-    device_costs_ms: list[list[float]]       # per device the four COST_PARTS in ms
+    device_costs_ms: list[DeviceCost]        # per device its cost, the four COST_PARTS in ms
     from_cache: bool = False                 # the whole plan came from the measurement cache
     compute_from_cache: list[bool] = field(default_factory=list)   # per device: its compute did
     comm: list[CommSplits] | None = None   # per device all-to-all split sizes; None when from the cache
@@ -228,11 +199,12 @@ class PlanResult:
 
     def __post_init__(self) -> None:
         check_costs(self.device_costs_ms, self.hardware or "the cost oracle")
+        self.device_costs_ms = device_costs(self.device_costs_ms)
 
     @property
     def devices(self) -> list[DeviceCost]:
-        """Per device its named cost."""
-        return [DeviceCost(*(float(x) for x in c)) for c in self.device_costs_ms]
+        """Per device its named cost (:attr:`device_costs_ms`)."""
+        return self.device_costs_ms
 
     @property
     def device_totals_ms(self) -> list[float]:
@@ -246,6 +218,12 @@ class PlanResult:
     @property
     def ndevices(self) -> int:
         return len(self.device_costs_ms)
+
+
+def device_costs(rows) -> list[DeviceCost]:
+    """Per device a :class:`DeviceCost` from rows of four costs (lists, tuples, a ``[devices, 4]`` array)
+    in :data:`COST_PARTS` order: the boundary where a cost model's numbers become the one cost type."""
+    return [r if isinstance(r, DeviceCost) else DeviceCost(*(float(x) for x in r)) for r in rows]
 
 
 def check_costs(device_costs_ms, source: str) -> None:
@@ -273,7 +251,8 @@ def check_costs(device_costs_ms, source: str) -> None:
 class CostOracle(Protocol):
     """Anything that says what a plan costs.
 
-    ``evaluate(shards)`` takes the tables of each device and answers a :class:`PlanResult`.
+    ``evaluate(devices)`` takes the pieces of each device (:attr:`shardcore.plan.Plan.device_pieces`) and
+    answers a :class:`PlanResult`.
     ``no_cache=True`` asks for fresh figures (a cache layer then measures again; an oracle without
     a cache ignores it). ``hardware`` and ``parts`` say what the figures stand for. Oracles are
     context managers (a measured one starts its workers on entry and stops them on exit)."""
@@ -284,7 +263,7 @@ class CostOracle(Protocol):
     @property
     def parts(self) -> dict: ...
 
-    def evaluate(self, shards: Shards, no_cache: bool | None = None) -> PlanResult: ...
+    def evaluate(self, devices: DevicePieces, no_cache: bool | None = None) -> PlanResult: ...
 
     def __enter__(self): ...
 
@@ -293,19 +272,19 @@ class CostOracle(Protocol):
 
 @runtime_checkable
 class ShardCostOracle(CostOracle, Protocol):
-    """A :class:`CostOracle` whose plan cost is made of each shard's compute (a property of the
-    shard alone) and the plan's all-to-all exchange: what a cache layer can wrap.
+    """A :class:`CostOracle` whose plan cost is made of each device's compute (a property of the device's
+    pieces alone) and the plan's all-to-all exchange: what a cache layer can wrap.
 
     - ``info``: the device kind, start-up time and measurement noise (:class:`OracleInfo`);
     - ``context``: the setting the costs depend on (hardware fingerprint, dataset, batch size,
-      optimizer, precision): the cache key besides the shards;
+      optimizer, precision): the cache key besides the devices' pieces;
     - ``comm_measured``: whether the exchange is measured; plans with a modelled exchange are
-      not stored as plans (their shards are);
-    - ``check_shards(shards)``: the plan validated (one shard per device, known tables) or a
+      not stored as plans (their devices' compute is);
+    - ``check_devices(devices)``: the plan validated (one list of pieces per device, known tables) or a
       one-line :class:`~shardcore.errors.ShardError`;
-    - ``evaluate(shards, compute=...)``: ``compute[d]`` is device ``d``'s compute cost known
+    - ``evaluate(devices, compute=...)``: ``compute[d]`` is device ``d``'s compute cost known
       already (a cache hit), so only the others are measured; their ``compute_from_cache`` is set;
-    - ``measure_shards(shards)``: compute costs of single shards (empty ones cost nothing);
+    - ``measure_devices(devices)``: the compute cost of each device's pieces (none: nothing);
     - ``measure_comm(layout, delays_ms)``: per device ``(fw_ms, bw_ms)`` of the exchange a
       :class:`CommLayout` describes and its split sizes (``delays_ms[d]``: device ``d`` starts late).
     """
@@ -324,12 +303,12 @@ class ShardCostOracle(CostOracle, Protocol):
     @property
     def comm_measured(self) -> bool: ...
 
-    def check_shards(self, shards: Shards) -> list[list[TableConfig]]: ...
+    def check_devices(self, devices: DevicePieces) -> list[list[TableConfig]]: ...
 
-    def evaluate(self, shards: Shards, no_cache: bool | None = None, *,
+    def evaluate(self, devices: DevicePieces, no_cache: bool | None = None, *,
                  compute: Mapping[int, ComputeCost] | None = None) -> PlanResult: ...
 
-    def measure_shards(self, shards: Shards, no_cache: bool | None = None) -> list[ComputeCost]: ...
+    def measure_devices(self, devices: DevicePieces, no_cache: bool | None = None) -> list[ComputeCost]: ...
 
     def measure_comm(self, layout: CommLayout, delays_ms: Sequence[float] | None = None
                      ) -> tuple[list[tuple[float, float]], list[CommSplits]]: ...

@@ -6,8 +6,8 @@ measurements that correct the model for the task and choose the plan.
 Modules: :mod:`.starts` (the plans the search begins from), :mod:`.costmodel` (per-device plan costs),
 :mod:`.moves` (the moves, one class per kind, in two neighbourhoods), :mod:`.search` (the local and
 iterated search, its work-counted budget), :mod:`.refine` (measured refinement), :mod:`.calibrate` (a
-cost model of this machine fitted on measurements it takes), :mod:`.sharder` (the stages put together:
-the ``--alg`` entry point, ``load_sharder``, declared in the top-level
-``shardkit_methods.PLANNER_PLUGINS``). This package imports only :mod:`shardcore`, never another method
+cost model of this machine fitted on measurements it takes), :mod:`.config` (its settings, the
+``--shardkit-*`` flags), :mod:`.sharder` (the stages put together: the ``--alg`` factory, ``make_sharder``,
+declared in the top-level ``shardkit_methods.PLANNERS``), :mod:`.bound` (a lower bound). This package imports only :mod:`shardcore`, never another method
 package.
 """

@@ -46,11 +46,12 @@ import numpy as np
 
 from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import ID_ELEMENT_SIZE, OUTPUT_ELEMENT_SIZE, CommModel
-from shardcore.oracles.emulated.emulator import (GpuComputeModel, _distinct_rows, _hat, feature_names, known_cv,
-                                                 physical_features, physical_weights, replica_features, shard_features)
+from shardcore.oracles.emulated.measurements import physical_weights
+from shardcore.oracles.emulated.model import (GpuComputeModel, _distinct_rows, _hat, feature_names, known_cv,
+                                              physical_features, replica_features, shard_features)
 from shardcore.plan import Plan, batch_slices, column_wise, data_parallel, row_blocks, row_wise, table_wise
 from shardcore.tables import DIM_MULTIPLE, TableConfig, bytes_per_element
-from shardcore.types import Topology
+from shardcore.topology import MEMORY_TOLERANCE_GB, Topology
 
 SPACE = ("one host: tables whole, column-wise in blocks of any widths (multiples of 4, one block per device), "
          "row-wise over any k devices, or replicated")
@@ -294,7 +295,7 @@ def lower_bound(tables: Sequence[TableConfig], topology: Topology, compute: GpuC
                  "ids": min([t.pooling_factor + 1.0] + [k * rwd[k]["ids"] for k in rwd])}
         del full
         dp_ok = n > 1 and t.memory_gb(precision) <= min(cap, replicate_max_gb if replicate_max_gb is not None
-                                                          else cap) + 1e-12
+                                                          else cap) + MEMORY_TOLERANCE_GB
         info.append(_Table(pos, pos in integral, lines, cw_look, rwd, whole, dp_ok))
     w_rep = compute.replica_weights if any(ti.dp_ok for ti in info) else None
     if any(ti.dp_ok for ti in info) and w_rep is None:
@@ -469,8 +470,8 @@ def lower_bound(tables: Sequence[TableConfig], topology: Topology, compute: GpuC
     plan = None
     if hinfo.primal_solution_status == 2 and not fluid:   # a plan of integers only: the solver's own
         val = np.asarray(h.getSolution().col_value)
-        plan = _plan_of(val, tables, n, blocks, rws, sel_cw, sel_dp)
-        if plan is not None and not plan.is_feasible(tables, cap, precision):   # widths rounded past the cap
+        plan = _plan_of(val, tables, topology, blocks, rws, sel_cw, sel_dp)
+        if plan is not None and not plan.feasible:   # widths rounded past the cap
             plan = None
     return BoundResult(lower_ms=max(lower, 0.0), status="optimal" if status == "Optimal" else status.lower(),
                        plan=plan, seconds=time.perf_counter() - t0, nodes=int(hinfo.mip_node_count),
@@ -549,10 +550,10 @@ def _lookups_log(P, lookups: dict) -> int:
     return Y
 
 
-def _plan_of(val, tables, n, blocks, rws, sel_cw, sel_dp) -> Plan | None:
+def _plan_of(val, tables, topology, blocks, rws, sel_cw, sel_dp) -> Plan | None:
     """The solver's plan (widths rounded to multiples of 4 summing to the dim); None where a block's width
     does not round to a valid one."""
-    shardings = []
+    shardings, n = [], topology.ndevices
     for pos, t in enumerate(tables):
         if pos in sel_dp and val[sel_dp[pos]] > 0.5:
             shardings.append(data_parallel(n))
@@ -568,4 +569,4 @@ def _plan_of(val, tables, n, blocks, rws, sel_cw, sel_dp) -> Plan | None:
             k, devs = next((k, [d for d, v in enumerate(on) if val[v] > 0.5]) for (p, k), (sel, on) in rws.items()
                            if p == pos and val[sel] > 0.5)
             shardings.append(row_wise(devs))
-    return Plan.from_shardings(tables, shardings, n)
+    return Plan(tables, shardings, topology)

@@ -178,7 +178,7 @@ def calibrated_model(oracle, data_dir, exclude_task_files: Sequence[str] | None,
             if key in seen:
                 continue
             seen.add(key)
-            oracle.measure_shards([shard])
+            oracle.measure_devices([shard])
             measured += 1
             bar.update(1)
     try:

@@ -49,13 +49,16 @@ import numpy as np
 
 from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_exchange_model, id_bytes,
                                          id_width as piece_id_width, pooled_width, remote_bytes)
-from shardcore.oracles.emulated.emulator import (CPU_SPEC, DEFAULT_SPEC, PIECE_DEVICE_KINDS, GpuComputeModel, fit_params, fit_weights, load_gpu_model, piece_device_kind, predict_devices,
-                                shard_features, table_arrays)
+from shardcore.oracles.emulated.measurements import SHIPPED, load_gpu_model
+from shardcore.oracles.emulated.model import (CPU_SPEC, DEFAULT_SPEC, PIECE_DEVICE_KINDS, GpuComputeModel, fit_params,
+                                              fit_weights, piece_device_kind, predict_devices, shard_features,
+                                              table_arrays)
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import EXACT_SGD
 from shardcore.io import atomic_open
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
+from shardcore.types import DeviceCost, device_costs
 
 FORMAT = "shardkit-planner-cost-1"
 MEASURED, EMULATED = "measured", "emulated:h200"
@@ -194,11 +197,28 @@ class CostModel:
         ids = [sum(self.id_width(t) for t in s) for s in shards]
         return comp + self.comm_costs(dims, extra, ids)
 
-    def device_costs(self, tables: Sequence[TableConfig], plan: Plan) -> np.ndarray:
-        return self.shard_costs(plan.shard_tables(tables))
+    def device_costs(self, plan: Plan) -> np.ndarray:
+        """Per device of ``plan`` its total cost (ms), as an array (the search's form)."""
+        return self.shard_costs(plan.device_pieces)
 
-    def plan_cost(self, tables: Sequence[TableConfig], plan: Plan) -> float:
-        return float(self.device_costs(tables, plan).max())
+    def plan_cost(self, plan: Plan) -> float:
+        return float(self.device_costs(plan).max())
+
+    def estimate(self, plan: Plan) -> list[DeviceCost]:
+        """Per device of ``plan`` its modelled cost by part: the stage's answer as every oracle gives it
+        (forward and backward compute, each scaled as :meth:`shard_compute` scales their sum; forward and
+        backward exchange)."""
+        pieces = [list(s) for s in plan.device_pieces]
+        n = len(pieces)
+        pred = predict_devices(self.compute, pieces, self.batch_size, self._cv, precision=self.precision)
+        scale = np.array([self.kind_bias.get(piece_device_kind([getattr(p, "kind", None) for p in s]), 1.0)
+                          if self.kind_bias else 1.0 for s in pieces])
+        dims = [sum(self.pooled_dim(t) for t in s) for s in pieces]
+        extra = [sum(self.extra_bytes(t, n) for t in s) for s in pieces]
+        ids = [sum(self.id_width(t) for t in s) for s in pieces]
+        fw, bw = self.comm_for(n).exchange_ms(dims, self.batch_size, ids, extra)
+        return device_costs(np.stack([pred[:, 0] * scale, np.broadcast_to(fw, (n,)), np.broadcast_to(bw, (n,)),
+                                      pred[:, 1] * scale], axis=1))
 
     # -- files -----------------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -230,7 +250,7 @@ class CostModel:
 
         try:
             by_n = {int(n): comm(c) for n, c in (obj.get("comm_by_devices") or {}).items()}
-            return cls(compute=GpuComputeModel(obj["compute"]), comm=comm(obj["comm"]), comm_by_devices=by_n or None,
+            return cls(compute=GpuComputeModel(obj["compute"], SHIPPED), comm=comm(obj["comm"]), comm_by_devices=by_n or None,
                        batch_size=int(obj["batch_size"]), landscape=str(obj["landscape"]),
                        length_cv=obj.get("length_cv"), precision=str(obj.get("precision", "fp16")),
                        source=str(obj.get("source", "")))
@@ -316,7 +336,7 @@ def fit_cost_model(cache, dataset, batch_size: int, *, hardware: str, precision:
             raise ShardError("the cache holds no plan measurements at two or more sizes to fit the exchange; "
                              "measure some plans (eval.py) first") from None
         comm, comm_src = comm_fallback, "the given exchange model (no plan measurements)"
-    return CostModel(GpuComputeModel(params), comm, int(batch_size), landscape=MEASURED, length_cv=cvs,
+    return CostModel(GpuComputeModel(params, SHIPPED), comm, int(batch_size), landscape=MEASURED, length_cv=cvs,
                      precision=precision, comm_by_devices=per_n or None,
                      source=f"fitted: compute on {len(shards)} shards, comm on {comm_src}")
 

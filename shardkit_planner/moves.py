@@ -42,6 +42,7 @@ import numpy as np
 from shardcore.plan import (COLUMN_WISE, DATA_PARALLEL, GRID, ROW_WISE, TABLE_WISE, Sharding, column_wise,
                             data_parallel, grid, pieces_of, row_wise, table_wise)
 from shardcore.tables import DIM_MULTIPLE
+from shardcore.topology import MEMORY_TOLERANCE_GB
 
 ALL_TYPES = (TABLE_WISE, COLUMN_WISE, ROW_WISE, DATA_PARALLEL, GRID)
 Change = dict   # {table position: Sharding}
@@ -133,7 +134,7 @@ def place_blocks(st, pos: int, widths: Sequence[int], prefer: Sequence[int]) -> 
     out: list[tuple[int, int] | None] = [None] * len(widths)
     for j in sorted(range(len(widths)), key=lambda j: -widths[j]):
         need = t.row * widths[j] * st.bpe
-        d = next((d for d in rank if d not in taken and free[d] + 1e-12 >= need), None)
+        d = next((d for d in rank if d not in taken and free[d] + MEMORY_TOLERANCE_GB >= need), None)
         if d is None:
             return None
         taken.add(d)
@@ -146,7 +147,7 @@ def cheapest_with_room(st, pos: int, need_gb: float, exclude: Sequence[int] = ()
     """The cheapest device (by cost) outside ``exclude`` with ``need_gb`` free once table ``pos`` is off."""
     free = free_memory(st, pos)
     for d in np.argsort(st.costs, kind="stable"):
-        if int(d) not in exclude and free[int(d)] + 1e-12 >= need_gb:
+        if int(d) not in exclude and free[int(d)] + MEMORY_TOLERANCE_GB >= need_gb:
             return int(d)
     return None
 
@@ -244,7 +245,7 @@ def counts_to_try(st, pos: int, now: int) -> list[int]:
     if not ks:
         return []
     room = float(free_memory(st, pos).max())
-    fit = next((k for k in ks if t.row * block_widths(t.dim, k)[0] * st.bpe <= room + 1e-12), None)
+    fit = next((k for k in ks if t.row * block_widths(t.dim, k)[0] * st.bpe <= room + MEMORY_TOLERANCE_GB), None)
     want = {now - 1, now + 1, now // 2, 2 * now, 2, 4, 8, ks[-1]} | ({fit} if fit else set())
     return [k for k in ks if k in want and k != now]
 

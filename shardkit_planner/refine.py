@@ -46,8 +46,8 @@ def shard_key(pieces: Sequence[TableConfig]) -> tuple:
     return tuple(sorted(piece_key(p) for p in pieces))
 
 
-def plan_key(tables: Sequence[TableConfig], plan: Plan) -> tuple:
-    return tuple((s.type, s.devices, s.dims) for s in plan.table_shardings(tables))
+def plan_key(plan: Plan) -> tuple:
+    return tuple((s.type, s.devices, s.dims) for s in plan.shardings)
 
 
 @dataclass
@@ -153,8 +153,7 @@ class RefineResult:
     model_first_ms: float          # the measured cost of the plain model's first choice
 
 
-def refine(model: CostModel, oracle, tables: Sequence[TableConfig], candidates: list[tuple[str, Plan]],
-           ndevices: int, max_memory_gb: float, precision: str, k: int, *, budget: Callable[[], WorkBudget],
+def refine(model: CostModel, oracle, candidates: list[tuple[str, Plan]], k: int, *, budget: Callable[[], WorkBudget],
            types: Sequence[str], stats: SearchStats | None = None,
            search: Callable | None = None) -> RefineResult:
     """Up to ``k`` measurements (see the module notes). ``candidates``: (name, plan), best first by the
@@ -162,10 +161,9 @@ def refine(model: CostModel, oracle, tables: Sequence[TableConfig], candidates: 
     types=, stats=)``: the search (default :func:`~shardkit_planner.search.local_search`)."""
     search = search or local_search
     cal = CalibratedModel.around(model)
-    tables = list(tables)
     pool: dict[tuple, tuple[str, Plan]] = {}
     for name, plan in candidates:
-        pool.setdefault(plan_key(tables, plan), (name, plan))
+        pool.setdefault(plan_key(plan), (name, plan))
     measured: dict[tuple, tuple[float, str, Plan]] = {}
     order: list[tuple] = []
     from_cache = 0
@@ -176,21 +174,20 @@ def refine(model: CostModel, oracle, tables: Sequence[TableConfig], candidates: 
         if r == 0:
             key, name, plan = todo[0]          # the plain model's first choice
         else:
-            scores = [tuple(State(cal, tables, plan.table_shardings(tables), ndevices, max_memory_gb,
-                                  precision).score) for _, _, plan in todo]
+            scores = [tuple(State.of(cal, plan).score) for _, _, plan in todo]
             key, name, plan = todo[min(range(len(todo)), key=lambda i: scores[i])]
-        shards = plan.shard_tables(tables)
-        answer = oracle.evaluate(shards)
+        pieces = plan.device_pieces
+        answer = oracle.evaluate(pieces)
         from_cache += bool(getattr(answer, "from_cache", False))
         measured[key] = (float(answer.cost_ms), name, plan)
         order.append(key)
-        cal.observe(shards, answer.device_costs_ms)
+        cal.observe(pieces, answer.device_costs_ms)
         if r + 1 < k:
             _, best_name, best_plan = min(measured.values(), key=lambda x: x[0])
-            st = State(cal, tables, best_plan.table_shardings(tables), ndevices, max_memory_gb, precision)
+            st = State.of(cal, best_plan)
             search(st, budget(), types=types, stats=stats)
             new = st.plan()
-            pool.setdefault(plan_key(tables, new), (f"{best_name.split('+')[0]}+measured-search", new))
+            pool.setdefault(plan_key(new), (f"{best_name.split('+')[0]}+measured-search", new))
     cost, name, plan = min(measured.values(), key=lambda x: x[0])
     return RefineResult(plan=plan, name=name, cost_ms=cost, measured_ms=[measured[q][0] for q in order],
                         names=[measured[q][1] for q in order], from_cache=from_cache,

@@ -42,6 +42,7 @@ import numpy as np
 
 from shardcore.plan import DATA_PARALLEL, TABLE_WISE, Plan, Sharding, data_parallel, piece_key, pieces_of, table_wise
 from shardcore.tables import GB, TableConfig, bytes_per_element
+from shardcore.topology import Topology
 
 from .costmodel import CostModel
 from .moves import ALL_TYPES, DEFAULT_MOVES, Move, candidate_moves  # noqa: F401  (ALL_TYPES, candidate_moves: re-exported)
@@ -61,10 +62,12 @@ class State:
     """A plan under search: shardings plus per-device bookkeeping."""
 
     def __init__(self, model: CostModel, tables: Sequence[TableConfig], shardings: Sequence[Sharding],
-                 ndevices: int, max_memory_gb: float, precision: str):
-        self.model, self.tables, self.n = model, list(tables), int(ndevices)
-        self.cap, self.precision = float(max_memory_gb), precision
-        self.bpe = bytes_per_element(precision) / GB
+                 topology: Topology):
+        self.model, self.tables, self.topology = model, list(tables), topology
+        # the topology's numbers, read in the inner loops
+        self.n, self.cap, self.precision = topology.ndevices, topology.max_memory_gb, topology.precision
+        self.limit = topology.limit_gb
+        self.bpe = bytes_per_element(self.precision) / GB
         self._comp_cache: dict[tuple, float] = {}
         self._exch_cache: dict[tuple, tuple[float, float, float]] = {}
         self._mem_cache: dict[tuple, dict] = {}
@@ -157,8 +160,13 @@ class State:
     def score(self) -> tuple[float, float]:
         return float(self.slowest(self.comp, self.costs)), float((self.costs ** 2).sum())
 
+    @classmethod
+    def of(cls, model: CostModel, plan: Plan) -> "State":
+        """The state of ``plan`` under ``model``."""
+        return cls(model, plan.tables, plan.shardings, plan.topology)
+
     def plan(self) -> Plan:
-        return Plan.from_shardings(self.tables, self.shardings, self.n)
+        return Plan(self.tables, self.shardings, self.topology)
 
     # -- a candidate: new shardings for some table positions -------------------------------------
     def table_memory(self, pos: int, s: Sharding) -> dict[int, float]:
@@ -185,7 +193,7 @@ class State:
                 added[d] = added.get(d, 0.0) + m
         self.last_built = len(added)
         for d, m in added.items():
-            if self.mem[d] - removed.get(d, 0.0) + m > self.cap + 1e-12:
+            if self.mem[d] - removed.get(d, 0.0) + m > self.limit:
                 return None
         new_on: dict[int, list[TableConfig]] = {}
         for pos, s in change.items():

@@ -28,28 +28,28 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from shardcore.baselines import Sharder
-from shardcore.argtypes import name_list, nonnegative_float, nonnegative_int, positive_float, positive_int
-from shardcore.config import Config, param
 from shardcore.oracles.cache import measurement_store
 from shardcore.oracles.commmodel import CommModel
 from shardcore import io
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import COLUMN_WISE, DATA_PARALLEL, GRID, ROW_WISE, TABLE_WISE, Plan
+from shardcore.planning import DEFAULT_BATCH_SIZE, DEVICES, HELDOUT, PlanningContext, parse_landscape
 from shardcore.tables import TableConfig
+from shardcore.topology import Topology
 
-from .costmodel import EMULATED, MEASURED, CostModel, emulated_model
+from .config import CONFIG, MEASURED_REFINE, ShardkitConfig  # noqa: F401  (MEASURED_REFINE: re-exported)
+from .costmodel import EMULATED, CostModel, emulated_model
 from .refine import refine
 from .search import ALL_TYPES, LocalSearch, SearchStats, State, WorkBudget, kick, recreate
 from .starts import PlannerStart, PlanningTask, make_start
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CPU_MODEL = ROOT / "models" / "shardkit" / "cpu_cost_model.json"
-MEASURED_REFINE = 4         # plan measurements per task where the oracle measures hardware (refine.py)
 HELDOUT_SUBSET = "drop:0/5"    # shardkit's held-out emulator: one fifth of the judge's shards left out
 
 
@@ -69,87 +69,7 @@ KICK_PATIENCE = 40         # the iterated search stops after this many kicks in 
 # recreating half the tables (docs/shardkit.md)
 RECREATE_KICKS = 0.5
 RECREATE_SHARE = 0.3
-DEFAULT_WORK = 60_000      # work units per task (search.WorkBudget): see ShardkitConfig.work
 TYPE_NAMES = {"tw": TABLE_WISE, "cw": COLUMN_WISE, "rw": ROW_WISE, "dp": DATA_PARALLEL, "grid": GRID}
-
-
-@dataclass
-class ShardkitConfig(Config):
-    """shardkit's own settings, stated once: ``eval.py``, ``eval_simulator.py`` and ``plan.py`` get
-    ``--shardkit-<field>`` flags from these fields (through :func:`shardcore.cli.algorithms.add_plugin_args`;
-    ``refine`` only where plans are measured)."""
-
-    work: int = param(DEFAULT_WORK, "shardkit's search budget per task, counted in work: about one unit per candidate "
-                      "move priced, more for moves that change many devices' pieces (default {default}: a few "
-                      "seconds on a 2-core CPU, from 50 tables on 4 devices to 856 on 128); counted, not timed, so "
-                      "the same task gives the same plan on an idle or a busy machine; measured refinement's rounds "
-                      "each get it again",
-                      type=positive_int, metavar="N", cli_default=None)
-    time: float = param(60.0, "an outer wall-clock cap on shardkit's planning per task in seconds (default {default}): "
-                        "its starts are always made; a search cut short by it is recorded (shardkit_stopped: time "
-                        "cap), and only then does the plan depend on the machine's speed", type=positive_float,
-                        metavar="S", cli_default=None)
-    model: str | None = param(None, "shardkit's cost model file (default: models/shardkit/cpu_cost_model.json for the "
-                              "measured oracle, the emulator's own for emulated:h200)", type=str, metavar="JSON")
-    starts: tuple = param(("model_greedy", "hybrid_greedy", "replicate_greedy", "split_greedy", "size_lookup_greedy",
-                           "lookup_greedy", "size_greedy", "dim_greedy"),
-                          "comma-separated plans shardkit starts from: model_greedy, hybrid_greedy (the heaviest "
-                          "tables row-wise over every device, small tables data-parallel, the rest by the model, "
-                          "where those types are allowed), replicate_greedy (small tables data-parallel), "
-                          "split_greedy (the tables too large for one device split by cost: every column count, "
-                          "row-wise, grid), the greedy baselines, torchrec, neuroshard or other --alg names / "
-                          "checkpoints (default model_greedy, hybrid_greedy, replicate_greedy, split_greedy and "
-                          "the four greedy baselines)",
-                          type=name_list, metavar="ALGS",
-                          cli_default=None)
-    types: tuple | None = param(None, "sharding types shardkit's plans may use: tw, cw, rw, dp, grid (table-wise "
-                                "is always allowed; default all five for emulated:h200, grid only where there are "
-                                "hosts; tw,cw,rw for the measured oracle, whose data-parallel all-reduce its exchange "
-                                "model is not fitted on); honoured exactly: a start using another type is skipped, and "
-                                "a task that needs one (a table larger than a device) is refused naming it",
-                                type=name_list, metavar="TYPES")
-    kicks: int | None = param(None, "at most N kicks of the iterated local search that follows the starts' searches "
-                              "(default: as many as the work budget allows, ending after 40 in a row without a gain); "
-                              "0: the starts' local optima only", type=nonnegative_int, metavar="N")
-    robust: bool = param(True, "minimise the cost model's slowest device (a point estimate) instead of the default, "
-                         "which plans for the machine rather than the model: the expected slowest device with each "
-                         "device's compute off by a draw of the model's own cross-validated error (where the model "
-                         "knows it: the emulated landscapes)", flags=("--point-estimate",), action="store_false")
-    refine: int | None = param(None, "up to K plan measurements per task on the oracle (through its cache): the best "
-                               "candidate by the cost model, corrected by every measurement so far, is measured and "
-                               "the search runs again under the corrected model; the fastest measured plan is kept "
-                               "and measured once more, afresh, for the reported cost. Default "
-                               f"{MEASURED_REFINE} on the measured oracle (a fitted CPU model is off by 10-20%% per "
-                               "device, as much as good plans differ), 0 on an emulated one (whose judge shardkit "
-                               "must not query); 0 keeps the cost model's choice. Recorded per task: "
-                               "shardkit_measurements, shardkit_measured_ms, shardkit_model_choice_ms",
-                               type=nonnegative_int, metavar="K", group="measuring")
-    # ^ measuring for a cost model of this machine happens once (then the cache answers)
-    calibrate: float = param(300.0, "on the measured oracle without a fitted cost model "
-                             "(models/shardkit/cpu_cost_model.json, --shardkit-model) and too few measurements in the "
-                             "cache to fit one: seconds shardkit may spend measuring plans and shards of the tables "
-                             "outside the evaluated tasks to fit it (through the cache, so once per machine and "
-                             "dataset; default {default}; 0: never measure, stop with the command that does)",
-                             type=nonnegative_float, metavar="S", cli_default=None, group="measuring")
-
-    def refine_k(self, landscape: str) -> int:
-        """Plan measurements per task on ``landscape``: ``refine``, or where it is None
-        :data:`MEASURED_REFINE` on the measured oracle and 0 on an emulated one."""
-        if self.refine is None:
-            return MEASURED_REFINE if landscape == MEASURED else 0
-        return int(self.refine)
-
-
-CONFIG = ShardkitConfig()      # the defaults; the --alg plugin's flags (shardcore.cli.algorithms.add_plugin_args)
-KWARG_PREFIX = "shardkit_"     # load_sharder's keyword argument for a field: shardkit_<field> (plugin_kwargs' form)
-
-
-def config_from_kwargs(kwargs: dict) -> tuple[ShardkitConfig, dict]:
-    """:data:`CONFIG` with the ``shardkit_<field>`` keyword arguments of ``kwargs`` that are given (not
-    None), and the other keyword arguments."""
-    names = {KWARG_PREFIX + f.name: f.name for f in dataclasses.fields(ShardkitConfig)}
-    given = {names[k]: v for k, v in kwargs.items() if k in names and v is not None}
-    return dataclasses.replace(CONFIG, **given), {k: v for k, v in kwargs.items() if k not in names}
 
 
 @dataclass
@@ -164,9 +84,9 @@ class ShardkitSharder(Sharder):
     starts: tuple = CONFIG.starts
     proposers: tuple | None = None            # the starts as Proposer objects (default: made from ``starts``)
     improver: LocalSearch = field(default_factory=LocalSearch)
-    refine_k: int = 0                         # no oracle of its own: load_sharder gives CONFIG.refine_k(landscape)
+    refine_k: int = 0                         # no oracle of its own: make_sharder gives CONFIG.refine_k(landscape)
     types: tuple = ALL_TYPES                  # sharding types its plans may use (table-wise always)
-    start_kwargs: dict = field(default_factory=dict)
+    planners: Any = None                      # name -> Sharder: builds a start that is another planner
     oracle: Any = None
     emulator_fit: str = "heldout"             # on an emulated landscape: plan each task with a held-out fit
     robust: bool = CONFIG.robust              # minimise the expected slowest device under the model's error
@@ -177,7 +97,7 @@ class ShardkitSharder(Sharder):
     def __post_init__(self):
         self.types = tuple(dict.fromkeys((TABLE_WISE,) + tuple(self.types)))
         if self.proposers is None:
-            self.proposers = tuple(make_start(n, self.start_kwargs) for n in self.starts)
+            self.proposers = tuple(make_start(n, self.planners) for n in self.starts)
 
     def plan_stats(self) -> dict:
         return dict(self.last_info)
@@ -193,7 +113,7 @@ class ShardkitSharder(Sharder):
             self.model = self.model_factory.check(oracle)
 
     def resolve_starts(self) -> None:
-        """Every start that is another planner or a checkpoint, resolved now (by :func:`load_sharder`):
+        """Every start that is another planner or a checkpoint, resolved now (by :func:`make_sharder`):
         a missing checkpoint stops the command before any worker starts. A start whose package is not
         installed (TorchRec) is skipped per task."""
         for p in self.proposers:
@@ -221,11 +141,11 @@ class ShardkitSharder(Sharder):
         and, for an emulated card, its measurements (the held-out refits' data)."""
         model = self.cost_model()
         if model.landscape.startswith("emulated:"):
-            from shardcore.oracles.emulated.emulator import measured_landscapes
+            from shardcore.oracles.emulated.measurements import measured_landscapes
 
             measured_landscapes(model.landscape.split(":", 1)[1])
 
-    def task_model(self, tables: Sequence[TableConfig], ndevices: int | None = None) -> CostModel:
+    def task_model(self, tables: Sequence[TableConfig], topology: Topology | None = None) -> CostModel:
         """The model a task is planned with. Planning for the held-out emulated card
         (``emulator_fit="heldout"``): its compute is the emulator refitted without every measured shard
         that holds one of the task's tables and without one fixed fifth of the rest
@@ -233,13 +153,15 @@ class ShardkitSharder(Sharder):
         with a model that saw the task's tables, nor with the judge itself. Where that leaves too few
         shards to refit (hundreds of measured tables), the shipped fit, said in the model's ``source``.
         Its bias and error on devices holding row-wise blocks or replicas are those measured on other
-        tasks' devices of plans with ``ndevices`` devices where enough were measured, else of all."""
+        tasks' devices of plans with the topology's devices where enough were measured, else of all."""
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model
-        from shardcore.oracles.emulated.emulator import heldout_model, model_error, piece_bias, piece_spread, seen_tables
+        from shardcore.oracles.emulated.measurements import (heldout_model, model_error, piece_bias, piece_spread,
+                                                             seen_tables)
 
         card = model.landscape.split(":", 1)[1]
+        ndevices = topology.ndevices if topology is not None else None
         seen = seen_tables(tables, card) if self.emulator_fit == "heldout" else frozenset()
         bias = piece_bias(seen, card, model.batch_size, ndevices) or None   # measured on other tasks' devices
         spread = (piece_spread(seen, card, model.batch_size, ndevices) or None) if self.robust else None   # and its spread
@@ -270,7 +192,7 @@ class ShardkitSharder(Sharder):
         if model.precision == precision:
             return model
         if model.landscape.startswith("emulated:"):
-            from shardcore.oracles.emulated.emulator import FP32_NOTE
+            from shardcore.oracles.emulated.model import FP32_NOTE
 
             note = f"; {FP32_NOTE}" if precision == "fp32" else ""
             return dataclasses.replace(model, precision=precision, source=model.source + note)
@@ -287,12 +209,12 @@ class ShardkitSharder(Sharder):
         leaves the pool as it is."""
         if model.error is None or len(model.error) == 0 or len(pool) < 2:
             return pool
-        best = State(model, task.tables, pool[0][2].table_shardings(task.tables), task.n, task.cap, task.precision)
+        best = State.of(model, pool[0][2])
         per_draw = best.slowest_per_draw()
         tie = float(per_draw.std(ddof=1) / np.sqrt(len(per_draw))) if len(per_draw) > 1 else 0.0
         level = pool[0][0][0] + tie
         tied = [x for x in pool if x[0][0] <= level]
-        points = [float(model.device_costs(task.tables, plan).max()) for _, _, plan in tied]
+        points = [float(model.device_costs(plan).max()) for _, _, plan in tied]
         k = int(np.argmin(points))
         return [tied[k]] + [x for x in pool if x is not tied[k]]
 
@@ -308,10 +230,10 @@ class ShardkitSharder(Sharder):
             except (InfeasibleError, ImportError) as exc:
                 why[p.name] = io.first_line(exc, 120)
                 continue
-            used = set(plan.sharding_types(task.tables))
+            used = set(plan.sharding_types)
             if not used <= allowed:
                 why[p.name] = f"its plan uses {', '.join(sorted(used - allowed))}, not in --shardkit-types"
-            elif not plan.is_feasible(task.tables, task.cap, task.precision):
+            elif not plan.feasible:
                 why[p.name] = "its plan exceeds the memory cap"
             else:
                 out.append((p.name, plan))
@@ -324,7 +246,7 @@ class ShardkitSharder(Sharder):
         """What a task whose largest table fits on no device needs, in words (empty where it fits)."""
         big = max(range(len(task.tables)), key=lambda i: task.memory(task.tables[i]))
         t = task.tables[big]
-        if task.memory(t) <= task.cap + 1e-12:
+        if task.topology.holds(task.memory(t)):
             return ""
         names = {v: k for k, v in TYPE_NAMES.items()}
         splits = [names[x] for x in (COLUMN_WISE, ROW_WISE, GRID) if x in self.types]
@@ -337,12 +259,11 @@ class ShardkitSharder(Sharder):
         ndevices = topology.ndevices
         tables = list(tables)
         self.load()
-        model = self.for_precision(self.task_model(tables, ndevices), topology.precision)
+        model = self.for_precision(self.task_model(tables, topology), topology.precision)
         task = PlanningTask(tables, topology, model, self.types)
         budget = WorkBudget(self.work, self.time_budget_s)
         starts = self.start_plans(task)
-        states = [(None, name, State(model, tables, plan.table_shardings(tables), ndevices, topology.max_memory_gb,
-                                     topology.precision), plan) for name, plan in starts]
+        states = [(None, name, State.of(model, plan), plan) for name, plan in starts]
         states = sorted(((st.score, name, st, plan) for _, name, st, plan in states), key=lambda x: x[0])
         pool: list[tuple[tuple, str, Plan]] = [(score, name, plan) for score, name, _, plan in states]
         stats = SearchStats(accepted={})
@@ -383,12 +304,12 @@ class ShardkitSharder(Sharder):
         pool = self._ties_to_the_point_estimate(pool, model, task)
         distinct, seen = [], set()
         for score, name, plan in (pool if self.refine_k > 0 else pool[:1]):   # refinement measures distinct ones
-            key = tuple((s.type, s.devices, s.dims) for s in plan.table_shardings(tables))
+            key = tuple((s.type, s.devices, s.dims) for s in plan.shardings)
             if key not in seen:
                 seen.add(key)
                 distinct.append((score, name, plan))
         best_score, best_name, best = distinct[0]
-        point = float(model.device_costs(tables, best).max())
+        point = float(model.device_costs(best).max())
         info = {"shardkit_start": best_name, "shardkit_model_ms": round(point, 4),
                 "shardkit_start_ms": round(states[0][0][0], 4), "shardkit_searched": searched,
                 "shardkit_moves": dict(stats.accepted), "shardkit_rounds": stats.rounds,
@@ -403,8 +324,7 @@ class ShardkitSharder(Sharder):
         if self.refine_k > 0:
             if self.oracle is None:
                 raise ShardError("shardkit: refinement (--shardkit-refine) needs an oracle; plan-only runs have none")
-            res = refine(model, self.oracle, tables, [(name, plan) for _, name, plan in distinct], ndevices,
-                         topology.max_memory_gb, topology.precision, self.refine_k,
+            res = refine(model, self.oracle, [(name, plan) for _, name, plan in distinct], self.refine_k,
                          budget=lambda: WorkBudget(self.work, self.time_budget_s), types=self.types,
                          stats=stats, search=self.improver.improve)
             info.update({"shardkit_measurements": len(res.measured_ms),
@@ -480,7 +400,7 @@ class ModelSource:
         if self.model_path:
             return CostModel.load(self.model_path)
         if self.landscape.startswith("emulated"):
-            return emulated_model(self.data_dir or os.devnull, self.batch_size or 4096, CommModel.of(**self.comm),
+            return emulated_model(self.data_dir or os.devnull, self.batch_size or DEFAULT_BATCH_SIZE, CommModel.of(**self.comm),
                                   card=self.landscape.split(":", 1)[1])
         if DEFAULT_CPU_MODEL.is_file():
             return CostModel.load(DEFAULT_CPU_MODEL)
@@ -508,27 +428,21 @@ def parse_types(names: Sequence[str]) -> tuple[str, ...]:
     return types
 
 
-def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_size=None, comm_bandwidth=None,
-                 comm_latency=None, devices_per_host=None, inter_host_bandwidth=None, inter_host_latency=None,
-                 cache_path=None, exclude_task_files=None, emulator_fit: str | None = None,
-                 seed: int = 0, **kwargs) -> ShardkitSharder:
-    """``--alg shardkit``. ``shardkit_<field>``: a :class:`ShardkitConfig` field (the ``--shardkit-<field>``
-    flags, :func:`shardcore.cli.algorithms.plugin_kwargs`); one not given or None keeps :data:`CONFIG`'s.
-    ``oracle``: the landscape planned for (``measured``: the fitted model of this machine,
-    ``models/shardkit/cpu_cost_model.json`` unless ``shardkit_model`` names one, else fitted on the spot
-    from ``cache_path``'s measurements without the tables of ``exclude_task_files``; ``emulated:h200``:
-    the emulator). ``shardkit_types``: the sharding types its plans may use (default: all five on the
-    emulated landscape; table-, column- and row-wise on the measured one, whose fitted exchange model has
-    not been calibrated on data-parallel collectives). Other keyword arguments go to the start
-    algorithms."""
-    if path is not None:
+def make_sharder(ctx: PlanningContext, config: ShardkitConfig | None = None, checkpoint=None,
+                 planners: Callable[[str], Sharder] | None = None) -> ShardkitSharder:
+    """``--alg shardkit`` for ``ctx``, with ``config`` (the ``--shardkit-*`` flags; None: :data:`CONFIG`).
+    It plans for ``config.oracle``, else the landscape that judges (``ctx.landscape``), else emulated:h200:
+    on ``measured`` the fitted model of this machine (``models/shardkit/cpu_cost_model.json`` unless
+    ``config.model`` names one, else fitted on the spot from the landscape's cache without the tables of
+    the evaluated task files), on ``emulated:h200`` the emulator. ``config.types``: the sharding types its
+    plans may use (default: all five on the emulated landscape; table-, column- and row-wise on the measured
+    one, whose fitted exchange model has not been calibrated on data-parallel collectives). A start that is
+    another planner is built by ``planners`` in the same context."""
+    if checkpoint is not None:
         raise ShardError("--alg shardkit takes no checkpoint (its cost model: --shardkit-model FILE.json)")
-    landscape = (oracle or MEASURED).lower()
-    if landscape not in (MEASURED, EMULATED):
-        raise ShardError(f"shardkit: unknown landscape {oracle!r} (measured or {EMULATED})")
-    cfg, kwargs = config_from_kwargs(kwargs)
-    budget = float(cfg.time)
-    if not budget > 0:
+    cfg = config or CONFIG
+    landscape = parse_landscape(cfg.oracle or ctx.oracle or EMULATED)
+    if not float(cfg.time) > 0:
         raise ShardError(f"--shardkit-time must be positive seconds, got {cfg.time}")
     if not int(cfg.work) > 0:
         raise ShardError(f"--shardkit-work must be a positive number of work units, got {cfg.work}")
@@ -542,36 +456,25 @@ def load_sharder(path=None, *, oracle: str | None = None, data_dir=None, batch_s
         types = parse_types(cfg.types)
     else:
         types = ALL_TYPES if landscape.startswith("emulated") else MEASURED_TYPES
-    start_kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    # a start that is another planner plans for the same landscape as eval.py would have it (TorchRec:
-    # configured for the judged hardware, not for its defaults)
-    comm = {k: v for k, v in (("comm_bandwidth", comm_bandwidth), ("comm_latency", comm_latency),
-                              ("devices_per_host", devices_per_host), ("inter_host_bandwidth", inter_host_bandwidth),
-                              ("inter_host_latency", inter_host_latency)) if v is not None}
-    start_kwargs.update(seed=seed, batch_size=batch_size, oracle=oracle, data_dir=data_dir, emulator_fit=emulator_fit,
-                        **comm)
-    factory = ModelSource(landscape, data_dir, batch_size, cfg.model, comm, cache_path, exclude_task_files,
-                          float(cfg.calibrate))
-    fit = emulator_fit or "heldout"
-    if fit not in ("heldout", "devices", "full"):
-        raise ShardError(f"shardkit: emulator fit must be heldout, devices or full, got {emulator_fit!r}")
+    land = ctx.landscape
+    factory = ModelSource(landscape, land.data_dir, ctx.batch_size, cfg.model, land.comm_kwargs(ctx.topology),
+                          land.cache_path, list(ctx.evaluated_tasks) or None, float(cfg.calibrate))
     # judged by devices (the judge has seen the task's tables among others), shardkit still plans with a model
     # that never saw them: the harder comparison for it, where the learned methods' training oracle saw them
-    fit = "heldout" if fit == "devices" else fit
-    sharder = ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=budget, work=int(cfg.work),
-                              starts=starts,
-                              refine_k=refine_k, types=types, start_kwargs=start_kwargs, emulator_fit=fit,
-                              robust=bool(cfg.robust), seed=int(seed),
+    fit = HELDOUT if land.fit == DEVICES else land.fit
+    sharder = ShardkitSharder(name="shardkit", model_factory=factory, time_budget_s=float(cfg.time),
+                              work=int(cfg.work), starts=starts, refine_k=refine_k, types=types, planners=planners,
+                              emulator_fit=fit, robust=bool(cfg.robust), seed=int(ctx.seed),
                               max_kicks=None if cfg.kicks is None else int(cfg.kicks))
     sharder.resolve_starts()
     return sharder
 
 
-def load_sharder_tw(path=None, **kwargs) -> ShardkitSharder:
+def make_sharder_tw(ctx: PlanningContext, config: ShardkitConfig | None = None, checkpoint=None,
+                    planners: Callable[[str], Sharder] | None = None) -> ShardkitSharder:
     """``--alg shardkit-tw``: shardkit's search restricted to table-wise placement, the reference a
     table-wise method (DreamShard, AutoShard, NeuroShard's placement) is measured against (its
     "table-wise optimum found by search"). Takes every ``--shardkit-*`` flag except the types."""
-    kwargs[KWARG_PREFIX + "types"] = ("tw",)
-    sharder = load_sharder(path, **kwargs)
+    sharder = make_sharder(ctx, dataclasses.replace(config or CONFIG, types=("tw",)), checkpoint, planners)
     sharder.name = "shardkit-tw"
     return sharder

@@ -13,7 +13,7 @@ returns a plan or raises :class:`~shardcore.errors.InfeasibleError`).
   prices lowest kept -- the split is chosen by cost, not by fallback;
 * :class:`BaselineStart` -- a greedy baseline (:data:`shardcore.baselines.GREEDY_KEYS`);
 * :class:`PlannerStart` -- another planner (``torchrec``, ``neuroshard``, a checkpoint), resolved
-  through :func:`shardcore.cli.algorithms.resolve`.
+  through the registry (:func:`shardcore.cli.algorithms.build`).
 
 Every start is deterministic and bounded in work (no clock), so the same task gives the same starts
 on any machine. :data:`OWN_STARTS` maps the names ``--shardkit-starts`` takes to these classes.
@@ -21,18 +21,20 @@ on any machine. :data:`OWN_STARTS` maps the names ``--shardkit-starts`` takes to
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from shardcore.baselines import GREEDY_KEYS, greedy_plan
-from shardcore.errors import InfeasibleError
+from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import (COLUMN_WISE, DATA_PARALLEL, GRID, ROW_WISE, Plan, Sharding, column_wise,
                             data_parallel, grid, pieces_of, row_wise, table_wise)
 from shardcore.tables import TableConfig
-from shardcore.types import Topology
+from shardcore.topology import MEMORY_TOLERANCE_GB as MEM_EPS
+from shardcore.topology import Topology
 
 from .costmodel import CostModel
 from .moves import block_widths, split_counts
@@ -43,7 +45,6 @@ SPREAD_COUNTS = (0, 1, 2, 3, 4, 6, 8)   # hybrid_greedy: how many of the heavies
 # device): at 100k tables one variant is that large, and a budget counted in pieces keeps the start's
 # work, and so its plan, the same on every machine
 HYBRID_PIECES = 200_000
-MEM_EPS = 1e-12
 # split_greedy's variants together hold at most this many device pieces (a replica or a split table is a
 # piece on many devices): a deterministic bound on its work (a task of 26 tables on 8 devices tries every
 # variant, one of 856 tables on 128 devices a few)
@@ -85,13 +86,14 @@ class Proposer(Protocol):
 
 
 # -- the table-wise greedy of the model -------------------------------------------------------------
-def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                 precision: str, alone: Sequence[float] | None = None) -> Plan:
+def model_greedy(model: CostModel, tables: Sequence[TableConfig], topology: Topology,
+                 alone: Sequence[float] | None = None) -> Plan:
     """Tables by standalone modelled cost (``alone``, computed when not given), largest first, each on
     the device with the lowest load (summed standalone costs) among those with room; table-wise."""
     if alone is None:
         alone = model.shard_compute([[t] for t in tables])
     order = sorted(range(len(tables)), key=lambda i: (-alone[i], -tables[i].size, i))
+    ndevices, precision = topology.ndevices, topology.precision
     load = [0.0] * ndevices
     mem = [0.0] * ndevices
     alloc = [0] * len(tables)
@@ -99,7 +101,7 @@ def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int,
     for i in order:
         need = tables[i].memory_gb(precision)
         full = []
-        while heap and mem[heap[0][1]] + need > max_memory_gb + MEM_EPS:
+        while heap and not topology.holds(mem[heap[0][1]] + need):
             full.append(heapq.heappop(heap))
         if not heap:
             raise InfeasibleError(f"infeasible: table {tables[i].index} (task position {i}) fits on no device")
@@ -110,18 +112,18 @@ def model_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int,
         heapq.heappush(heap, (load[d], d))
         for entry in full:
             heapq.heappush(heap, entry)
-    return Plan.from_shardings(tables, [table_wise(d) for d in alloc], ndevices)
+    return Plan.table_wise(tables, alloc, topology)
 
 
 class ModelGreedy:
     name = "model_greedy"
 
     def propose(self, task: PlanningTask) -> Plan:
-        return model_greedy(task.model, task.tables, task.n, task.cap, task.precision)
+        return model_greedy(task.model, task.tables, task.topology)
 
 
-def hybrid_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                  precision: str, spread: Sequence[int] = SPREAD_COUNTS, replicate: bool = True,
+def hybrid_greedy(model: CostModel, tables: Sequence[TableConfig], topology: Topology,
+                  spread: Sequence[int] = SPREAD_COUNTS, replicate: bool = True,
                   max_pieces: int = HYBRID_PIECES) -> Plan:
     """The shape of TorchRec's plans on an H200, chosen by the model: a share of the small tables (of
     at most :data:`REPLICATE_MAX_GB`, fewest rows per lookup first: none, one eighth, ... all)
@@ -132,6 +134,7 @@ def hybrid_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int
     leaves the all-to-all for an all-reduce of its small weights. Variants are made cheapest first
     while their device pieces add up to at most ``max_pieces`` (a replica is a piece on every device)."""
     alone = [float(v) for v in model.shard_compute([[t] for t in tables])]
+    ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
     # replicas first where they cost least for what they spread: rows (the all-reduce) per lookup
     small = sorted((i for i, t in enumerate(tables) if t.memory_gb(precision) <= REPLICATE_MAX_GB),
                    key=lambda i: (tables[i].row / max(tables[i].pooling_factor, 0.01), i))
@@ -151,21 +154,22 @@ def hybrid_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int
             rest = [i for i in range(len(tables)) if i not in rep and i not in heavy]
             fixed_gb = (sum(tables[i].memory_gb(precision) for i in rep)
                         + sum(tables[i].memory_gb(precision) for i in heavy) / ndevices)
-            if not rest or fixed_gb > max_memory_gb:
+            if not rest or fixed_gb >= max_memory_gb:   # a cap left of 0 holds no table
                 continue
-            try:
-                part = model_greedy(model, [tables[i] for i in rest], ndevices, max_memory_gb - fixed_gb,
-                                    precision, [alone[i] for i in rest])
+            try:   # the rest by the model, in what the fixed tables leave of each device
+                part = model_greedy(model, [tables[i] for i in rest],
+                                    dataclasses.replace(topology, max_memory_gb=max_memory_gb - fixed_gb),
+                                    [alone[i] for i in rest])
             except InfeasibleError:
                 continue
             shardings = [data_parallel(ndevices) if i in rep else row_wise(range(ndevices))
                          for i in range(len(tables))]
-            for i, sh in zip(rest, part.table_shardings([tables[i] for i in rest])):
+            for i, sh in zip(rest, part.shardings):
                 shardings[i] = sh
-            plan = Plan.from_shardings(tables, shardings, ndevices)
-            if not plan.is_feasible(tables, max_memory_gb, precision):   # row blocks round up
+            plan = Plan(tables, shardings, topology)
+            if not plan.feasible:   # row blocks round up
                 continue
-            cost = float(model.device_costs(tables, plan).max())
+            cost = float(model.device_costs(plan).max())
             if best is None or cost < best[0]:
                 best = (cost, plan)
     if best is None:
@@ -179,17 +183,15 @@ class HybridGreedy:
     def propose(self, task: PlanningTask) -> Plan:
         if ROW_WISE not in task.types or task.n < 2:
             raise InfeasibleError("hybrid_greedy needs row-wise tables and two devices")
-        return hybrid_greedy(task.model, task.tables, task.n, task.cap, task.precision,
-                             replicate=DATA_PARALLEL in task.types)
+        return hybrid_greedy(task.model, task.tables, task.topology, replicate=DATA_PARALLEL in task.types)
 
 
-def replicate_greedy(model: CostModel, tables: Sequence[TableConfig], ndevices: int, max_memory_gb: float,
-                     precision: str) -> Plan:
+def replicate_greedy(model: CostModel, tables: Sequence[TableConfig], topology: Topology) -> Plan:
     """:func:`hybrid_greedy` without row-wise tables: a share of the small tables (at least one eighth,
     fewest rows per lookup first) data-parallel, the rest by :func:`model_greedy`."""
-    if not any(t.memory_gb(precision) <= REPLICATE_MAX_GB for t in tables):
+    if not any(t.memory_gb(topology.precision) <= REPLICATE_MAX_GB for t in tables):
         raise InfeasibleError("infeasible: no small table to replicate")
-    return hybrid_greedy(model, tables, ndevices, max_memory_gb, precision, spread=(0,))
+    return hybrid_greedy(model, tables, topology, spread=(0,))
 
 
 class ReplicateGreedy:
@@ -198,7 +200,7 @@ class ReplicateGreedy:
     def propose(self, task: PlanningTask) -> Plan:
         if DATA_PARALLEL not in task.types or task.n < 2:
             raise InfeasibleError("replicate_greedy needs data-parallel tables and two devices")
-        return replicate_greedy(task.model, task.tables, task.n, task.cap, task.precision)
+        return replicate_greedy(task.model, task.tables, task.topology)
 
 
 # -- splits chosen by cost ----------------------------------------------------------------------------
@@ -281,8 +283,8 @@ def place(task: PlanningTask, fixed: dict[int, Sharding], blocks: dict[int, list
                     shardings.append(column_wise([(where[(pos, j)], w) for j, w in enumerate(blocks[pos])]))
                 else:
                     shardings.append(table_wise(where[(pos, 0)]))
-            plan = Plan.from_shardings(tables, shardings, n)
-            if plan.is_feasible(tables, task.cap, task.precision):
+            plan = Plan(tables, shardings, task.topology)
+            if plan.feasible:
                 return plan
     return None
 
@@ -376,7 +378,7 @@ class SplitGreedy:
                     if plan is None:
                         why = "no split leaves room for every table"
                         continue
-                    cost = float(task.model.device_costs(task.tables, plan).max())
+                    cost = float(task.model.device_costs(plan).max())
                     if best is None or cost < best[0]:
                         best = (cost, plan)
         if best is None:
@@ -394,23 +396,24 @@ class BaselineStart:
     name: str
 
     def propose(self, task: PlanningTask) -> Plan:
-        return greedy_plan(task.tables, task.n, task.cap, GREEDY_KEYS[self.name], task.precision)
+        return greedy_plan(task.tables, task.topology, GREEDY_KEYS[self.name])
 
 
 @dataclass
 class PlannerStart:
-    """Another planner's plan (any ``--alg`` name or checkpoint), planned for the same hardware: the
-    ``resolve`` keyword arguments carry the landscape shardkit plans for."""
+    """Another planner's plan (any ``--alg`` name or checkpoint), built by ``planners`` (the registry's
+    :func:`shardcore.cli.algorithms.build` in shardkit's own planning context: the same topology, batch
+    and landscape, that planner's own settings)."""
 
     name: str
-    kwargs: dict = field(default_factory=dict)
+    planners: Callable[[str], Any] | None = None
     _sharder: Any = field(default=None, repr=False)
 
     def sharder(self):
         if self._sharder is None:
-            from shardcore.cli import algorithms
-
-            self._sharder = algorithms.resolve(self.name, **self.kwargs)
+            if self.planners is None:
+                raise ShardError(f"shardkit's start {self.name!r} is another planner, and nothing builds one here")
+            self._sharder = self.planners(self.name)
         return self._sharder
 
     def propose(self, task: PlanningTask) -> Plan:
@@ -421,11 +424,11 @@ OWN_STARTS = {"model_greedy": ModelGreedy, "hybrid_greedy": HybridGreedy, "repli
               "split_greedy": SplitGreedy}
 
 
-def make_start(name: str, kwargs: dict | None = None) -> Proposer:
+def make_start(name: str, planners: Callable[[str], Any] | None = None) -> Proposer:
     """The start ``--shardkit-starts`` names: one of :data:`OWN_STARTS`, a greedy baseline, or another
-    planner (resolved on first use)."""
+    planner (built by ``planners`` on first use)."""
     if name in OWN_STARTS:
         return OWN_STARTS[name]()
     if name in GREEDY_KEYS:
         return BaselineStart(name)
-    return PlannerStart(name, dict(kwargs or {}))
+    return PlannerStart(name, planners)

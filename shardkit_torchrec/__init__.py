@@ -7,7 +7,10 @@
   sharding options with the emulated H200 and the exchange model, for TorchRec's own planner;
 * :mod:`~shardkit_torchrec.stats`: a TorchRec model's tables as shardkit's ``TableConfig`` s;
 * :mod:`~shardkit_torchrec.sharder`: ``--alg torchrec-emu`` (TorchRec's planner with that estimator),
-  declared in ``shardkit_methods.PLANNER_PLUGINS``.
+  declared in ``shardkit_methods.PLANNERS``;
+* :mod:`~shardkit_torchrec.torchrec_planner`: TorchRec's own planner as ``--alg torchrec`` and
+  ``torchrec-tw``; :mod:`~shardkit_torchrec.torchrec_memory`: TorchRec's storage estimate beside the
+  memory account.
 
 This package may import :mod:`shardcore` and :mod:`shardkit_planner`; the core never imports it. The
 classes are loaded on first use, so importing the package (as ``eval.py`` does for its plugin flags)

@@ -69,7 +69,7 @@ other pricing output does.
 
 **Ties.** Equally priced options (the emulator prices the ``fused`` and ``dense`` kernels of a type
 alike, a one-block column-wise option like the table-wise one on its rank) are ordered by
-:func:`shardcore.interop.torchrec_planner.tie_break_ms`, a femtosecond per step of a fixed order of types
+:func:`shardkit_torchrec.torchrec_planner.tie_break_ms`, a femtosecond per step of a fixed order of types
 and kernels (``fused`` first), added to ``fwd_compute``: TorchRec enumerates options in the order of a
 Python ``set`` of their names and keeps the first of equals, so without it the plan followed the process's
 string hash seed (one DLRM-50 task at 3.360 or 4.043 ms by ``PYTHONHASHSEED``).
@@ -93,10 +93,11 @@ from torchrec.distributed.planner.constants import HBM_TO_DDR_MEM_BW, UVM_CACHIN
 from torchrec.distributed.planner.types import ParameterConstraints, Perf, ShardEstimator, ShardingOption, Topology
 
 from shardcore.errors import ShardError
-from shardcore.interop.torchrec_planner import TIE_BREAK_MS, TYPE_ORDER, kernel_order  # noqa: F401 - the tie-break's order, here too
-from shardcore.interop.torchrec_planner import tie_break_ms as _tie_break
+from shardkit_torchrec.torchrec_planner import TIE_BREAK_MS, TYPE_ORDER, kernel_order  # noqa: F401 - the tie-break's order, here too
+from shardkit_torchrec.torchrec_planner import tie_break_ms as _tie_break
 from shardcore.oracles.commmodel import ID_ELEMENT_SIZE, CommModel, allreduce_bytes, id_width, pooled_width
-from shardcore.oracles.emulated.emulator import BIN_REPS, load_gpu_model
+from shardcore.oracles.emulated.measurements import load_gpu_model
+from shardcore.oracles.emulated.model import BIN_REPS
 from shardcore.plan import DATA_PARALLEL, ROW_WISE, ShardPiece
 from shardcore.tables import GB, TableConfig, bytes_per_element
 from shardcore.types import OUTPUT_ELEMENT_SIZE
@@ -118,7 +119,7 @@ UVM_LINK_EFFICIENCY = 0.1
 
 
 def tie_break_ms(option: ShardingOption) -> float:
-    """The option's tie-break (module notes, "Ties"; :func:`shardcore.interop.torchrec_planner.tie_break_ms`)."""
+    """The option's tie-break (module notes, "Ties"; :func:`shardkit_torchrec.torchrec_planner.tie_break_ms`)."""
     return _tie_break(option.sharding_type, option.compute_kernel)
 
 
@@ -165,7 +166,7 @@ def precision_note(model, precision: str) -> str | None:
     where it did): fp32 from the fp16 measurements by the bytes it moves, as every other pricing output says."""
     if precision == "fp16":
         return None
-    from shardcore.oracles.emulated.emulator import FP32_NOTE
+    from shardcore.oracles.emulated.model import FP32_NOTE
 
     return FP32_NOTE
 

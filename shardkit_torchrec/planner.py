@@ -76,7 +76,7 @@ from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import ROW_WISE, Plan, ShardPiece, Sharding
 from shardcore.interop.memory import EXACT_SGD, DeviceMemory, device_memory, optimizer_name, overflow
 from shardcore.interop.plan_export import DEVICE_TYPES, sharding_plan_from_json, torchrec_plan_json, torchrec_problem
-from shardcore.interop.torchrec_memory import TORCHREC_DEFAULT_RESERVE
+from shardkit_torchrec.torchrec_memory import TORCHREC_DEFAULT_RESERVE
 from shardcore.tables import GB
 from shardcore.types import Topology as ShardTopology
 from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
@@ -274,6 +274,17 @@ class ShardkitPlanner(ShardingPlanner):
             raise ShardError("ShardkitPlanner: the constraints leave no table-wise sharding, which shardkit's starts need")
         return tuple(t for t in ALL_TYPES if t in allowed)
 
+    def _planners(self, precision: str):
+        """How a start that is another planner (``starts``: a name of the registry) is built: in a context of
+        this planner's ranks, cap and global batch, with that planner's default settings."""
+        def build(name: str):
+            from shardcore.cli import algorithms
+            from shardcore.planning import PlanningContext
+
+            return algorithms.build(name, PlanningContext(ShardTopology(self.world, self.cap_gb(), precision),
+                                                          self.global_batch))
+        return build
+
     def plan_json(self, module: nn.Module, sharders: Sequence[ModuleSharder]) -> list[dict]:
         """The plan in :func:`shardcore.interop.plan_export.torchrec_plan_json` form, one dict per collection."""
         if not isinstance(module, nn.Module):
@@ -290,9 +301,9 @@ class ShardkitPlanner(ShardingPlanner):
         model.precision = precision
         sharder = ShardkitSharder(name="shardkit", model=model, time_budget_s=self.time_budget_s,
                                   starts=self.starts, types=self._types_allowed(stats),
-                                  start_kwargs={"batch_size": self.global_batch})
+                                  planners=self._planners(precision))
         plan, memory, weights_cap = self._plan_within_memory(sharder, tables, precision)
-        shardings = plan.table_shardings(tables)
+        shardings = plan.shardings
         for s, sh in zip(stats, shardings):
             problem = expressible_problem(sh, self.world)
             if problem:
@@ -307,8 +318,8 @@ class ShardkitPlanner(ShardingPlanner):
         for path in dict.fromkeys(s.path for s in stats):
             idx = [i for i, s in enumerate(stats) if s.path == path]
             sub = [tables[i] for i in idx]
-            sub_plan = Plan.from_shardings(sub, [shardings[i] for i in idx], self.world)
-            out.append(torchrec_plan_json(sub, sub_plan, [stats[i].name for i in idx], precision, module_path=path))
+            sub_plan = Plan(sub, [shardings[i] for i in idx], plan.topology)
+            out.append(torchrec_plan_json(sub_plan, [stats[i].name for i in idx], module_path=path))
         return out
 
     def _plan_within_memory(self, sharder, tables, precision: str) -> tuple[Plan, list[DeviceMemory], float]:
@@ -327,7 +338,7 @@ class ShardkitPlanner(ShardingPlanner):
                 if not attempt:
                     raise
                 break        # a lower weights cap left no plan: say why below
-            memory = device_memory(tables, plan, precision, self.optimizer, self.global_batch)
+            memory = device_memory(plan, self.optimizer, self.global_batch)
             over = overflow(memory, available)
             if not over:
                 return plan, memory, cap

@@ -11,6 +11,7 @@ import torch
 
 from shardcore.dataset import save_dataset
 from shardcore.tables import TableConfig
+from shardcore.topology import Topology
 
 
 def make_dataset(path, num_tables=40, batch_size=32, seed=0, dims=(4, 8, 16, 32)):
@@ -72,7 +73,7 @@ def require_torchrec() -> None:
     except Exception as exc:  # noqa: BLE001 - a broken install (e.g. a mismatched fbgemm) is not an ImportError
         reason = f"TorchRec cannot be imported ({type(exc).__name__}: {exc})"
         if os.environ.get("SHARDKIT_REQUIRE_TORCHREC") == "1":
-            from shardcore.interop.torchrec_planner import INSTALL_HINT
+            from shardcore.interop.torchrec_lib import INSTALL_HINT
 
             pytest.fail(f"{reason}, and SHARDKIT_REQUIRE_TORCHREC=1 (make test) requires it. {INSTALL_HINT}",
                         pytrace=False)
@@ -244,8 +245,36 @@ def fake_trainer(tmp_path, measure, name):
     tables = [TableConfig(i, 1000 * (i + 1), 8 if i % 2 else 16, float(i % 5 + 1)) for i in range(12)]
     tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 6, 2)]
     cfg = AutoShardConfig(unroll_length=6, batch_size=2, replay_ratio=0, cost_steps_per_update=1)
-    return AutoShardTrainer(cfg, tables, tasks, 2, 5.0, FnOracle(measure), tmp_path / name, log=lambda *_: None)
+    return AutoShardTrainer(cfg, tables, tasks, Topology(2, 5.0), FnOracle(measure), tmp_path / name, log=lambda *_: None)
 
 
 def additive_costs(shards):
     return [[sum(t.dim * t.pooling_factor for t in s) / 100.0, 0.1, 0.1, 0.05] for s in shards]
+
+
+def planning_ctx(ndevices: int = 4, cap: float = 5.0, precision: str = "fp16", oracle: str | None = "emulated:h200",
+                 batch_size: int | None = None, data_dir=None, devices_per_host: int = 0, seed: int = 0, **landscape):
+    """A :class:`~shardcore.planning.PlanningContext` for a test: the topology, batch and landscape."""
+    from shardcore.planning import Landscape, PlanningContext
+    from shardcore.topology import Topology
+
+    return PlanningContext(Topology(ndevices, cap, precision, devices_per_host=devices_per_host), batch_size,
+                           Landscape(oracle, data_dir=None if data_dir is None else str(data_dir), **landscape), seed)
+
+
+def build_planner(name: str, ctx=None, **settings):
+    """The registry's planner ``name`` for ``ctx`` (default :func:`planning_ctx`), its own settings (its config's
+    fields) replaced by ``settings``."""
+    import dataclasses
+
+    from shardcore.cli import algorithms
+
+    configs = None
+    if settings:
+        table = algorithms.planners()
+        owner = table[name].settings_of if name in table else algorithms.lookup(name)[0].settings_of
+        configs = {owner: dataclasses.replace(algorithms.config_class(owner)(), **settings)}
+    return algorithms.build(name, ctx if ctx is not None else planning_ctx(), configs)
+
+
+BIG_CAP = 1e6   # GiB per device: a topology whose cap binds nothing (tests of what a plan holds, not of memory)

@@ -21,6 +21,7 @@ from shardcore.oracles.measured.driver import PlanEvaluator
 from shardcore.tasks import Task, save_tasks
 
 from helpers import make_dataset
+from shardcore.topology import Topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -122,7 +123,7 @@ def test_actors_stop_cleanly_in_process(tiny):
     tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)]
     cfg = AutoShardConfig(unroll_length=10, batch_size=2, replay_ratio=1)
     with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1, comm_iters=3), d / "c2.sqlite") as ev:
-        trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, ev, d / "inproc", log=lambda *_: None)
+        trainer = AutoShardTrainer(cfg, ds.tables, tasks, Topology(2, 5.0), ev, d / "inproc", log=lambda *_: None)
         summary = trainer.run(40, num_actors=2)
         workers = ev.oracle.worker_pids
     assert summary["steps"] == 40 and not summary["interrupted"] and summary["plans_measured"] >= 1
@@ -197,7 +198,7 @@ def test_speedup_reward_bounded_queue_and_policy_checks_in_process(tiny):
     tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)]
     cfg = AutoShardConfig(unroll_length=10, batch_size=2, replay_ratio=1, reward="speedup", eval_interval=40)
     with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1, comm_iters=3), d / "c3.sqlite") as ev:
-        trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, ev, d / "speedup", log=lambda *_: None)
+        trainer = AutoShardTrainer(cfg, ds.tables, tasks, Topology(2, 5.0), ev, d / "speedup", log=lambda *_: None)
         summary = trainer.run(100, num_actors=2)
         refs = trainer.reference_costs()
     assert summary["steps"] == 100 and len(refs) == 4 and all(r > 0 for r in refs)
@@ -234,7 +235,7 @@ def test_time_limit_between_checks_still_checks_the_last_weights(tiny):
     tasks = [Task(tuple(range(k, k + 6))) for k in range(0, 12, 3)]
     cfg = AutoShardConfig(unroll_length=10, batch_size=2, replay_ratio=1, eval_interval=10 ** 6)
     with CachedOracle(PlanEvaluator(d / "ds", ndevices=2, bench_iters=2, warmup_iters=1, comm_iters=3), d / "c4.sqlite") as ev:
-        trainer = AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, ev, d / "timed", log=lambda *_: None)
+        trainer = AutoShardTrainer(cfg, ds.tables, tasks, Topology(2, 5.0), ev, d / "timed", log=lambda *_: None)
         summary = trainer.run(10 ** 6, num_actors=2, time_limit_s=3.0)
     assert trainer.timed_out and 20 < summary["steps"] < 10 ** 6
     checks = list(csv.DictReader(open(d / "timed" / "policy_eval.csv")))

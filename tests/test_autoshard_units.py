@@ -12,12 +12,12 @@ from autoshard.env import ShardingEnv, balance, final_reward, stack_obs
 from autoshard.networks import NUM_ACTION_FEATURES, AutoShardNet, CostModel
 from autoshard.sharder import AutoShardModel, load_sharder
 from autoshard.vtrace import from_importance_weights, from_logits
-from shardcore.cli import algorithms
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.tables import TableConfig
+from shardcore.data.features import FeatureScaler
 from shardcore.types import Topology
 
-from helpers import FnOracle
+from helpers import FnOracle, build_planner
 
 
 def gb_rows(gb, dim=64):
@@ -67,7 +67,7 @@ def test_vtrace_from_logits_uses_the_taken_actions():
 def make_env(ts, ndevices=3, cap=5.0, with_model=True):
     cfg = AutoShardConfig(length_cv_feature=False)   # the tables here carry no bag-length CV
     torch.manual_seed(0)
-    return ShardingEnv(FeatureScaler.fit(ts), CostModel(cfg) if with_model else None, ndevices, cap)
+    return ShardingEnv(FeatureScaler.fit(ts), CostModel(cfg) if with_model else None, Topology(ndevices, cap))
 
 
 def test_observation_shapes_and_fraction_placed():
@@ -199,11 +199,11 @@ def test_checkpoint_round_trip_and_resolve(tmp_path, cv):
     assert back.cfg.length_cv_feature == cv and back.scaler.num_features == 21 + cv
     for a, b in zip(model.net.state_dict().values(), back.net.state_dict().values()):
         assert torch.equal(a, b)
-    assert model.place(ts, 3, 5.0) == back.place(ts, 3, 5.0)
-    sharder = algorithms.resolve(str(path))
+    assert model.place(ts, Topology(3, 5.0)) == back.place(ts, Topology(3, 5.0))
+    sharder = build_planner(str(path))
     plan = sharder.shard(ts, Topology(4, 5.0))
     assert plan.ndevices == 4 and len(plan.allocation) == 12
-    assert load_sharder(None, checkpoint=str(path)).shard(ts, Topology(4, 5.0)) == plan
+    assert build_planner("autoshard", checkpoint=str(path)).shard(ts, Topology(4, 5.0)) == plan
 
 
 def test_inference_reports_infeasible_tasks(tmp_path):
@@ -216,7 +216,7 @@ def test_inference_reports_infeasible_tasks(tmp_path):
 
 def test_bad_checkpoints_give_clear_errors(tmp_path):
     with pytest.raises(ShardError, match="not found"):
-        load_sharder(None, checkpoint=str(tmp_path / "missing.pt"))
+        build_planner("autoshard", checkpoint=str(tmp_path / "missing.pt"))
     torch.save({"method": "dreamshard"}, tmp_path / "other.pt")
     with pytest.raises(ShardError, match="not an AutoShard checkpoint"):
         AutoShardModel.load(tmp_path / "other.pt")
@@ -234,7 +234,7 @@ def test_scaled_device_features_and_relative_costs():
     model = CostModel(cfg)
     obs = {}
     for on in (False, True):
-        env = ShardingEnv(FeatureScaler.fit(ts), model, 2, 5.0, scaled_device_features=on, relative_costs=on)
+        env = ShardingEnv(FeatureScaler.fit(ts), model, Topology(2, 5.0), scaled_device_features=on, relative_costs=on)
         env.reset(ts)
         env.step(0)
         env.step(0)
@@ -262,7 +262,7 @@ def test_checkpoints_of_before_the_observation_options_load_without_them(tmp_pat
     torch.save(obj, path)
     back = AutoShardModel.load(path)
     assert not back.cfg.scaled_device_features and not back.cfg.relative_costs
-    env = back.env(3, 5.0)
+    env = back.env(Topology(3, 5.0))
     assert not env.scaled_device_features and not env.relative_costs
 
 
@@ -288,15 +288,15 @@ def test_speedup_reward_is_the_reference_cost_over_the_plan_cost():
 def test_sampled_decoding_keeps_the_plan_the_cost_model_rates_best():
     ts = tables(12)
     model = AutoShardModel.new(AutoShardConfig(seed=1, decode_samples=0), FeatureScaler.fit(ts))
-    greedy, over = model.place(ts, 3, 5.0)
-    assert over == 0 and (greedy, over) == model.place(ts, 3, 5.0, samples=0)
-    allocs, overs = model.rollouts(ts, 3, 5.0, "fp16", samples=8, seed=0)
+    greedy, over = model.place(ts, Topology(3, 5.0))
+    assert over == 0 and (greedy, over) == model.place(ts, Topology(3, 5.0), samples=0)
+    allocs, overs = model.rollouts(ts, Topology(3, 5.0, "fp16"), samples=8, seed=0)
     assert len(allocs) == 9 and allocs[0] == greedy and all(o == 0 for o in overs)
     assert len({tuple(a) for a in allocs}) > 1            # the untrained policy's samples differ
-    best, _ = model.place(ts, 3, 5.0, samples=8)
+    best, _ = model.place(ts, Topology(3, 5.0), samples=8)
     costs = [model.predicted_plan_cost(ts, a, 3) for a in allocs]
     assert best in allocs and model.predicted_plan_cost(ts, best, 3) == pytest.approx(min(costs))
-    assert model.place(ts, 3, 5.0, samples=8) == (best, 0.0)          # reproducible
+    assert model.place(ts, Topology(3, 5.0), samples=8) == (best, 0.0)          # reproducible
     # the predicted plan cost is the slowest device's predicted cost, in ms
     model.cost_scale = 2.0
     alloc = [i % 2 for i in range(12)]            # device 2 stays empty: it costs nothing
@@ -307,13 +307,13 @@ def test_sampled_decoding_keeps_the_plan_the_cost_model_rates_best():
     model.cost_scale = 1.0
     # the config's decode_samples is what a checkpoint decodes with
     model.cfg.decode_samples = 8
-    assert model.place(ts, 3, 5.0) == (best, 0.0)
+    assert model.place(ts, Topology(3, 5.0)) == (best, 0.0)
 
 
 def test_sampled_decoding_prefers_plans_within_the_cap():
     ts = [TableConfig(i, gb_rows(0.3), 64, 1.0 + i) for i in range(6)]
     model = AutoShardModel.new(AutoShardConfig(seed=0, decode_samples=16), FeatureScaler.fit(ts))
-    alloc, over = model.place(ts, 2, 1.0)
+    alloc, over = model.place(ts, Topology(2, 1.0))
     assert over == 0 and sorted(alloc.count(d) for d in range(2)) == [3, 3]
 
 

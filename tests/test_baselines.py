@@ -45,7 +45,7 @@ def test_memory_cap_respected_and_infeasible_reported():
     tables = [T(0, gb, 1, 100.0), T(1, gb, 1, 1.0), T(2, gb, 1, 1.0)]
     for name in BASELINES:
         plan = make_baseline(name).shard(tables, Topology(2, 2.0))
-        assert max(plan.device_memory_gb(tables)) <= 2.0
+        assert max(plan.device_memory_gb()) <= 2.0
     # lookup_greedy would put table 2 beside table 1 (smaller accumulated key), but the cap forbids it.
     small_hot = [T(0, gb // 10, 1, 100.0), T(1, gb, 1, 1.0), T(2, gb, 1, 1.0)]
     assert make_baseline("lookup_greedy").shard(small_hot, Topology(2, 10.0)).allocation == (0, 1, 1)
@@ -77,7 +77,7 @@ def test_unknown_baseline():
 
 def test_greedy_custom_key_matches_named():
     tables = [T(i, 10 * (i + 1), 4 * (i % 3 + 1), float(i % 5)) for i in range(30)]
-    assert greedy_plan(tables, 4, BIG, lookup_key) == make_baseline("lookup_greedy").shard(tables, Topology(4, BIG))
+    assert greedy_plan(tables, Topology(4, BIG), lookup_key) == make_baseline("lookup_greedy").shard(tables, Topology(4, BIG))
 
 
 def test_shard_takes_a_topology():
@@ -90,6 +90,6 @@ def test_shard_takes_a_topology():
     assert {n for n in vars(Sharder) if n.startswith("shard")} == {"shard"}   # the one planner entry point
     tables = [T(i, 1 << 27, 1) for i in range(4)]   # 0.25 GB each in fp16, 0.5 GB in fp32
     for name in BASELINES:
-        assert make_baseline(name).shard(tables, Topology(2, 0.6)).is_feasible(tables, 0.6)
+        assert make_baseline(name).shard(tables, Topology(2, 0.6)).feasible
         with pytest.raises(InfeasibleError):
             make_baseline(name).shard(tables, Topology(2, 0.6, "fp32"))

@@ -15,6 +15,8 @@ from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wis
 from shardcore.tables import TableConfig
 from shardcore.types import Topology
 from shardkit_planner.bound import lower_bound
+from helpers import BIG_CAP
+from helpers import build_planner, planning_ctx
 
 B = 65536
 
@@ -34,25 +36,24 @@ def every_plan(tables, n):
         opts.append(data_parallel(n))
         options.append(opts)
     for combo in itertools.product(*options):
-        yield Plan.from_shardings(tables, list(combo), n)
+        yield Plan(tables, list(combo), Topology(n, BIG_CAP))
 
 
 def test_no_plan_of_a_tiny_space_prices_below_the_bound(tmp_path):
     tables = [TableConfig(0, 3_000_000, 8, 2.0), TableConfig(1, 50_000, 8, 30.0), TableConfig(2, 400, 8, 1.0)]
     n, cap = 2, 1.0
     with judge(tmp_path, tables, n) as ev:
-        costs = [ev.evaluate(p.shard_tables(tables)).cost_ms for p in every_plan(tables, n)
-                 if p.is_feasible(tables, cap)]
+        costs = [ev.evaluate(p.device_pieces).cost_ms for p in every_plan(tables, n)
+                 if p.feasible]
         b = lower_bound(tables, Topology(n, cap), ev.model, ev.comm_model, B)
         assert b.status == "optimal"
         best = min(costs)
         assert b.lower_ms <= best + 1e-9                 # a bound
         assert b.lower_ms >= 0.95 * best                 # and a close one: the relaxed terms are small
-        assert b.plan is not None and ev.evaluate(b.plan.shard_tables(tables)).cost_ms >= b.lower_ms - 1e-9
+        assert b.plan is not None and ev.evaluate(b.plan.device_pieces).cost_ms >= b.lower_ms - 1e-9
 
 
 def test_no_planner_prices_below_the_bound_on_random_tasks(tmp_path):
-    from shardcore.cli import algorithms
 
     rng = np.random.default_rng(11)
     for trial in range(3):
@@ -68,13 +69,13 @@ def test_no_planner_prices_below_the_bound_on_random_tasks(tmp_path):
                                 integral_tables=1)
             assert fluid.lower_ms <= b.lower_ms + 1e-6   # fewer integers: a weaker bound, never a stronger one
             for alg in ("shardkit", "size_lookup_greedy", "lookup_greedy"):
-                sk = algorithms.resolve(alg, oracle="emulated:h200", data_dir=str(sub), batch_size=B,
-                                        emulator_fit="full", shardkit_work=2000)
+                sk = build_planner(alg, planning_ctx(n, cap, data_dir=sub, batch_size=B, fit="full"),
+                                   **({"work": 2000} if alg == "shardkit" else {}))
                 try:
                     plan = sk.shard(tables, Topology(n, cap))
                 except Exception:   # noqa: BLE001 - a greedy baseline may find no plan under a tight cap
                     continue
-                assert ev.evaluate(plan.shard_tables(tables)).cost_ms >= b.lower_ms - 1e-9
+                assert ev.evaluate(plan.device_pieces).cost_ms >= b.lower_ms - 1e-9
 
 
 def test_fp32_and_one_device(tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardcore.types import CacheContext
+from shardcore.types import CacheContext, DeviceCost
 from shardcore.oracles.cache import CostCache, open_cache, shard_key
 from shardcore.oracles.setting import dataset_digest, hardware_fingerprint
 from shardcore.dataset import save_dataset
@@ -52,7 +52,7 @@ def test_a_plan_of_an_older_cost_convention_is_neither_answered_nor_listed(tmp_p
     assert cache.get_plan(CTX, shards) is None and cache.plan_entries(CTX) == []
     assert cache.get_shard(CTX, T[:2]) == (1.0, 2.0)
     cache.put_plan(CTX, shards, [[1, 1, 1, 1], [1, 1, 1, 1]])      # measured afresh: listed again
-    assert cache.get_plan(CTX, shards) == [[1.0] * 4] * 2
+    assert cache.get_plan(CTX, shards) == [DeviceCost(1.0, 1.0, 1.0, 1.0)] * 2
     assert [json.loads(json.dumps(e.device_costs_ms)) for e in cache.plan_entries(CTX)] == [[[1.0] * 4] * 2]
     assert len(cache.plan_entries(CTX, limit=1)) == 1
 
@@ -73,8 +73,8 @@ def test_plan_roundtrip_and_device_order_matters(tmp_path):
     shards = [T[:2], [], T[2:]]
     costs = [[1.0, 2.0, 3.0, 4.0], [0.0, 0.5, 0.5, 0.0], [2.0, 2.0, 2.0, 2.0]]
     cache.put_plan(CTX, shards, costs)
-    assert cache.get_plan(CTX, shards) == costs
-    assert cache.get_plan(CTX, [[T[1], T[0]], [], T[2:]]) == costs   # order within a shard: same plan
+    assert [list(c) for c in cache.get_plan(CTX, shards)] == costs
+    assert [list(c) for c in cache.get_plan(CTX, [[T[1], T[0]], [], T[2:]])] == costs   # order within a shard: same plan
     assert cache.get_plan(CTX, [T[2:], [], T[:2]]) is None             # devices swapped: another plan
     entries = cache.plan_entries(CTX)
     assert len(entries) == 1

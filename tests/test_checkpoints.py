@@ -19,6 +19,7 @@ from shardcore.errors import ShardError
 
 from helpers import (Evil, additive_costs, attack_base, check_one_line_case, compute_csv, fake_trainer, good_rows,
                      make_dataset, one_line_error, run_script, script)
+from shardcore.topology import Topology
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def checkpoint(t, obj, name="ck.pt"):
 def dreamshard_mismatch(base, t):
     from dreamshard.config import DreamShardConfig
     from dreamshard.sharder import DreamShardModel
-    from shardcore.tables import FeatureScaler
+    from shardcore.data.features import FeatureScaler
 
     tables = load_dataset(base / "ds", with_lookups=False).tables
     model = DreamShardModel.new(DreamShardConfig(), FeatureScaler.fit(tables))
@@ -102,7 +103,7 @@ def test_unsafe_pickle_refused_by_every_loader(tmp_path):
 def dreamshard_checkpoint(base, tmp_path, change):
     from dreamshard.config import DreamShardConfig
     from dreamshard.sharder import DreamShardModel
-    from shardcore.tables import FeatureScaler
+    from shardcore.data.features import FeatureScaler
 
     tables = load_dataset(base / "ds", with_lookups=False).tables
     model = DreamShardModel.new(DreamShardConfig(), FeatureScaler.fit(tables))
@@ -235,7 +236,7 @@ def test_checkpoints_and_cost_data_carry_provenance(base, tmp_path):
     from neuroshard.collect import collect_compute
     from shardcore.io import load_checkpoint
     from shardcore.oracles.factory import open_oracle
-    from shardcore.tables import FeatureScaler
+    from shardcore.data.features import FeatureScaler
 
     from shardcore.dataset import load_dataset
 
@@ -315,7 +316,7 @@ def test_autoshard_refusal_keeps_the_old_model(tmp_path, monkeypatch):
     monkeypatch.setattr(at.AutoShardTrainer, "validation_costs", lambda self, lock: next(costs))
     cfg = AutoShardConfig(unroll_length=5, batch_size=1, replay_ratio=0, eval_interval=0, num_actors=1)
     with open_oracle(tmp_path / "ds", 2, oracle="emulated:h200") as oracle:
-        t = at.AutoShardTrainer(cfg, ds.tables, tasks, 2, 5.0, oracle, tmp_path / "out", log=lambda s: None)
+        t = at.AutoShardTrainer(cfg, ds.tables, tasks, Topology(2, 5.0), oracle, tmp_path / "out", log=lambda s: None)
         with pytest.raises(ShardError, match=r"model\.pt: not saved: training did not beat the untrained model.*"
                                              r"model\.pt keeps what it held"):
             t.run(5, num_actors=1)

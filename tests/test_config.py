@@ -27,7 +27,8 @@ from shardcore.cli.common import check_resumed_config, flags_given
 from shardcore.config import Config, add_config_args, config_from_args, flag_fields, param
 from shardcore.errors import ShardError
 from shardcore.layers import mlp
-from shardcore.tables import SCALED_FEATURES, FeatureScaler, Standardiser, TableConfig
+from shardcore.tables import TableConfig
+from shardcore.data.features import SCALED_FEATURES, FeatureScaler, Standardiser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

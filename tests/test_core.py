@@ -7,7 +7,9 @@ import torch
 from shardcore.dataset import load_dataset, load_table_configs
 from shardcore.errors import ShardError
 from shardcore.plan import Plan
-from shardcore.tables import FEATURE_NAMES, NUM_FEATURES, FeatureScaler, TableConfig, raw_features
+from shardcore.tables import TableConfig
+from shardcore.topology import Topology
+from shardcore.data.features import FEATURE_NAMES, NUM_FEATURES, FeatureScaler, raw_features
 from shardcore.tasks import Task, load_tasks, parse_task_line
 
 from helpers import make_dataset
@@ -155,35 +157,38 @@ def test_task_file_errors(tmp_path):
         Task((0, 1), (4,))
 
 
-def test_plan_shards_memory_feasibility():
+def test_plan_pieces_memory_feasibility():
     tables = [TableConfig(i, 1 << 20, 16, 1.0) for i in range(4)]  # 1/32 GB each in fp16
-    plan = Plan((0, 1, 1, 0), 3)
-    assert plan.shards == [[0, 3], [1, 2], []]
-    assert Plan.from_shards(plan.shards) == plan
-    assert plan.device_memory_gb(tables) == pytest.approx([1 / 16, 1 / 16, 0])
-    assert plan.is_feasible(tables, 1 / 16)
-    assert not plan.is_feasible(tables, 1 / 16, precision="fp32")
+    topo = Topology(3, 1 / 16)
+    plan = Plan.table_wise(tables, (0, 1, 1, 0), topo)
+    assert plan.device_positions == [[0, 3], [1, 2], []] and plan.allocation == (0, 1, 1, 0)
+    assert Plan.from_device_tables(tables, plan.device_positions, topo) == plan
+    assert plan.device_memory_gb() == pytest.approx([1 / 16, 1 / 16, 0])
+    assert plan.feasible and not plan.general and plan.splits is None
+    assert not Plan(tables, plan.shardings, Topology(3, 1 / 16, "fp32")).feasible   # fp32 weights: twice the bytes
     with pytest.raises(ShardError):
-        Plan((0, 3), 3)
+        Plan.table_wise(tables[:2], (0, 3), topo)
     with pytest.raises(ShardError):
-        Plan.from_shards([[0, 1], [1]])
+        Plan.from_device_tables(tables, [[0, 1], [1], [2, 3]], topo)
     with pytest.raises(ShardError):
-        plan.device_memory_gb(tables[:3])
+        Plan(tables[:3], plan.shardings, topo)
 
 
-def test_column_split_plan():
+def test_the_compact_form_of_older_records_reads_as_column_blocks():
     tables = [TableConfig(0, 1 << 20, 16, 3.0), TableConfig(1, 100, 8, 1.0)]
-    plan = Plan((0, 1, 1), 2, splits=(2, 1))
-    expanded = plan.expand(tables)
-    assert [(t.index, t.dim, t.row, t.pooling_factor) for t in expanded] == [(0, 8, 1 << 20, 3.0),
-                                                                             (0, 8, 1 << 20, 3.0), (1, 8, 100, 1.0)]
-    # a column split halves each shard's memory and keeps the lookups
-    assert plan.device_memory_gb(tables)[0] == pytest.approx(tables[0].memory_gb() / 2)
-    assert [len(s) for s in plan.shard_tables(tables)] == [1, 2]
+    topo = Topology(2, 5.0)
+    plan = Plan.from_allocation(tables, (0, 1, 1), topo, splits=(2, 1))
+    assert [(t.index, t.dim, t.row, t.pooling_factor) for _, t in plan.pieces] == [
+        (0, 8, 1 << 20, 3.0), (0, 8, 1 << 20, 3.0), (1, 8, 100, 1.0)]
+    assert plan.sharding_types == ["column_wise", "table_wise"] and plan.splits == (2, 1)
+    assert plan.allocation == (0, 1, 1) and not plan.general
+    # a column split halves each block's memory and keeps the lookups
+    assert plan.device_memory_gb()[0] == pytest.approx(tables[0].memory_gb() / 2)
+    assert [len(s) for s in plan.device_pieces] == [1, 2]
     with pytest.raises(ShardError):
-        Plan((0, 1), 2, splits=(2, 1))
+        Plan.from_allocation(tables, (0, 1), topo, splits=(2, 1))
     with pytest.raises(ShardError):
-        Plan((0, 1, 1, 0), 2, splits=(3, 1)).expand(tables)   # 16 is not divisible by 3
+        Plan.from_allocation(tables, (0, 1, 1, 0), topo, splits=(3, 1))   # 16 is not divisible by 3
 
 
 def test_a_device_cost_is_named_in_the_order_of_the_cost_parts():
@@ -193,7 +198,8 @@ def test_a_device_cost_is_named_in_the_order_of_the_cost_parts():
     assert DeviceCost._fields == COST_PARTS
     r = PlanResult([[1.0, 2.0, 3.0, 4.0], [0.5, 0.0, 0.25, 0.5]], hardware="test")
     first, second = r.devices
-    assert first == DeviceCost(fw_comp=1.0, fw_comm=2.0, bw_comm=3.0, bw_comp=4.0) and list(first) == r.device_costs_ms[0]
+    assert first == DeviceCost(fw_comp=1.0, fw_comm=2.0, bw_comm=3.0, bw_comp=4.0) == r.device_costs_ms[0]
+    assert all(isinstance(c, DeviceCost) for c in r.device_costs_ms) and list(first) == [1.0, 2.0, 3.0, 4.0]
     assert (first.compute_ms, first.comm_ms, first.total_ms) == (5.0, 5.0, 10.0)
     assert [d.total_ms for d in r.devices] == r.device_totals_ms and second.total_ms == 1.25
     info = OracleInfo("cpu", startup_s=1.5)

@@ -10,7 +10,8 @@ from dreamshard.config import DreamShardConfig
 from dreamshard.sharder import DreamShardModel, load_sharder
 from dreamshard.trainer import DreamShardTrainer
 from helpers import FnOracle
-from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.tables import TableConfig
+from shardcore.data.features import FeatureScaler
 from shardcore.tasks import Task
 from shardcore.types import Topology
 
@@ -30,24 +31,24 @@ def model():
 
 def test_greedy_decoding_is_the_policys_argmax(model):
     ts = tables(20, seed=1)
-    alloc, pred, infeasible = model.decode(ts, 4, 100.0, samples=0)
-    a, p, i = model.place(ts, 4, 100.0)
+    alloc, pred, infeasible = model.decode(ts, Topology(4, 100.0), samples=0)
+    a, p, i = model.place(ts, Topology(4, 100.0))
     assert alloc == a[0].tolist() and pred == pytest.approx(float(p[0])) and infeasible == bool(i[0])
 
 
 def test_sampled_decoding_keeps_the_best_by_the_cost_network(model):
     ts = tables(30, seed=2)
-    greedy = model.decode(ts, 4, 100.0, samples=0)
-    best = model.decode(ts, 4, 100.0, samples=32, seed=5)
+    greedy = model.decode(ts, Topology(4, 100.0), samples=0)
+    best = model.decode(ts, Topology(4, 100.0), samples=32, seed=5)
     # the greedy plan is a candidate: the kept plan is never predicted worse
     assert best[1] <= greedy[1] + 1e-9
     # the kept plan's prediction is its own, and the minimum over the same 32 samples
-    alloc, pred, inf = model.place(ts, 4, 100.0, sample=True, batch=32, generator=torch.Generator().manual_seed(5))
+    alloc, pred, inf = model.place(ts, Topology(4, 100.0), sample=True, batch=32, generator=torch.Generator().manual_seed(5))
     assert best[1] == pytest.approx(min(greedy[1], float(pred[~inf].min())))
     from shardcore.plan import Plan
-    assert model.predict(ts, Plan(tuple(best[0]), 4))[1] == pytest.approx(best[1], rel=1e-5)
+    assert model.predict(Plan.table_wise(ts, best[0], Topology(4, 100.0)))[1] == pytest.approx(best[1], rel=1e-5)
     # the same seed gives the same plan (eval.py results are reproducible)
-    assert model.decode(ts, 4, 100.0, samples=32, seed=5)[0] == best[0]
+    assert model.decode(ts, Topology(4, 100.0), samples=32, seed=5)[0] == best[0]
 
 
 def test_the_checkpoint_carries_the_decoding_and_old_ones_decode_greedily(model, tmp_path):
@@ -60,14 +61,14 @@ def test_the_checkpoint_carries_the_decoding_and_old_ones_decode_greedily(model,
         model.cfg.decode_samples = 0
     sharder = load_sharder(path)
     assert sharder.model.cfg.decode_samples == 16
-    assert list(sharder.shard(ts, Topology(4, 100.0)).allocation) == model.decode(ts, 4, 100.0, samples=16)[0]
+    assert list(sharder.shard(ts, Topology(4, 100.0)).allocation) == model.decode(ts, Topology(4, 100.0), samples=16)[0]
     # a checkpoint written before decode_samples existed keeps the greedy decoding it was evaluated with
     obj = torch.load(path, weights_only=True)
     del obj["config"]["decode_samples"]
     torch.save(obj, tmp_path / "old.pt")
     old = load_sharder(tmp_path / "old.pt")
     assert old.model.cfg.decode_samples == 0
-    assert list(old.shard(ts, Topology(4, 100.0)).allocation) == model.place(ts, 4, 100.0)[0][0].tolist()
+    assert list(old.shard(ts, Topology(4, 100.0)).allocation) == model.place(ts, Topology(4, 100.0))[0][0].tolist()
 
 
 def test_the_trainer_writes_a_learning_curve_against_lookup_greedy(tmp_path):
@@ -82,7 +83,7 @@ def test_the_trainer_writes_a_learning_curve_against_lookup_greedy(tmp_path):
     cfg = DreamShardConfig(hidden=16, embed=8, head_hidden=8, num_iterations=2, bench_steps=6,
                            bench_training_steps=10, rl_num_batches=2, rl_batch_size=4, decode_samples=4,
                            curve_tasks=2)
-    trainer = DreamShardTrainer(cfg, ts, tasks, 3, 100.0, oracle, tmp_path, log=lambda _: None)
+    trainer = DreamShardTrainer(cfg, ts, tasks, Topology(3, 100.0), oracle, tmp_path, log=lambda _: None)
     trainer.run(2)
     # per iteration: 6 sampled plans measured; the curve: lookup greedy once per task, greedy and decoded plans
     assert oracle.calls == 2 * 6 + 2 + 2 * 2 * 2
@@ -106,7 +107,6 @@ def test_defaults_depend_on_the_oracle(tmp_path):
     assert DreamShardConfig(bench_steps=7, curve_tasks=0).for_oracle(True).bench_steps == 7
     ts = tables(20, seed=5)
     oracle = FnOracle(lambda shards: [[sum(t.dim for t in s) / 100, 0.0, 0.0, 0.0] for s in shards])
-    trainer = DreamShardTrainer(DreamShardConfig(hidden=8, embed=8, head_hidden=8), ts, [Task(tuple(range(10)))], 2,
-                                100.0, oracle, tmp_path, log=lambda _: None)
+    trainer = DreamShardTrainer(DreamShardConfig(hidden=8, embed=8, head_hidden=8), ts, [Task(tuple(range(10)))], Topology(2, 100.0), oracle, tmp_path, log=lambda _: None)
     assert (trainer.cfg.bench_steps, trainer.cfg.curve_tasks) == (10, 5)   # "a test function": not emulated
     assert (trainer.model.cfg.bench_steps, trainer.model.cfg.curve_tasks) == (10, 5)

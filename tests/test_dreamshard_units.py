@@ -4,9 +4,10 @@ import torch
 from dreamshard.config import DreamShardConfig
 from dreamshard.env import EstimatedMDP
 from dreamshard.sharder import DreamShardModel, load_sharder
-from shardcore.cli.algorithms import resolve
+from helpers import build_planner
 from shardcore.errors import InfeasibleError
-from shardcore.tables import FeatureScaler, TableConfig
+from shardcore.tables import TableConfig
+from shardcore.data.features import FeatureScaler
 from shardcore.types import Topology
 
 
@@ -43,7 +44,7 @@ def test_cost_net_shapes(model, T, D):
 def test_policy_places_every_table_on_a_legal_device(model, T, D):
     ts = tables(T, seed=T)
     cap = sum(t.memory_gb() for t in ts) / D * 1.3 + max(t.memory_gb() for t in ts)
-    alloc, cost, infeasible = model.place(ts, D, cap, sample=True, batch=6)
+    alloc, cost, infeasible = model.place(ts, Topology(D, cap), sample=True, batch=6)
     assert alloc.shape == (6, T) and cost.shape == (6,) and not infeasible.any()
     for row in alloc:
         mem = [0.0] * D
@@ -56,7 +57,7 @@ def test_mask_forbids_full_devices(model):
     ts = [TableConfig(0, 1 << 29, 1, 1.0), TableConfig(1, 1 << 29, 1, 1.0), TableConfig(2, 1 << 29, 1, 1.0)]
     x = model.features(ts)
     mem = torch.tensor([t.memory_gb() for t in ts], dtype=torch.float64)   # 1 GB each
-    env = EstimatedMDP(model.cost_net, x, mem, ndevices=3, max_memory_gb=1.0, batch=5)
+    env = EstimatedMDP(model.cost_net, x, mem, Topology(3, 1.0), batch=5)
     obs = env.reset()
     seen = []
     while obs is not None:
@@ -73,7 +74,7 @@ def test_mask_forbids_full_devices(model):
 
 def test_one_episode_reward_is_minus_predicted_cost(model):
     ts = tables(12)
-    env = EstimatedMDP(model.cost_net, model.features(ts), torch.tensor([t.memory_gb() for t in ts]), 4, 100.0, batch=3)
+    env = EstimatedMDP(model.cost_net, model.features(ts), torch.tensor([t.memory_gb() for t in ts]), Topology(4, 100.0), batch=3)
     obs = env.reset()
     steps = 0
     rewards = []
@@ -108,12 +109,12 @@ def test_checkpoint_round_trip(model, tmp_path):
     assert again.model.cost_scale == 3.5 and again.model.iteration == 4
     assert again.model.extra["buffer"][0]["cost"] == 10.0
     ts = tables(20, seed=3)
-    a = model.place(ts, 4, 100.0)[0]
-    b = again.model.place(ts, 4, 100.0)[0]
+    a = model.place(ts, Topology(4, 100.0))[0]
+    b = again.model.place(ts, Topology(4, 100.0))[0]
     assert torch.equal(a, b)
     # and through the --alg resolution used by eval.py
-    plan = resolve(str(path)).shard(ts, Topology(4, 100.0))
-    assert list(plan.allocation) == model.decode(ts, 4, 100.0)[0]
+    plan = build_planner(str(path)).shard(ts, Topology(4, 100.0))
+    assert list(plan.allocation) == model.decode(ts, Topology(4, 100.0))[0]
 
 
 def test_the_bag_length_cv_feature_round_trips_and_older_checkpoints_load_without_it(tmp_path):
@@ -125,7 +126,7 @@ def test_the_bag_length_cv_feature_round_trips_and_older_checkpoints_load_withou
     assert with_cv.cfg.length_cv_feature and with_cv.features(ts).shape == (30, 22)
     with_cv.save(tmp_path / "cv.pt")
     back = DreamShardModel.load(tmp_path / "cv.pt")
-    assert back.cfg.length_cv_feature and torch.equal(back.place(ts, 3, 100.0)[0], with_cv.place(ts, 3, 100.0)[0])
+    assert back.cfg.length_cv_feature and torch.equal(back.place(ts, Topology(3, 100.0))[0], with_cv.place(ts, Topology(3, 100.0))[0])
     # a checkpoint written before the feature existed: no length_cv_feature key, a 21-feature scaler
     plain = DreamShardModel.new(cfg, FeatureScaler.fit(ts))
     assert not plain.cfg.length_cv_feature
@@ -138,7 +139,7 @@ def test_the_bag_length_cv_feature_round_trips_and_older_checkpoints_load_withou
 
 
 def test_pf_augment_makes_a_share_of_the_training_tables_heavier_on_an_emulated_oracle_only():
-    from shardcore.tables import augment_tasks
+    from shardcore.data.features import augment_tasks
     from shardcore.errors import ShardError
 
     tasks = [[TableConfig(index=i, row=1000 + i, dim=16, pooling_factor=2.0 + i % 5, bins=(0.5, 0.3, 0.2) + (0.0,) * 14)

@@ -10,6 +10,7 @@ import pytest
 
 from helpers import load_tool
 
+from shardcore.topology import Topology
 from shardcore.cli.common import run_main
 from shardcore.dataset import load_table_configs
 from shardcore.errors import ShardError
@@ -310,7 +311,7 @@ def test_heldout_oracle_judges_each_plan_without_its_tables(tables):
 
     data_dir = os.path.dirname(CONFIGS)
     task = [tables[i] for i in (3, 17, 40, 77, 120, 300)]
-    plan = Plan.from_shards([[0, 1, 2], [3, 4, 5]], 6).shard_tables(task)
+    plan = Plan.from_device_tables(task, [[0, 1, 2], [3, 4, 5]], Topology(2, 1e6)).device_pieces
     held = EmulatedOracle(data_dir, 2, batch_size=65536)
     full = EmulatedOracle(data_dir, 2, batch_size=65536, fit="full")
     assert held.fit == "heldout" and "held out" in held.hardware and "without" in held.parts["compute"]
@@ -413,7 +414,8 @@ def test_the_devices_judge_never_sees_a_shard_made_only_of_the_plans_tables(tabl
     oracle = EmulatedOracle(data_dir, 4, batch_size=65536, fit="devices")
     assert "held out by devices" in oracle.hardware and "made only of" in oracle.parts["compute"]
     assert oracle.context.hardware.endswith(":devices")
-    shards = Plan(tuple(k % 4 for k in range(len(task))), 4).shard_tables(task.tables(tables))
+    tt = task.tables(tables)
+    shards = Plan.table_wise(tt, [k % 4 for k in range(len(tt))], Topology(4, 1e6)).device_pieces
     got = oracle.evaluate(shards)
     fw, bw = by_devices.predict(shards[0], 65536)
     assert got.device_costs_ms[0][0] == pytest.approx(fw) and got.device_costs_ms[0][3] == pytest.approx(bw)
@@ -704,7 +706,7 @@ def test_a_piece_line_names_its_task_set_and_an_old_one_its_device_counts(tmp_pa
     """A measured device with pieces is judged by the held-out judge of its own task: a line names its set
     (NS and the training-pool sets have 4 or 8 devices too); a line that names none is of the test set of
     its device count."""
-    from shardcore.oracles.emulated import emulator as E
+    from shardcore.oracles.emulated import measurements as E   # where the loading reads its files
 
     (tmp_path / "dlrm_b65536").mkdir()
     os.symlink(os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json"),
@@ -801,7 +803,7 @@ def test_the_piece_errors_file_is_used_only_for_the_replica_law_it_was_written_w
     """h200_piece_errors.json is a cache of the held-out judge's error on the measured piece devices; the
     replica law is code, not part of the parameter file its digest ties it to, so the file also names the
     law's features and is computed afresh when they differ (as when the law took a cost per replica)."""
-    from shardcore.oracles.emulated import emulator as E
+    from shardcore.oracles.emulated import measurements as E   # where the loading reads its files
 
     shipped = json.loads((E.MEASUREMENTS_DIR / E.PIECE_ERROR_FILES["h200"]).read_text())
     assert shipped["replica_features"] == list(E.REPLICA_FEATURES)

@@ -187,8 +187,8 @@ def test_cache_hit_returns_the_stored_numbers(ev, data):
     entries = ev.cache.shard_entries(ev.context)
     assert any(e.tables == ((2, t[2].row, t[2].dim),) for e in entries)
     assert len(ev.cache.plan_entries(ev.context, ndevices=3)) >= 2
-    # measure_shards uses (and fills) the same per-shard entries
-    assert ev.measure_shards([[t[2]]])[0].fw_ms == first.device_costs_ms[1][0]
+    # measure_devices uses (and fills) the same per-shard entries
+    assert ev.measure_devices([[t[2]]])[0].fw_ms == first.device_costs_ms[1][0]
 
 
 def test_comm_with_start_delays(ev):

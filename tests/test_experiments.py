@@ -31,7 +31,7 @@ def tiny(tmp_path_factory):
     """A 40-table dataset and an (untrained) DreamShard checkpoint: the learned path, without training."""
     from dreamshard.config import DreamShardConfig
     from dreamshard.sharder import DreamShardModel
-    from shardcore.tables import FeatureScaler
+    from shardcore.data.features import FeatureScaler
 
     root = tmp_path_factory.mktemp("exp")
     tables = make_dataset(root / "ds", num_tables=40, batch_size=64)
@@ -351,11 +351,11 @@ def test_torchrec_column_is_configured_for_the_judged_hardware():
     """TorchRec's planner gets the judged hardware like the declared planners, and its record keeps the
     configuration it ran with (through the guard)."""
     pytest.importorskip("torchrec")
-    from experiments.pipeline import build_sharders
+    from experiments.pipeline import build_sharders, planning_context_of
     from shardcore.tables import TableConfig
 
-    kwargs = {"oracle": "emulated:h200", "comm_bandwidth": 123.0, "comm_latency": 7.0, "data_dir": None}
-    sharders, _ = build_sharders(["torchrec"], 2, 0, 65536, {}, planner_kwargs=kwargs)
+    cfg = config.ExperimentConfig(oracle="emulated:h200", comm_bandwidth=123.0, comm_latency=7.0, data_dir=None)
+    sharders, _ = build_sharders(["torchrec"], planning_context_of(cfg, 2, 65536), {})
     tables = [TableConfig(i, 1000 * (i + 1), 16, 2.0 + i) for i in range(4)]
     sharders["torchrec"].shard(tables, Topology(2, 1.0))
     cfg = sharders["torchrec"].plan_stats()["torchrec_config"]

@@ -79,7 +79,7 @@ def test_four_plan_devices_on_one_worker(tiny):
         assert ev.nworkers == 1 and ev.ndevices == 4 and ev.oversubscribed
         assert "4 plan devices measured in turns" in ev.hardware
         r = ev.evaluate(shards)
-        alone = ev.measure_shards([shards[3]], no_cache=True)[0]
+        alone = ev.measure_devices([shards[3]], no_cache=True)[0]
         assert ev.info.noise_pct is not None and ev.info.noise_pct >= 0
     assert len(r.device_costs_ms) == 4
     assert r.parts["compute"].startswith("measured") and r.parts["comm"].startswith("modelled (analytic")
@@ -266,7 +266,7 @@ def test_a_plans_slowest_device_is_confirmed_by_a_second_and_a_third_measurement
         def __init__(self, answers):
             self.answers, self.asked = list(answers), []
 
-        def measure_shards(self, shards, no_cache=False):
+        def measure_devices(self, shards, no_cache=False):
             assert no_cache and len(shards) == 1
             self.asked.append(shards[0])
             fw, bw = self.answers.pop(0)
@@ -279,12 +279,12 @@ def test_a_plans_slowest_device_is_confirmed_by_a_second_and_a_third_measurement
     ev = FakeEvaluator([(0.7, 1.5), (0.71, 1.5), (1.0, 1.41)])
     made, notes = confirm_slowest(ev, result, shards)
     assert made == 3 and ev.asked == [["b"], ["b"], ["a"]] and len(notes) == 1 and notes[0].startswith("device 1:")
-    assert result.device_costs_ms[1] == [0.71, 0.2, 0.2, 1.5] and result.device_costs_ms[0] == [1.0, 0.2, 0.2, 1.4]
+    assert list(result.device_costs_ms[1]) == [0.71, 0.2, 0.2, 1.5] and list(result.device_costs_ms[0]) == [1.0, 0.2, 0.2, 1.4]
     assert result.cost_ms == pytest.approx(2.8)
     # a second measurement within 2% changes nothing
     result = SimpleNamespace(device_costs_ms=[[1.0, 0.0, 0.0, 1.0]], cost_ms=2.0)
     assert confirm_slowest(FakeEvaluator([(1.01, 1.0)]), result, [["a"]]) == (1, [])
-    assert result.device_costs_ms == [[1.0, 0.0, 0.0, 1.0]] and result.cost_ms == 2.0
+    assert [list(c) for c in result.device_costs_ms] == [[1.0, 0.0, 0.0, 1.0]] and result.cost_ms == 2.0
 
 
 def test_gpu_check_measures_the_ns_set(tmp_path):
@@ -416,7 +416,7 @@ def test_emulated_oracle_with_lookups_uses_the_measured_bag_lengths(tiny):
     with EmulatedOracle(path, 3) as emu:
         assert emu.batch_size == 96 and emu.length_cv is not None and len(emu.length_cv) == len(tables)
         r = emu.evaluate([tables[:5], tables[5:9], []])
-    assert r.device_costs_ms[2] == [0.0, r.device_costs_ms[2][1], r.device_costs_ms[2][2], 0.0]
+    assert list(r.device_costs_ms[2]) == [0.0, r.device_costs_ms[2][1], r.device_costs_ms[2][2], 0.0]
     assert all(d[0] > 0 and d[3] > 0 for d in r.device_costs_ms[:2])
     assert r.parts["compute"].startswith("modelled")
 

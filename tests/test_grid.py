@@ -15,9 +15,11 @@ from shardcore.errors import ShardError
 from shardcore.oracles.measured.benchmark import build_operator, shard_lookups
 from shardcore.oracles.measured.shardings import TYPE_ABBREV, comm_layout, piece_lookups
 from shardcore.plan import (GRID, SHARDING_TYPES, Plan, ShardPiece, Sharding, column_wise, grid, row_blocks,
-                            row_wise, shardings_from_json, shardings_to_json, table_wise)
+                            row_wise, table_wise)
 from shardcore.tables import TableConfig
 from tests.helpers import make_dataset
+from helpers import BIG_CAP
+from shardcore.topology import Topology
 
 T = TableConfig(0, 1000, 16, 5.0)
 TASK = [T, TableConfig(1, 10, 8, 2.0), TableConfig(2, 7, 32, 1.0), TableConfig(3, 300, 12, 3.0)]
@@ -37,40 +39,39 @@ def test_grid_pieces_are_each_blocks_row_wise_pieces_at_the_blocks_dim():
                              full_row=p.full_row)) for d, p in row_wise(devs).pieces(T, 4)]
         assert pieces[2 * j:2 * j + 2] == rw
     # one block: row-wise
-    one = Plan.from_shardings([T], [grid([([2, 0, 1], 16)])], 3)
-    assert one.expand([T]) == Plan.from_shardings([T], [row_wise([2, 0, 1])], 3).expand([T])
+    one = Plan([T], [grid([([2, 0, 1], 16)])], Topology(3, BIG_CAP))
+    assert [p for _, p in one.pieces] == [p for _, p in Plan([T], [row_wise([2, 0, 1])], Topology(3, BIG_CAP)).pieces]
     assert one.allocation == (2, 0, 1) and one.general
     # blocks of one device each: column-wise's pieces and memory, as row blocks of all the rows
-    g1 = Plan.from_shardings([T], [grid([([1], 8), ([0], 4), ([2], 4)])], 3)
-    cw = Plan.from_shardings([T], [column_wise([(1, 8), (0, 4), (2, 4)])], 3)
-    assert [(p.row, p.dim) for p in g1.expand([T])] == [(p.row, p.dim) for p in cw.expand([T])]
-    assert g1.allocation == cw.allocation and g1.device_memory_gb([T]) == cw.device_memory_gb([T])
-    assert {p.kind for p in g1.expand([T])} == {"row_wise"}
+    g1 = Plan([T], [grid([([1], 8), ([0], 4), ([2], 4)])], Topology(3, BIG_CAP))
+    cw = Plan([T], [column_wise([(1, 8), (0, 4), (2, 4)])], Topology(3, BIG_CAP))
+    assert [(p.row, p.dim) for p in [p for _, p in g1.pieces]] == [(p.row, p.dim) for p in [p for _, p in cw.pieces]]
+    assert g1.allocation == cw.allocation and g1.device_memory_gb() == cw.device_memory_gb()
+    assert {p.kind for p in [p for _, p in g1.pieces]} == {"row_wise"}
 
 
 def test_grid_memory_and_empty_row_blocks():
     per_elem = 2 / float(1 << 30)   # fp16
-    plan = Plan.from_shardings(TASK, [grid([([0, 1], 8), ([2, 3], 8)]), table_wise(0),
-                                      grid([([3, 2, 1, 0], 32)]), row_wise([2, 3])], 4)
+    plan = Plan(TASK, [grid([([0, 1], 8), ([2, 3], 8)]), table_wise(0),
+                                      grid([([3, 2, 1, 0], 32)]), row_wise([2, 3])], Topology(4, BIG_CAP))
     # table 2 (7 rows) over 4 devices: 2, 2, 2, 1
     expect = [500 * 8 + 10 * 8 + 1 * 32, 500 * 8 + 2 * 32, 500 * 8 + 2 * 32 + 150 * 12, 500 * 8 + 2 * 32 + 150 * 12]
-    assert plan.device_memory_gb(TASK) == pytest.approx([e * per_elem for e in expect])
-    small = Plan.from_shardings([TASK[2]], [grid([([0, 1, 2, 3], 16), ([4, 5, 6, 7], 16)])], 8)
+    assert plan.device_memory_gb() == pytest.approx([e * per_elem for e in expect])
+    small = Plan([TASK[2]], [grid([([0, 1, 2, 3], 16), ([4, 5, 6, 7], 16)])], Topology(8, BIG_CAP))
     assert row_blocks(3, 4) == [1, 1, 1, 0]
-    assert len(Plan.from_shardings([TableConfig(2, 3, 32, 1.0)], [grid([([0, 1, 2, 3], 16), ([4, 5, 6, 7], 16)])],
-                                   8).allocation) == 6   # trailing empty blocks hold nothing
+    assert len(Plan([TableConfig(2, 3, 32, 1.0)], [grid([([0, 1, 2, 3], 16), ([4, 5, 6, 7], 16)])], Topology(8, BIG_CAP)).allocation) == 6   # trailing empty blocks hold nothing
     assert small.allocation == (0, 1, 2, 3, 4, 5, 6, 7)
 
 
 def test_grid_json_round_trip():
     shardings = [grid([([0, 1], 8), ([2, 3], 8)]), table_wise(1), grid([([1], 8), ([0], 24)]), row_wise([2, 3])]
-    plan = Plan.from_shardings(TASK, shardings, 4)
-    obj = json.loads(json.dumps(shardings_to_json(TASK, plan)))
+    plan = Plan(TASK, shardings, Topology(4, BIG_CAP))
+    obj = json.loads(json.dumps(plan.shardings_json()))
     assert obj[0] == {"type": "grid", "devices": [0, 1, 2, 3], "dims": [8, 8], "rows": [500, 500]}
     assert obj[2] == {"type": "grid", "devices": [1, 0], "dims": [8, 24], "rows": [7]}
-    assert shardings_from_json(TASK, obj, 4) == plan and plan.table_shardings(TASK) == shardings
+    assert Plan.from_json(TASK, obj, Topology(4, BIG_CAP)) == plan and list(plan.shardings) == shardings
     del obj[0]["rows"]
-    assert shardings_from_json(TASK, obj, 4) == plan
+    assert Plan.from_json(TASK, obj, Topology(4, BIG_CAP)) == plan
     assert TYPE_ABBREV["grid"] == TYPE_ABBREV["grid_shard"] == "GRID"
 
 
@@ -86,7 +87,7 @@ def test_grid_json_round_trip():
 ])
 def test_bad_grids_are_one_line_errors(obj, match):
     with pytest.raises(ShardError, match=match) as exc:
-        shardings_from_json([T], [obj], 4)
+        Plan.from_json([T], [obj], Topology(4, BIG_CAP))
     assert "\n" not in str(exc.value)
     with pytest.raises(ShardError, match="only column_wise and grid shardings have dims"):
         Sharding("row_wise", (0, 1), (8, 8))
@@ -106,7 +107,7 @@ def test_the_emulated_judge_prices_a_grid_as_its_pieces():
     big = task[0]
     half = big.dim // 2
     shardings = [grid([([0, 1], half), ([2, 3], half)])] + [table_wise(d) for d in (0, 1, 2, 3, 1)]
-    plan = Plan.from_shardings(task, shardings, 4)
+    plan = Plan(task, shardings, Topology(4, BIG_CAP))
     by_hand = [[] for _ in range(4)]
     for j, devs in enumerate(([0, 1], [2, 3])):
         start = 0
@@ -116,16 +117,16 @@ def test_the_emulated_judge_prices_a_grid_as_its_pieces():
             start += rows
     for d, t in zip((0, 1, 2, 3, 1), task[1:]):
         by_hand[d].append(TableConfig(t.index, t.row, t.dim, t.pooling_factor, t.bins))
-    assert plan.shard_tables(task) == by_hand
+    assert plan.device_pieces == by_hand
     oracle = EmulatedOracle(data_dir, 4, batch_size=65536)
-    r = oracle.evaluate(plan.shard_tables(task))
+    r = oracle.evaluate(plan.device_pieces)
     assert r.device_costs_ms == oracle.evaluate(by_hand).device_costs_ms and r.cost_ms > 0
     # per piece: the block's dim goes out, the piece's ids (its pooling factor + a length) come in
-    p = plan.shard_tables(task)[0][0]
+    p = plan.device_pieces[0][0]
     assert pooled_width(p) == half and id_width(p) == pytest.approx(p.pooling_factor + 1)
-    one = Plan.from_shardings(task, [grid([([0, 1, 2, 3], big.dim)])] + shardings[1:], 4)
-    rw = Plan.from_shardings(task, [row_wise([0, 1, 2, 3])] + shardings[1:], 4)
-    assert oracle.evaluate(one.shard_tables(task)).device_costs_ms == oracle.evaluate(rw.shard_tables(task)).device_costs_ms
+    one = Plan(task, [grid([([0, 1, 2, 3], big.dim)])] + shardings[1:], Topology(4, BIG_CAP))
+    rw = Plan(task, [row_wise([0, 1, 2, 3])] + shardings[1:], Topology(4, BIG_CAP))
+    assert oracle.evaluate(one.device_pieces).device_costs_ms == oracle.evaluate(rw.device_pieces).device_costs_ms
 
 
 B = 50
@@ -152,8 +153,8 @@ def test_grid_pieces_look_up_their_rows_and_add_up_to_the_table(data):
     t = max(tables, key=lambda x: x.pooling_factor * (x.row > 100)).with_dim(16)
     w = torch.randn(t.row, t.dim, generator=torch.Generator().manual_seed(0))
     tw = _pooled(ds, [t], [w])
-    plan = Plan.from_shardings([t], [grid([([3, 0], 4), ([1, 2], 12)])], 4)
-    pieces = plan.expand([t])
+    plan = Plan([t], [grid([([3, 0], 4), ([1, 2], 12)])], Topology(4, BIG_CAP))
+    pieces = [p for _, p in plan.pieces]
     cols = [(0, 4), (0, 4), (4, 16), (4, 16)]
     outs = [_pooled(ds, [p], [w[p.row_start:p.row_start + p.row, c0:c1]]) for p, (c0, c1) in zip(pieces, cols)]
     # each block's row partial sums add up to the block's columns of the table-wise output
@@ -166,8 +167,8 @@ def test_comm_layout_sums_each_grid_block_apart(data):
     path, tables = data
     ds = load_dataset(path)
     task = [t.with_dim(16) for t in tables if t.pooling_factor > 0][:2]
-    plan = Plan.from_shardings(task, [grid([([0, 3], 8), ([1, 2], 8)]), row_wise([1, 2])], 4)
-    layout = comm_layout(ds, plan.shard_tables(task), B)
+    plan = Plan(task, [grid([([0, 3], 8), ([1, 2], 8)]), row_wise([1, 2])], Topology(4, BIG_CAP))
+    layout = comm_layout(ds, plan.device_pieces, B)
     # two blocks of one dim: a sum over each block's two row blocks (not one over four), and the
     # row-wise table's own
     assert sorted(len(g) for g in layout.rw_sums) == [2, 2, 2]
@@ -204,11 +205,11 @@ def test_measure_plan_refuses_bad_plans_in_one_line(data, tmp_path):
 def test_export_plans_lists_a_grid_torchrec_cannot_apply(tmp_path):
     from shardcore.interop.plan_export import export_plans
 
-    good = Plan.from_shardings(TASK, [grid([([0, 1], 8), ([2, 3], 8)]), table_wise(1), table_wise(2),
-                                      row_wise([2, 3])], 4)
-    bad = Plan.from_shardings(TASK, [grid([([1, 0], 8), ([2, 3], 8)]), table_wise(1), table_wise(2),
-                                     table_wise(3)], 4)
-    export_plans(tmp_path, [(0, "a", TASK, good), (1, "a", TASK, bad)], 1.0)
+    good = Plan(TASK, [grid([([0, 1], 8), ([2, 3], 8)]), table_wise(1), table_wise(2),
+                                      row_wise([2, 3])], Topology(4, BIG_CAP))
+    bad = Plan(TASK, [grid([([1, 0], 8), ([2, 3], 8)]), table_wise(1), table_wise(2),
+                                     table_wise(3)], Topology(4, BIG_CAP))
+    export_plans(tmp_path, [(0, "a", good), (1, "a", bad)], 1.0)
     index = json.loads((tmp_path / "index.json").read_text())["plans"]
     assert index[0]["torchrec"] == "a/task_0000.torchrec.json"
     assert index[1]["torchrec"] is None and "grid block on ranks [1, 0]" in index[1]["torchrec_problem"]

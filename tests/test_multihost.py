@@ -137,7 +137,7 @@ def test_table_row_wise_and_grid_plan_measured_on_two_torchrun_hosts(data, tmp_p
         ([0, 16], [half, 16], 2), ([half, 16], [rows - half, 16], 3)]
     if importlib.util.find_spec("torchrec") is not None:
         from shardcore.interop import plan_export as pe
-        from shardcore.interop.torchrec_planner import sharding_from_torchrec
+        from shardkit_torchrec.torchrec_planner import sharding_from_torchrec
         from shardcore.plan import Sharding
         from shardcore.tables import TableConfig as TC
 

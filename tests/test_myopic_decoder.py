@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from shardcore.errors import InfeasibleError, ShardError
+from shardcore.topology import Topology
 from tests.helpers import load_tool
 
 ANCHORS = "models/anchors/h200"
@@ -31,12 +32,12 @@ def test_the_pass_places_each_table_where_the_predicted_maximum_stays_lowest():
     def costs(shards):
         return np.array([alone[list(s)].sum() if s else 0.0 for s in shards])
 
-    shards = tool.myopic_plan(costs, alone, [1.0] * 7, 2, 10.0)
+    shards = tool.myopic_plan(costs, alone, [1.0] * 7, Topology(2, 10.0))
     assert sorted(sorted(s) for s in shards) == [[0, 3, 5], [1, 2, 4, 6]]    # LPT: 10 and 10
-    capped = tool.myopic_plan(costs, alone, [1.0] * 7, 3, 3.0)
+    capped = tool.myopic_plan(costs, alone, [1.0] * 7, Topology(3, 3.0))
     assert all(len(s) <= 3 for s in capped) and sorted(i for s in capped for i in s) == list(range(7))
     with pytest.raises(InfeasibleError, match="fits on no device"):
-        tool.myopic_plan(costs, alone, [2.0] * 7, 2, 5.0)
+        tool.myopic_plan(costs, alone, [2.0] * 7, Topology(2, 5.0))
 
 
 def test_with_the_judges_own_model_one_pass_beats_lookup_greedy(capsys):

@@ -12,7 +12,6 @@ import train_comm_cost_model
 import train_compute_cost_model
 import train_neuroshard
 from neuroshard.collect import collect_comm, collect_compute, load_comm_data, load_compute_data
-from neuroshard.sharder import load_sharder
 from shardcore.errors import ShardError
 from shardcore.oracles.cache import CachedOracle
 from shardcore.oracles.measured.driver import PlanEvaluator
@@ -20,6 +19,7 @@ from shardcore.tasks import Task, save_tasks
 from shardcore.types import Topology
 
 from helpers import make_dataset
+from helpers import build_planner, planning_ctx
 
 torch.set_num_threads(1)
 
@@ -55,7 +55,7 @@ def test_collect_train_search_measure(tmp_path, capsys):
         assert "held-out test MAPE" in out and out.count("held-out test MAPE") == 3
         kw = {k: str(models / f"{k.replace('_model', '')}.pt") for k in ("compute_model", "fw_comm_model",
                                                                         "bw_comm_model")}
-        sharder = load_sharder(None, batch_size=64, **kw)
+        sharder = build_planner("neuroshard", planning_ctx(batch_size=64), **kw)
 
         # a task whose largest table fits no device whole: NeuroShard must split it column-wise
         big = max(tables, key=lambda t: t.row).with_dim(32)
@@ -64,10 +64,10 @@ def test_collect_train_search_measure(tmp_path, capsys):
                   sum(t.memory_gb() for t in task_tables) / 2 * 1.1)
         assert big.memory_gb() > cap
         plan = sharder.shard(task_tables, Topology(2, cap))
-        assert plan.is_feasible(task_tables, cap) and plan.splits is not None and plan.splits[-1] >= 2
-        measured = ev.evaluate(plan.shard_tables(task_tables))   # split tables measured as split
+        assert plan.feasible and plan.splits is not None and plan.splits[-1] >= 2
+        measured = ev.evaluate(plan.device_pieces)   # split tables measured as split
         assert measured.cost_ms > 0 and len(measured.device_costs_ms) == 2
-        simulated = sharder.simulator.plan_cost(task_tables, plan)
+        simulated = sharder.simulator.plan_cost(plan)
         assert np.isfinite(simulated) and simulated > 0
 
     save_tasks(tmp_path / "tasks.txt", [Task(tuple(range(0, 10)), tuple([8] * 10)), Task(tuple(range(10, 20)))])
@@ -108,9 +108,9 @@ def test_grouped_collection_draws_each_call_from_one_table_subset(tmp_path):
     calls = []
 
     class Recording(EmulatedOracle):
-        def measure_shards(self, shards, no_cache=None, **kw):
+        def measure_devices(self, shards, no_cache=None, **kw):
             calls.append([list(s) for s in shards])
-            return super().measure_shards(shards, no_cache, **kw)
+            return super().measure_devices(shards, no_cache, **kw)
 
     ev = Recording("data/gpu_measurements/dlrm_b65536", 1)
     out = tmp_path / "compute"
@@ -153,7 +153,7 @@ def test_whole_tables_and_heavier_tables_in_the_collection(tmp_path):
     assert h.pooling_factor == 4 * t.pooling_factor and (h.index, h.row, h.dim) == (t.index, t.row, t.dim)
     assert h.bins[:2] == (0.0, 0.0) and h.bins[2:-1] == t.bins[:-3]
     assert sum(h.bins) == pytest.approx(sum(t.bins))          # the same rows
-    (heavy,), (plain,) = ev.measure_shards([[h]]), ev.measure_shards([[t]])
+    (heavy,), (plain,) = ev.measure_devices([[h]]), ev.measure_devices([[t]])
     assert heavy.fw_ms + heavy.bw_ms > plain.fw_ms + plain.bw_ms
     out = tmp_path / "compute"
     collect_compute(ev, out, 30, max_tables=6, max_mem_gb=5.0, max_dim=16, pool="train", progress=False,

@@ -15,6 +15,8 @@ from shardcore.tables import TableConfig
 from neuroshard.config import ModelConfig
 from neuroshard.fitting import fit_comm_model, fit_compute_model
 from neuroshard.simulator import Simulator
+from helpers import BIG_CAP
+from shardcore.topology import Topology
 
 DIMS = (4, 8, 16, 32, 64)
 
@@ -99,8 +101,8 @@ def test_simulator_is_a_cost_oracle():
     assert isinstance(sim, CostOracle)
     with sim as oracle:
         r = oracle.evaluate(shards)
-    assert r.device_costs_ms == sim.device_costs(shards).tolist() and not r.from_cache
-    assert r.cost_ms == sim.plan_cost(tables, Plan((0, 0, 1, 1, 1, 3), 4))
+    assert [list(c) for c in r.device_costs_ms] == sim.device_costs(shards).tolist() and not r.from_cache
+    assert r.cost_ms == sim.plan_cost(Plan.table_wise(tables, (0, 0, 1, 1, 1, 3), Topology(4, BIG_CAP)))
     assert r.parts["compute"].startswith("modelled") and r.parts["comm"].startswith("modelled")
     assert r.hardware.startswith("simulated by NeuroShard's cost models")
 

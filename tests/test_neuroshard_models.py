@@ -7,7 +7,7 @@ import torch
 from neuroshard.checkpoints import CommCostModel, ComputeCostModel, load_model, save_bundle, save_model
 from neuroshard.fitting import fit_comm_model, fit_compute_model, mape
 from shardcore.errors import ShardError
-from shardcore.tables import Standardiser
+from shardcore.data.features import Standardiser
 
 from test_neuroshard_helpers import comm_data, compute_data, small_cfg
 

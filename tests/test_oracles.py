@@ -18,9 +18,10 @@ from shardcore.oracles.factory import open_oracle
 from shardcore.baselines import make_baseline
 from shardcore.tables import TableConfig
 from shardcore.tasks import Task
-from shardcore.types import COST_PARTS, CommLayout, CostOracle, PlanResult, ShardCostOracle, Topology
+from shardcore.types import COST_PARTS, CommLayout, CostOracle, DeviceCost, PlanResult, ShardCostOracle, Topology
 
 from helpers import FnOracle, make_dataset
+from helpers import BIG_CAP
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +138,9 @@ def test_repeats_measure_interleaved_afresh_and_keep_medians(tiny):
     # rounds interleave the algorithms: naive got factors 1, 3, 2 (median 2), size_greedy 10, 30, 20
     first_naive, first_size = results[0], results[1]
     assert first_naive.alg == "naive" and first_naive.extra["repeat_costs_ms"] == [2.0, 6.0, 4.0]
-    sizes = [len(s) for s in first_size.plan(tasks[0].tables(tables)).shard_tables(tasks[0].tables(tables))]
+    sizes = [len(s) for s in first_size.plan(tasks[0].tables(tables)).device_pieces]
     assert first_naive.cost_ms == 4.0 and first_size.cost_ms == 20.0 * max(sizes)
-    assert first_size.device_costs_ms == [[20.0 * n, 0.0, 0.0, 0.0] for n in sizes]
+    assert first_size.device_costs_ms == [DeviceCost(20.0 * n, 0.0, 0.0, 0.0) for n in sizes]
     with pytest.raises(ShardError, match="repeats"):
         evaluate(tasks, tables, sharders, Topology(2, 1.0), oracle=oracle, repeats=0)
 
@@ -213,15 +214,15 @@ def test_cache_layer_measure_shards(tiny, tmp_path):
     inner = CountingEmulated(path, 3)
     layer = CachedOracle(inner, CostCache(tmp_path / "c.sqlite"))
     a, b = list(tables[0:2]), list(tables[2:5])
-    first = layer.measure_shards([a, b, a, []])
+    first = layer.measure_devices([a, b, a, []])
     assert first[0] == first[2] and first[3].total_ms == 0.0
     assert layer.cache.counts()["shards"] == 2 and layer.stats["shard_misses"] == 2   # a given twice: stored once
-    again = layer.measure_shards([b, a])
+    again = layer.measure_devices([b, a])
     assert again == [first[1], first[0]] and layer.stats["shard_hits"] == 2
-    assert layer.measure_shards([b]) == [first[1]]
+    assert layer.measure_devices([b]) == [first[1]]
     # an error names the shard by its position in the call, cached shards counted
     with pytest.raises(ShardError, match=r"^shard 2: table id 99 out of range"):
-        layer.measure_shards([a, b, [TableConfig(99, 10, 4, 1.0)]])
+        layer.measure_devices([a, b, [TableConfig(99, 10, 4, 1.0)]])
 
 
 def test_cache_layer_validates_before_it_reads(tiny, tmp_path):
@@ -254,8 +255,8 @@ def test_cache_layer_never_keeps_row_wise_or_data_parallel_pieces(tiny, tmp_path
 
     path, tables = tiny
     task = list(tables[:4])
-    plan = Plan.from_shardings(task, [row_wise([0, 1, 2]), table_wise(2), data_parallel(3), table_wise(1)], 3)
-    shards = plan.shard_tables(task)
+    plan = Plan(task, [row_wise([0, 1, 2]), table_wise(2), data_parallel(3), table_wise(1)], Topology(3, BIG_CAP))
+    shards = plan.device_pieces
     inner = CountingEmulated(path, 3, comm_measured=True)
     layer = CachedOracle(inner, CostCache(tmp_path / "c.sqlite"))
     first = layer.evaluate(shards)
@@ -263,8 +264,7 @@ def test_cache_layer_never_keeps_row_wise_or_data_parallel_pieces(tiny, tmp_path
     assert inner.plans_asked == 2 and not again.from_cache
     assert layer.cache.counts() == {"shards": 0, "plans": 0}   # every device holds a piece
     assert again.device_costs_ms == first.device_costs_ms
-    whole = layer.evaluate(Plan.from_shardings(task, [table_wise(0), table_wise(2), table_wise(1), table_wise(1)],
-                                               3).shard_tables(task))
+    whole = layer.evaluate(Plan(task, [table_wise(0), table_wise(2), table_wise(1), table_wise(1)], Topology(3, BIG_CAP)).device_pieces)
     assert not whole.from_cache and layer.cache.counts() == {"shards": 3, "plans": 1}
 
 
@@ -332,8 +332,8 @@ def test_emulated_ids_travel_for_every_model_parallel_table(tiny):
              "rw": [row_wise([0, 1, 2])] + rest, "dp": [data_parallel(n)] + rest}
     res = {}
     for name, shardings in plans.items():
-        plan = Plan.from_shardings(task, shardings, n)
-        shards = plan.shard_tables(task)
+        plan = Plan(task, shardings, Topology(n, BIG_CAP))
+        shards = plan.device_pieces
         r = res[name] = emu.evaluate(shards)
         dims = [sum(0 if getattr(t, "kind", None) == "data_parallel" else t.dim for t in s) for s in shards]
         ids = _hand_ids(task, shardings, n, B)
@@ -354,7 +354,7 @@ def test_emulated_ids_travel_for_every_model_parallel_table(tiny):
     # column blocks each receive all ids: more id traffic than table-wise; row blocks share them out
     assert res["cw"].device_costs_ms[2][1] > res["tw"].device_costs_ms[2][1]
     # the row-wise partials widen every holder's pooled exchange: its backward is that of the dims
-    rw_dims = [sum(t.dim for t in s) for s in Plan.from_shardings(task, plans["rw"], n).shard_tables(task)]
+    rw_dims = [sum(t.dim for t in s) for s in Plan(task, plans["rw"], Topology(n, BIG_CAP)).device_pieces]
     assert rw_dims[1] == task[1].dim + hot.dim
     assert "input-id all-to-all" in res["rw"].parts["comm"] and "data-parallel" in res["rw"].parts["comm"]
     assert res["rw"].parts["comm"].startswith("modelled (analytic")
@@ -373,9 +373,9 @@ def test_emulated_data_parallel_table_adds_its_all_reduce_and_sends_no_outputs(t
     model = CommModel()
     emu = EmulatedOracle(path, n, comm_model=model)
     rest = [table_wise(2), table_wise(1), table_wise(0)]
-    dp_plan = Plan.from_shardings(task, [data_parallel(n)] + rest, n)
-    dp = emu.evaluate(dp_plan.shard_tables(task))
-    without = emu.evaluate(Plan.from_shardings(task[1:], rest, n).shard_tables(task[1:]))
+    dp_plan = Plan(task, [data_parallel(n)] + rest, Topology(n, BIG_CAP))
+    dp = emu.evaluate(dp_plan.device_pieces)
+    without = emu.evaluate(Plan(task[1:], rest, Topology(n, BIG_CAP)).device_pieces)
     ring = 2 * (n - 1) / n * small.row * small.dim * 2          # fp16 gradient, ring all-reduce
     expect = model.latency_us * 1e-3 + ring / (model.bandwidth_gbps * 1e9) * 1e3
     for d in range(n):
@@ -386,7 +386,7 @@ def test_emulated_data_parallel_table_adds_its_all_reduce_and_sends_no_outputs(t
     assert dp.comm[0].fw_send == without.comm[0].fw_send
     # compute: the device's whole tables at the batch, plus the replica alone at the device's slice
     cv = emu.length_cv
-    for d, (shard, slice_d) in enumerate(zip(dp_plan.shard_tables(task), _slices(B, n))):
+    for d, (shard, slice_d) in enumerate(zip(dp_plan.device_pieces, _slices(B, n))):
         rep = [p for p in shard if getattr(p, "kind", None) == "data_parallel"]
         whole = [p for p in shard if getattr(p, "kind", None) != "data_parallel"]
         assert len(rep) == 1 and rep[0].pooling_factor == small.pooling_factor and rep[0].batch_part == (d, n)
@@ -398,6 +398,5 @@ def test_emulated_data_parallel_table_adds_its_all_reduce_and_sends_no_outputs(t
         assert dp.device_costs_ms[d][3] == pytest.approx(a[1] + b[1], rel=1e-12)
         assert 0 < b[0] < emu.model.predict([small], B, [cv[small.index]])[0]   # less than the table at the batch
     # one device: nothing to exchange
-    one = EmulatedOracle(path, 1).evaluate(Plan.from_shardings(task, [data_parallel(1)] + [table_wise(0)] * 3, 1)
-                                           .shard_tables(task))
-    assert one.device_costs_ms[0][1:3] == [0.0, 0.0]
+    one = EmulatedOracle(path, 1).evaluate(Plan(task, [data_parallel(1)] + [table_wise(0)] * 3, Topology(1, BIG_CAP)).device_pieces)
+    assert one.device_costs_ms[0][1:3] == (0.0, 0.0)

@@ -336,7 +336,7 @@ def test_original_checkpoints_are_named_with_the_training_command(tmp_path):
     state = OrderedDict(("layer.weight", torch.zeros(2, 2)) for _ in range(1))
     torch.save(state, tmp_path / "9.pt")                      # DreamShard's models/dreamshard/9.pt: a state_dict
     with pytest.raises(ShardError) as exc:
-        algorithms.resolve(str(tmp_path / "9.pt"))
+        algorithms.lookup(str(tmp_path / "9.pt"))
     msg = str(exc.value)
     assert "original" in msg and "train_dreamshard.py" in msg and "\n" not in msg
     torch.save({"model_state_dict": state, "flags": {"ndevices": 8, "xpid": "autoshard"}},

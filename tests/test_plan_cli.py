@@ -13,6 +13,7 @@ from shardcore.errors import ShardError
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
 from shardcore.interop import plan_export as pe
+from shardcore.topology import Topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -179,9 +180,10 @@ def test_alg_torchrec_without_torchrec_says_how_to_install(tmp_path, monkeypatch
 def test_export_plans_writes_both_forms_per_task(tmp_path):
     tables_a = [TableConfig(i, 100 * (i + 1), 8, 1.0) for i in range(4)]
     tables_b = [TableConfig(i, 50, 4, 2.0) for i in (7, 9)]
-    records = [pe.PlanRecord(0, "lookup_greedy", tables_a, Plan((0, 1, 1, 0), 2)),
-               (3, "models/dreamshard/9.pt", tables_b, Plan((1, 0), 2), ["x", "y"]),
-               (4, "torchrec", tables_b, None)]  # no plan found: listed, no files
+    two = Topology(2, 1.0)
+    records = [pe.PlanRecord(0, "lookup_greedy", Plan.table_wise(tables_a, (0, 1, 1, 0), two)),
+               (3, "models/dreamshard/9.pt", Plan.table_wise(tables_b, (1, 0), two), ["x", "y"]),
+               (4, "torchrec", None)]  # no plan found: listed, no files
     paths = pe.export_plans(tmp_path / "exp", records, max_memory_gb=1.0)
     assert all(p.is_file() for p in paths) and len(paths) == 5
     index = json.loads((tmp_path / "exp" / "index.json").read_text())
@@ -197,10 +199,10 @@ def test_export_plans_writes_both_forms_per_task(tmp_path):
         ("table_0", [0], [100, 8]), ("table_1", [1], [200, 8]), ("table_2", [1], [300, 8]), ("table_3", [0], [400, 8])]
 
     with pytest.raises(ShardError, match="duplicate table name"):
-        pe.plan_json(tables_a, Plan((0, 0, 0, 0), 1), 1.0, names=["a", "b", "a", "c"])
+        pe.plan_json(Plan.table_wise(tables_a, (0, 0, 0, 0), Topology(1, 1.0)), names=["a", "b", "a", "c"])
+    one = Plan.table_wise(tables_b, (0, 0), Topology(1, 1.0))
     with pytest.raises(ShardError, match="share the export directory"):
-        pe.export_plans(tmp_path / "clash", [(0, "a/b", tables_b, Plan((0, 0), 1)),
-                                              (0, "a_b", tables_b, Plan((0, 0), 1))], 1.0)
+        pe.export_plans(tmp_path / "clash", [(0, "a/b", one), (0, "a_b", one)], 1.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,15 +321,16 @@ def test_torchrec_problem_knows_the_hosts():
 
     tables = [TableConfig(0, 1000, 16, 2.0), TableConfig(1, 500, 8, 1.0)]
     names = ["a", "b"]
-    twrw = Plan.from_shardings(tables, [row_wise([2, 3]), table_wise(0)], 4)
-    g = Plan.from_shardings(tables, [grid([([2, 3], 8), ([0, 1], 8)]), table_wise(0)], 4)
-    assert plan_script.torchrec_problem(tables, names, twrw, 2) is None
-    assert plan_script.torchrec_problem(tables, names, g, 2) is None
-    assert "table 'a': row-wise over ranks [2, 3]" in plan_script.torchrec_problem(tables, names, twrw)
-    assert "grid blocks of 2 ranks" in plan_script.torchrec_problem(tables, names, g)   # one host of 4
-    bad = Plan.from_shardings(tables, [grid([([1, 2], 8), ([0, 3], 8)]), table_wise(0)], 4)
-    assert "grid block on ranks [1, 2]" in plan_script.torchrec_problem(tables, names, bad, 2)
-    text, _imb, _worst = plan_script.summary(tables, names, g, [0, 1, 2, 3], 1.0, "fp16")
+    one_host, hosts = Topology(4, 1.0), Topology(4, 1.0, devices_per_host=2)
+    twrw = [row_wise([2, 3]), table_wise(0)]
+    g = [grid([([2, 3], 8), ([0, 1], 8)]), table_wise(0)]
+    assert plan_script.torchrec_problem(names, Plan(tables, twrw, hosts)) is None
+    assert plan_script.torchrec_problem(names, Plan(tables, g, hosts)) is None
+    assert "table 'a': row-wise over ranks [2, 3]" in plan_script.torchrec_problem(names, Plan(tables, twrw, one_host))
+    assert "grid blocks of 2 ranks" in plan_script.torchrec_problem(names, Plan(tables, g, one_host))   # one host of 4
+    bad = Plan(tables, [grid([([1, 2], 8), ([0, 3], 8)]), table_wise(0)], hosts)
+    assert "grid block on ranks [1, 2]" in plan_script.torchrec_problem(names, bad)
+    text, _imb, _worst = plan_script.summary(names, Plan(tables, g, one_host), [0, 1, 2, 3])
     assert "a [grid]" in text
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from shardcore.errors import ShardError
 from shardcore.types import Topology
+from helpers import build_planner, planning_ctx
 
 
 
@@ -18,9 +19,9 @@ def test_shardkit_falls_back_to_torchrec_where_greedy_cannot_place():
     from shardcore.tables import TableConfig
 
     tables = [TableConfig(0, 4_000_000, 128, 2.0), TableConfig(1, 1000, 16, 1.0), TableConfig(2, 5000, 32, 3.0)]
-    sharder = algorithms.resolve("shardkit", oracle="emulated:h200", time=0.2)
+    sharder = algorithms.build("shardkit", planning_ctx(4, 0.6))
     plan = sharder.shard(tables, Topology(4, 0.6, "fp16"))
-    assert plan.is_feasible(tables, 0.6, "fp16")
+    assert plan.feasible
 
 
 def _tables(n, seed=0):
@@ -35,10 +36,12 @@ def _tables(n, seed=0):
 
 @pytest.mark.parametrize("cap", [0.05, 0.2, 10.0])   # tight caps: devices fill, the heap skips them
 def test_greedy_in_log_devices_chooses_as_its_definition(cap):
-    from shardcore.baselines import GREEDY_KEYS, _has_room, greedy_plan
+    from shardcore.baselines import GREEDY_KEYS, greedy_plan
     from shardcore.errors import InfeasibleError
+    from shardcore.topology import MEMORY_TOLERANCE_GB
 
     tables, n = _tables(300), 7
+    topology = Topology(n, cap)
     for key in GREEDY_KEYS.values():
         keys = [float(key(t)) for t in tables]
         order = sorted(range(len(tables)), key=lambda i: (keys[i], tables[i].size, tables[i].index, i), reverse=True)
@@ -46,7 +49,7 @@ def test_greedy_in_log_devices_chooses_as_its_definition(cap):
         try:
             for i in order:    # the definition: the smallest (key, memory, device) among devices with room
                 need = tables[i].memory_gb("fp16")
-                legal = [d for d in range(n) if _has_room(acc_mem[d], need, cap)]
+                legal = [d for d in range(n) if acc_mem[d] + need <= cap + MEMORY_TOLERANCE_GB]
                 if not legal:
                     raise InfeasibleError("no room")
                 d = min(legal, key=lambda d: (acc_key[d], acc_mem[d], d))
@@ -55,17 +58,16 @@ def test_greedy_in_log_devices_chooses_as_its_definition(cap):
                 acc_mem[d] += need
         except InfeasibleError:
             with pytest.raises(InfeasibleError):
-                greedy_plan(tables, n, cap, key)
+                greedy_plan(tables, topology, key)
             continue
-        assert list(greedy_plan(tables, n, cap, key).allocation) == want
+        assert list(greedy_plan(tables, topology, key).allocation) == want
 
 
 def test_a_time_cap_shorter_than_the_starts_still_searches_from_one_start():
-    from shardcore.cli import algorithms
     from shardkit_planner.starts import PlanningTask
 
     tables = _tables(40)
-    sk = algorithms.resolve("shardkit", oracle="emulated:h200", shardkit_time=1e-6)
+    sk = build_planner("shardkit", time=1e-6)
     model = sk.task_model(tables)
     starts = sk.start_plans(PlanningTask(tables, Topology(4, 10.0), model, sk.types))
     # every start is made (their work is bounded, not timed): model_, hybrid_, replicate_greedy, four greedy

@@ -14,11 +14,11 @@ from shardcore.errors import ShardError
 from shardcore.evaluation.compare import TaskResult, plan_task
 from shardcore.types import Sharder, Topology
 from shardcore.baselines import make_baseline
-from shardcore.plan import (Plan, ShardPiece, column_wise, data_parallel, row_blocks, row_wise,
-                            shardings_from_json, shardings_to_json, table_wise)
+from shardcore.plan import (Plan, ShardPiece, column_wise, data_parallel, row_blocks, row_wise, table_wise)
 from shardcore.oracles.measured.shardings import comm_layout, piece_lookups
 from shardcore.tables import TableConfig
 from tests.helpers import make_dataset
+from helpers import BIG_CAP
 
 B = 50
 
@@ -52,23 +52,23 @@ def test_rw_cw_dp_pooled_outputs_equal_table_wise(data):
     tw = _pooled(ds, [t], [w])
     assert tw.abs().sum() > 0
     # row-wise over 3 devices (the last block shorter): the partial sums add up to the table-wise output
-    plan = Plan.from_shardings([t], [row_wise([2, 0, 1])], 3)
-    pieces = plan.expand([t])
+    plan = Plan([t], [row_wise([2, 0, 1])], Topology(3, BIG_CAP))
+    pieces = [p for _, p in plan.pieces]
     assert [p.row for p in pieces] == row_blocks(t.row, 3) and all(p.kind == "row_wise" for p in pieces)
     partial = [_pooled(ds, [p], [w[p.row_start:p.row_start + p.row]]) for p in pieces]
     torch.testing.assert_close(sum(partial), tw, rtol=1e-5, atol=1e-5)
     # each piece looks up only its range: all lookups together are the table's
     assert sum(int(piece_lookups(ds, p, B)[0].numel()) for p in pieces) == int(piece_lookups(ds, t, B)[0].numel())
     # uneven column-wise: the blocks side by side are the table-wise output
-    plan = Plan.from_shardings([t], [column_wise([(1, 4), (0, 12)])], 2)
-    blocks = plan.expand([t])
+    plan = Plan([t], [column_wise([(1, 4), (0, 12)])], Topology(2, BIG_CAP))
+    blocks = [p for _, p in plan.pieces]
     assert [b.dim for b in blocks] == [4, 12]
     cw = torch.cat([_pooled(ds, [blocks[0]], [w[:, :4]]), _pooled(ds, [blocks[1]], [w[:, 4:]])], dim=1)
     torch.testing.assert_close(cw, tw, rtol=1e-5, atol=1e-5)
     # data-parallel: every replica pools its own slice of the batch (only those bags), together the
     # whole batch
-    plan = Plan.from_shardings([t], [data_parallel(3)], 3)
-    reps = plan.expand([t])
+    plan = Plan([t], [data_parallel(3)], Topology(3, BIG_CAP))
+    reps = [p for _, p in plan.pieces]
     assert all(p.pooling_factor == t.pooling_factor for p in reps)   # its lookups per sample of its slice
     outs = [_pooled(ds, [p], [w]) for p in reps]
     start = 0
@@ -92,40 +92,41 @@ TASK = [TableConfig(0, 1000, 16, 5.0), TableConfig(1, 10, 8, 2.0), TableConfig(2
 
 
 def test_memory_accounting_per_type():
-    plan = Plan.from_shardings(TASK, [row_wise([0, 1, 2]), data_parallel(3), column_wise([(2, 8), (0, 24)]),
-                                      table_wise(1)], 3)
+    plan = Plan(TASK, [row_wise([0, 1, 2]), data_parallel(3), column_wise([(2, 8), (0, 24)]),
+                                      table_wise(1)], Topology(3, BIG_CAP))
     per_elem = 2 / float(1 << 30)   # fp16
     expect = [334 * 16 + 10 * 8 + 7 * 24, 334 * 16 + 10 * 8 + 300 * 12, 332 * 16 + 10 * 8 + 7 * 8]
-    assert plan.device_memory_gb(TASK) == pytest.approx([e * per_elem for e in expect])
-    assert plan.device_memory_gb(TASK, "fp32") == pytest.approx([e * 2 * per_elem for e in expect])
+    assert plan.device_memory_gb() == pytest.approx([e * per_elem for e in expect])
+    assert plan.device_memory_gb("fp32") == pytest.approx([e * 2 * per_elem for e in expect])
     # a row-wise table with fewer rows than devices: empty trailing blocks hold nothing
-    small = Plan.from_shardings([TASK[2]], [row_wise([0, 1, 2, 3])], 4)
+    small = Plan([TASK[2]], [row_wise([0, 1, 2, 3])], Topology(4, BIG_CAP))
     assert row_blocks(7, 4) == [2, 2, 2, 1]
     assert row_blocks(3, 4) == [1, 1, 1, 0]
-    assert small.device_memory_gb([TASK[2]]) == pytest.approx([2 * 32 * per_elem] * 3 + [32 * per_elem])
+    assert small.device_memory_gb() == pytest.approx([2 * 32 * per_elem] * 3 + [32 * per_elem])
     # the feasibility check counts a replica on every device
-    assert not Plan.from_shardings([TASK[0]], [data_parallel(4)], 4).is_feasible([TASK[0]], 1000 * 16 * per_elem * 0.99)
+    assert not Plan([TASK[0]], [data_parallel(4)], Topology(4, 1000 * 16 * per_elem * 0.99)).feasible
 
 
-def test_compact_plans_stay_compact_and_convert_losslessly():
-    plan = Plan.from_shardings(TASK, [table_wise(0), column_wise([(1, 4), (0, 4)]), table_wise(2),
-                                      column_wise([(0, 4), (1, 4), (2, 4)])], 3)
-    assert plan == Plan((0, 1, 0, 2, 0, 1, 2), 3, (1, 2, 1, 3)) and not plan.general
-    back = Plan.from_shardings(TASK, plan.table_shardings(TASK), 3)
-    assert back == plan
-    assert Plan.from_shardings(TASK, [table_wise(d) for d in (2, 1, 0, 0)], 3) == Plan((2, 1, 0, 0), 3)
+def test_plans_of_whole_tables_and_uniform_column_blocks_read_back_from_the_compact_form():
+    topo = Topology(3, BIG_CAP)
+    plan = Plan(TASK, [table_wise(0), column_wise([(1, 4), (0, 4)]), table_wise(2),
+                       column_wise([(0, 4), (1, 4), (2, 4)])], topo)
+    assert (plan.allocation, plan.splits) == ((0, 1, 0, 2, 0, 1, 2), (1, 2, 1, 3)) and not plan.general
+    assert Plan.from_allocation(TASK, plan.allocation, topo, plan.splits) == plan
+    whole = Plan(TASK, [table_wise(d) for d in (2, 1, 0, 0)], topo)
+    assert whole == Plan.table_wise(TASK, (2, 1, 0, 0), topo) and whole.splits is None
 
 
 def test_json_round_trip_of_every_type():
     shardings = [row_wise([2, 0]), data_parallel(3), column_wise([(2, 8), (0, 24)]), table_wise(1)]
-    plan = Plan.from_shardings(TASK, shardings, 3)
-    obj = json.loads(json.dumps(shardings_to_json(TASK, plan)))
+    plan = Plan(TASK, shardings, Topology(3, 1.0, "fp16"))
+    obj = json.loads(json.dumps(plan.shardings_json()))
     assert obj == [{"type": "row_wise", "devices": [2, 0], "rows": [500, 500]},
                    {"type": "data_parallel", "devices": [0, 1, 2]},
                    {"type": "column_wise", "devices": [2, 0], "dims": [8, 24]},
                    {"type": "table_wise", "devices": [1]}]
-    assert shardings_from_json(TASK, obj, 3) == plan
-    assert plan.table_shardings(TASK) == shardings and plan.sharding_types(TASK)[0] == "row_wise"
+    assert Plan.from_json(TASK, obj, Topology(3, 1.0, "fp16")) == plan
+    assert list(plan.shardings) == shardings and plan.sharding_types[0] == "row_wise"
     # an eval.py --out record: written, read back, the same plan
     class Fixed:
         name = "fixed"
@@ -142,7 +143,7 @@ def test_json_round_trip_of_every_type():
     result, _ = plan_task(0, "lookup_greedy", make_baseline("lookup_greedy"), TASK, Topology(3, 1.0, "fp16"))
     rec = result.to_json()
     assert [s["type"] for s in rec["shardings"]] == ["table_wise"] * 4 and "splits" not in rec
-    assert result.plan() == Plan(tuple(rec["allocation"]), 3)
+    assert result.plan() == Plan.table_wise(TASK, rec["allocation"], Topology(3, 1.0, "fp16"))
 
 
 @pytest.mark.parametrize("obj, match", [
@@ -159,7 +160,7 @@ def test_json_round_trip_of_every_type():
 ])
 def test_bad_shardings_are_one_line_errors(obj, match):
     with pytest.raises(ShardError, match=match) as exc:
-        shardings_from_json([TableConfig(0, 1000, 16, 5.0)], obj, 3)
+        Plan.from_json([TableConfig(0, 1000, 16, 5.0)], obj, Topology(3, BIG_CAP))
     assert "\n" not in str(exc.value)
 
 
@@ -168,9 +169,9 @@ def test_comm_layout_counts_the_real_ids(data):
     ds = load_dataset(path)
     task = [t for t in tables if t.pooling_factor > 0][:4]
     task[3] = task[3].with_dim(16)
-    plan = Plan.from_shardings(task, [row_wise([0, 1, 2]), data_parallel(3), table_wise(2),
-                                      column_wise([(0, 8), (1, 8)])], 3)
-    shards = plan.shard_tables(task)
+    plan = Plan(task, [row_wise([0, 1, 2]), data_parallel(3), table_wise(2),
+                                      column_wise([(0, 8), (1, 8)])], Topology(3, BIG_CAP))
+    shards = plan.device_pieces
     layout = comm_layout(ds, shards, B)
     # ids sent: every id of the row-wise table once, plus a length per sample per holder; the
     # table-wise table's ids to its holder; every id of the column-wise table to each of its two
@@ -185,7 +186,7 @@ def test_comm_layout_counts_the_real_ids(data):
     off3 = ds.offsets[task[3].index][: B + 1].to(torch.int64)
     cw_slice = [int(off3[cuts[j + 1]] - off3[cuts[j]]) for j in range(3)]
     rw_to = [[0] * 3 for _ in range(3)]
-    for k, p in enumerate(plan.expand(task)[:3]):          # the row blocks, on devices 0, 1, 2
+    for k, p in enumerate([p for _, p in plan.pieces][:3]):          # the row blocks, on devices 0, 1, 2
         idx, offs = piece_lookups(ds, p, B)
         for j in range(3):
             rw_to[j][k] = int(offs[cuts[j + 1]] - offs[cuts[j]])
@@ -207,8 +208,8 @@ def test_a_device_runs_its_replicas_in_a_kernel_of_their_own_over_its_slice(data
     path, tables = data
     ds = load_dataset(path)
     task = [t for t in tables if t.pooling_factor > 0][:3]
-    plan = Plan.from_shardings(task, [table_wise(1), data_parallel(3), row_wise([1, 2])], 3)
-    shards = plan.shard_tables(task)
+    plan = Plan(task, [table_wise(1), data_parallel(3), row_wise([1, 2])], Topology(3, BIG_CAP))
+    shards = plan.device_pieces
     sl = [17, 17, 16]
     for d, shard in enumerate(shards):
         kernels = device_kernels(shard, B)
@@ -241,27 +242,27 @@ def test_rw_dp_plan_measured_end_to_end_on_four_cpu_devices(data):
     task = [t for t in tables if t.pooling_factor > 0][:4]
     task[2] = task[2].with_dim(16)
     shardings = [row_wise([0, 1, 2, 3]), data_parallel(4), column_wise([(3, 4), (1, 12)]), table_wise(2)]
-    plan = Plan.from_shardings(task, shardings, 4)
-    tw = Plan.from_shardings(task, [table_wise(d) for d in (0, 1, 3, 2)], 4)
+    plan = Plan(task, shardings, Topology(4, BIG_CAP))
+    tw = Plan(task, [table_wise(d) for d in (0, 1, 3, 2)], Topology(4, BIG_CAP))
     with PlanEvaluator(path, 4, bench_iters=2, warmup_iters=1, comm_iters=3, timeout_s=120) as ev:
-        r = ev.evaluate(plan.shard_tables(task))
-        base = ev.evaluate(tw.shard_tables(task))
+        r = ev.evaluate(plan.device_pieces)
+        base = ev.evaluate(tw.device_pieces)
     assert r.ndevices == 4 and not r.from_cache
     for fw_comp, fw_comm, bw_comm, bw_comp in r.device_costs_ms:
         assert fw_comp > 0 and bw_comp > 0      # every device holds a row block and a replica
         assert fw_comm > 0 and bw_comm > 0      # ids + pooled outputs; gradients + the DP all-reduce
     assert r.cost_ms > 0 and base.cost_ms > 0
     # what device 0 measured: its row block and its replica, pieces with their own lookups
-    assert [p.kind for p in plan.shard_tables(task)[0]] == ["row_wise", "data_parallel"]
-    assert all(isinstance(p, ShardPiece) for p in plan.shard_tables(task)[0])
+    assert [p.kind for p in plan.device_pieces[0]] == ["row_wise", "data_parallel"]
+    assert all(isinstance(p, ShardPiece) for p in plan.device_pieces[0])
 
 
 def test_gpu_check_reads_row_wise_and_data_parallel_plans_from_an_eval_file(tmp_path):
     from tools.gpu_check_lib import _load_plans
     from shardcore.tasks import Task
 
-    plan = Plan.from_shardings(TASK, [row_wise([2, 0]), data_parallel(3), column_wise([(2, 8), (0, 24)]),
-                                      table_wise(1)], 3)
+    plan = Plan(TASK, [row_wise([2, 0]), data_parallel(3), column_wise([(2, 8), (0, 24)]),
+                       table_wise(1)], Topology(3, 1.0, "fp16"))
 
     class Fixed:
         name = "fixed"

@@ -20,9 +20,10 @@ from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wis
 from shardcore.types import Topology
 from shardkit_planner.costmodel import CostModel, emulated_model
 from shardkit_planner.search import State, WorkBudget, candidate_moves, kick, local_search, recreate
-from shardkit_planner.sharder import ShardkitSharder, load_sharder
+from shardkit_planner.sharder import ShardkitSharder
 from shardkit_planner.starts import PlanningTask, hybrid_greedy, model_greedy, replicate_greedy
 from helpers import FnOracle, load_tool, make_dataset
+from helpers import BIG_CAP, build_planner, planning_ctx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,6 +62,11 @@ def model(data):
     return emulated_model(path, B)
 
 
+def shardkit(oracle="emulated:h200", ctx=None, **settings):
+    """``--alg shardkit`` from the registry, planning for ``oracle``, its settings replaced by ``settings``."""
+    return build_planner("shardkit", ctx or planning_ctx(oracle=oracle), **settings)
+
+
 def _sharder(model, **kw):
     kw.setdefault("work", 3000)
     return ShardkitSharder(name="shardkit", model=model, **kw)
@@ -68,7 +74,7 @@ def _sharder(model, **kw):
 
 def _starts(sk, task, n, cap, model=None, precision="fp16"):
     """The sharder's starts for ``task`` on ``n`` devices of ``cap`` (its task model unless ``model``)."""
-    model = model or sk.task_model(task, n)
+    model = model or sk.task_model(task, Topology(n, cap, precision))
     return sk.start_plans(PlanningTask(list(task), Topology(n, cap, precision), model, sk.types))
 
 
@@ -83,10 +89,10 @@ def test_respects_a_binding_memory_cap(data, model):
     cap = max(1.05 * total / 4, 1.01 * max(t.memory_gb() for t in task))
     sk = _sharder(model)
     plan = sk.shard(task, Topology(4, cap))
-    assert plan.is_feasible(task, cap)
-    assert max(plan.device_memory_gb(task)) <= cap + 1e-12
+    assert plan.feasible
+    assert max(plan.device_memory_gb()) <= cap + 1e-12
     # every candidate move the search scores from this plan keeps the cap too
-    st = State(model, task, plan.table_shardings(task), 4, cap, "fp16")
+    st = State(model, task, list(plan.shardings), Topology(4, cap, "fp16"))
     m = int(np.argmax(st.costs))
     for _kind, change in candidate_moves(st, m, 6, 3, 0.05):
         shards = st.changed_shards(change)
@@ -104,13 +110,13 @@ def test_never_worse_than_its_starts_under_its_model(data, model):
     plan = sk.shard(task, Topology(4, 10.0))
     starts = _starts(sk, task, 4, 10.0)
     assert {n for n, _ in starts} >= {"model_greedy", "size_lookup_greedy"}
-    best_start = min(model.plan_cost(task, p) for _, p in starts)
-    got = model.plan_cost(task, plan)
+    best_start = min(model.plan_cost(p) for _, p in starts)
+    got = model.plan_cost(plan)
     assert got <= best_start + 1e-9
     assert sk.last_info["shardkit_model_ms"] == pytest.approx(got, abs=1e-3)
     assert sk.last_info["shardkit_measurements"] == 0
     # and the search itself, from a poor start (everything on device 0), only goes down
-    st = State(model, task, [table_wise(0)] * len(task), 4, 10.0, "fp16")
+    st = State(model, task, [table_wise(0)] * len(task), Topology(4, 10.0, "fp16"))
     before = st.score
     local_search(st, _budget(), max_rounds=40)
     assert st.score <= before and st.cost < before[0]
@@ -123,22 +129,22 @@ def test_every_sharding_type(data, model):
     shardings = [table_wise(0), column_wise([(1, task[1].dim // 2), (2, task[1].dim // 2)]),
                  column_wise([(3, 4), (0, task[2].dim - 4)]), row_wise([0, 1, 2, 3]), row_wise([2, 3]),
                  data_parallel(4), table_wise(1), table_wise(2)]
-    st = State(model, task, shardings, 4, 10.0, "fp16")
+    st = State(model, task, shardings, Topology(4, 10.0, "fp16"))
     plan = st.plan()
-    assert set(plan.sharding_types(task)) == {"table_wise", "column_wise", "row_wise", "data_parallel"}
+    assert set(plan.sharding_types) == {"table_wise", "column_wise", "row_wise", "data_parallel"}
     # the incremental state agrees with the whole-plan prediction
-    np.testing.assert_allclose(st.costs, model.device_costs(task, plan), rtol=1e-9)
+    np.testing.assert_allclose(st.costs, model.device_costs(plan), rtol=1e-9)
     kinds = set()
     for m in range(4):
         kinds |= {k for k, _ in candidate_moves(st, m, 6, 8, 1.0)}
     assert {"move", "split", "merge", "swap", "row-wise", "replicate", "gather"} <= kinds
     local_search(st, _budget(), max_rounds=30)
     after = st.plan()                       # a valid plan of every type
-    np.testing.assert_allclose(st.costs, model.device_costs(task, after), rtol=1e-9)
+    np.testing.assert_allclose(st.costs, model.device_costs(after), rtol=1e-9)
     # restricted to table- and column-wise, the search creates no row-wise / data-parallel table
-    st2 = State(model, task, [table_wise(0)] * len(task), 4, 10.0, "fp16")
+    st2 = State(model, task, [table_wise(0)] * len(task), Topology(4, 10.0, "fp16"))
     local_search(st2, _budget(), max_rounds=30, types=("table_wise", "column_wise"))
-    assert set(st2.plan().sharding_types(task)) <= {"table_wise", "column_wise"}
+    assert set(st2.plan().sharding_types) <= {"table_wise", "column_wise"}
 
 
 def test_work_budget_is_honoured_and_the_time_cap_says_when_it_cut_the_search(data, model):
@@ -154,9 +160,9 @@ def test_work_budget_is_honoured_and_the_time_cap_says_when_it_cut_the_search(da
     capped.shard(tables, Topology(8, 10.0))
     assert capped.last_info["shardkit_stopped"] == "time cap"
     with pytest.raises(ShardError, match="--shardkit-time"):
-        load_sharder(oracle="emulated:h200", shardkit_time=0)
+        shardkit("emulated:h200", time=0)
     with pytest.raises(ShardError, match="--shardkit-work"):
-        load_sharder(oracle="emulated:h200", shardkit_work=0)
+        shardkit("emulated:h200", work=0)
 
 
 class CountingOracle:
@@ -185,7 +191,7 @@ def test_refinement_counts_measurements_and_keeps_the_fastest(data, model):
     assert info["shardkit_measurements"] == oracle.calls and 1 <= oracle.calls <= 3
     assert len(info["shardkit_measured_ms"]) == oracle.calls
     if oracle.calls > 1:   # the first (model's best) was measured slower: another one is kept
-        assert model.plan_cost(task, plan) + 0.0 == pytest.approx(min(info["shardkit_measured_ms"][1:]), abs=1e-3)
+        assert model.plan_cost(plan) + 0.0 == pytest.approx(min(info["shardkit_measured_ms"][1:]), abs=1e-3)
 
 
 def _skewed_oracle(model, slow):
@@ -235,10 +241,10 @@ def test_refinement_corrects_a_wrong_model_and_is_measured_afresh(data, model):
     task = tables[:16]
     plain = _sharder(model, starts=("model_greedy",), max_kicks=0)   # the local optimum: no kicks, CPU-independent
     first = plain.shard(task, Topology(4, 10.0))
-    crowded = max(first.shard_tables(task), key=len)      # two tables the model put together
+    crowded = max(first.device_pieces, key=len)      # two tables the model put together
     slow = {crowded[0].index, crowded[1].index}
     oracle = _skewed_oracle(model, slow)
-    truth = lambda plan: max(sum(c) for c in oracle.fn(plan.shard_tables(task)))
+    truth = lambda plan: max(sum(c) for c in oracle.fn(plan.device_pieces))
     sk = _sharder(model, starts=("model_greedy",), refine_k=4, max_kicks=0)
     sk.attach_oracle(oracle)
     assert sk.measures_candidates and not plain.measures_candidates
@@ -264,12 +270,12 @@ def test_refinement_corrects_a_wrong_model_and_is_measured_afresh(data, model):
 
 def test_model_greedy_and_cost_model_file_round_trip(data, model, tmp_path):
     _, tables = data
-    plan = model_greedy(model, tables[:12], 3, 10.0, "fp16")
-    assert plan.is_feasible(tables[:12], 10.0)
+    plan = model_greedy(model, tables[:12], Topology(3, 10.0, "fp16"))
+    assert plan.feasible
     path = tmp_path / "m.json"
     model.save(path)
     again = CostModel.load(path)
-    np.testing.assert_allclose(again.device_costs(tables[:12], plan), model.device_costs(tables[:12], plan))
+    np.testing.assert_allclose(again.device_costs(plan), model.device_costs(plan))
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ShardError, match="not a shardkit cost model"):
         CostModel.load(tmp_path / "bad.json")
@@ -278,19 +284,19 @@ def test_model_greedy_and_cost_model_file_round_trip(data, model, tmp_path):
 def _share_plan(model, task, rep):
     """``rep`` replicated, the rest by model_greedy (replicate_greedy's variants)."""
     rest = [i for i in range(len(task)) if i not in rep]
-    part = model_greedy(model, [task[i] for i in rest], 4, 10.0 - sum(task[i].memory_gb() for i in rep), "fp16")
+    part = model_greedy(model, [task[i] for i in rest], Topology(4, 10.0 - sum(task[i].memory_gb() for i in rep), "fp16"))
     sh = [data_parallel(4)] * len(task)
-    for i, x in zip(rest, part.table_shardings([task[i] for i in rest])):
+    for i, x in zip(rest, list(part.shardings)):
         sh[i] = x
-    return Plan.from_shardings(task, sh, 4)
+    return Plan(task, sh, Topology(4, BIG_CAP))
 
 
 def test_replicate_greedy_start_is_the_best_replication_of_the_small_tables(data, model):
     _, tables = data
     task = tables[:16]
-    plan = replicate_greedy(model, task, 4, 10.0, "fp16")
-    assert plan.is_feasible(task, 10.0)
-    kinds = [s.type for s in plan.table_shardings(task)]
+    plan = replicate_greedy(model, task, Topology(4, 10.0, "fp16"))
+    assert plan.feasible
+    kinds = [s.type for s in list(plan.shardings)]
     assert set(kinds) <= {"table_wise", "data_parallel"}
     rep = [i for i, k in enumerate(kinds) if k == "data_parallel"]
     assert rep   # every table here is small: at least an eighth of them replicated
@@ -301,7 +307,7 @@ def test_replicate_greedy_start_is_the_best_replication_of_the_small_tables(data
     # the cheapest share under the model: no other share prices lower
     small = sorted(range(len(task)), key=lambda i: (per_lookup[i], i))
     for k in (len(task) // 8, len(task) // 2, 7 * len(task) // 8):   # shares it tries
-        assert model.plan_cost(task, plan) <= model.plan_cost(task, _share_plan(model, task, set(small[:k]))) + 1e-9
+        assert model.plan_cost(plan) <= model.plan_cost(_share_plan(model, task, set(small[:k]))) + 1e-9
     # a start of shardkit's by default, left out where data-parallel is not among the types
     assert "replicate_greedy" in {n for n, _ in _starts(_sharder(model), task, 4, 10.0)}
     tw = _sharder(model, types=("table_wise",))
@@ -311,9 +317,9 @@ def test_replicate_greedy_start_is_the_best_replication_of_the_small_tables(data
 def test_hybrid_greedy_spreads_the_heaviest_tables_row_wise_and_prices_no_worse_than_replication(data, model):
     _, tables = data
     task = tables[:16]
-    plan = hybrid_greedy(model, task, 4, 10.0, "fp16")
-    assert plan.is_feasible(task, 10.0)
-    kinds = [s.type for s in plan.table_shardings(task)]
+    plan = hybrid_greedy(model, task, Topology(4, 10.0, "fp16"))
+    assert plan.feasible
+    kinds = [s.type for s in list(plan.shardings)]
     assert set(kinds) <= {"table_wise", "data_parallel", "row_wise"}
     # the row-wise tables are the heaviest by standalone modelled cost among those not replicated
     alone = model.shard_compute([[t] for t in task])
@@ -321,14 +327,14 @@ def test_hybrid_greedy_spreads_the_heaviest_tables_row_wise_and_prices_no_worse_
     tw = [i for i, k in enumerate(kinds) if k == "table_wise"]
     if rw and tw:
         assert min(alone[i] for i in rw) >= max(alone[i] for i in tw) - 1e-12
-    for s in plan.table_shardings(task):
+    for s in list(plan.shardings):
         if s.type == "row_wise":
             assert s.devices == (0, 1, 2, 3)   # over every device
     # its variants include replicate_greedy's: never priced above it
-    assert model.plan_cost(task, plan) <= model.plan_cost(task, replicate_greedy(model, task, 4, 10.0, "fp16")) + 1e-9
+    assert model.plan_cost(plan) <= model.plan_cost(replicate_greedy(model, task, Topology(4, 10.0, "fp16"))) + 1e-9
     # only the spread, no replicas: the heaviest table row-wise
-    one = hybrid_greedy(model, task, 4, 10.0, "fp16", spread=(1,), replicate=False)
-    kinds = [s.type for s in one.table_shardings(task)]
+    one = hybrid_greedy(model, task, Topology(4, 10.0, "fp16"), spread=(1,), replicate=False)
+    kinds = [s.type for s in list(one.shardings)]
     assert kinds.count("row_wise") == 1 and kinds.index("row_wise") == int(np.argmax(alone))
     assert "data_parallel" not in kinds
     # a default start, left out where row-wise is not among the types
@@ -339,17 +345,17 @@ def test_hybrid_greedy_spreads_the_heaviest_tables_row_wise_and_prices_no_worse_
 def test_kick_changes_a_copy_only_and_keeps_its_bookkeeping_exact(data, model):
     _, tables = data
     task = tables[:16]
-    start = model_greedy(model, task, 4, 10.0, "fp16")
-    st = State(model, task, start.table_shardings(task), 4, 10.0, "fp16")
+    start = model_greedy(model, task, Topology(4, 10.0, "fp16"))
+    st = State(model, task, list(start.shardings), Topology(4, 10.0, "fp16"))
     before = (list(st.shardings), st.costs.copy())
     other = st.copy()
     applied = kick(other, np.random.default_rng(0), 3)
     assert applied == 3 and other.shardings != before[0]
     assert st.shardings == before[0] and np.array_equal(st.costs, before[1])   # the original untouched
-    fresh = State(model, task, other.shardings, 4, 10.0, "fp16")   # the copy's books match a fresh state
+    fresh = State(model, task, other.shardings, Topology(4, 10.0, "fp16"))   # the copy's books match a fresh state
     assert np.allclose(fresh.costs, other.costs) and np.allclose(fresh.mem, other.mem)
-    assert other.plan().is_feasible(task, 10.0)
-    one = State(model, task, [table_wise(0)] * len(task), 1, 10.0, "fp16")
+    assert other.plan().feasible
+    one = State(model, task, [table_wise(0)] * len(task), Topology(1, 10.0, "fp16"))
     assert kick(one, np.random.default_rng(0), 3) == 0   # one device: nothing to move
     # the same generator seed kicks the same way
     again = st.copy()
@@ -363,10 +369,10 @@ def test_recreate_puts_a_share_of_the_whole_tables_back_heaviest_first_on_the_le
     nothing where it cannot (one device, a device's memory overflowing)."""
     _, tables = data
     task = tables[:16]
-    start = model_greedy(model, task, 4, 10.0, "fp16")
-    shardings = start.table_shardings(task)
+    start = model_greedy(model, task, Topology(4, 10.0, "fp16"))
+    shardings = list(start.shardings)
     shardings[0] = data_parallel(4)                      # a replica stays a replica
-    st = State(model, task, shardings, 4, 10.0, "fp16")
+    st = State(model, task, shardings, Topology(4, 10.0, "fp16"))
     other = st.copy()
     n = recreate(other, np.random.default_rng(0), 0.5)
     assert n == 7                                        # half of the 15 whole tables, rounded down
@@ -374,7 +380,7 @@ def test_recreate_puts_a_share_of_the_whole_tables_back_heaviest_first_on_the_le
     assert 0 not in moved and other.shardings[0] == data_parallel(4)
     assert all(other.shardings[i].type == "table_wise" for i in range(1, len(task)))
     assert st.shardings == shardings                     # the original untouched
-    fresh = State(model, task, other.shardings, 4, 10.0, "fp16")
+    fresh = State(model, task, other.shardings, Topology(4, 10.0, "fp16"))
     assert np.allclose(fresh.costs, other.costs) and np.allclose(fresh.mem, other.mem)
     again = st.copy()
     recreate(again, np.random.default_rng(0), 0.5)
@@ -390,7 +396,7 @@ def test_recreate_puts_a_share_of_the_whole_tables_back_heaviest_first_on_the_le
     heaviest = taken[int(np.argmax(alone))]
     assert other.shardings[heaviest].devices == (int(np.argmin(load)),)
     assert set(moved) <= set(taken)                      # only the taken tables may have moved
-    assert recreate(State(model, task, [table_wise(0)] * len(task), 1, 10.0, "fp16"), rng) == 0
+    assert recreate(State(model, task, [table_wise(0)] * len(task), Topology(1, 10.0, "fp16")), rng) == 0
     # a re-placement that would overflow a device's memory (changed_shards says None) changes nothing
     full = st.copy()
     full.changed_shards = lambda change: None
@@ -409,11 +415,11 @@ def test_iterated_search_kicks_while_the_budget_lasts_and_keeps_the_best(data, m
     assert info["shardkit_kicks"] >= 1 and 0 <= info["shardkit_kick_gains"] <= info["shardkit_kicks"]
     # the kept plan scores no worse under the sharder's objective than any start
     tm = sk.task_model(task)
-    kept = State(tm, task, plan.table_shardings(task), 4, 10.0, "fp16").score
+    kept = State(tm, task, list(plan.shardings), Topology(4, 10.0, "fp16")).score
     for _, start in _starts(sk, task, 4, 10.0, tm):
-        assert kept <= State(tm, task, start.table_shardings(task), 4, 10.0, "fp16").score
+        assert kept <= State(tm, task, list(start.shardings), Topology(4, 10.0, "fp16")).score
     # --shardkit-kicks 0: the starts' local optima only
-    assert load_sharder(oracle="emulated:h200", shardkit_kicks=0).max_kicks == 0
+    assert shardkit("emulated:h200", kicks=0).max_kicks == 0
     none = _sharder(model, max_kicks=0)
     none.shard(task, Topology(4, 10.0, "fp16"))
     assert none.plan_stats()["shardkit_kicks"] == 0
@@ -424,10 +430,10 @@ def test_iterated_search_kicks_while_the_budget_lasts_and_keeps_the_best(data, m
 
 def test_resolved_by_name_and_used_by_eval_and_plan(data, tmp_path, capsys):
     path, tables = data
-    sk = algorithms.resolve("shardkit", oracle="emulated:h200", data_dir=path, batch_size=B, shardkit_time=0.1)
+    sk = shardkit(ctx=planning_ctx(data_dir=path, batch_size=B), time=0.1)
     assert isinstance(sk, ShardkitSharder)
-    with pytest.raises(ShardError, match="shardkit"):
-        algorithms.resolve("shardkit", oracle="emulated:a100")
+    with pytest.raises(ShardError, match="emulated:a100"):
+        shardkit("emulated:a100")
     # eval.py, judged by the emulated oracle
     import eval as eval_script
 
@@ -470,13 +476,13 @@ def test_eval_simulator_plans_with_shardkit(data, tmp_path, capsys, monkeypatch)
     import eval_simulator
 
     seen = {}
-    real = algorithms.resolve
+    real = algorithms.build
 
-    def spy(name, **kw):
-        seen[name] = kw
-        return real(name, **kw)
+    def spy(name, ctx, configs=None):
+        seen[name] = (ctx, configs)
+        return real(name, ctx, configs)
 
-    monkeypatch.setattr(eval_simulator.algorithms, "resolve", spy)
+    monkeypatch.setattr(eval_simulator.algorithms, "build", spy)
 
     class FakeSim(FnOracle):   # the simulator is a cost oracle: a table costs 1 ms
         def __init__(self):
@@ -493,7 +499,8 @@ def test_eval_simulator_plans_with_shardkit(data, tmp_path, capsys, monkeypatch)
     eval_simulator.main(["--alg", "shardkit", "--task-path", str(tasks), "--data-dir", path, "--ndevices", "2",
                          "--max-memory", "10", "--oracle", "emulated:h200", "--shardkit-time", "0.1",
                          "--quiet", "--out", str(out)])
-    assert seen["shardkit"]["oracle"] == "emulated:h200" and seen["shardkit"]["shardkit_time"] == 0.1
+    ctx, configs = seen["shardkit"]
+    assert ctx.oracle == "emulated:h200" and configs["shardkit"].time == 0.1
     rec = json.loads(out.read_text().splitlines()[0])
     assert rec["alg"] == "shardkit" and rec["feasible"] and rec["shardkit_model"].startswith("emulator")
     capsys.readouterr()
@@ -516,17 +523,17 @@ def test_emulated_model_is_the_oracle_on_every_type_and_device_count(data, model
                  + [table_wise(d % n) for d in range(3)]]
         with EmulatedOracle(path, n) as emu:
             for shardings in plans:
-                plan = Plan.from_shardings(task, shardings, n)
-                truth = [sum(d) for d in emu.evaluate(plan.shard_tables(task)).device_costs_ms]
-                np.testing.assert_allclose(model.device_costs(task, plan), truth, rtol=1e-12)
-                np.testing.assert_allclose(State(model, task, shardings, n, 10.0, "fp16").costs, truth, rtol=1e-12)
+                plan = Plan(task, shardings, Topology(n, BIG_CAP))
+                truth = [sum(d) for d in emu.evaluate(plan.device_pieces).device_costs_ms]
+                np.testing.assert_allclose(model.device_costs(plan), truth, rtol=1e-12)
+                np.testing.assert_allclose(State(model, task, shardings, Topology(n, 10.0, "fp16")).costs, truth, rtol=1e-12)
     # the per-piece id widths the search keeps: a table's pooling factor + 1 length for a table-wise
     # table and for every column block, its row share's for a row block, nothing for a replica
     t = task[0]
-    tw = Plan.from_shardings([t], [table_wise(1)], 2).expand([t])
-    cw = Plan.from_shardings([t], [column_wise([(0, t.dim // 2), (1, t.dim // 2)])], 2).expand([t])
-    rw = Plan.from_shardings([t], [row_wise([0, 1])], 2).expand([t])
-    dp = Plan.from_shardings([t], [data_parallel(2)], 2).expand([t])
+    tw = [p for _, p in Plan([t], [table_wise(1)], Topology(2, BIG_CAP)).pieces]
+    cw = [p for _, p in Plan([t], [column_wise([(0, t.dim // 2), (1, t.dim // 2)])], Topology(2, BIG_CAP)).pieces]
+    rw = [p for _, p in Plan([t], [row_wise([0, 1])], Topology(2, BIG_CAP)).pieces]
+    dp = [p for _, p in Plan([t], [data_parallel(2)], Topology(2, BIG_CAP)).pieces]
     assert [model.id_width(p) for p in tw + cw] == [t.pooling_factor + 1] * 3
     assert [model.id_width(p) for p in rw] == pytest.approx([t.pooling_factor * p.row / t.row + 1 for p in rw])
     assert [model.id_width(p) for p in dp] == [0.0, 0.0] and [model.pooled_dim(p) for p in dp] == [0, 0]
@@ -589,8 +596,8 @@ def test_measured_model_prices_ids_as_the_oracles_do_at_its_fitted_constants(dat
     assert m.comm.latency_us == pytest.approx(30.0, rel=1e-6)
     assert m.comm_for(2).bandwidth_gbps == pytest.approx(2.0, rel=1e-6)
     task = [t for t in tables if t.pooling_factor > 0][:3]
-    plan = Plan.from_shardings(task, [row_wise([0, 1]), table_wise(1), data_parallel(2)], 2)
-    shards = plan.shard_tables(task)
+    plan = Plan(task, [row_wise([0, 1]), table_wise(1), data_parallel(2)], Topology(2, BIG_CAP))
+    shards = plan.device_pieces
     assert all(m.id_width(p) == id_width(p) for s in shards for p in s)
     assert m.extra_bytes(shards[0][0], 2) == 0.0                      # a row block adds no all-reduce bytes
     dims = [sum(m.pooled_dim(p) for p in s) for s in shards]
@@ -654,18 +661,18 @@ def test_emulated_model_is_the_oracle_on_row_wise_and_data_parallel_plans(data, 
         m = model if comm is None else emulated_model(path, B, comm)
         with EmulatedOracle(path, 4, comm_model=comm) as emu:
             for shardings in plans:
-                plan = Plan.from_shardings(task, shardings, 4)
-                truth = [sum(d) for d in emu.evaluate(plan.shard_tables(task)).device_costs_ms]
-                np.testing.assert_allclose(m.device_costs(task, plan), truth, rtol=1e-12)
-                st = State(m, task, shardings, 4, 10.0, "fp16")       # the search's incremental form
+                plan = Plan(task, shardings, Topology(4, BIG_CAP))
+                truth = [sum(d) for d in emu.evaluate(plan.device_pieces).device_costs_ms]
+                np.testing.assert_allclose(m.device_costs(plan), truth, rtol=1e-12)
+                st = State(m, task, shardings, Topology(4, 10.0, "fp16"))       # the search's incremental form
                 np.testing.assert_allclose(st.costs, truth, rtol=1e-12)
             # and the search's result, whatever types it chose
-            st = State(m, task, plans[2], 4, 10.0, "fp16")
+            st = State(m, task, plans[2], Topology(4, 10.0, "fp16"))
             local_search(st, _budget(), max_rounds=20)
-            truth = [sum(d) for d in emu.evaluate(st.plan().shard_tables(task)).device_costs_ms]
+            truth = [sum(d) for d in emu.evaluate(st.plan().device_pieces).device_costs_ms]
             np.testing.assert_allclose(st.costs, truth, rtol=1e-12)
     # the id exchange is priced on every device (each sends ids or receives them)
-    shards = Plan.from_shardings(task, plans[0], 4).shard_tables(task)
+    shards = Plan(task, plans[0], Topology(4, BIG_CAP)).device_pieces
     dims = [[sum(p.dim for p in s) for s in shards]]
     ids = [[sum(model.id_width(p) for p in s) for s in shards]]
     assert (model.comm_costs(dims, ids=ids) > model.comm_costs(dims)).all()
@@ -689,31 +696,26 @@ def test_flags_come_from_the_config_once():
     assert flags <= dests(sim) and flags <= dests(pl)
     assert "shardkit_refine" not in dests(sim) | dests(pl)
     args = ev.parse_args(["--shardkit-time", "0.5", "--shardkit-types", "tw,rw"])
-    assert algorithms.plugin_kwargs(args) == {"shardkit_time": 0.5, "shardkit_types": ("tw", "rw")}
-    assert algorithms.plugin_kwargs(ev.parse_args([])) == {}
-    assert CONFIG.time == load_sharder(oracle="emulated:h200").time_budget_s
+    cfg = algorithms.planner_configs(args)["shardkit"]
+    assert (cfg.time, cfg.types) == (0.5, ("tw", "rw")) and cfg.work == CONFIG.work
+    assert algorithms.planner_configs(ev.parse_args([]))["shardkit"] == CONFIG
+    assert CONFIG.time == shardkit("emulated:h200").time_budget_s
 
 
-def test_the_sharder_and_load_sharder_take_their_defaults_from_the_config():
-    """ShardkitConfig states each default once: the sharder's fields and load_sharder's shardkit_<field>
-    keyword arguments (not restated in its signature) read CONFIG; a None argument keeps CONFIG's value."""
+def test_the_sharder_and_its_factory_take_their_defaults_from_the_config():
+    """ShardkitConfig states each default once: the sharder's fields and the factory read CONFIG; the factory
+    takes the planning context and the config, nothing else."""
     import inspect
 
-    from shardkit_planner.sharder import CONFIG, ShardkitConfig, ShardkitSharder, config_from_kwargs
-    from shardcore.config import flag_fields
+    from shardkit_planner.sharder import CONFIG, ShardkitSharder, make_sharder
 
-    assert not [n for n in inspect.signature(load_sharder).parameters if n.startswith("shardkit_")]
+    assert list(inspect.signature(make_sharder).parameters) == ["ctx", "config", "checkpoint", "planners"]
     bare = ShardkitSharder(name="shardkit")
     assert (bare.time_budget_s, bare.starts, bare.robust) == (CONFIG.time, CONFIG.starts, CONFIG.robust)
-    nones = {f"shardkit_{f.name}": None for f in flag_fields(ShardkitConfig)}
-    cfg, rest = config_from_kwargs({**nones, "max_memory": 3})
-    assert cfg == CONFIG and rest == {"max_memory": 3}
-    sk = load_sharder(oracle="emulated:h200", **nones)
+    sk = shardkit("emulated:h200")
     assert (sk.time_budget_s, sk.starts, sk.robust, sk.refine_k) == (CONFIG.time, CONFIG.starts, CONFIG.robust, 0)
-    sk = load_sharder(oracle="emulated:h200", shardkit_time=0.25, shardkit_starts=["dim_greedy"],
-                      shardkit_robust=False, shardkit_types=["tw"])
+    sk = shardkit("emulated:h200", time=0.25, starts=("dim_greedy",), robust=False, types=("tw",))
     assert (sk.time_budget_s, sk.starts, sk.robust, sk.types) == (0.25, ("dim_greedy",), False, ("table_wise",))
-    assert "shardkit_time" not in sk.start_kwargs
 
 
 def test_refinement_is_on_by_default_only_where_the_oracle_is_hardware():
@@ -723,12 +725,12 @@ def test_refinement_is_on_by_default_only_where_the_oracle_is_hardware():
     from shardkit_planner.sharder import MEASURED_REFINE
 
     assert MEASURED_REFINE > 0
-    assert load_sharder(oracle="measured").refine_k == MEASURED_REFINE
-    assert load_sharder(oracle="emulated:h200").refine_k == 0
-    assert load_sharder(oracle="measured", shardkit_refine=0).refine_k == 0
-    assert load_sharder(oracle="emulated:h200", shardkit_refine=2).refine_k == 2
+    assert shardkit("measured").refine_k == MEASURED_REFINE
+    assert shardkit("emulated:h200").refine_k == 0
+    assert shardkit("measured", refine=0).refine_k == 0
+    assert shardkit("emulated:h200", refine=2).refine_k == 2
     # without an attached oracle (plan.py, --plan-only) nothing is measured
-    assert not load_sharder(oracle="measured").measures_candidates
+    assert not shardkit("measured").measures_candidates
 
 
 def test_default_types_by_landscape():
@@ -738,10 +740,10 @@ def test_default_types_by_landscape():
     types win either way."""
     from shardkit_planner.search import ALL_TYPES
 
-    assert load_sharder(oracle="measured").types == ("table_wise", "column_wise", "row_wise")
-    assert load_sharder(oracle="emulated:h200").types == ALL_TYPES
-    assert load_sharder(oracle="measured", shardkit_types=["tw", "cw"]).types == ("table_wise", "column_wise")
-    assert "data_parallel" in load_sharder(oracle="measured", shardkit_types=["tw", "dp"]).types
+    assert shardkit("measured").types == ("table_wise", "column_wise", "row_wise")
+    assert shardkit("emulated:h200").types == ALL_TYPES
+    assert shardkit("measured", types=("tw", "cw")).types == ("table_wise", "column_wise")
+    assert "data_parallel" in shardkit("measured", types=("tw", "dp")).types
 
 
 def test_measured_cpu_model_prices_a_column_piece_by_its_share_of_the_dim(data, tmp_path):
@@ -1042,14 +1044,13 @@ def test_the_task_models_replica_law_is_fitted_before_the_budget_starts():
     """The held-out model's replica law (a fit over the measured replica devices, ~2 s on 2 cores)
     is part of the task's model fit, not of the planning budget, which it once ate on the first
     replica priced (1.9 s of a 5 s budget on a DLRM-50 task)."""
-    from shardcore.cli import algorithms
     from shardcore.oracles.emulated import emulator as E
     from shardcore.dataset import load_table_configs
     from shardcore.tasks import load_tasks
 
     tables = load_table_configs(E.MEASUREMENTS_DIR / "dlrm_b65536" / "table_configs.json")
     task = load_tasks(E.MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt", num_tables=len(tables))[1]
-    sk = algorithms.resolve("shardkit", oracle="emulated:h200", shardkit_time=0.1)
+    sk = shardkit(time=0.1)
     compute = sk.task_model(task.tables(tables)).compute
     assert "heldout" in compute.params and compute._replica_weights is not None   # fitted: an array, or False
 
@@ -1070,16 +1071,16 @@ def test_robust_objective_never_worse_than_its_starts_under_the_models_error(dat
     draws = layers[0]
 
     def objective(p):
-        shards = p.shard_tables(task)
+        shards = p.device_pieces
         comp = m.shard_compute(shards)
         return float((comp[None, :] * draws + (m.shard_costs(shards) - comp)[None, :]).max(axis=1).mean())
 
     got = objective(plan)
     assert sk.last_info["shardkit_expected_ms"] == pytest.approx(got, abs=1e-3)
-    assert sk.last_info["shardkit_model_ms"] == pytest.approx(m.plan_cost(task, plan), abs=1e-3)
+    assert sk.last_info["shardkit_model_ms"] == pytest.approx(m.plan_cost(plan), abs=1e-3)
     assert all(got <= objective(p) + 1e-9 for _, p in _starts(sk, task, 4, 10.0, m))
     # the expected slowest device is at least the slowest expected device (Jensen)
-    shards = plan.shard_tables(task)
+    shards = plan.device_pieces
     comp = m.shard_compute(shards)
     assert got >= float((comp * draws.mean(axis=0) + m.shard_costs(shards) - comp).max()) - 1e-9
 
@@ -1096,16 +1097,16 @@ def test_robust_objective_draws_a_replica_device_from_its_kinds_error(data, mode
     assert layers.shape == (3, 64, 4)
     assert set(np.unique(layers[0])) <= set(plain) and set(np.unique(layers[1])) <= set(wide)
     assert (layers[2] == layers[0]).all()          # no row-wise error given: the model's own
-    tw = Plan.from_shardings(task, [table_wise(i % 4) for i in range(len(task))], 4)
-    dp = Plan.from_shardings(task, [data_parallel(4)] + [table_wise(i % 4) for i in range(1, len(task))], 4)
+    tw = Plan(task, [table_wise(i % 4) for i in range(len(task))], Topology(4, BIG_CAP))
+    dp = Plan(task, [data_parallel(4)] + [table_wise(i % 4) for i in range(1, len(task))], Topology(4, BIG_CAP))
     for plan, kinds in ((tw, [0, 0, 0, 0]), (dp, [1, 1, 1, 1])):
-        st = State(m, task, plan.table_shardings(task), 4, 10.0, "fp16")
+        st = State(m, task, list(plan.shardings), Topology(4, 10.0, "fp16"))
         assert st.kinds.tolist() == kinds
         f = layers[kinds, np.arange(64)[:, None], np.arange(4)]
         want = (st.comp[None, :] * f + (st.costs - st.comp)[None, :]).max(axis=1).mean()
         assert st.score[0] == pytest.approx(want, rel=1e-12)
     # a move that gathers the replica table-wise puts every device back on the model's own error
-    st = State(m, task, dp.table_shardings(task), 4, 10.0, "fp16")
+    st = State(m, task, list(dp.shardings), Topology(4, 10.0, "fp16"))
     assert st.make({0: table_wise(0)})
     assert st.kinds.tolist() == [0, 0, 0, 0]
 
@@ -1133,7 +1134,7 @@ def test_compare_tool_rejudges_the_records_plans_with_another_fit(tmp_path):
         for rank, i in enumerate(order):             # a lookup-balanced snake for "shardkit"
             plans["shardkit"][i] = rank % 4 if (rank // 4) % 2 == 0 else 3 - rank % 4
         for alg, alloc in plans.items():
-            shards = Plan(tuple(alloc), 4).shard_tables(tt)
+            shards = Plan.table_wise(tt, alloc, Topology(4, BIG_CAP)).device_pieces
             r = held.evaluate(shards)
             recs.append({"task": t, "alg": alg, "ndevices": 4, "batch_size": 65536, "allocation": alloc,
                          "table_ids": list(task.table_ids), "cost_ms": r.cost_ms, "device_costs_ms": r.device_costs_ms,
@@ -1281,10 +1282,7 @@ def test_a_start_that_is_another_planner_plans_for_the_same_hardware():
     """shardkit's TorchRec start (or its last-resort fallback) is configured as eval.py configures
     ``--alg torchrec``: for the judged landscape (the emulated H200's HBM and links), not TorchRec's defaults."""
     pytest.importorskip("torchrec")
-    from shardkit_planner.sharder import load_sharder
-
-    sk = load_sharder(oracle="emulated:h200", data_dir=None, batch_size=65536, comm_bandwidth=100.0,
-                      shardkit_starts=("torchrec", "lookup_greedy"))
+    sk = shardkit(ctx=planning_ctx(batch_size=65536, comm_bandwidth=100.0), starts=("torchrec", "lookup_greedy"))
     hw = next(p for p in sk.proposers if p.name == "torchrec").sharder().hardware
     assert hw.landscape == "emulated:h200" and hw.intra_host_bw_gbps == 100.0 and hw.compute_device == "cuda"
 
@@ -1297,7 +1295,7 @@ def test_host_moves_table_row_wise_and_grid(data, model):
     _, tables = data
     task = [t for t in tables if t.dim % 8 == 0 and t.pooling_factor > 0][:8]
     hosts = dataclasses.replace(model, comm=CommModel(devices_per_host=2))
-    st = State(hosts, task, [table_wise(d % 4) for d in range(len(task))], 4, 10.0, "fp16")
+    st = State(hosts, task, [table_wise(d % 4) for d in range(len(task))], Topology(4, 10.0, "fp16"))
     m = int(np.argmax(st.costs))
     moves = candidate_moves(st, m, 3, 8, 1.0)
     grids = [c for k, c in moves if k == "grid"]
@@ -1309,9 +1307,9 @@ def test_host_moves_table_row_wise_and_grid(data, model):
     shards = st.changed_shards(change)
     comp = st.compute_many(list(shards.values()))
     st.apply(change, shards, {d: float(v) for d, v in zip(shards, comp)})
-    np.testing.assert_allclose(st.costs, hosts.device_costs(task, st.plan()), rtol=1e-9)
+    np.testing.assert_allclose(st.costs, hosts.device_costs(st.plan()), rtol=1e-9)
     # without hosts, or without the type, no grid is offered
-    flat = State(model, task, [table_wise(d % 4) for d in range(len(task))], 4, 10.0, "fp16")
+    flat = State(model, task, [table_wise(d % 4) for d in range(len(task))], Topology(4, 10.0, "fp16"))
     assert "grid" not in {k for k, _ in candidate_moves(flat, m, 3, 8, 1.0)}
     assert "grid" not in {k for k, _ in candidate_moves(st, m, 3, 8, 1.0,
                                                           types=("table_wise", "row_wise"))}
@@ -1383,9 +1381,9 @@ def _measuring_oracle():
             finally:
                 self.in_plan = False
 
-        def measure_shards(self, shards, no_cache=None, **kw):   # single shards, not a plan's devices
+        def measure_devices(self, shards, no_cache=None, **kw):   # single shards, not a plan's devices
             self.shards_asked += 0 if self.in_plan else sum(1 for s in shards if s)
-            return super().measure_shards(shards, no_cache, **kw)
+            return super().measure_devices(shards, no_cache, **kw)
 
     return Measuring
 

@@ -42,7 +42,7 @@ def one_hot(index, rows, dim=128):
 
 def search_with(model, tables, shardings, n, cap, move, precision="fp16"):
     """``move`` alone from ``shardings``: (the state before, after, the moves taken)."""
-    st = State(model, tables, shardings, n, cap, precision)
+    st = State(model, tables, shardings, Topology(n, cap, precision))
     before = st.copy()
     stats = SearchStats(accepted={})
     local_search(st, WorkBudget(10 ** 7), moves=[move], stats=stats)
@@ -51,8 +51,8 @@ def search_with(model, tables, shardings, n, cap, move, precision="fp16"):
 
 def check_taken(before, after, kind):
     assert after.score < before.score and after.cost < before.cost
-    assert after.plan().is_feasible(after.tables, after.cap, after.precision)
-    fresh = State(after.model, after.tables, after.shardings, after.n, after.cap, after.precision)
+    assert after.plan().feasible
+    fresh = State(after.model, after.tables, after.shardings, after.topology)
     np.testing.assert_allclose(fresh.costs, after.costs, rtol=1e-9)   # the search's books are the model's
 
 
@@ -122,11 +122,11 @@ def test_no_move_ever_leaves_a_plan_above_its_start(model):
         except InfeasibleError:
             continue
         for move in M.FIRST_MOVES + M.SPLIT_MOVES:
-            st = State(model, tables, start.table_shardings(tables), n, cap, "fp16")
+            st = State(model, tables, list(start.shardings), Topology(n, cap, "fp16"))
             first = st.score
             local_search(st, WorkBudget(3000), moves=[move])
             assert st.score <= first
-            assert st.plan().is_feasible(tables, cap)
+            assert st.plan().feasible
 
 
 def mlperf():
@@ -140,14 +140,14 @@ def test_split_start_chooses_the_split_by_cost_for_tables_no_device_holds(model)
     tables, _ = mlperf()
     task = PlanningTask(tables, Topology(8, 8.0), model, M.ALL_TYPES)
     plan = SplitGreedy().propose(task)
-    assert plan.is_feasible(tables, 8.0)
-    types = plan.sharding_types(tables)
+    assert plan.feasible
+    types = plan.sharding_types
     big = [i for i, t in enumerate(tables) if t.memory_gb() > 8.0]
     assert big and all(types[i] in ("column_wise", "row_wise") for i in big)
     # no other shape it tries for those tables prices lower: column-wise in any count or row-wise for all
-    cost = model.plan_cost(tables, plan)
+    cost = model.plan_cost(plan)
     rowwise = PlanningTask(tables, Topology(8, 8.0), model, ("table_wise", "row_wise"))
-    assert cost <= model.plan_cost(tables, SplitGreedy().propose(rowwise)) + 1e-9
+    assert cost <= model.plan_cost(SplitGreedy().propose(rowwise)) + 1e-9
     # nothing to split: the start says so and is skipped
     with pytest.raises(InfeasibleError, match="every table fits"):
         SplitGreedy().propose(PlanningTask([one_hot(0, 100)], Topology(2, 8.0), model, M.ALL_TYPES))
@@ -158,7 +158,7 @@ def test_shardkit_types_are_honoured_exactly_and_a_needed_type_is_named(model):
     for types in (("table_wise", "column_wise", "data_parallel"), ("table_wise", "row_wise")):
         sk = ShardkitSharder(name="shardkit", model=model, types=types, work=3000, robust=False)
         plan = sk.shard(tables, Topology(8, 8.0))
-        assert set(plan.sharding_types(tables)) <= set(types)
+        assert set(plan.sharding_types) <= set(types)
     tw = ShardkitSharder(name="shardkit-tw", model=model, types=("table_wise",), work=3000)
     with pytest.raises(InfeasibleError, match=r"table 19 \(task position 19, 9\.532 GiB in fp16\) fits on no device "
                                               r"of 8 GiB and must be split; allow cw or rw in --shardkit-types") as exc:
@@ -196,9 +196,9 @@ def test_fp32_plans_priced_by_bytes_and_said_so(tmp_path):
     assert "fp32 compute derived from fp16 measurements by bytes moved" in proc.stdout
     plan = json.loads(out.read_text())
     tables, _ = mlperf()
-    p = Plan.from_shardings(tables, [Sharding.from_json(t["sharding"]) for t in plan["tables"]], 8)
-    fp32 = p.device_memory_gb(tables, "fp32")
-    assert max(fp32) <= 16.0 + 1e-9 and fp32 == [2 * m for m in p.device_memory_gb(tables, "fp16")]
+    p = Plan(tables, [Sharding.from_json(t["sharding"]) for t in plan["tables"]], Topology(8, 16.0, "fp32"))
+    fp32 = p.device_memory_gb()
+    assert max(fp32) <= 16.0 + 1e-9 and fp32 == [2 * m for m in p.device_memory_gb("fp16")] and p.feasible
 
 
 def test_shardkit_planner_on_an_fp32_collection_plans_as_plan_py(tmp_path):
@@ -232,5 +232,4 @@ def test_shardkit_planner_on_an_fp32_collection_plans_as_plan_py(tmp_path):
     assert proc.returncode == 0, proc.stderr
     theirs = json.loads(out.read_text())
     assert planner.last_info["precision"] == "fp32" and "fp32 compute derived from fp16" in planner.last_info["precision_note"]
-    got = planner.last_plan.table_shardings(tables)
-    assert [s.to_json(t) for s, t in zip(got, tables)] == [t["sharding"] for t in theirs["tables"]]
+    assert planner.last_plan.shardings_json() == [t["sharding"] for t in theirs["tables"]]

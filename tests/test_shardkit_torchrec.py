@@ -35,6 +35,7 @@ from shardkit_torchrec.estimator import EmulatedPerfEstimator  # noqa: E402
 from shardkit_torchrec.planner import (INEXPRESSIBLE_MS, ShardkitPlanner, TorchRecCostModel,  # noqa: E402
                                        expressible_problem)
 from shardkit_torchrec.sharder import EmulatedTorchRecSharder  # noqa: E402
+from helpers import planning_ctx
 
 
 def topology(world=4, compute="cuda", cap=2 << 30, local=None):
@@ -88,7 +89,7 @@ def test_planner_plan_is_shardkits_plan_in_torchrecs_form():
     planner = ShardkitPlanner(topology(), batch_size=16384, constraints=cons, time_budget_s=20.0)
     sp = planner.plan(ebc(SPEC), [EmbeddingBagCollectionSharder()])
     module_plan = sp.plan[""]
-    ours = planner.last_plan.table_shardings([s.table for s in planner.last_stats])
+    ours = list(planner.last_plan.shardings)
     assert planner.global_batch == 65536 and planner.last_stats[0].table.pooling_factor == 150.0
     assert math.isclose(planner.cap_gb(), 2 * 0.85)
     for i, s in enumerate(ours):
@@ -208,11 +209,11 @@ def test_estimator_prices_shards_with_the_emulator_and_the_exchange_model():
 
 
 def test_alg_torchrec_emu_is_a_declared_plugin_and_plans():
-    sharder = algorithms.resolve("torchrec-emu", batch_size=65536, oracle="emulated:h200")
+    sharder = algorithms.build("torchrec-emu", planning_ctx(batch_size=65536))
     assert isinstance(sharder, EmulatedTorchRecSharder) and sharder.name == "torchrec-emu"
     tables = [TableConfig(i, r, d, pf) for i, ((r, d), pf) in enumerate(zip(SPEC, PFS))]
     plan = sharder.shard(tables, Topology(4, 0.5))
-    assert plan.is_feasible(tables, 0.5)
+    assert plan.feasible
     assert len(sharder.last_info["torchrec_types"]) == len(tables)
 
 
@@ -481,8 +482,9 @@ def test_planner_plans_fit_the_memory_account_with_the_optimizers_state():
     planner = ShardkitPlanner(topology(cap=200 << 20), batch_size=512, constraints=cons, time_budget_s=1.0,
                               optimizer="adam")
     planner.plan(ebc(spec), [EmbeddingBagCollectionSharder()])
-    tables = [s.table for s in planner.last_stats]
-    again = device_memory(tables, planner.last_plan, "fp32", "adam", planner.global_batch)
+    assert [t.index for t in planner.last_plan.tables] == [s.table.index for s in planner.last_stats]
+    assert planner.last_plan.topology.precision == "fp32"
+    again = device_memory(planner.last_plan, "adam", planner.global_batch)
     assert [m.total for m in again] == [m.total for m in planner.last_memory]
     assert all(m.total <= planner.cap_gb() * 2 ** 30 for m in again)
     assert all(m.optimizer == 2 * m.weights for m in again)      # two fp32 states per fp32 weight

@@ -2,8 +2,9 @@
 
 Skipped when TorchRec cannot be imported, except where SHARDKIT_REQUIRE_TORCHREC=1 (set by `make test`,
 which installs TorchRec): there a missing or broken TorchRec fails the run with the reason and the way
-to install it (shardcore.interop.torchrec_planner.INSTALL_HINT)."""
+to install it (shardkit_torchrec.torchrec_planner.INSTALL_HINT)."""
 
+import dataclasses
 import json
 import os
 import traceback
@@ -18,13 +19,20 @@ require_torchrec()
 
 import torch  # noqa: E402
 
-from shardcore.cli import algorithms  # noqa: E402
 from shardcore.interop import plan_export as pe  # noqa: E402
-from shardcore.interop import torchrec_planner as trp  # noqa: E402
+from shardkit_torchrec import torchrec_planner as trp  # noqa: E402
 from shardcore.errors import InfeasibleError, ShardError  # noqa: E402
 from shardcore.plan import Plan, column_wise, data_parallel, row_wise, table_wise  # noqa: E402
 from shardcore.tables import TableConfig  # noqa: E402
 from shardcore.types import Topology  # noqa: E402
+from helpers import BIG_CAP, build_planner, planning_ctx
+from shardcore.planning import DEFAULT_BATCH_SIZE
+
+
+def torchrec(name="torchrec", oracle=None, batch_size=None, hosts=0, comm_bandwidth=None, **settings):
+    """TorchRec's planner from the registry, for the judged landscape ``oracle`` (None: TorchRec's defaults)."""
+    ctx = planning_ctx(oracle=oracle, batch_size=batch_size, devices_per_host=hosts, comm_bandwidth=comm_bandwidth)
+    return build_planner(name, ctx, **settings)
 
 # A small task: rows from 10 to 2M, dims 4..128, pooling factors 0..60 (fp16: 0.53 GB in all).
 TASK = [TableConfig(i, row, dim, pf) for i, (row, dim, pf) in enumerate([
@@ -34,13 +42,13 @@ TASK = [TableConfig(i, row, dim, pf) for i, (row, dim, pf) in enumerate([
 
 
 def test_alg_torchrec_tw_gives_feasible_table_wise_plans():
-    sharder = algorithms.resolve("torchrec-tw", batch_size=1024)
+    sharder = torchrec("torchrec-tw", batch_size=1024)
     assert isinstance(sharder, trp.TorchRecSharder) and sharder.batch_size == 1024
     assert sharder.name == "torchrec-tw" and sharder.types_for(4) == ["table_wise"]
     for ndevices, cap in [(2, 0.5), (4, 0.25), (4, 5.0)]:
         plan = sharder.shard(TASK, Topology(ndevices, cap))
         assert len(plan.allocation) == len(TASK) and plan.ndevices == ndevices
-        assert plan.is_feasible(TASK, cap)
+        assert plan.feasible
         # the translation is faithful to TorchRec's own plan
         module_plan = sharder.last_plan.plan[""]
         assert [module_plan[f"t{i}"].ranks for i in range(len(TASK))] == [[d] for d in plan.allocation]
@@ -48,23 +56,23 @@ def test_alg_torchrec_tw_gives_feasible_table_wise_plans():
         assert {ps.compute_kernel for ps in module_plan.values()} == {"fused"}
 
 
-def test_alg_torchrec_default_batch_and_seed_kwarg_ignored():
-    sharder = trp.load_sharder(None, seed=3)
-    assert sharder.batch_size == trp.DEFAULT_BATCH_SIZE
+def test_alg_torchrec_default_batch_and_a_bad_memory_model():
+    sharder = torchrec()
+    assert sharder.batch_size == DEFAULT_BATCH_SIZE
     assert sharder.shard(TASK[:3], Topology(1, 1.0)).allocation == (0, 0, 0)
     assert sharder.shard([], Topology(2, 1.0)).allocation == ()
     with pytest.raises(ShardError, match="memory_model"):
-        trp.load_sharder(None, memory_model="vibes")
+        torchrec(memory="vibes")
 
 
 def test_alg_torchrec_infeasible_raises():
-    sharder = trp.load_sharder_tw(None)
+    sharder = torchrec("torchrec-tw")
     big = TASK[1].memory_gb()  # the largest table, 0.24 GB
     with pytest.raises(InfeasibleError, match="TorchRec's planner found no plan.*table 1"):
         sharder.shard(TASK, Topology(4, big * 0.9))  # a table larger than the cap, table-wise
-    full = trp.load_sharder(None).shard(TASK, Topology(4, big * 0.9))   # the full planner splits it by rows
-    assert full.is_feasible(TASK, big * 0.9) and full.table_shardings(TASK)[1].type in ("row_wise", "column_wise")
-    sharder = trp.load_sharder(None)
+    full = torchrec().shard(TASK, Topology(4, big * 0.9))   # the full planner splits it by rows
+    assert full.feasible and list(full.shardings)[1].type in ("row_wise", "column_wise")
+    sharder = torchrec()
     with pytest.raises(InfeasibleError, match="TorchRec's planner found no plan"):
         sharder.shard(TASK, Topology(2, 0.2))  # 0.5 GB does not fit in 2 x 0.2 GB
 
@@ -74,13 +82,13 @@ def test_memory_models_differ_by_torchrecs_io_buffers():
     # training estimate (weights + input/output buffers of a batch) does not.
     tables = [TableConfig(0, 1 << 20, 64, 10.0), TableConfig(1, 1 << 20, 64, 10.0)]
     cap = tables[0].memory_gb("fp16")  # 0.125 GB exactly
-    plan = trp.load_sharder_tw(None, memory_model="weights").shard(tables, Topology(2, cap))
-    assert sorted(plan.allocation) == [0, 1] and plan.is_feasible(tables, cap)
+    plan = torchrec("torchrec-tw", memory="weights").shard(tables, Topology(2, cap))
+    assert sorted(plan.allocation) == [0, 1] and plan.feasible
     with pytest.raises(InfeasibleError):
-        trp.load_sharder_tw(None).shard(tables, Topology(2, cap))
+        torchrec("torchrec-tw").shard(tables, Topology(2, cap))
     # fp32 weights count 4 bytes: the same cap cannot hold them
     with pytest.raises(InfeasibleError):
-        trp.load_sharder_tw(None, memory_model="weights").shard(tables, Topology(2, cap, "fp32"))
+        torchrec("torchrec-tw", memory="weights").shard(tables, Topology(2, cap, "fp32"))
 
 
 def _ebc(tables, names, device="meta"):
@@ -94,9 +102,9 @@ def _ebc(tables, names, device="meta"):
 def test_exported_plan_loads_into_torchrec_sharding_plan(tmp_path):
     from torchrec.distributed.types import ShardingPlan
 
-    plan = trp.load_sharder_tw(None).shard(TASK, Topology(4, 0.25))
+    plan = torchrec("torchrec-tw").shard(TASK, Topology(4, 0.25))
     names = [f"emb_{t.index}" for t in TASK]
-    plain, trec = pe.export_plan(tmp_path, "task", TASK, plan, 0.25, names=names, module_path="sparse.ebc")
+    plain, trec = pe.export_plan(tmp_path, "task", plan, names=names, module_path="sparse.ebc")
     assert json.loads(plain.read_text())["feasible"]
     ebc = _ebc(TASK, names)
     sp = pe.load_torchrec_plan(trec, module=ebc)
@@ -175,8 +183,8 @@ def _dmp_worker(rank, world, port, plan_path, names, queue):
 
 def test_exported_plan_applied_by_distributed_model_parallel_on_cpu(tmp_path):
     names = [f"tbl_{t.index}" for t in DMP_TABLES]
-    plan = Plan((1, 0, 1, 1, 0, 0), 2)  # ours, deliberately not TorchRec's choice
-    _, trec = pe.export_plan(tmp_path, "dmp", DMP_TABLES, plan, 1.0, names=names)
+    plan = Plan.table_wise(DMP_TABLES, (1, 0, 1, 1, 0, 0), Topology(2, 1.0))  # ours, deliberately not TorchRec's choice
+    _, trec = pe.export_plan(tmp_path, "dmp", plan, names=names)
     results = _spawn_ranks(_dmp_worker, 2, lambda r, port, queue: (r, 2, port, str(trec), names, queue))
     for rank in range(2):
         local, shape, finite = results[rank]
@@ -228,10 +236,10 @@ EVERY = [row_wise([0, 1, 2, 3]), column_wise([(3, 96), (0, 32)]), row_wise([2, 3
 
 
 def test_every_type_exported_loaded_and_converted_back_exactly(tmp_path):
-    plan = Plan.from_shardings(TASK, EVERY, 4)
+    plan = Plan(TASK, EVERY, Topology(4, BIG_CAP))
     assert plan.general
     names = [f"emb_{t.index}" for t in TASK]
-    plain, trec = pe.export_plan(tmp_path, "every", TASK, plan, 1.0, names=names)
+    plain, trec = pe.export_plan(tmp_path, "every", plan, names=names)
     rows = json.loads(plain.read_text())["tables"]
     assert [r["sharding"]["type"] for r in rows] == [s.type for s in EVERY]
     assert rows[2]["sharding"]["rows"] == [250_000, 250_000] and rows[1]["column_shards"][1]["dim_offset"] == 96
@@ -246,7 +254,7 @@ def test_every_type_exported_loaded_and_converted_back_exactly(tmp_path):
         ([0, 0], [250_000, 32], "rank:3/cuda:3"), ([250_000, 0], [250_000, 32], "rank:1/cuda:1"),
         ([500_000, 0], [250_000, 32], "rank:0/cuda:0")]
     back = [trp.sharding_from_torchrec(module_plan[n], t, 4, n) for n, t in zip(names, TASK)]
-    assert back == EVERY and Plan.from_shardings(TASK, back, 4) == plan
+    assert back == EVERY and Plan(TASK, back, Topology(4, BIG_CAP)) == plan
     # TorchRec's table-column-wise reads as our column-wise; a shard that is not a column block is refused
     twcw = module_plan[names[1]]
     twcw.sharding_type = "table_column_wise"
@@ -270,9 +278,9 @@ def test_grid_exports_as_torchrecs_grid_shard_and_converts_back(tmp_path):
 
     shardings = [grid([([0, 1], 128), ([2, 3], 128)]), grid([([2, 3], 16), ([0, 1], 16)]), row_wise([2, 3]),
                  table_wise(1)]
-    plan = Plan.from_shardings(GRID_TABLES, shardings, 4)
+    plan = Plan(GRID_TABLES, shardings, Topology(4, BIG_CAP))
     names = [f"g{t.index}" for t in GRID_TABLES]
-    plain, trec = pe.export_plan(tmp_path, "grid", GRID_TABLES, plan, 1.0, names=names, local_world_size=2)
+    plain, trec = pe.export_plan(tmp_path, "grid", plan, names=names, local_world_size=2)
     obj = json.loads(trec.read_text())
     assert obj["local_world_size"] == 2 and json.loads(plain.read_text())["tables"][0]["sharding"]["type"] == "grid"
     assert [t["sharding_type"] for t in obj["tables"]] == ["grid_shard", "grid_shard", "table_row_wise", "table_wise"]
@@ -294,18 +302,18 @@ def test_grid_exports_as_torchrecs_grid_shard_and_converts_back(tmp_path):
     assert [(s.shard_offsets, s.shard_sizes, s.placement.rank()) for s in mp["g1"].sharding_spec.shards] == [
         ([0, 0], [4, 16], 2), ([4, 0], [3, 16], 3), ([0, 16], [4, 16], 0), ([4, 16], [3, 16], 1)]
     back = [trp.sharding_from_torchrec(mp[n], t, 4, n) for n, t in zip(names, GRID_TABLES)]
-    assert back == shardings and Plan.from_shardings(GRID_TABLES, back, 4) == plan
+    assert back == shardings and Plan(GRID_TABLES, back, Topology(4, BIG_CAP)) == plan
     # what TorchRec cannot apply: one line each
     for bad, match in [(grid([([1, 0], 128), ([2, 3], 128)]), r"block on ranks \[1, 0\].*whole host"),
                        (grid([([0, 2], 128), ([1, 3], 128)]), r"block on ranks \[0, 2\]"),
                        (grid([([0], 128), ([1], 128)]), "grid blocks of 1 ranks"),
                        (row_wise([1, 2]), r"row-wise over ranks \[1, 2\]")]:
-        p = Plan.from_shardings(GRID_TABLES, [bad] + shardings[1:], 4)
+        p = Plan(GRID_TABLES, [bad] + shardings[1:], Topology(4, BIG_CAP))
         with pytest.raises(ShardError, match=match) as exc:
-            pe.torchrec_plan_json(GRID_TABLES, p, names, local_world_size=2)
+            pe.torchrec_plan_json(p, names, local_world_size=2)
         assert "\n" not in str(exc.value) and "'g0'" in str(exc.value)
     # without the hosts, a grid's hosts are its blocks: written as above
-    assert pe.torchrec_plan_json(GRID_TABLES, plan, names)["tables"][0]["shards"] == obj["tables"][0]["shards"]
+    assert pe.torchrec_plan_json(plan, names)["tables"][0]["shards"] == obj["tables"][0]["shards"]
     # a grid_shard whose blocks are not equal row blocks is refused
     bad = mp["g0"]
     bad.sharding_spec.shards[1].shard_sizes = [400, 128]
@@ -355,9 +363,9 @@ def test_grid_and_table_row_wise_applied_by_distributed_model_parallel_on_two_cp
     pools every table's full dim."""
     from shardcore.plan import grid
 
-    plan = Plan.from_shardings(GRID_DMP, [grid([([0, 1], 8), ([2, 3], 8)]), row_wise([2, 3]), table_wise(1)], 4)
+    plan = Plan(GRID_DMP, [grid([([0, 1], 8), ([2, 3], 8)]), row_wise([2, 3]), table_wise(1)], Topology(4, BIG_CAP))
     path = tmp_path / "grid.torchrec.json"
-    path.write_text(json.dumps(pe.torchrec_plan_json(GRID_DMP, plan, ["g", "r", "t"], local_world_size=2)))
+    path.write_text(json.dumps(pe.torchrec_plan_json(plan, ["g", "r", "t"], local_world_size=2)))
     results = _spawn_ranks(_dmp_grid_worker, 4, lambda r, port, queue: (r, port, str(path), queue))
     expect = {0: {"g": [([0, 0], [50, 8])], "r": [], "t": []},
               1: {"g": [([50, 0], [50, 8])], "r": [], "t": [([0, 0], [30, 8])]},
@@ -374,12 +382,12 @@ def test_torchrecs_planner_on_two_hosts_may_choose_grid_and_converts_it():
     twice its 128-column block is cut in two blocks, one per host); its plan converts exactly."""
     task = [TableConfig(0, 400_000, 256, 30.0), TableConfig(1, 200_000, 64, 10.0), TableConfig(2, 1_000, 16, 2.0),
             TableConfig(3, 50_000, 32, 5.0)]
-    sharder = trp.load_sharder(None, local_world_size=2, sharding_types=("grid_shard",))
+    sharder = trp.make_sharder(planning_ctx(oracle=None, devices_per_host=2), sharding_types=("grid_shard",))
     assert sharder.types_for(4) == ["grid_shard"] and sharder.types_for(2) == ["grid_shard"]
     plan = sharder.shard(task, Topology(4, 5.0))
     module_plan = sharder.last_plan.plan[""]
     assert sharder.last_info["torchrec_types"] == ["grid_shard"] * 4
-    shardings = plan.table_shardings(task)
+    shardings = list(plan.shardings)
     assert [s.type for s in shardings] == ["grid"] * 4
     assert shardings[0].dims == (128, 128) and sorted(shardings[0].devices) == [0, 1, 2, 3]
     for i, (t, s) in enumerate(zip(task, shardings)):
@@ -393,17 +401,16 @@ def test_torchrecs_planner_on_two_hosts_may_choose_grid_and_converts_it():
 
 
 def test_full_planner_plans_are_torchrecs_exactly():
-    sharder = algorithms.resolve("torchrec", batch_size=4096)
+    sharder = torchrec(batch_size=4096)
     assert sharder.types_for(4) == list(trp.ALL_TYPES)
-    assert trp.load_sharder(None, local_world_size=2).types_for(4) == list(trp.ALL_TYPES) + ["table_row_wise",
-                                                                                           "grid_shard"]
+    assert torchrec(hosts=2).types_for(4) == list(trp.ALL_TYPES) + ["table_row_wise", "grid_shard"]
     seen = set()
     for ndevices, cap in [(4, 0.25), (4, 5.0), (2, 0.5)]:
         plan = sharder.shard(TASK, Topology(ndevices, cap))
-        assert plan.is_feasible(TASK, cap)
+        assert plan.feasible
         module_plan = sharder.last_plan.plan[""]
         assert sharder.last_info["torchrec_types"] == [module_plan[f"t{i}"].sharding_type for i in range(len(TASK))]
-        for i, (t, s) in enumerate(zip(TASK, plan.table_shardings(TASK))):
+        for i, (t, s) in enumerate(zip(TASK, list(plan.shardings))):
             ps = module_plan[f"t{i}"]
             seen.add(ps.sharding_type)
             if s.type == "data_parallel":
@@ -495,7 +502,7 @@ def test_objective_adds_the_judges_ids_and_ring_allreduce(tmp_path):
     ours, plain = _options([t], n, hw, batch), _options([t], n, hw, batch, objective=False)
     per_ms = link * 1e6
     # row-wise: each shard's forward comms = TorchRec's own + its piece's ids, as the judge's id_width prices them
-    plan_pieces = Plan.from_shardings([t], [row_wise(list(range(n)))], n).shard_tables([t])
+    plan_pieces = Plan([t], [row_wise(list(range(n)))], Topology(n, BIG_CAP)).device_pieces
     for shard, mine, theirs, (piece,) in zip(ours[("t0", "row_wise")].shards, ours[("t0", "row_wise")].shards,
                                              plain[("t0", "row_wise")].shards, plan_pieces):
         ids = 8 * id_width(piece) * (batch - batch / n) / per_ms
@@ -514,13 +521,13 @@ def test_objective_adds_the_judges_ids_and_ring_allreduce(tmp_path):
     for d, shard in enumerate(ours[("t0", "row_wise")].shards):
         assert res.device_costs_ms[d][1] == pytest.approx(pooled + shard.perf.input_dist_comms, rel=1e-4)
     # table-wise: the judge's fw exchange on the table's device beyond its pooled outputs is the id term
-    tw_plan = Plan.from_shardings([t], [table_wise(0)], n).shard_tables([t])
+    tw_plan = Plan([t], [table_wise(0)], Topology(n, BIG_CAP)).device_pieces
     (tw_shard,) = ours[("t0", "table_wise")].shards
     assert judge.evaluate(tw_plan).device_costs_ms[0][1] == pytest.approx(pooled + tw_shard.perf.input_dist_comms)
     # data-parallel: no ids; the all-reduce is the judge's ring (beyond TorchRec's dense optimizer kernels)
     dp, dp_plain = ours[("t0", "data_parallel")], plain[("t0", "data_parallel")]
     # (_ebc's tables are fp32)
-    ring = allreduce_bytes(Plan.from_shardings([t], [data_parallel(n)], n).shard_tables([t])[0][0], n, "fp32") / per_ms
+    ring = allreduce_bytes(Plan([t], [data_parallel(n)], Topology(n, BIG_CAP)).device_pieces[0][0], n, "fp32") / per_ms
     from torchrec.distributed.planner.constants import DP_ELEMENTWISE_KERNELS_PERF_FACTOR
 
     optimizer = t.row * t.dim * 4 * DP_ELEMENTWISE_KERNELS_PERF_FACTOR / (0.5 * 4.8e9)   # dense kernel: half the HBM bw
@@ -562,8 +569,9 @@ def test_records_carry_the_planner_configuration(tmp_path):
         est = rec["torchrec_estimate_ms"]
         assert len(est) == 4 and all(len(dev) == 4 for dev in est) and max(map(sum, est)) > 0
     # measured on this machine's CPU: TorchRec plans for host memory, not a GPU
-    sharder = algorithms.resolve("torchrec", oracle="measured", batch_size=64, comm_bandwidth=50.0,
-                                 **({"device_type": "cpu"} if torch.cuda.is_available() else {}))
+    sharder = torchrec(oracle="measured", batch_size=64, comm_bandwidth=50.0)
+    if torch.cuda.is_available():   # this test is of the CPU's planning: the hardware's compute device told so
+        sharder = dataclasses.replace(sharder, compute_device="cpu")
     sharder.shard(TASK, Topology(2, 1.0))
     cfg = sharder.last_info["torchrec_config"]
     assert cfg["compute_device"] == "cpu" and cfg["intra_host_bw_gbps"] == 50.0 and cfg["batch_per_rank"] == 32
@@ -581,7 +589,7 @@ def _valid_plan():
     names = ["g", "cw", "rw", "trw", "dp"]
     shardings = [grid([([0, 1], 8), ([2, 3], 8)]), column_wise([(1, 4), (2, 4)]), row_wise([0, 1, 2, 3]),
                  row_wise([2, 3]), data_parallel(4)]
-    obj = pe.torchrec_plan_json(tables, Plan.from_shardings(tables, shardings, 4), names, "fp32", local_world_size=2)
+    obj = pe.torchrec_plan_json(Plan(tables, shardings, Topology(4, BIG_CAP, "fp32")), names, local_world_size=2)
     return obj, _ebc(tables, names)
 
 
@@ -666,15 +674,15 @@ def test_memory_account_is_never_below_torchrecs_storage_estimate():
     FBGEMM's fp32 optimizer state, outputs, their gradients and ids at the batch) is at least TorchRec's
     estimate of the same shards; with fp32 weights both count the same Adagrad and Adam state."""
     from shardcore.interop.memory import OPTIMIZER_STATE
-    from shardcore.interop.torchrec_memory import compare_memory, torchrec_storage
+    from shardkit_torchrec.torchrec_memory import compare_memory, torchrec_storage
 
-    plan = Plan.from_shardings(TASK, EVERY, 4)
     for precision in ("fp16", "fp32"):
-        base = compare_memory(TASK, plan, precision, 1.0, 8192, "exact_sgd")
+        plan = Plan(TASK, EVERY, Topology(4, 1.0, precision))
+        base = compare_memory(plan, 8192, "exact_sgd")
         for optimizer in OPTIMIZER_STATE:
-            cmp = compare_memory(TASK, plan, precision, 1.0, 8192, optimizer)
+            cmp = compare_memory(plan, 8192, optimizer)
             assert cmp.torchrec is not None, cmp.why_not
-            assert cmp.torchrec == torchrec_storage(TASK, plan, precision, 8192, optimizer)
+            assert cmp.torchrec == torchrec_storage(plan, 8192, optimizer)
             for d in range(4):
                 assert cmp.memory[d].total >= cmp.torchrec[d] > 0, (precision, optimizer, d)
                 assert cmp.memory[d].weights == base.memory[d].weights
@@ -690,7 +698,7 @@ def test_torchrecs_default_reservation_is_the_one_compared():
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import TopologyFactory, TrainerConfig
 
-    from shardcore.interop.torchrec_memory import TORCHREC_DEFAULT_RESERVE
+    from shardkit_torchrec.torchrec_memory import TORCHREC_DEFAULT_RESERVE
 
     planner = EmbeddingShardingPlanner(topology=TopologyFactory.create_topology(TrainerConfig(world_size=2)))
     assert planner._storage_reservation._percentage == TORCHREC_DEFAULT_RESERVE
@@ -723,7 +731,7 @@ def test_plan_cli_prints_memory_by_part_beside_torchrecs_estimate(tmp_path, caps
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[head + 2:head + 6]]
     plain = json.loads(out.read_text())
     # the table's parts are the account of the plan written, computed here again
-    mem = [m.gib() for m in device_memory(TASK, _plan_of(plain), "fp16", "exact_sgd", 8192)]
+    mem = [m.gib() for m in device_memory(_plan_of(plain), "exact_sgd", 8192)]
     for row, m in zip(rows, mem):
         assert [float(x) for x in row[1:5]] == [round(m[p], 3) for p in ("weights", "optimizer", "buffers", "total")]
         assert float(row[5]) <= m["total"] + 1e-3 and float(row[6]) <= 0.0005   # TorchRec's: never above the account
@@ -731,9 +739,7 @@ def test_plan_cli_prints_memory_by_part_beside_torchrecs_estimate(tmp_path, caps
 
 
 def _plan_of(plain: dict) -> Plan:
-    from shardcore.plan import shardings_from_json
-
-    return shardings_from_json(TASK, [t["sharding"] for t in plain["tables"]], plain["ndevices"])
+    return Plan.from_json(TASK, [t["sharding"] for t in plain["tables"]], Topology(plain["ndevices"], BIG_CAP))
 
 
 # ---- the same inputs give the same plan and labels ----------------------------------------------

@@ -16,6 +16,8 @@ require_torchrec()
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.interop import plan_export as pe  # noqa: E402
 from shardcore.plan import Plan, column_wise, data_parallel, grid, row_wise, table_wise  # noqa: E402
+from helpers import BIG_CAP
+from shardcore.topology import Topology
 
 # name, rows, dim, pooling factor, sharding on 4 ranks in hosts of 2
 EVERY_TYPE = [("tw", 40, 16, 2.0, table_wise(1)),
@@ -39,8 +41,8 @@ def write_every_type(tmp_path, precision="fp32"):
     names = [n for n, *_ in EVERY_TYPE]
     csv = tmp_path / "tables.csv"
     csv.write_text("name,rows,dim,pooling_factor\n" + "".join(f"{n},{r},{d},{pf}\n" for n, r, d, pf, _s in EVERY_TYPE))
-    plan = Plan.from_shardings(tables, [s for *_x, s in EVERY_TYPE], 4)
-    obj = pe.torchrec_plan_json(tables, plan, names, precision, local_world_size=2)
+    plan = Plan(tables, [s for *_x, s in EVERY_TYPE], Topology(4, BIG_CAP, precision))
+    obj = pe.torchrec_plan_json(plan, names, local_world_size=2)
     for t in obj["tables"]:
         if t["name"] == "twcw":
             t["sharding_type"] = "table_column_wise"
@@ -90,8 +92,8 @@ def test_an_empty_row_block_is_refused_on_cpu_ranks(tmp_path):
     from shardcore.tables import TableConfig
 
     tables = [TableConfig(0, 3, 8, 1.0), TableConfig(1, 40, 8, 1.0)]
-    obj = pe.torchrec_plan_json(tables, Plan.from_shardings(tables, [row_wise([0, 1, 2, 3]), table_wise(0)], 4),
-                                ["short", "t"], "fp32")
+    obj = pe.torchrec_plan_json(Plan(tables, [row_wise([0, 1, 2, 3]), table_wise(0)], Topology(4, BIG_CAP, "fp32")),
+                                ["short", "t"])
     assert [s["sizes"][0] for s in obj["tables"][0]["shards"]] == [1, 1, 1, 0]
     path = tmp_path / "plan.torchrec.json"
     path.write_text(json.dumps(obj))

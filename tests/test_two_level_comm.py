@@ -10,6 +10,8 @@ import pytest
 from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import (ID_ELEMENT_SIZE, OUTPUT_ELEMENT_SIZE, CommModel, host_bytes, id_bytes,
                                          remote_bytes)
+from helpers import build_planner, planning_ctx
+from shardcore.topology import Topology
 
 
 def test_host_bytes_split_the_flat_all_to_all_by_level():
@@ -110,14 +112,16 @@ def test_eval_plans_and_judges_for_hosts(tmp_path):
 
 
 def test_shardkit_and_its_torchrec_start_plan_for_the_hosts():
-    from shardkit_planner.sharder import load_sharder
+    from shardcore.cli import algorithms
 
-    sk = load_sharder(oracle="emulated:h200", data_dir=None, batch_size=65536, devices_per_host=2,
-                      inter_host_bandwidth=25.0, inter_host_latency=10.0)
+    ctx = planning_ctx(batch_size=65536, devices_per_host=2, inter_host_bandwidth=25.0, inter_host_latency=10.0)
+    sk = algorithms.build("shardkit", ctx)
     comm = sk.cost_model().comm
     assert (comm.devices_per_host, comm.inter_bandwidth_gbps, comm.inter_latency_us) == (2, 25.0, 10.0)
-    assert sk.start_kwargs["devices_per_host"] == 2 and sk.start_kwargs["inter_host_bandwidth"] == 25.0
-    assert load_sharder(oracle="emulated:h200", batch_size=65536).cost_model().comm.devices_per_host == 0
+    assert algorithms.build("shardkit", planning_ctx(batch_size=65536)).cost_model().comm.devices_per_host == 0
+    pytest.importorskip("torchrec")   # a start that is TorchRec's planner plans for the same hosts
+    tr = build_planner("shardkit", ctx, starts=("torchrec",)).proposers[0].sharder()
+    assert tr.local_world_size == 2 and tr.hardware.inter_host_bw_gbps == 25.0
 
 
 def test_shardkit_moves_row_wise_within_a_host_when_there_are_hosts():
@@ -138,7 +142,7 @@ def test_shardkit_moves_row_wise_within_a_host_when_there_are_hosts():
     moves = {}
     for g in (0, 4):
         model = dataclasses.replace(base, comm=CommModel(devices_per_host=g))
-        st = State(model, task, shardings, 8, 100.0, "fp16")
+        st = State(model, task, shardings, Topology(8, 100.0, "fp16"))
         moves[g] = [tuple(ch[p].devices) for kind, ch in candidate_moves(st, 5, 6, 8, 1.0) if kind == "row-wise"
                     for p in ch]
     # with hosts of 4, every heavy table of device 5 may also go row-wise over its host (devices 4-7)
@@ -183,12 +187,11 @@ def test_judge_pool_leaves_a_held_out_judge_for_large_tasks():
 
 def test_torchrec_time_reaches_torchrec_and_its_record():
     pytest.importorskip("torchrec")
-    from shardcore.interop.torchrec_planner import load_sharder
-
-    sharder = load_sharder(None, batch_size=4096, torchrec_time=1.5)
+    sharder = build_planner("torchrec", planning_ctx(oracle=None, batch_size=4096), time=1.5)
     assert sharder.timeout_seconds == 2
     assert sharder.config(4, 1024, 4, ["table_wise"])["timeout_seconds"] == 2
-    assert load_sharder(None, batch_size=4096).config(4, 1024, 4, ["table_wise"])["timeout_seconds"] is None
+    default = build_planner("torchrec", planning_ctx(oracle=None, batch_size=4096))
+    assert default.config(4, 1024, 4, ["table_wise"])["timeout_seconds"] is None
 
 
 def test_cluster_scale_is_for_the_emulated_card():
@@ -199,5 +202,5 @@ def test_cluster_scale_is_for_the_emulated_card():
     with pytest.raises(ShardError, match="emulated"):
         ExperimentConfig(scale="cluster", oracle="measured", algs=("lookup_greedy",)).resolved()
     cfg = ExperimentConfig(scale="cluster", oracle="emulated:h200", algs=("lookup_greedy",), devices_per_host=8,
-                           torchrec_time=60.0, planner_args={"shardkit_time": 30.0}).resolved()
-    assert cfg.num_train == 0 and cfg.planner_args == {"shardkit_time": 30.0}
+                           planner_args={"torchrec": {"time": 60.0}, "shardkit": {"time": 30.0}}).resolved()
+    assert cfg.num_train == 0 and cfg.planner_args == {"torchrec": {"time": 60.0}, "shardkit": {"time": 30.0}}

@@ -37,13 +37,14 @@ from shardcore.oracles.cache import CostCache
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
 from shardcore.oracles.factory import batch_size_int, open_oracle
+from shardcore.planning import DEFAULT_BATCH_SIZE
 
 
 def parse_args(argv):
     p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"dataset directory (default {DEFAULT_DATA_DIR})")
     cli.add_device_args(p)
-    p.add_argument("--batch-size", type=batch_size_int, default=4096, help="batch size (default 4096)")
+    p.add_argument("--batch-size", type=batch_size_int, default=DEFAULT_BATCH_SIZE, help="batch size (default %(default)s)")
     p.add_argument("--num-tables", type=argtypes.positive_int, default=50, help="tables in the plan (default 50)")
     p.add_argument("--repeats", type=argtypes.positive_int, default=5, help="evaluations for the noise figure (default 5)")
     p.add_argument("--bench-iters", type=argtypes.positive_int, default=DEFAULT_BENCH_ITERS,
@@ -156,7 +157,7 @@ def main(argv=None):
                              key=lambda t: t.index)
 
             def median_costs(group):
-                runs = [ev.measure_shards(group, no_cache=True) for _ in range(args.additivity_repeats)]
+                runs = [ev.measure_devices(group, no_cache=True) for _ in range(args.additivity_repeats)]
                 return [statistics.median(r[k].total_ms for r in runs) for k in range(len(group))]
 
             single_costs = median_costs([[t] for t in singles])

@@ -29,6 +29,7 @@ from shardcore.processes import output_lock
 from experiments.config import learned_methods
 from experiments.planning import DEFAULT_DEVICE_COUNTS, DEFAULT_TABLE_SIZES, BenchConfig, bench_planning
 from shardcore.tables import PRECISION_BYTES
+from shardcore.topology import DEFAULT_MAX_MEMORY_GB
 from shardcore.cli.common import ArgumentParser as OneLineParser
 
 
@@ -49,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device counts of the second sweep (default 4,8,16,32,64,128)")
     p.add_argument("--devices-tables", type=positive_int, default=400, metavar="N",
                    help="tables in the device sweep (default 400, capped at the dataset's count)")
-    p.add_argument("--max-memory", "--max_mem", dest="max_memory", type=positive_float, default=5.0, metavar="GiB",
-                   help="the usual per-device cap, raised per task where needed (default 5)")
+    p.add_argument("--max-memory", "--max_mem", dest="max_memory", type=positive_float, default=DEFAULT_MAX_MEMORY_GB,
+                   metavar="GiB", help="the usual per-device cap, raised per task where needed (default %(default)g)")
     p.add_argument("--headroom", type=positive_float, default=1.5,
                    help="a raised cap is this multiple of the task's memory / devices (default 1.5)")
     p.add_argument("--weights-precision", choices=sorted(PRECISION_BYTES), default="fp16",

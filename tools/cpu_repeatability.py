@@ -164,7 +164,7 @@ def main(argv=None) -> None:
         tables = task.tables(ds.tables)
         for a in args.algs:
             plan = make_baseline(a, seed=args.seed).shard(tables, Topology(ndevices, float("inf")))
-            plans[(t, a)] = plan.shard_tables(tables)
+            plans[(t, a)] = plan.device_pieces
     args.no_cache = True
     records, summaries = [], []
     t0 = time.perf_counter()

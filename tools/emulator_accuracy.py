@@ -292,7 +292,7 @@ def judged_plan_rows(res: dict, directory=MEASUREMENTS_DIR, runs=JUDGED_RUNS) ->
                     if rec is None:   # planned on the GPU machine (no record here)
                         continue
                     task = tasks[p["task"]].tables(tables)
-                    shards = record_plan(rec, task).shard_tables(task)
+                    shards = record_plan(rec, task).device_pieces
                     now = judge.evaluate(shards)
                     got.setdefault(p["alg"], []).append((p["cost_ms"], now.cost_ms, by_devices.evaluate(shards).cost_ms))
                     judged.setdefault(p["alg"], {})[p["task"]] = {**rec, "device_costs_ms": now.device_costs_ms}

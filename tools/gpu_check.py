@@ -22,6 +22,7 @@ from shardcore.argtypes import int_list, name_list, positive_float, positive_int
 from shardcore.cli.common import check_outputs, make_parser, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
 from shardcore.oracles.factory import batch_size_int  # noqa: E402
+from shardcore.topology import DEFAULT_MAX_MEMORY_GB
 from tools.gpu_check_lib import DEFAULT_ALGS, SHARD_POOLS, SHIPPED_SETS, CheckConfig, run_check  # noqa: E402
 
 
@@ -52,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure only the first N tasks of each set (default all 10)")
     p.add_argument("--gpu-devices", type=int_list, default=None, metavar="IDS",
                    help="GPUs that measure (default: every GPU present, up to the plan's devices)")
-    p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GiB",
-                   help="memory cap per device, fp16 weights (default 5; the NS set keeps its own 0.5)")
+    p.add_argument("--max-memory", type=positive_float, default=DEFAULT_MAX_MEMORY_GB, metavar="GiB",
+                   help="memory cap per device, fp16 weights (default %(default)g; the NS set keeps its own 0.5)")
     p.add_argument("--noise-repeats", type=positive_int, default=7,
                    help="times one shard is measured afresh for the noise figure (default 7)")
     p.add_argument("--bench-iters", type=positive_int, default=None,

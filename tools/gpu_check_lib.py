@@ -29,6 +29,7 @@ set) on logical CPU devices; the test suite runs it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import signal
@@ -45,6 +46,8 @@ from shardcore.errors import ShardError
 from shardcore.oracles.setting import refuse_predictions
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 from shardcore.types import Sharder
+from shardcore.planning import PlanningContext
+from shardcore.topology import DEFAULT_MAX_MEMORY_GB, Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASUREMENTS_DIR = ROOT / "data" / "gpu_measurements"
@@ -91,7 +94,7 @@ class CheckConfig:
     batch_size: int | None = None
     algs: tuple[str, ...] = DEFAULT_ALGS
     checkpoints: tuple[str, ...] = ()
-    max_memory: float = 5.0
+    max_memory: float = DEFAULT_MAX_MEMORY_GB
     noise_repeats: int = 7
     bench_iters: int | None = None
     comm_iters: int | None = None
@@ -271,7 +274,7 @@ def confirm_slowest(ev, result, shards, tol: float = CONFIRM_TOL) -> tuple[int, 
         done.add(d)
         runs = [(costs[d][0], costs[d][3])]
         for _ in range(2):
-            c = ev.measure_shards([shards[d]], no_cache=True)[0]
+            c = ev.measure_devices([shards[d]], no_cache=True)[0]
             made += 1
             runs.append((float(c.fw_ms), float(c.bw_ms)))
             if abs(sum(runs[1]) / max(sum(runs[0]), 1e-12) - 1.0) <= tol:
@@ -323,7 +326,7 @@ def measure_noise(cfg: CheckConfig, ev, tables) -> dict:
     shard = tables[:25]
     totals = []
     for _ in range(cfg.noise_repeats):
-        c = ev.measure_shards([shard], no_cache=True)[0]
+        c = ev.measure_devices([shard], no_cache=True)[0]
         totals.append(c.fw_ms + c.bw_ms)
     mean = statistics.fmean(totals)
     cv = 100.0 * (statistics.pstdev(totals) / mean) if mean > 0 else 0.0
@@ -368,30 +371,29 @@ class PlannedElsewhere(Sharder):
 
     def __init__(self, alg: str, plans: dict):
         self.name = alg
-        self.plans = plans   # tuple of table ids -> Plan
+        self.plans = plans   # tuple of table ids -> the eval.py --out record of its plan
 
     def shard(self, tables, topology):
         from shardcore.errors import InfeasibleError
+        from shardcore.evaluation.compare import record_plan
 
-        ndevices = topology.ndevices
-        plan = self.plans.get(tuple(t.index for t in tables))
-        if plan is None:
+        rec = self.plans.get(tuple(t.index for t in tables))
+        if rec is None:
             raise InfeasibleError(f"{self.name}: the --plans file has no plan for this task")
-        if isinstance(plan, tuple):   # ("shardings", list, ndevices): a row-wise / data-parallel plan
-            from shardcore.plan import shardings_from_json
-
-            plan = shardings_from_json(tables, plan[1], plan[2], where=f"{self.name}'s --plans plan")
-        if plan.ndevices != ndevices:
-            raise InfeasibleError(f"{self.name}: the --plans file's plan has {plan.ndevices} devices, not {ndevices}")
-        return plan
+        if int(rec["ndevices"]) != topology.ndevices:
+            raise InfeasibleError(f"{self.name}: the --plans file's plan has {rec['ndevices']} devices, "
+                                  f"not {topology.ndevices}")
+        try:
+            plan = record_plan(rec, tables, topology.precision)
+        except ShardError as exc:
+            raise ShardError(f"{self.name}'s --plans plan: {exc}") from None
+        return dataclasses.replace(plan, topology=topology)
 
 
 def _load_plans(spec: str, names: Sequence[str], tasks_of: dict,
                 algs: Sequence[str] | None = None) -> tuple[str, dict[str, PlannedElsewhere]]:
     """``[SET=]FILE``: the feasible plans of an eval.py --out file, per algorithm, keyed by the task's
     table ids (the file's task numbers index that set's task file); ``algs``: only those algorithms'."""
-    from shardcore.plan import Plan
-
     name, _, path = spec.rpartition("=")
     name = _match_set(spec, name or names[0], names)
     tasks = tasks_of[name]
@@ -407,16 +409,11 @@ def _load_plans(spec: str, names: Sequence[str], tasks_of: dict,
                    and s.get("type") in ("row_wise", "data_parallel", "column_wise", "grid")]
         if general and len(rec["shardings"]) != len(tasks[t]):
             raise ShardError(f"--plans {path}: line {k}: the plan does not fit task {t} ({len(tasks[t])} tables)")
-        if general and rec.get("splits") is None:
-            # row-wise, grid, data-parallel or uneven column-wise: the shardings are the plan (built per task)
-            by_alg.setdefault(str(rec["alg"]), {})[tuple(tasks[t].table_ids)] = (
-                "shardings", rec["shardings"], int(rec["ndevices"]))
-            return
-        splits = tuple(rec["splits"]) if rec.get("splits") else None
-        plan = Plan(tuple(int(d) for d in rec["allocation"]), int(rec["ndevices"]), splits)
-        if len(plan.splits or plan.allocation) != len(tasks[t]):
+        splits = rec.get("splits")
+        if not (general and splits is None) and len(splits or rec["allocation"]) != len(tasks[t]):
             raise ShardError(f"--plans {path}: line {k}: the plan does not fit task {t} ({len(tasks[t])} tables)")
-        by_alg.setdefault(str(rec["alg"]), {})[tuple(tasks[t].table_ids)] = plan
+        # the plan is built for the task's tables when it is planned (its shardings, or its compact form)
+        by_alg.setdefault(str(rec["alg"]), {})[tuple(tasks[t].table_ids)] = rec
 
     _eval_records(path, "--plans", use)
     if algs is not None:
@@ -462,7 +459,6 @@ def run_check(cfg: CheckConfig) -> dict:
     from shardcore.oracles.setting import dataset_digest
     from shardcore.dataset import load_dataset
     from shardcore.evaluation.compare import evaluate
-    from shardcore.types import Topology
     from shardcore.io import write_json
     from shardcore.oracles.emulated.oracle import EmulatedOracle
     from shardcore.tasks import load_tasks
@@ -530,9 +526,12 @@ def run_check(cfg: CheckConfig) -> dict:
             _say(cfg, f"{name}: plans made elsewhere for {', '.join(got)} ({spec})")
         algs = list(cfg.algs) + list(cfg.checkpoints)
         sharders = {}
+        # every set is planned on its own topology; the context's says the precision, one host, the batch, and
+        # no judged landscape (TorchRec plans with its own defaults)
+        ctx = PlanningContext(Topology(1, cfg.max_memory, "fp16"), batch)
         for a in algs:
             try:
-                sharders[a] = algorithms.resolve(a, seed=0, batch_size=batch)
+                sharders[a] = algorithms.build(a, ctx)
             except Exception as exc:  # e.g. TorchRec whose FBGEMM build lacks an operator it registers
                 text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
                 _say(cfg, f"skipped {a}: {type(exc).__name__ if not isinstance(exc, ShardError) else 'error'}: {text}")
@@ -567,7 +566,7 @@ def run_check(cfg: CheckConfig) -> dict:
                     shards = random_shards(ds.tables, cfg.random_shards, pool=pool)
                     t1 = time.perf_counter()
                     for i in range(0, len(shards), 10):   # in chunks, so a budget cut keeps what was measured
-                        costs = ev.measure_shards(shards[i:i + 10], no_cache=True)
+                        costs = ev.measure_devices(shards[i:i + 10], no_cache=True)
                         for sh, c in zip(shards[i:i + 10], costs):
                             shard_lines.append(shard_line(sh, c.fw_ms, c.bw_ms, batch_size=ev.batch_size, kind="random",
                                                           hardware=ev.hardware, date=now, pool=cfg.shard_pool))
@@ -582,7 +581,7 @@ def run_check(cfg: CheckConfig) -> dict:
 
                 def keep(result, task):
                     if result.measured is not None:   # every measured shard, for the emulator's data
-                        shard_tables = result.plan().shard_tables(task.tables(ds.tables))
+                        shard_tables = result.plan().device_pieces
                         if cfg.confirm and result.cost_ms is not None:
                             extra, notes = confirm_slowest(ev, result, shard_tables)
                             confirmed["plans"] += 1
@@ -662,7 +661,7 @@ def emulator_agreement(cfg: CheckConfig, oracle_cls, data_dir: Path, ndevices: i
     shard_err, predicted, measured, by_class = [], {}, {}, {}
     for key, (tables, r) in plans.items():
         plan = r.plan()
-        shards = plan.shard_tables(tables)
+        shards = plan.device_pieces
         e = emu.evaluate(shards)
         for s, dev_m, dev_e in zip(shards, r.device_costs_ms, e.device_costs_ms):
             m = dev_m[0] + dev_m[3]
@@ -700,7 +699,7 @@ def measure_special(cfg: CheckConfig, ev, tables, data_dir: Path, batch: int, em
     t1 = time.perf_counter()
     measured = []
     for i in range(0, len(shards), 10):   # in chunks, so a budget cut keeps what was measured
-        costs = ev.measure_shards(shards[i:i + 10], no_cache=True)
+        costs = ev.measure_devices(shards[i:i + 10], no_cache=True)
         for sh, c in zip(shards[i:i + 10], costs):
             measured.append(c.fw_ms + c.bw_ms)
             shard_lines.append(shard_line(sh, c.fw_ms, c.bw_ms, batch_size=ev.batch_size, kind="random_pieces",
@@ -712,7 +711,7 @@ def measure_special(cfg: CheckConfig, ev, tables, data_dir: Path, batch: int, em
         emu = EmulatedOracle(data_dir, ev.ndevices, batch_size=batch)
         by_class: dict = {}
         for sh, m in zip(shards, measured):
-            e = emu.measure_shards([sh])[0]
+            e = emu.measure_devices([sh])[0]
             if m > 0:
                 by_class.setdefault(shard_class(sh), []).append((e.fw_ms + e.bw_ms - m) / m)
         out["emulated_h200"] = class_errors(by_class)

@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     from shardcore.dataset import load_table_configs
     from shardcore.interop.plan_export import torchrec_plan_json
     from shardcore.oracles.measured.driver import PlanEvaluator
-    from shardcore.plan import shardings_from_json
+    from shardcore.plan import Plan
+    from shardcore.topology import Topology
 
     check_outputs(args, {"--out": args.out, "--torchrec": args.torchrec})   # never --plan nor the dataset
     ids, objs = read_plan(args.plan)
@@ -93,15 +94,16 @@ def main(argv=None) -> int:
     else:
         ndevices = args.ndevices or 1 + max((d for o in objs if isinstance(o, dict)
                                              for d in o.get("devices") or [] if isinstance(d, int)), default=0)
-    plan = shardings_from_json(tables, objs, ndevices, where=f"--plan {args.plan}")
-    trec = torchrec_plan_json(tables, plan, local_world_size=local) if args.torchrec else None
+    # a plan file says no cap: the plan is measured as it is
+    plan = Plan.from_json(tables, objs, Topology(ndevices, float("inf")), where=f"--plan {args.plan}")
+    trec = torchrec_plan_json(plan, local_world_size=local) if args.torchrec else None
     ev = PlanEvaluator(args.data_dir, ndevices, bench_iters=args.bench_iters, warmup_iters=args.warmup_iters,
                        comm_iters=args.comm_iters, timeout_s=args.timeout, launcher=args.launcher,
                        device_ids=None if args.launcher == "torchrun" else list(range(ndevices)))
     with ev:
-        r = ev.evaluate(plan.shard_tables(tables), no_cache=True)
+        r = ev.evaluate(plan.device_pieces, no_cache=True)
     print(f"hardware: {r.hardware}")
-    print(f"plan of {len(tables)} tables ({', '.join(s.type for s in plan.table_shardings(tables))}) "
+    print(f"plan of {len(tables)} tables ({', '.join(plan.sharding_types)}) "
           f"on {ndevices} devices: cost {r.cost_ms:.2f} ms")
     for d, c in enumerate(r.device_costs_ms):
         host = f" (host {r.parts['hosts'][d]})" if "hosts" in r.parts and d < len(r.parts["hosts"]) else ""

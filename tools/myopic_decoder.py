@@ -37,7 +37,7 @@ from shardcore.evaluation.report import format_table
 from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR
 from shardcore.oracles.factory import open_oracle
 from shardcore.tasks import load_tasks
-from shardcore.types import Topology
+from shardcore.topology import DEFAULT_MAX_MEMORY_GB, Topology
 
 DEFAULT_DATA = str(MEASUREMENTS_DIR / "dlrm_b65536")
 DEFAULT_TASKS = str(MEASUREMENTS_DIR / "tasks" / "dlrm_tasks_50_test.txt")
@@ -117,15 +117,16 @@ class DeviceModel:
         return costs
 
 
-def myopic_plan(costs, alone: np.ndarray, memory: list[float], ndevices: int, cap_gb: float) -> list[list[int]]:
+def myopic_plan(costs, alone: np.ndarray, memory: list[float], topology: Topology) -> list[list[int]]:
     """One pass: positions by decreasing ``alone``, each on the device with room minimising the predicted
     maximum over devices (then that device's own predicted cost)."""
+    ndevices = topology.ndevices
     shards: list[list[int]] = [[] for _ in range(ndevices)]
     used = [0.0] * ndevices
     for i in sorted(range(len(alone)), key=lambda i: (-float(alone[i]), -memory[i], i)):
         best = None
         for d in range(ndevices):
-            if used[d] + memory[i] > cap_gb + 1e-12:
+            if not topology.holds(used[d] + memory[i]):
                 continue
             trial = [s + [i] if k == d else s for k, s in enumerate(shards)]
             c = costs(trial)
@@ -133,7 +134,7 @@ def myopic_plan(costs, alone: np.ndarray, memory: list[float], ndevices: int, ca
             if best is None or key < best[0]:
                 best = (key, d)
         if best is None:
-            raise InfeasibleError(f"infeasible: table position {i} fits on no device under the {cap_gb:g} GiB cap")
+            raise InfeasibleError(f"infeasible: table position {i} fits on no device under the {topology.max_memory_gb:g} GiB cap")
         shards[best[1]].append(i)
         used[best[1]] += memory[i]
     return shards
@@ -146,7 +147,7 @@ def main(argv=None):
     p.add_argument("--task-path", default=DEFAULT_TASKS, help="task file (default %(default)s)")
     p.add_argument("--data-dir", default=DEFAULT_DATA, help="dataset the tasks index (default %(default)s)")
     p.add_argument("--ndevices", type=device_count, default=4, help="devices per plan (default %(default)s)")
-    p.add_argument("--max-memory", type=positive_float, default=5.0, metavar="GiB",
+    p.add_argument("--max-memory", type=positive_float, default=DEFAULT_MAX_MEMORY_GB, metavar="GiB",
                    help="weights per device, fp16 (default %(default)s)")
     p.add_argument("--oracle", default="emulated:h200",
                    help="the judge: emulated:<card> (held out by each plan's tables; default %(default)s)")
@@ -168,12 +169,12 @@ def main(argv=None):
         for task in tqdm(tasks, desc="tasks", unit="task"):
             tables = task.tables(all_tables)
             plan = greedy.shard(tables, topo)
-            costs["lookup_greedy"].append(oracle.evaluate(plan.shard_tables(tables)).cost_ms)
+            costs["lookup_greedy"].append(oracle.evaluate(plan.device_pieces).cost_ms)
             memory = [t.memory_gb("fp16") for t in tables]
             for name, model in models:
                 f = model.for_task(tables, batch)
                 alone = np.array([float(f([[i]])[0]) for i in range(len(tables))])
-                shards = myopic_plan(f, alone, memory, args.ndevices, args.max_memory)
+                shards = myopic_plan(f, alone, memory, topo)
                 costs[name].append(oracle.evaluate([[tables[i] for i in s] for s in shards]).cost_ms)
         hardware = getattr(oracle, "hardware", args.oracle)
     base = np.mean(costs["lookup_greedy"])

@@ -24,15 +24,18 @@ from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, MODEL_FILES, l
 from shardcore.errors import ShardError
 from shardcore.oracles.factory import batch_size_int
 from shardcore.oracles.setting import PRODUCED_BY, produced_by
+from shardcore.planning import parse_landscape
 
 DEFAULT_CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
 ORACLES = tuple(f"emulated:{card}" for card in MODEL_FILES)
 
 
 def parse_oracle(text: str) -> str:
-    key = text.strip().lower()
+    """An emulated card's landscape, by the one rule (:func:`shardcore.planning.parse_landscape`)."""
+    key = parse_landscape(text)
     if key not in ORACLES:
-        raise ShardError(f"unknown oracle {text!r}: choose one of {', '.join(ORACLES)}")
+        raise ShardError(f"--oracle {text!r}: this tool predicts an emulated card's costs: choose one of "
+                         f"{', '.join(ORACLES)}")
     return key
 
 

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"extra flags for train_{m}.py, appended after the scale's; write them with '=', e.g. "
                             f"--{m}-args='--seed 3'")
     add_oracle_args(p)
-    algorithms.add_plugin_args(p)   # --shardkit-time, ...: the declared planners' own flags
+    algorithms.add_planner_args(p)   # each planner's own flags: --shardkit-time, --torchrec-time, ...
     return p
 
 
@@ -108,7 +108,7 @@ def main(argv=None):
         devices_per_host=args.devices_per_host or None, inter_host_bandwidth=args.inter_host_bandwidth,
         inter_host_latency=args.inter_host_latency,
         emulator_fit=args.emulator_fit,
-        planner_args=algorithms.plugin_kwargs(args),
+        planner_args={n: c.to_dict() for n, c in algorithms.planner_configs(args).items()},
         model_paths={m: getattr(args, f"{m}_model") for m in learned_methods()},
         train_args={m: getattr(args, f"{m}_args") for m in learned_methods()},
         breakdown_set=args.breakdown_set[0] if args.breakdown_set else None,

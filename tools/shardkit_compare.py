@@ -133,7 +133,7 @@ def rejudge(path: str, recs: list[dict], fit: str, data_dir: str, task_path: str
                     raise ShardError(f"--data-dir {len(tables)} tables, but {path} names table {max(r['table_ids'])}")
                 task = [tables[i] for i in r["table_ids"]]
             n, batch = int(r["ndevices"]), int(r["batch_size"])
-            shards = record_plan(r, task).shard_tables(task)
+            shards = record_plan(r, task).device_pieces
             costs = []
             for f in (recorded_fit(str(r["hardware"])), fit):
                 if (n, batch, f) not in oracles:
@@ -263,11 +263,11 @@ def host_traffic(rec: dict, tables, devices_per_host: int) -> tuple[float, float
     """``(share of the step's exchanged bytes that cross hosts, the busiest device's inter-host MB)`` of
     an eval.py record's plan (:meth:`CommModel.step_bytes`: pooled outputs and gradients, ids, all-reduce)."""
     from shardcore.oracles.commmodel import CommModel, allreduce_bytes, id_width, pooled_width
-    from shardcore.plan import shardings_from_json
+    from shardcore.evaluation.compare import record_plan
 
     task = [tables[i] for i in rec["table_ids"]]
-    n = int(rec["ndevices"])
-    shards = shardings_from_json(task, rec["shardings"], n).shard_tables(task)
+    shards = record_plan(rec, task).device_pieces
+    n = len(shards)
     intra, inter = CommModel(devices_per_host=devices_per_host).step_bytes(
         [sum(pooled_width(p) for p in s) for s in shards], int(rec["batch_size"]),
         [sum(id_width(p) for p in s) for s in shards], [sum(allreduce_bytes(p, n) for p in s) for s in shards])

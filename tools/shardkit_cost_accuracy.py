@@ -22,6 +22,7 @@ import numpy as np
 from shardcore.cli.common import ArgumentParser as OneLineParser, run_main
 from shardcore.dataset import DEFAULT_DATA_DIR, load_dataset
 from shardcore.errors import ShardError
+from shardcore.planning import DEFAULT_BATCH_SIZE
 from shardcore.io import parse_json
 from shardcore.oracles.factory import batch_size_int, check_same_pricing
 from shardcore.evaluation.compare import check_record, record_plan, record_pricing
@@ -76,7 +77,7 @@ def main(argv=None):
         raise ShardError("--records: no measured feasible plan in them")
     # one model judges them all: records priced another way (batch, oracle, exchange) would be judged wrongly
     check_same_pricing({f"{r['alg']} task {r['task']}": record_pricing(r) for r in recs}, "--records")
-    batch = args.batch_size or int(recs[0].get("batch_size") or 4096)
+    batch = args.batch_size or int(recs[0].get("batch_size") or DEFAULT_BATCH_SIZE)
     model = CostModel.load(args.model) if args.model else emulated_model(args.data_dir, batch)
     rows = []
     for r in recs:
@@ -84,7 +85,7 @@ def main(argv=None):
         if not 0 <= t < len(tasks):
             raise ShardError(f"record of task {t}: not in {args.task_path} ({len(tasks)} tasks)")
         tables = tasks[t].tables(ds.tables)
-        shards = record_plan(r, tables).shard_tables(tables)
+        shards = record_plan(r, tables).device_pieces
         comp = model.shard_compute(shards)
         pred = model.shard_costs(shards)
         parts = np.asarray(r["device_costs_ms"], dtype=float)   # fw compute, fw exchange, bw exchange, bw compute

@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:          # run as a script: this checkout's packag
 from shardcore.cli.common import make_parser, run_main  # noqa: E402
 from shardcore.argtypes import device_count, int_list, nonnegative_int, positive_float, positive_int  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
+from shardcore.topology import DEFAULT_MAX_MEMORY_GB
 
 METHODS = ("neuroshard", "dreamshard", "autoshard")    # the order they run in
 MANIFEST = "MANIFEST.json"
@@ -83,8 +84,8 @@ def build_parser():
                    help="the emulated oracle's fit (default heldout: a plan is judged by a fit without every "
                         "measured shard holding one of its tables)")
     p.add_argument("--ndevices", type=device_count, default=4, help="devices of a training plan (default 4)")
-    p.add_argument("--max-memory", type=positive_float, default=5.0,
-                   help="memory cap per device in GiB, fp16 weights (default 5)")
+    p.add_argument("--max-memory", type=positive_float, default=DEFAULT_MAX_MEMORY_GB,
+                   help="memory cap per device in GiB, fp16 weights (default %(default)g)")
     p.add_argument("--seed", type=nonnegative_int, default=0,
                    help="seed of every training and collection (default 0; the tasks use gen_tasks.py's "
                         "default seed, which the expected test file fixes)")
@@ -420,13 +421,13 @@ def _count_rows(path: Path) -> int | None:
 def check_args(args) -> list[str]:
     from shardcore.cli.common import check_outputs
     from shardcore.dataset import configs_batch_size
-    from shardcore.oracles.factory import parse_oracle
+    from shardcore.planning import parse_landscape
 
     stages = [s.strip().lower() for s in str(args.stages).split(",") if s.strip()]
     bad = [s for s in stages if s not in METHODS]
     if bad or not stages:
         raise ShardError(f"--stages: unknown method {', '.join(bad) or '(none given)'}: choose from {', '.join(METHODS)}")
-    args.oracle = parse_oracle(args.oracle)
+    args.oracle = parse_landscape(args.oracle)
     if not args.ns_comm_devices or min(args.ns_comm_devices) < 2:
         raise ShardError(f"--ns-comm-devices: device counts of an all-to-all, each at least 2, got {args.ns_comm_devices}")
     args.ns_comm_devices = sorted(set(args.ns_comm_devices))

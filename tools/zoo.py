@@ -54,7 +54,7 @@ DEFAULT_ALGS = ("shardkit", "shardkit-expected", "torchrec", "torchrec-emu", "si
 # the judge is the emulator's point prediction: "shardkit" is configured for it (--shardkit-point-estimate, as a
 # planner is configured for the judged hardware); "shardkit-expected" is shardkit with its default objective,
 # the expected slowest device under the model's own error (for the machine, not the model), shown beside it
-ZOO_PLANNERS = {"shardkit": ("shardkit", {"shardkit_robust": False}), "shardkit-expected": ("shardkit", {})}
+ZOO_PLANNERS = {"shardkit": ("shardkit", {"robust": False}), "shardkit-expected": ("shardkit", {})}
 GREEDY = ("size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy")
 # the cases the issue that asked for the zoo named, beside the grid: MLPerf's DLRM on 8 devices of 8 GiB (fp16)
 # and the two MLPerf models in the precision they train in (fp32) on 16 GiB
@@ -168,6 +168,7 @@ def run_case(case: Case, path: Path, args, workdir: Path) -> tuple[list[dict], d
     from shardcore.data.user_tables import read_batch_size, read_tables
     from shardcore.evaluation.compare import evaluate
     from shardcore.tasks import Task
+    from shardcore.cli.common import planning_context
     from shardcore.types import Topology
 
     tables, names = read_tables(path)
@@ -185,12 +186,18 @@ def run_case(case: Case, path: Path, args, workdir: Path) -> tuple[list[dict], d
     sub = workdir / f"{case.model}-{case.ndevices}-{case.cap:g}-{case.precision}"
     sub.mkdir(parents=True, exist_ok=True)
     oracle, data_dir = plan_script.open_pricing_oracle(pargs, tables, batch, case.ndevices, None, str(sub))
+    topology = Topology(case.ndevices, case.cap, case.precision)
+    ctx = planning_context(pargs, topology, batch, oracle="emulated:h200", data_dir=data_dir)
+    configs = algorithms.planner_configs(pargs)
     sharders = {}
     for a in args.algs:
         alg, extra = ZOO_PLANNERS.get(a, (a, {}))
-        sharders[a] = algorithms.resolve(alg, seed=0, **plan_script.plan_kwargs(pargs, alg, batch, data_dir,
-                                                                                "emulated:h200"), **extra)
-    topology = Topology(case.ndevices, case.cap, case.precision)
+        own = dict(configs)
+        if extra:   # this entry's settings beside the flags' (shardkit configured for the point judge)
+            own[alg] = dataclasses.replace(configs[alg], **extra)
+        sharder = algorithms.build(alg, ctx, own)
+        sharder.name = a
+        sharders[a] = sharder
     task = [Task(tuple(range(len(positions))))]
     algorithms.attach_oracle(sharders.values(), oracle)
     with oracle as ev:
@@ -205,7 +212,7 @@ def run_case(case: Case, path: Path, args, workdir: Path) -> tuple[list[dict], d
             t0 = time.perf_counter()
             try:
                 b = lower_bound(positions, topology, ev.model, ev.comm_model, batch, time_limit_s=args.bound_time)
-                solver_ms = float(ev.evaluate(b.plan.shard_tables(positions)).cost_ms) if b.plan is not None else None
+                solver_ms = float(ev.evaluate(b.plan.device_pieces).cost_ms) if b.plan is not None else None
                 bound = {"lower_ms": round(b.lower_ms, 6), "status": b.status, "seconds": round(b.seconds, 2),
                          "nodes": b.nodes, "solver_plan_ms": None if solver_ms is None else round(solver_ms, 6),
                          "space": b.space, **b.details}
@@ -219,9 +226,9 @@ def run_case(case: Case, path: Path, args, workdir: Path) -> tuple[list[dict], d
         rec = dict(base, alg=r.alg, feasible=r.feasible, planning_s=round(r.planning_seconds, 3))
         if r.feasible and r.cost_ms is not None:
             plan = r.plan(positions)
-            types = plan.sharding_types(positions)
+            types = plan.sharding_types
             rec.update(cost_ms=round(r.cost_ms, 6), device_costs_ms=[[round(x, 6) for x in d] for d in r.device_costs_ms],
-                       max_memory_gib=round(max(plan.device_memory_gb(positions, case.precision)), 4),
+                       max_memory_gib=round(max(plan.device_memory_gb()), 4),
                        types={t: types.count(t) for t in sorted(set(types))}, shardings=r.shardings)
             for k in ("shardkit_work", "shardkit_stopped", "shardkit_start"):
                 if k in r.extra:

@@ -1,67 +1,125 @@
-"""Resolve an ``--alg`` name to a sharder: a baseline name, or a trained model's checkpoint.
+"""The registry of planners: every ``--alg`` name -> how its :class:`~shardcore.types.Sharder` is built,
+its settings and whether it plans with a trained model.
 
-A checkpoint (``*.pt``) names the method that wrote it in its ``"method"`` entry; the method's
-package (one of those :mod:`shardcore.registry` lists) provides ``load_sharder(path, **kw)`` in its
-``sharder`` module. shardcore imports that module by name only when such a checkpoint is asked
-for, so the core never depends on a method package. A declared planner (``PLANNER_PLUGINS``) may state
-its settings as a config (``CONFIG`` in its module); the scripts then get its flags from
-:func:`add_plugin_args` and pass them on with :func:`plugin_kwargs`.
+One table (:func:`planners`), made from the core's baselines, the planners the top level declares
+(``shardkit_methods.PLANNERS``: TorchRec's, ours) and the learned methods (``shardkit_methods.METHOD_PACKAGES``,
+each package's ``method.METHOD``); the core names none of them. Every planner is built the same way
+(:func:`build`): ``factory(ctx, config, checkpoint, planners)`` with the one
+:class:`~shardcore.planning.PlanningContext` of the run (topology, batch, landscape, seed), its own
+:class:`~shardcore.config.Config` (its flags, bound by :func:`add_planner_args` and
+:func:`planner_configs`; another planner's flags never reach it), the checkpoint an ``--alg`` path names
+(a trained model: the checkpoint's ``method`` entry picks the method; the name is checked against the
+registry before anything of a package is imported) and ``planners(name)``, which builds another planner in
+the same context (a planner that starts from another's plan).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from shardcore import registry
-from shardcore.baselines import BASELINES, Sharder, make_baseline
-from shardcore.config import Config, add_config_args, given_args
+from shardcore.baselines import BASELINES, make_baseline
+from shardcore.config import Config
 from shardcore.errors import ShardError
 from shardcore.io import load_checkpoint
+from shardcore.planning import PlanningContext
+from shardcore.types import Sharder
 
-CORE_PLUGINS = registry.CORE_PLUGINS   # the core's optional planners (TorchRec's), by module
-
-
-def plugins() -> dict[str, str]:
-    """The planners declared beside the learned methods (:func:`shardcore.registry.planner_plugins`)."""
-    return registry.planner_plugins()
+Factory = Callable[..., Sharder]   # factory(ctx, config, checkpoint, planners) -> Sharder
 
 
-def _plugin_configs() -> dict[str, Any]:
-    """``{name: CONFIG}`` of the declared planners whose module states its settings as a
-    :class:`~shardcore.config.Config` instance named ``CONFIG`` (a planner that is not installed has none)."""
-    out = {}
-    # a planner's main entry point (module only) before its second ones (module:function) that share its flags
-    for name, target in sorted(plugins().items(), key=lambda kv: ":" in kv[1]):
+@dataclass(frozen=True)
+class PlannerEntry:
+    """One ``--alg`` name of the registry."""
+
+    name: str
+    factory: str | Factory               # "module:function" (imported when the planner is built) or the function
+    config: str | None = None            # "module:Class" of its settings, or the name of the planner it shares them with
+    trained: bool = False                # plans with a trained model (a checkpoint path names it too)
+    baseline: bool = False               # a heuristic the reports compare the learned methods against
+
+    @property
+    def settings_of(self) -> str:
+        """The planner whose settings (and flags) this one uses: itself, or the one its config names."""
+        return self.config if self.config and ":" not in self.config else self.name
+
+
+def _baseline_factory(name: str) -> Factory:
+    def make(ctx: PlanningContext, config: Config | None, checkpoint: Path | None, planners=None) -> Sharder:
+        return make_baseline(name, seed=ctx.seed)
+    return make
+
+
+def planners() -> dict[str, PlannerEntry]:
+    """Every planner this installation lists, by ``--alg`` name: the baselines, the declared planners, the
+    learned methods (listed whether or not their package is importable; building one that is not says so)."""
+    out = {n: PlannerEntry(n, _baseline_factory(n), baseline=True) for n in BASELINES}
+    for name, spec in registry.declared_planners().items():
+        out[name] = PlannerEntry(name, spec.factory, spec.config, baseline=spec.baseline)
+    for name in registry.method_names():
+        config = None
         try:
-            mod = importlib.import_module(target.partition(":")[0])
-        except ModuleNotFoundError:
-            continue
-        cfg = getattr(mod, "CONFIG", None)
-        if isinstance(cfg, Config) and not any(c is cfg for c in out.values()):
-            out[name] = cfg    # a second entry point of one planner (shardkit-tw) shares its flags
+            config = registry.get(name).planner_config
+        except ShardError:   # not importable here: building it says why
+            pass
+        out[name] = PlannerEntry(name, f"{name}.sharder:make_sharder", config, trained=True)
     return out
 
 
-def add_plugin_args(parser, measuring: bool = True, groups: dict | None = None) -> None:
-    """One argument group per declared planner with a ``CONFIG`` (``groups[name]`` when the script
-    made one already): a ``--<name>-<field>`` flag per :func:`~shardcore.config.param` field (fields of
-    group ``measuring`` only where ``measuring``: a script that measures plans)."""
-    for name, cfg in _plugin_configs().items():
-        group = (groups or {}).get(name) or parser.add_argument_group(f"{name} (--alg {name})")
-        add_config_args(group, cfg, prefix=f"{name}-", skip_groups=() if measuring else ("measuring",))
+def _import(target: str, what: str) -> Any:
+    module, _, attr = target.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise ShardError(f"--alg {what}: its package is not available in this installation ({exc.msg})") from None
+    return getattr(mod, attr)
 
 
-def plugin_kwargs(args) -> dict[str, Any]:
-    """The declared planners' flags given on the command line, as :func:`resolve` keyword arguments
-    (``<name>_<field>``); flags not given are left out (the planner's defaults apply)."""
+def config_class(name: str, table: Mapping[str, PlannerEntry] | None = None) -> type[Config] | None:
+    """The settings class of planner ``name`` (through the planner it shares them with), None if it has none
+    or its package is not importable."""
+    table = planners() if table is None else table
+    owner = table[table[name].settings_of]
+    if not owner.config:
+        return None
+    try:
+        return _import(owner.config, owner.name)
+    except (ShardError, ImportError):
+        return None
+
+
+def _settings_owners(table: Mapping[str, PlannerEntry]) -> dict[str, type[Config]]:
     out = {}
-    for name, cfg in _plugin_configs().items():
-        for field, value in given_args(type(cfg), args, prefix=f"{name}-").items():
-            out[f"{name}_{field}"] = value
+    for name, e in table.items():
+        if e.settings_of == name and e.config:
+            cls = config_class(name, table)
+            if cls is not None:
+                out[name] = cls
     return out
+
+
+def add_planner_args(parser, measuring: bool = True, groups: dict | None = None) -> None:
+    """One argument group per planner with settings (``groups[name]`` where the script made one already):
+    the flags of its config (:meth:`~shardcore.config.Config.add_args`; fields of group ``measuring`` only
+    where ``measuring``: a script that measures plans)."""
+    for name, cls in _settings_owners(planners()).items():
+        group = (groups or {}).get(name) or parser.add_argument_group(f"{name} (--alg {name})")
+        cls.add_args(group, skip_groups=() if measuring else ("measuring",))
+
+
+def planner_configs(args) -> dict[str, Config]:
+    """Each planner's settings from its own flags (:func:`add_planner_args`), by the name that owns them."""
+    return {name: cls.from_args(args) for name, cls in _settings_owners(planners()).items()}
+
+
+def configs_from_dicts(values: Mapping[str, Mapping]) -> dict[str, Config]:
+    """Settings stored as plain values (``{name: config.to_dict()}``, an experiment's config) as configs."""
+    owners = _settings_owners(planners())
+    return {name: owners[name].from_dict(dict(v)) for name, v in values.items() if name in owners}
 
 
 def checkpoint_method(path: Path) -> str:
@@ -77,41 +135,31 @@ def checkpoint_method(path: Path) -> str:
     return method
 
 
-def _method_module(method: str):
-    known = registry.method_names()
-    if method not in known:
-        raise ShardError(f"unknown method {method!r} (known: {', '.join(known)})")
-    try:
-        return importlib.import_module(f"{method}.sharder")
-    except ModuleNotFoundError as exc:
-        raise ShardError(f"--alg {method}: the {method} method is not available in this installation "
-                         f"({exc.msg})") from None
-
-
-def resolve(name: str, seed: int = 0, **kwargs) -> Sharder:
-    """``name`` is a baseline (random, naive, *_greedy), a method name, or a checkpoint path."""
-    if name in BASELINES:
-        return make_baseline(name, seed=seed)
+def lookup(name: str) -> tuple[PlannerEntry, Path | None]:
+    """The registry's entry for an ``--alg`` value and the checkpoint it names (None: a planner's name)."""
+    table = planners()
     path = Path(name)
     if name.endswith(".pt") or path.is_file() or os.sep in name:   # a path: a checkpoint, or nothing
         if not path.is_file():
             raise ShardError(f"checkpoint {'is a directory' if path.is_dir() else 'not found'}: {path}")
-        return _method_module(checkpoint_method(path)).load_sharder(path, **kwargs)
-    if name in CORE_PLUGINS:
-        module, _, func = CORE_PLUGINS[name].partition(":")
-        return getattr(importlib.import_module(module), func or "load_sharder")(None, **kwargs)
-    if name in registry.method_names():
-        return _method_module(name).load_sharder(None, **kwargs)
-    extra = plugins()
-    if name in extra:
-        module, _, func = extra[name].partition(":")
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            raise ShardError(f"--alg {name}: its package is not available in this installation ({exc.msg})") from None
-        return getattr(mod, func or "load_sharder")(None, seed=seed, **kwargs)
-    raise ShardError(f"unknown algorithm {name!r}: choose from {', '.join(BASELINES)}, "
-                     "or give a trained model's checkpoint (.pt)")
+        return table[checkpoint_method(path)], path
+    if name not in table:
+        raise ShardError(f"unknown algorithm {name!r}: choose from {', '.join(table)}, "
+                         "or give a trained model's checkpoint (.pt)")
+    return table[name], None
+
+
+def build(name: str, ctx: PlanningContext, configs: Mapping[str, Config] | None = None) -> Sharder:
+    """The planner ``name`` (an ``--alg`` value: a name or a checkpoint) for ``ctx``, with its own settings
+    from ``configs`` (:func:`planner_configs`; a planner not there gets its config's defaults)."""
+    entry, checkpoint = lookup(name)
+    configs = dict(configs or {})
+    config = configs.get(entry.settings_of)
+    if config is None and entry.config:
+        cls = config_class(entry.name)
+        config = cls() if cls is not None else None
+    factory = _import(entry.factory, entry.name) if isinstance(entry.factory, str) else entry.factory
+    return factory(ctx, config, checkpoint, lambda other: build(other, ctx, configs))
 
 
 def attach_oracle(sharders, oracle) -> None:

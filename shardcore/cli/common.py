@@ -14,6 +14,7 @@ from shardcore.oracles.setting import DEFAULT_TIMEOUT_S
 from shardcore.errors import ShardError
 from shardcore.processes import exit_now, unwind_on_sigterm
 from shardcore.tables import PRECISION_BYTES
+from shardcore.topology import DEFAULT_MAX_MEMORY_GB
 
 
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
@@ -194,13 +195,24 @@ def command_inputs(args: argparse.Namespace) -> dict:
         if getattr(args, dest, None):
             for name in ("table_configs.json", "data.pt"):
                 inputs[f"{flag} ({name})"] = os.path.join(getattr(args, dest), name)
-    if hasattr(args, "cache_path") and str(getattr(args, "oracle", None) or "measured").startswith("measured"):
+    if hasattr(args, "cache_path") and _measured_landscape(getattr(args, "oracle", None)):
         inputs["--cache-path"] = args.cache_path or DEFAULT_CACHE_PATH
     alg = getattr(args, "alg", None)
     for name in (alg.split(",") if isinstance(alg, str) else alg if isinstance(alg, (list, tuple)) else []):
         if str(name).strip() and os.path.isfile(str(name).strip()):
             inputs[f"--alg {str(name).strip()}"] = str(name).strip()
     return inputs
+
+
+def _measured_landscape(oracle: str | None) -> bool:
+    """Whether ``--oracle`` (None: not given, the measured default) names the measured landscape; a name
+    that is none is refused where the oracle is opened, not here."""
+    from shardcore.planning import MEASURED, parse_landscape
+
+    try:
+        return parse_landscape(oracle or MEASURED) == MEASURED
+    except ShardError:
+        return False
 
 
 def check_out_file(args: argparse.Namespace, path, flag: str = "--out", kind: str | None = "text") -> None:
@@ -292,6 +304,23 @@ def add_device_args(parser: argparse.ArgumentParser, default_ndevices: int = 4) 
     parser.set_defaults(_default_ndevices=default_ndevices)
 
 
+def topology_of(args: argparse.Namespace, ndevices: int | None = None):
+    """The :class:`~shardcore.topology.Topology` the flags give, built once per command: ``ndevices``
+    (default :func:`num_devices`), ``--max-memory``, ``--weights-precision`` and the hosts
+    (``--devices-per-host``; under ``--launcher torchrun`` without it, torchrun's local world size where it
+    splits the devices into several hosts)."""
+    from shardcore.topology import Topology
+
+    n = num_devices(args) if ndevices is None else int(ndevices)
+    hosts = getattr(args, "devices_per_host", 0) or 0
+    if not hosts and getattr(args, "launcher", "spawn") == "torchrun":
+        from shardcore.oracles.measured.launch import rank_env
+
+        local = rank_env().local_world_size
+        hosts = local if local < n else 0
+    return Topology(n, args.max_memory, args.weights_precision, devices_per_host=hosts)
+
+
 def device_ids(args: argparse.Namespace) -> list[int]:
     """The devices that measure (``--gpu-devices``, else ``0..N-1``)."""
     if args.gpu_devices is not None:
@@ -336,20 +365,25 @@ class _Fp32MaxMemAction(argparse.Action):
             namespace.weights_precision = "fp32"
 
 
-def add_torchrec_args(parser) -> None:
-    """``--torchrec-time S`` (TorchRec's own planning timeout) and ``--torchrec-memory`` (its storage
-    accounting), for ``--alg torchrec`` / ``torchrec-tw``."""
-    parser.add_argument("--torchrec-time", type=positive_float, default=None, metavar="S",
-                        help="TorchRec's planner stops proposing after S seconds (its timeout_seconds, rounded up) "
-                             "and keeps the best plan so far; recorded in torchrec_config (default: no limit, "
-                             "TorchRec's default; on 128 devices it can take tens of minutes on a small CPU)")
-    parser.add_argument("--torchrec-memory", choices=["torchrec", "weights"], default=None,
-                        help="what TorchRec counts against the cap: torchrec (its training estimate, weights + the "
-                             "batch's I/O buffers; the default) or weights (the weights alone, the cap's own "
-                             "accounting: at batch 65536 the buffers of hundreds of tables fill a tight cap)")
+def planning_context(args: argparse.Namespace, topology, batch_size: int | None, *, oracle: str | None = "",
+                     data_dir: str | None = "", evaluated_tasks: Sequence[str] = ()):
+    """The run's :class:`~shardcore.planning.PlanningContext`, built once from the flags: ``topology``
+    (:func:`topology_of`), the batch the plans run at, the landscape (``oracle``, default ``--oracle``; None
+    where no oracle judges; ``--emulator-fit``, the exchange flags, ``--cache-path``; ``data_dir``, default
+    ``--data-dir``), ``--seed`` and the task files being evaluated."""
+    from shardcore.planning import HELDOUT, Landscape, PlanningContext
+
+    land = Landscape(getattr(args, "oracle", None) if oracle == "" else oracle,
+                     fit=getattr(args, "emulator_fit", None) or HELDOUT,
+                     comm_bandwidth=getattr(args, "comm_bandwidth", None), comm_latency=getattr(args, "comm_latency", None),
+                     inter_host_bandwidth=getattr(args, "inter_host_bandwidth", None),
+                     inter_host_latency=getattr(args, "inter_host_latency", None),
+                     data_dir=getattr(args, "data_dir", None) if data_dir == "" else data_dir,
+                     cache_path=getattr(args, "cache_path", None))
+    return PlanningContext(topology, batch_size, land, int(getattr(args, "seed", 0) or 0), tuple(evaluated_tasks))
 
 
-def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float = 5.0,
+def add_memory_args(parser: argparse.ArgumentParser, default_max_memory: float = DEFAULT_MAX_MEMORY_GB,
                     default_precision: str = "fp16") -> None:
     """``--max-memory GiB`` (per device) and ``--weights-precision``. ``default_precision`` is the
     precision of the repository a script mirrors: fp16 for AutoShard and DreamShard, fp32 for
@@ -407,12 +441,13 @@ def open_evaluator(args: argparse.Namespace, data_dir: str, devices: Sequence[in
     devices per plan (default: ``--ndevices`` when the parser has device flags, else
     ``len(devices)``)."""
     from shardcore.oracles.commmodel import CommModel, comm_kwargs
-    from shardcore.oracles.factory import EMULATED_PREFIX, open_oracle, parse_oracle
+    from shardcore.oracles.factory import open_oracle
+    from shardcore.planning import EMULATED_PREFIX, MEASURED, parse_landscape
 
     torchrun = getattr(args, "launcher", "spawn") == "torchrun"
     if ndevices is None:
         ndevices = getattr(args, "ndevices", None) or (None if torchrun else len(devices))
-    oracle = parse_oracle(getattr(args, "oracle", "measured"))
+    oracle = parse_landscape(getattr(args, "oracle", MEASURED))
     comm = CommModel.of(**comm_kwargs(args))
     common = dict(oracle=oracle, batch_size=oracle_batch_size(args), optimizer=args.optimizer,
                   precision=args.weights_precision, comm_model=comm)
@@ -480,9 +515,9 @@ def prestart_oracle(args: argparse.Namespace) -> bool:
     ``--plan-only``), boot their forkserver now (:func:`~shardcore.oracles.measured.worker.prestart_forkserver`):
     a script calls it once its inputs are checked, before its own set-up (planners, networks), which the
     workers' imports then overlap. True if it was started."""
-    from shardcore.oracles.factory import MEASURED, parse_oracle
+    from shardcore.planning import MEASURED, parse_landscape
 
-    if (parse_oracle(getattr(args, "oracle", MEASURED)) != MEASURED or getattr(args, "launcher", "spawn") != "spawn"
+    if (parse_landscape(getattr(args, "oracle", MEASURED)) != MEASURED or getattr(args, "launcher", "spawn") != "spawn"
             or getattr(args, "plan_only", False)):
         return False
     from shardcore.oracles.measured.worker import prestart_forkserver

@@ -35,11 +35,12 @@ import torch
 from shardcore import io
 from shardcore.dataset import save_dataset
 from shardcore.errors import ShardError
+from shardcore.planning import DEFAULT_BATCH_SIZE
 from shardcore.tables import NUM_BINS, TableConfig
 
 DEFAULT_DIM = 16
 DEFAULT_SYNTHETIC_TABLES = 856
-DEFAULT_SYNTHETIC_BATCH = 4096
+DEFAULT_SYNTHETIC_BATCH = DEFAULT_BATCH_SIZE   # the batch every planner assumes where none is said
 
 # Upper edges of the reuse bins 0..15: a row looked up c times falls in bin
 # searchsorted(REUSE_EDGES, c, "left"), i.e. (0,1] -> 0, (1,2] -> 1, (2,4] -> 2, ..., (2^15, inf) -> 16.

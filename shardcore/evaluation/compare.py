@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from shardcore.errors import InfeasibleError, ShardError
-from shardcore.plan import Plan, shardings_from_json, shardings_to_json
+from shardcore.plan import Plan
 from shardcore.tables import TableConfig
 from shardcore.tasks import Task
-from shardcore.types import CostOracle, PlanResult, Sharder, Topology
+from shardcore.types import CostOracle, DeviceCost, PlanResult, Sharder, Topology
 
 
 @dataclass
@@ -34,9 +34,9 @@ class TaskResult:
     error: str | None = None
     splits: list[int] | None = None   # column shards per task table when the plan splits tables
     cost_ms: float | None = None
-    device_costs_ms: list[list[float]] | None = None
+    device_costs_ms: list[DeviceCost] | None = None   # per device its cost (read back: lists of four)
     extra: dict = field(default_factory=dict)
-    # per task table {"type", "devices", "dims"/"rows"} (shardcore.plan.shardings_to_json); for a plan
+    # per task table {"type", "devices", "dims"/"rows"} (shardcore.plan.Plan.shardings_json); for a plan
     # with row-wise, data-parallel or uneven column-wise tables, ``allocation`` lists the device of
     # every piece (see shardcore.plan) and ``splits`` is absent: the shardings are the plan
     shardings: list[dict] | None = None
@@ -60,18 +60,16 @@ class TaskResult:
             out.pop("device_costs_ms")
         return out
 
-    def plan(self, tables: Sequence[TableConfig] | None = None) -> Plan | None:
-        """The plan (``tables``, the task's, are needed only to rebuild a general plan from its
-        shardings when this result was read back from JSON)."""
+    def plan(self, tables: Sequence[TableConfig] | None = None, precision: str | None = None) -> Plan | None:
+        """The plan (``tables``, the task's, are needed only to rebuild it when this result was read back
+        from JSON; ``precision``: its weights', default the record's pricing's, else fp16)."""
         if not self.feasible:
             return None
         if self._plan is not None:
             return self._plan
-        if self.general:
-            if tables is None:
-                raise ShardError("a plan with row-wise / data-parallel tables needs the task's tables")
-            return shardings_from_json(tables, self.shardings, self.ndevices)
-        return Plan(tuple(self.allocation), self.ndevices, tuple(self.splits) if self.splits else None)
+        if tables is None:
+            raise ShardError("a plan read back from its record needs the task's tables")
+        return record_plan(self.to_json(), tables, precision)
 
     @property
     def imbalance(self) -> float | None:
@@ -83,20 +81,22 @@ class TaskResult:
         return max(totals) / mean if mean > 0 else 1.0
 
 
-def record_plan(rec: dict, tables: Sequence[TableConfig]) -> Plan:
-    """The plan of an ``eval.py --out`` record (``tables``: its task's): its shardings where it has
-    row-wise, grid, data-parallel or uneven column-wise tables (no ``splits``), else allocation and splits."""
-    ndevices = int(rec["ndevices"])
+def record_plan(rec: dict, tables: Sequence[TableConfig], precision: str | None = None) -> Plan:
+    """The plan of an ``eval.py --out`` record (``tables``: its task's; ``precision``: its weights', default
+    the record's pricing's, else fp16): its shardings where it has row-wise, grid, data-parallel or uneven
+    column-wise tables (no ``splits``), else allocation and splits (the compact form of older records)."""
+    topology = Topology(int(rec["ndevices"]), float(rec.get("max_memory_gb") or float("inf")),
+                        precision or (rec.get("pricing") or {}).get("precision") or "fp16")
     if rec.get("shardings") and rec.get("splits") is None and any(
             s["type"] in ("row_wise", "data_parallel", "column_wise", "grid") for s in rec["shardings"]):
-        return shardings_from_json(tables, rec["shardings"], ndevices)
-    return Plan(tuple(rec["allocation"]), ndevices, tuple(rec["splits"]) if rec.get("splits") else None)
+        return Plan.from_json(tables, rec["shardings"], topology)
+    return Plan.from_allocation(tables, rec["allocation"], topology, rec.get("splits") or None)
 
 
-def lookup_load(tables: Sequence[TableConfig], plan: Plan) -> list[float]:
+def lookup_load(plan: Plan) -> list[float]:
     """Per-device sum of dim x pooling_factor: a hardware-free proxy for the lookup work."""
     load = [0.0] * plan.ndevices
-    for t, d in zip(plan.expand(tables), plan.allocation):
+    for d, t in plan.pieces:
         load[d] += t.dim * t.pooling_factor
     return load
 
@@ -104,7 +104,6 @@ def lookup_load(tables: Sequence[TableConfig], plan: Plan) -> list[float]:
 def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableConfig], topology: Topology
               ) -> tuple[TaskResult, Plan | None]:
     """Plan one task with one sharder (timed); the plan is None when infeasible."""
-    ndevices, max_memory_gb, precision = topology.ndevices, topology.max_memory_gb, topology.precision
     start = time.perf_counter()
     try:
         topology.check_fits(tables)   # no planner searches its whole budget for what no plan can hold
@@ -113,25 +112,28 @@ def plan_task(task_id: int, alg: str, sharder: Sharder, tables: Sequence[TableCo
     except InfeasibleError as exc:
         plan, error = None, str(exc)
     seconds = time.perf_counter() - start
-    if plan is not None and not plan.is_feasible(tables, max_memory_gb, precision):
+    if plan is not None and plan.topology != topology:
+        raise ShardError(f"{alg} planned for {plan.topology}, not for the {topology} it was asked for")
+    if plan is not None and not plan.feasible:
         # A sharder must never overfill a device; report it rather than measure it.
-        error = f"infeasible: {alg} put more than {max_memory_gb:g} GiB on a device"
+        error = f"infeasible: {alg} put more than {topology.max_memory_gb:g} GiB on a device"
         feasible = False
     else:
         feasible = plan is not None
     result = TaskResult(
-        task=task_id, alg=alg, num_tables=len(tables), ndevices=ndevices, max_memory_gb=max_memory_gb,
-        feasible=feasible, allocation=list(plan.allocation) if plan is not None else None,
-        memory_gb=[round(m, 6) for m in plan.device_memory_gb(tables, precision)] if plan is not None else None,
+        task=task_id, alg=alg, num_tables=len(tables), ndevices=topology.ndevices,
+        max_memory_gb=topology.max_memory_gb, feasible=feasible,
+        allocation=list(plan.allocation) if plan is not None else None,
+        memory_gb=[round(m, 6) for m in plan.device_memory_gb()] if plan is not None else None,
         planning_seconds=seconds, error=error,
-        splits=list(plan.splits) if plan is not None and plan.splits is not None and not plan.general else None)
+        splits=list(plan.splits) if plan is not None and plan.splits is not None else None)
     if plan is not None and isinstance(sharder, Sharder):
         result.extra.update(sharder.plan_stats())   # e.g. TorchRec's own sharding type per table
     if plan is not None:
-        result.shardings = shardings_to_json(tables, plan)
+        result.shardings = plan.shardings_json()
         result.general = plan.general
         result._plan = plan
-        result.extra["lookup_load"] = [round(x, 3) for x in lookup_load(tables, plan)]
+        result.extra["lookup_load"] = [round(x, 3) for x in lookup_load(plan)]
     result.extra["table_ids"] = [int(t.index) for t in tables]   # the task, so a record is judged on its own
     return result, (plan if feasible else None)
 
@@ -171,10 +173,10 @@ def evaluate(tasks: Sequence[Task], dataset_tables: Sequence[TableConfig], shard
     results = []
     bar = progress
 
-    def measure(sharder, plan, tables, fresh):
-        shards = plan.shard_tables(tables)
+    def measure(sharder, plan, fresh):
+        pieces = plan.device_pieces
         fresh = fresh or bool(sharder.measures_candidates)
-        return oracle.evaluate(shards, no_cache=True) if fresh else oracle.evaluate(shards)
+        return oracle.evaluate(pieces, no_cache=True) if fresh else oracle.evaluate(pieces)
 
     def record(result, answer, task):
         result.measured = answer
@@ -193,7 +195,7 @@ def evaluate(tasks: Sequence[Task], dataset_tables: Sequence[TableConfig], shard
             for alg, sharder in sharders.items():
                 result, plan = plan_task(k, alg, sharder, tables, topology)
                 if oracle is not None and plan is not None:
-                    record(result, measure(sharder, plan, tables, False), task)
+                    record(result, measure(sharder, plan, False), task)
                 done(result, task)
             continue
         planned = [(sharder, *plan_task(k, alg, sharder, tables, topology)) for alg, sharder in sharders.items()]
@@ -201,7 +203,7 @@ def evaluate(tasks: Sequence[Task], dataset_tables: Sequence[TableConfig], shard
         for _ in range(repeats):
             for i, (sharder, result, plan) in enumerate(planned):
                 if plan is not None:
-                    answers[i].append(measure(sharder, plan, tables, True))
+                    answers[i].append(measure(sharder, plan, True))
         for (sharder, result, plan), got in zip(planned, answers):
             if got:
                 record(result, median_result(got), task)

@@ -75,11 +75,12 @@ def outcome_of(r: TaskResult) -> Outcome:
 
 
 def default_baselines() -> frozenset[str]:
-    """The heuristic planners (the paper's baselines and the core's plug-ins such as TorchRec's)."""
-    from shardcore.registry import CORE_PLUGINS
+    """The heuristic planners (the paper's baselines and the declared ones the reports count among them,
+    TorchRec's)."""
+    from shardcore.registry import baseline_planners
     from shardcore.baselines import BASELINES
 
-    return frozenset(BASELINES) | frozenset(CORE_PLUGINS)
+    return frozenset(BASELINES) | frozenset(baseline_planners())
 
 
 def bootstrap_interval(d: Sequence[float], seed: int = 0, resamples: int = 2000) -> tuple[float, float] | None:

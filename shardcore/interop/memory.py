@@ -23,7 +23,7 @@ weights' precision (not their gradients): this account is never below TorchRec's
 fused and dense kernels.
 TorchRec's planner also keeps part of every device off limits (its default ``HeuristicalStorageReservation``:
 15% plus an estimate of the dense model), which this account leaves to the cap it is compared with.
-``shardcore.interop.torchrec_memory`` sets the two side by side. No TorchRec needed here.
+TorchRec's planner package sets the two side by side (its storage estimate). No TorchRec needed here.
 """
 
 from __future__ import annotations
@@ -97,14 +97,14 @@ def piece_memory(piece: TableConfig, precision: str, optimizer: str = EXACT_SGD,
     return DeviceMemory(weights, state, buffers)
 
 
-def device_memory(tables: Sequence[TableConfig], plan: Plan, precision: str, optimizer: str = EXACT_SGD,
-                  batch_size: int | None = None) -> list[DeviceMemory]:
-    """Every device's memory by part for ``plan`` of ``tables`` (module notes)."""
+def device_memory(plan: Plan, optimizer: str = EXACT_SGD, batch_size: int | None = None) -> list[DeviceMemory]:
+    """Every device's memory by part for ``plan`` (module notes), its weights at the plan's precision."""
     optimizer = optimizer_name(optimizer)
     if batch_size is not None and int(batch_size) < 1:
         raise ShardError(f"the memory account needs a positive batch, got {batch_size}")
     out = [DeviceMemory() for _ in range(plan.ndevices)]
-    for t, s in zip(tables, plan.table_shardings(tables)):
+    precision = plan.topology.precision
+    for t, s in zip(plan.tables, plan.shardings):
         for d, piece in s.pieces(t, plan.ndevices):
             out[d] = out[d] + piece_memory(piece, precision, optimizer, batch_size)
     return out

@@ -33,7 +33,7 @@ from shardcore import io
 from shardcore.errors import ShardError
 from shardcore.plan import COLUMN_WISE, GRID, ROW_WISE, TABLE_WISE, Plan, Sharding, row_blocks
 from shardcore.tables import TableConfig
-from shardcore.interop.torchrec_planner import _torchrec
+from shardcore.interop.torchrec_lib import require_torchrec as _torchrec
 
 TORCHREC_FORMAT = "shardcore-torchrec-plan-v1"
 PLAN_FORMAT = "shardcore-plan-v1"
@@ -65,12 +65,12 @@ def _check_names(tables: Sequence[TableConfig], names: Sequence[str] | None) -> 
     return names
 
 
-def column_shards(tables: Sequence[TableConfig], plan: Plan) -> list[list[tuple[int, int, int]]]:
+def column_shards(plan: Plan) -> list[list[tuple[int, int, int]]]:
     """Per task table, its column shards as ``(rank, dim offset, dim)``: one shard covering the whole
     table when the plan does not split it, ``k`` shards of ``dim / k`` (in column order, on the ranks
     the plan's allocation gives the expanded table list) when ``plan.splits`` cuts it into ``k``."""
     out = []
-    for t, s in zip(tables, plan.table_shardings(tables)):
+    for t, s in zip(plan.tables, plan.shardings):
         if s.type == TABLE_WISE:
             out.append([(int(s.devices[0]), 0, t.dim)])
         elif s.type == COLUMN_WISE:
@@ -140,16 +140,15 @@ def _torchrec_shards(t: TableConfig, s: Sharding, world: int) -> tuple[str, str,
     return "data_parallel", "dense", list(range(world)), []
 
 
-def plan_json(tables: Sequence[TableConfig], plan: Plan, max_memory_gb: float, precision: str = "fp16",
-              names: Sequence[str] | None = None, device_ids: Sequence[int] | None = None,
+def plan_json(plan: Plan, names: Sequence[str] | None = None, device_ids: Sequence[int] | None = None,
               **meta: Any) -> dict:
     """The plain form: ``{"tables": [{"name", "index", "rows", "dim", "pooling_factor", "device"}],
     "ndevices", "max_memory_gb", "memory_gb": [...], ...}``. ``device`` is the rank (0..N-1);
     ``device_ids`` (optional) names the physical device of each rank; ``meta`` (e.g. ``alg``,
     ``task``) is added as top-level keys. A table the plan splits column-wise has ``"device": null``
     and ``"column_shards": [{"device", "dim_offset", "dim"}, ...]`` (its ``k`` shards in column order)."""
+    tables, shardings = plan.tables, plan.shardings
     names = _check_names(tables, names)
-    shardings = plan.table_shardings(tables)
     if device_ids is not None and len(device_ids) != plan.ndevices:
         raise ShardError(f"{len(device_ids)} device ids for a plan over {plan.ndevices} devices")
     out: dict[str, Any] = {"format": PLAN_FORMAT}
@@ -167,15 +166,15 @@ def plan_json(tables: Sequence[TableConfig], plan: Plan, max_memory_gb: float, p
     out["ndevices"] = plan.ndevices
     if device_ids is not None:
         out["device_ids"] = [int(x) for x in device_ids]
-    out["max_memory_gb"] = max_memory_gb
-    out["precision"] = precision
-    out["memory_gb"] = [round(m, 6) for m in plan.device_memory_gb(tables, precision)]
-    out["feasible"] = plan.is_feasible(tables, max_memory_gb, precision)
+    out["max_memory_gb"] = plan.topology.max_memory_gb
+    out["precision"] = plan.topology.precision
+    out["memory_gb"] = [round(m, 6) for m in plan.device_memory_gb()]
+    out["feasible"] = plan.feasible
     return out
 
 
-def torchrec_plan_json(tables: Sequence[TableConfig], plan: Plan, names: Sequence[str] | None = None,
-                       precision: str = "fp16", module_path: str = "", compute_kernel: str = "fused",
+def torchrec_plan_json(plan: Plan, names: Sequence[str] | None = None, module_path: str = "",
+                       compute_kernel: str = "fused",
                        local_world_size: int | None = None) -> dict:
     """The TorchRec form: per table (by name) a ``ParameterSharding``: table-wise on one rank;
     column-wise with the ranks of its column blocks (shard ``j`` at ``[0, offset_j]`` of
@@ -186,9 +185,9 @@ def torchrec_plan_json(tables: Sequence[TableConfig], plan: Plan, names: Sequenc
     ("" when the model is the collection itself, e.g. ``"sparse_arch.embedding_bag_collection"``).
     A sharding TorchRec cannot apply (:func:`torchrec_problem`; with ``local_world_size``, the
     devices per host, recorded in the file) is a :class:`ShardError`."""
-    names = _check_names(tables, names)
+    names = _check_names(plan.tables, names)
     rows = []
-    for n, t, s in zip(names, tables, plan.table_shardings(tables)):
+    for n, t, s in zip(names, plan.tables, plan.shardings):
         why = torchrec_problem(s, plan.ndevices, local_world_size)
         if why:
             raise ShardError(f"table {n!r} cannot be written for TorchRec: {why}")
@@ -201,7 +200,7 @@ def torchrec_plan_json(tables: Sequence[TableConfig], plan: Plan, names: Sequenc
         "world_size": plan.ndevices,
         **({"local_world_size": int(local_world_size)} if local_world_size else {}),
         "module_path": module_path,
-        "data_type": precision,
+        "data_type": plan.topology.precision,
         "tables": rows,
     }
 
@@ -213,28 +212,26 @@ def torchrec_path_for(path: str | os.PathLike) -> Path:
     return path.with_name(stem + ".torchrec.json")
 
 
-def export_plan(out_dir: str | os.PathLike, stem: str, tables: Sequence[TableConfig], plan: Plan,
-                max_memory_gb: float, precision: str = "fp16", names: Sequence[str] | None = None,
+def export_plan(out_dir: str | os.PathLike, stem: str, plan: Plan, names: Sequence[str] | None = None,
                 module_path: str = "", local_world_size: int | None = None, **meta: Any) -> tuple[Path, Path]:
     """Write ``out_dir/<stem>.json`` (plain form) and ``out_dir/<stem>.torchrec.json`` (TorchRec
     form, ``local_world_size`` as :func:`torchrec_plan_json`), each atomically; returns both paths."""
     out_dir = Path(out_dir)
     plain = out_dir / f"{stem}.json"
     trec = out_dir / f"{stem}.torchrec.json"
-    trec_obj = torchrec_plan_json(tables, plan, names, precision, module_path, local_world_size=local_world_size)
-    io.write_json(plain, plan_json(tables, plan, max_memory_gb, precision, names, **meta))
+    trec_obj = torchrec_plan_json(plan, names, module_path, local_world_size=local_world_size)
+    io.write_json(plain, plan_json(plan, names, **meta))
     io.write_json(trec, trec_obj)
     return plain, trec
 
 
 @dataclass
 class PlanRecord:
-    """One planned task for :func:`export_plans`: the task's id, the algorithm, its tables (task
-    order), the plan and optionally the tables' names (default ``table_<index>``)."""
+    """One planned task for :func:`export_plans`: the task's id, the algorithm, the plan (None: the
+    algorithm found none) and optionally the tables' names (default ``table_<index>``)."""
 
     task: int
     alg: str
-    tables: Sequence[TableConfig]
     plan: Plan | None
     names: Sequence[str] | None = None
 
@@ -250,7 +247,7 @@ def export_plans(out_dir: str | os.PathLike, records: Iterable[PlanRecord | tupl
     """Write every record's plan in both forms: ``out_dir/<alg>/task_<k>.json`` and
     ``out_dir/<alg>/task_<k>.torchrec.json`` (``<alg>`` made safe as a directory name, ``k`` the task
     id zero-padded to 4 digits), plus ``out_dir/index.json`` listing them. ``records`` holds
-    :class:`PlanRecord` or ``(task, alg, tables, plan[, names])`` tuples; a record whose plan is
+    :class:`PlanRecord` or ``(task, alg, plan[, names])`` tuples; a record whose plan is
     ``None`` (the algorithm found none) writes no files and is listed with ``"plan": null``; one that
     TorchRec cannot apply (a grid block that is not one host, :func:`torchrec_problem`) writes its
     plain form only and is listed with ``"torchrec": null`` and the ``"torchrec_problem"``.
@@ -270,19 +267,19 @@ def export_plans(out_dir: str | os.PathLike, records: Iterable[PlanRecord | tupl
             index.append({"task": int(rec.task), "alg": rec.alg, "plan": None, "torchrec": None})
             continue
         stem = f"task_{int(rec.task):04d}"
-        why = next((f"table {n!r}: {w}" for n, s in zip(_check_names(rec.tables, rec.names),
-                                                       rec.plan.table_shardings(rec.tables))
+        why = next((f"table {n!r}: {w}" for n, s in zip(_check_names(rec.plan.tables, rec.names),
+                                                       rec.plan.shardings)
                     if (w := torchrec_problem(s, rec.plan.ndevices))), None)
         if why:   # the plain form only; the index says why TorchRec cannot apply it
             plain = out_dir / slug / f"{stem}.json"
-            io.write_json(plain, plan_json(rec.tables, rec.plan, max_memory_gb, precision, rec.names,
+            io.write_json(plain, plan_json(rec.plan, rec.names,
                                            alg=rec.alg, task=int(rec.task)))
             written.append(plain)
             index.append({"task": int(rec.task), "alg": rec.alg, "plan": str(plain.relative_to(out_dir)),
                           "torchrec": None, "torchrec_problem": why})
             continue
-        plain, trec = export_plan(out_dir / slug, stem, rec.tables, rec.plan, max_memory_gb, precision,
-                                  rec.names, module_path, alg=rec.alg, task=int(rec.task))
+        plain, trec = export_plan(out_dir / slug, stem, rec.plan, rec.names, module_path, alg=rec.alg,
+                                  task=int(rec.task))
         written += [plain, trec]
         index.append({"task": int(rec.task), "alg": rec.alg, "plan": str(plain.relative_to(out_dir)),
                       "torchrec": str(trec.relative_to(out_dir))})

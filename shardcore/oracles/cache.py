@@ -55,7 +55,7 @@ from typing import Iterable, Sequence
 from shardcore.errors import ShardError
 from shardcore.plan import has_pieces
 from shardcore.tables import TableConfig
-from shardcore.types import CacheContext, CommLayout, ComputeCost, OracleInfo, PlanResult
+from shardcore.types import CacheContext, CommLayout, ComputeCost, DeviceCost, OracleInfo, PlanResult, device_costs
 
 DEFAULT_CACHE_PATH = "data/cost_cache.sqlite"
 SCHEMA_VERSION = 1
@@ -111,7 +111,7 @@ class PlanEntry:
     """One stored plan measurement."""
 
     shards: tuple[ShardKey, ...]             # per device, sorted (index, row, dim)
-    device_costs_ms: tuple[tuple[float, float, float, float], ...]  # fw comp, fw comm, bw comm, bw comp
+    device_costs_ms: tuple[DeviceCost, ...]  # per device: fw comp, fw comm, bw comm, bw comp
     cost_ms: float                           # max over devices of the sum
     hardware: str
     dataset: str
@@ -245,8 +245,8 @@ class CostCache:
         return ShardError(f"cost cache {self.path}: corrupt {table} entry ({what}); measure without it "
                           "(--no-cache), or use another --cache-path")
 
-    def _costs(self, table: str, text, ndevices: int | None = None) -> list[list[float]]:
-        """A stored ``device_costs`` JSON: per device four finite costs >= 0 (ms)."""
+    def _costs(self, table: str, text, ndevices: int | None = None) -> list[DeviceCost]:
+        """A stored ``device_costs`` JSON: per device four finite costs >= 0 (ms), as :class:`DeviceCost` s."""
         try:
             costs = json.loads(text)
             costs = [[float(v) for v in dev] for dev in costs]
@@ -256,7 +256,7 @@ class CostCache:
             raise self._bad_row(table, "device_costs must hold four costs per device")
         if not all(math.isfinite(v) and v >= 0 for c in costs for v in c):
             raise self._bad_row(table, "a negative or non-finite cost")
-        return costs
+        return device_costs(costs)
 
     def _shard_costs(self, fw, bw) -> tuple[float, float]:
         try:
@@ -322,8 +322,8 @@ class CostCache:
 
     # -- plans ------------------------------------------------------------------------------
     def get_plan(self, ctx: CacheContext, shards: Sequence[Iterable[TableConfig | Sequence[int]]]
-                 ) -> list[list[float]] | None:
-        """The stored per-device ``[fw_comp, fw_comm, bw_comm, bw_comp]`` of a plan, or ``None``."""
+                 ) -> list[DeviceCost] | None:
+        """The stored per-device costs of a plan, or ``None``."""
         key = _digest(_PLAN_KIND, ctx, [shard_key(s) for s in shards])
         row = self._execute("SELECT device_costs FROM plan_costs WHERE key = ?", (key,)).fetchone()
         return None if row is None else self._costs("plan_costs", row[0], len(shards))
@@ -397,7 +397,7 @@ class CostCache:
                 break
             out.append(PlanEntry(
                 tuple(tuple(tuple(t) for t in s) for s in shards),
-                tuple(tuple(c) for c in costs),
+                tuple(costs),
                 max(sum(c) for c in costs), hw, ds, int(b), opt, prec, float(created)))
         return out
 
@@ -432,7 +432,7 @@ class CachedOracle:
     once (``from_cache``); otherwise every shard whose compute is stored is passed to the oracle as
     known (``oracle.evaluate(shards, compute=...)``), which measures only the others and the
     exchange; then the freshly measured shards and, when the exchange was measured rather than
-    modelled (``oracle.comm_measured``), the plan are stored. ``measure_shards`` reads and fills the
+    modelled (``oracle.comm_measured``), the plan are stored. ``measure_devices`` reads and fills the
     shard entries the same way. ``no_cache=True`` (per call, or the default given here) reads
     nothing but still stores what it measured, replacing older entries.
 
@@ -527,15 +527,15 @@ class CachedOracle:
     def close(self) -> None:
         self.oracle.close()
 
-    def check_shards(self, shards):
-        return self.oracle.check_shards(shards)
+    def check_devices(self, shards):
+        return self.oracle.check_devices(shards)
 
     def measure_comm(self, layout: CommLayout, delays_ms=None):
         """The wrapped oracle's exchange (never stored: a plan's is, with the plan)."""
         return self.oracle.measure_comm(layout, delays_ms)
 
     def is_stored(self, tables) -> bool:
-        """Whether :meth:`measure_shards` would answer this shard from the store (never under
+        """Whether :meth:`measure_devices` would answer this shard from the store (never under
         ``no_cache``; never for pieces)."""
         tables = list(tables)
         return (not self.no_cache and bool(tables) and not has_pieces(tables)
@@ -560,7 +560,7 @@ class CachedOracle:
 
         t0 = time.perf_counter()
         no_cache = self.no_cache if no_cache is None else no_cache
-        shards = self.oracle.check_shards(shards)
+        shards = self.oracle.check_devices(shards)
         ctx = self.oracle.context
         pieces = [has_pieces(s) for s in shards]       # row-wise / data-parallel: never cached
         # a modelled exchange is not stored as a plan
@@ -594,7 +594,7 @@ class CachedOracle:
         result.wall_s = time.perf_counter() - t0
         return result
 
-    def measure_shards(self, shards, no_cache: bool | None = None):
+    def measure_devices(self, shards, no_cache: bool | None = None):
         """Compute costs of single shards, stored ones read back, the others measured and stored."""
 
         no_cache = self.no_cache if no_cache is None else no_cache
@@ -613,7 +613,7 @@ class CachedOracle:
         if missing:
             # the oracle sees every position (hits as empty shards), so its errors name the right shard
             todo = set(missing)
-            measured = self.oracle.measure_shards([s if k in todo else [] for k, s in enumerate(shards)],
+            measured = self.oracle.measure_devices([s if k in todo else [] for k, s in enumerate(shards)],
                                                   no_cache=True)
             bench, warmup = self._iters()
             stored: set = set()

@@ -36,12 +36,11 @@ from shardcore.config import Config, param
 from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import (DEFAULT_COMM_BANDWIDTH_GBPS, DEFAULT_COMM_LATENCY_US,
                                         DEFAULT_INTER_HOST_BANDWIDTH_GBPS, DEFAULT_INTER_HOST_LATENCY_US, CommModel)
-from shardcore.oracles.emulated.oracle import EMULATED_CARDS, EMULATOR_FITS, HELDOUT, EmulatedOracle
+from shardcore.oracles.emulated.oracle import EmulatedOracle
+from shardcore.planning import (EMULATED_PREFIX, EMULATOR_FITS, HELDOUT, LANDSCAPES,  # noqa: F401  (re-exported)
+                                MEASURED, parse_landscape)
 from shardcore.oracles.setting import DEFAULT_TIMEOUT_S, EXACT_SGD
 
-MEASURED = "measured"
-EMULATED_PREFIX = "emulated:"
-ORACLE_CHOICES = (MEASURED,) + tuple(EMULATED_PREFIX + c for c in EMULATED_CARDS)
 
 
 def is_emulated(oracle) -> bool:
@@ -126,18 +125,6 @@ class OracleConfig(Config):
                                       "with --devices-per-host", type=latency_us, metavar="US", group="oracle")
 
 
-def parse_oracle(spec: str) -> str:
-    """Canonical oracle name, or a one-line error naming the choices."""
-    key = str(spec).strip().lower()
-    if key in ("measured", "hardware", "hw"):
-        return MEASURED
-    if key.startswith("emulated-"):
-        key = EMULATED_PREFIX + key[len("emulated-"):]
-    if key in ORACLE_CHOICES:
-        return key
-    raise ShardError(f"unknown oracle {spec!r}: choose one of {', '.join(ORACLE_CHOICES)}")
-
-
 RESUME_LABELS = {"ndevices": "device count", "max_memory_gb": "memory cap (GiB)", "precision": "weights precision",
                  "emulator_fit": "emulator fit", "hardware": "oracle (hardware)", "exchange": "exchange model",
                  "dataset": "dataset", "batch_size": "batch size", "optimizer": "optimizer", "pf_augment": "--pf-augment"}
@@ -187,13 +174,12 @@ def check_same_pricing(settings: dict, where: str) -> None:
                              f"{other[0]}: {other[1]!r}): their costs do not compare; compare records of one setting")
 
 
-def training_provenance(oracle, ndevices: int, max_memory_gb: float, precision: str,
-                        pf_augment: float | None = None) -> dict:
+def training_provenance(oracle, topology, pf_augment: float | None = None) -> dict:
     """What a training's measurements depend on (kept in its checkpoint): the devices, cap and
     precision, the oracle's hardware and, where it has a cache setting, the dataset, batch and
     optimizer; ``pf_augment``, where given, the share of its training tables made heavier
-    (:func:`shardcore.tables.augment_tasks`). A resumed training must match it (:func:`check_resume`)."""
-    out = {"ndevices": int(ndevices), "max_memory_gb": float(max_memory_gb), "precision": precision,
+    (:func:`shardcore.data.features.augment_tasks`). A resumed training must match it (:func:`check_resume`)."""
+    out = {"ndevices": topology.ndevices, "max_memory_gb": topology.max_memory_gb, "precision": topology.precision,
            "hardware": str(getattr(oracle, "hardware", "")), "exchange": exchange_setting(oracle)}
     if getattr(oracle, "fit", None) is not None:   # the emulated card's
         out["emulator_fit"] = str(oracle.fit)
@@ -234,7 +220,7 @@ def open_oracle(data_dir: str | os.PathLike, ndevices: int | None = None, *, ora
     :class:`EmulatedOracle` for ``ndevices`` devices (default ``len(device_ids)``), never cached (it
     answers in microseconds); the measuring arguments do not apply to it.
     """
-    spec = parse_oracle(oracle)
+    spec = parse_landscape(oracle)
     if spec.startswith(EMULATED_PREFIX):
         n = ndevices if ndevices is not None else (len(device_ids) if device_ids else 4)
         return EmulatedOracle(data_dir, n, card=spec[len(EMULATED_PREFIX):], batch_size=batch_size,

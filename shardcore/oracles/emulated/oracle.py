@@ -15,17 +15,16 @@ from shardcore.dataset import configs_batch_size
 from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import PIECES_NOTE, CommModel, allreduce_bytes, comm_splits, id_width, pooled_width
 from shardcore.oracles.setting import EXACT_SGD, normalize_optimizer, normalize_precision
-from shardcore.oracles.emulated.emulator import FP32_NOTE
+from shardcore.oracles.emulated.model import FP32_NOTE
 from shardcore.tables import TableConfig
 from shardcore.types import CacheContext, CommLayout, CommSplits, ComputeCost, DeviceCost, OracleInfo, PlanResult
+from shardcore.planning import (DEVICES, EMULATED_CARDS, EMULATOR_FITS, FULL, HELDOUT,  # noqa: F401  (re-exported)
+                                check_emulator_fit)
 
-EMULATED_CARDS = ("h200",)
 CARD_NAMES = {"h200": "NVIDIA H200"}
 # which fit of the emulated card judges a plan (EmulatedOracle's fit): held out by the plan's tables (the
 # default), by its devices (never a shard made only of its tables; the tables seen mixed with others, as a
 # learned method's training oracle sees them), or the shipped fit
-HELDOUT, DEVICES, FULL = "heldout", "devices", "full"
-EMULATOR_FITS = (HELDOUT, DEVICES, FULL)
 HOLDOUT_RULE = {HELDOUT: "tables", DEVICES: "devices"}   # emulator.HOLDOUT_RULES
 
 
@@ -53,7 +52,7 @@ def _length_cv(data_dir: str, batch_size: int) -> list[float] | None:
 class EmulatedOracle:
     """Plan costs on an emulated GPU (see the module notes): a
     :class:`~shardcore.types.ShardCostOracle` like :class:`~shardcore.oracles.measured.driver.PlanEvaluator`
-    (``evaluate``, ``measure_shards``, ``measure_comm``, context manager, ``batch_size``,
+    (``evaluate``, ``measure_devices``, ``measure_comm``, context manager, ``batch_size``,
     ``ndevices``...). It keeps nothing; :class:`~shardcore.oracles.cache.CachedOracle` can wrap it."""
 
     comm_measured = False   # the exchange is modelled: a cache layer stores its shards, never its plans
@@ -66,10 +65,9 @@ class EmulatedOracle:
                  batch_size: int | None = None, optimizer: str = EXACT_SGD, precision: str = "fp16",
                  comm_model: CommModel | None = None, fit: str = HELDOUT):
         from shardcore.dataset import load_dataset
-        from shardcore.oracles.emulated.emulator import load_gpu_model
+        from shardcore.oracles.emulated.measurements import load_gpu_model
 
-        if fit not in EMULATOR_FITS:
-            raise ShardError(f"emulator fit must be one of {', '.join(EMULATOR_FITS)}, got {fit!r}")
+        check_emulator_fit(fit)
         self.fit = fit
         if card not in EMULATED_CARDS:
             raise ShardError(f"no emulated GPU {card!r}: choose one of {', '.join(EMULATED_CARDS)}")
@@ -132,7 +130,7 @@ class EmulatedOracle:
         """One line naming the tables this card prices outside its measured range, and by how far
         (:mod:`shardcore.oracles.emulated.domain`); None when all are inside and fp16."""
         from shardcore.oracles.emulated.domain import domain_note
-        from shardcore.oracles.emulated.emulator import card_domain
+        from shardcore.oracles.emulated.measurements import card_domain
 
         return domain_note(card_domain(self.card), tables, names, self.precision)
 
@@ -166,16 +164,16 @@ class EmulatedOracle:
         tables of another dataset were never measured)."""
         if self.fit == FULL:
             return self.model
-        from shardcore.oracles.emulated.emulator import heldout_model, seen_tables
+        from shardcore.oracles.emulated.measurements import heldout_model, seen_tables
 
         seen = seen_tables(tables, self.card)
         return heldout_model(seen, self.card, rule=HOLDOUT_RULE[self.fit]) if seen else self.model
 
-    def measure_shards(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None, *,
+    def measure_devices(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None, *,
                        judged: Sequence[TableConfig] | None = None) -> list[ComputeCost]:
         """Each device's (fw, bw) compute; the held-out fit is the one without the tables of ``judged``
         (default: every table of ``shards``)."""
-        from shardcore.oracles.emulated.emulator import predict_devices
+        from shardcore.oracles.emulated.model import predict_devices
 
         shards = [self._check(s, f"shard {k}") for k, s in enumerate(shards)]
         cv_of = None if self.length_cv is None else (lambda t: self.length_cv[t.index])
@@ -208,7 +206,7 @@ class EmulatedOracle:
             costs = [(fw + latest - float(dl), bw) for (fw, bw), dl in zip(costs, delays_ms)]
         return costs, [comm_splits(dims, self.batch_size, d) for d in range(self.ndevices)]
 
-    def check_shards(self, shards: Sequence[Sequence[TableConfig]]) -> list[list[TableConfig]]:
+    def check_devices(self, shards: Sequence[Sequence[TableConfig]]) -> list[list[TableConfig]]:
         """The plan as lists, one shard per device and every table known, or a one-line error."""
         if len(shards) != self.ndevices:
             raise ShardError(f"plan has {len(shards)} shards but the oracle has {self.ndevices} devices")
@@ -218,9 +216,9 @@ class EmulatedOracle:
                  compute: "dict[int, ComputeCost] | None" = None) -> PlanResult:
         """The plan's costs; ``compute[d]`` (a cache layer's hit) replaces device ``d``'s model."""
         t0 = time.perf_counter()
-        shards = self.check_shards(shards)
+        shards = self.check_devices(shards)
         known = dict(compute or {})
-        costs_c = self.measure_shards([[] if d in known else s for d, s in enumerate(shards)],
+        costs_c = self.measure_devices([[] if d in known else s for d, s in enumerate(shards)],
                                       judged=[t for s in shards for t in s])
         from_cache = [bool(s) and d in known for d, s in enumerate(shards)]
         costs_c = [known[d] if from_cache[d] else c for d, c in enumerate(costs_c)]

@@ -888,7 +888,7 @@ class PlanEvaluator:
                                      tuple(rep["bw_send"]), tuple(rep["bw_recv"])))
         return costs, splits
 
-    def measure_shards(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None
+    def measure_devices(self, shards: Sequence[Sequence[TableConfig]], no_cache: bool | None = None
                        ) -> list[ComputeCost]:
         """Compute costs of many single shards (e.g. cost-model training data), each measured once
         (duplicates share one measurement; empty shards cost nothing). ``no_cache`` is for a cache
@@ -923,7 +923,7 @@ class PlanEvaluator:
         """Whether the plans' all-to-alls are measured (not modelled): only such plans are cached."""
         return not self.oversubscribed
 
-    def check_shards(self, shards: Sequence[Sequence[TableConfig]]) -> list[list[TableConfig]]:
+    def check_devices(self, shards: Sequence[Sequence[TableConfig]]) -> list[list[TableConfig]]:
         """The plan as lists, one shard per device and every table known, or a one-line error."""
         return self._check_shards(shards)
 

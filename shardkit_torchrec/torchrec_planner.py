@@ -1,6 +1,6 @@
 """TorchRec's planner as an ``--alg`` (it needs TorchRec installed).
 
-**``--alg torchrec``** (:func:`load_sharder` -> :class:`TorchRecSharder`). For each task it builds a
+**``--alg torchrec``** (:func:`make_sharder` -> :class:`TorchRecSharder`). For each task it builds a
 TorchRec ``EmbeddingBagCollection`` on the ``meta`` device (no memory allocated) with one
 ``EmbeddingBagConfig`` per table (rows, dim, ``data_type`` = the weights precision, fp16 by default),
 lets every table take any sharding type our oracle measures -- table-wise, column-wise,
@@ -33,7 +33,7 @@ the plan it chose (``torchrec_estimate_ms``).
 
 How TorchRec's memory accounting differs from ours (our cap counts only the weights,
 row x dim x bytes per device; :mod:`shardcore.interop.memory` states what a plan needs in all, and
-``plan.py`` prints that beside TorchRec's estimate, :mod:`shardcore.interop.torchrec_memory`):
+``plan.py`` prints that beside TorchRec's estimate, :mod:`shardkit_torchrec.torchrec_memory`):
 
 * **I/O buffers**: for every table TorchRec also counts the input indices (as int64) and the pooled
   outputs (in the weights' precision) of a batch: for a table-wise table on a world of N ranks with
@@ -56,7 +56,7 @@ row x dim x bytes per device; :mod:`shardcore.interop.memory` states what a plan
 Every plan is checked against OUR cap before it is returned; an over-cap plan, or no plan at all
 from TorchRec, raises :class:`~shardcore.errors.InfeasibleError`.
 
-The batch size: kwargs ``batch_size`` is the benchmark's batch (default 4096), the batch each table's
+The batch size: the planning context's batch (default :data:`~shardcore.planning.DEFAULT_BATCH_SIZE`), the batch each table's
 device processes. TorchRec's ``batch_size`` is per rank, and a table-wise table processes the local
 batches of all ranks, so the planner gets ``batch_size / ndevices`` per rank.
 
@@ -76,56 +76,22 @@ from shardcore.baselines import Sharder
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import Plan, Sharding, column_wise, data_parallel, grid, row_blocks, row_wise, table_wise
 from shardcore.tables import GB, TableConfig
+from shardcore.planning import DEFAULT_BATCH_SIZE, PlanningContext
 from shardcore.types import Topology
 
-DEFAULT_BATCH_SIZE = 4096
-MEMORY_MODELS = ("torchrec", "weights")
+from .config import MEMORY_MODELS, TorchRecConfig
+
 # TorchRec's sharding types that the oracle measures; table_row_wise and grid_shard (a column block
 # per host, row-wise over the host's ranks) only where there are several hosts
 ALL_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel")
 MULTI_HOST_TYPES = ("table_row_wise", "grid_shard")
 
-INSTALL_HINT = (
-    "TorchRec is not installed: run `pip install -e .[torchrec]` (on a CPU-only machine "
-    "`pip install -e .[cpu,torchrec]`), then `pip install --no-deps torchrec==1.8.0` (--no-deps because "
-    "torchrec's own requirements name the CUDA fbgemm-gpu package, which breaks fbgemm-gpu-cpu; the "
-    "extra installs what it really needs: tensordict==0.15.3 and pyre-extensions==0.0.32)")
-
-
 # --------------------------------------------------------------------------------------------
-# TorchRec imports (lazy: the rest of shardcore never needs TorchRec)
+# TorchRec imports (lazy: the rest of the project never needs TorchRec)
 # --------------------------------------------------------------------------------------------
-
-def torchrec_available() -> bool:
-    try:
-        _torchrec()
-    except ShardError:
-        return False
-    return True
-
-
-def _torchrec():
-    """Import what the planner needs, or raise :class:`ShardError` with the install recipe."""
-    try:
-        import torchrec  # noqa: F401
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: F401
-        from torchrec.distributed.planner import EmbeddingShardingPlanner  # noqa: F401
-    except Exception as exc:  # ImportError, OSError, or a RuntimeError of an FBGEMM build lacking an operator
-        text = str(exc).strip()
-        detail = text.splitlines()[0] if text else type(exc).__name__
-        raise ShardError(f"{INSTALL_HINT} [import failed: {detail}]") from None
-    import torchrec as _tr
-
-    return _tr
-
-
-def _data_type(precision: str):
-    from torchrec.modules.embedding_configs import DataType
-
-    try:
-        return {"fp16": DataType.FP16, "fp32": DataType.FP32}[precision]
-    except KeyError:
-        raise ShardError(f"unknown weights precision {precision!r}: choose fp16 or fp32") from None
+from shardcore.interop.torchrec_lib import INSTALL_HINT, data_type as _data_type  # noqa: E402,F401
+from shardcore.interop.torchrec_lib import require_torchrec as _torchrec  # noqa: E402
+from shardcore.interop.torchrec_lib import torchrec_available  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,9 +181,9 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
         return TorchRecHardware("cuda", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS,
                                 TORCHREC_DEFAULT_INTRA_HOST_GBPS, TORCHREC_DEFAULT_INTER_HOST_GBPS, None, "none",
                                 "TorchRec's defaults (no judged hardware given)")
-    from shardcore.oracles.factory import EMULATED_PREFIX, MEASURED, parse_oracle
+    from shardcore.planning import EMULATED_PREFIX, MEASURED, parse_landscape
 
-    spec = parse_oracle(oracle)
+    spec = parse_landscape(oracle)
     if spec.startswith(EMULATED_PREFIX):
         card = spec[len(EMULATED_PREFIX):]
         if card != "h200":
@@ -568,7 +534,7 @@ class TorchRecSharder(Sharder):
         if ndevices < 1:
             raise ShardError(f"torchrec: need at least one device, got {ndevices}")
         if not tables:
-            return Plan((), ndevices)
+            return Plan((), (), topology)
         data_type = _data_type(precision)
         names = [f"t{pos}" for pos in range(len(tables))]  # internal: positions, so any task works
         configs = [EmbeddingBagConfig(name=name, embedding_dim=t.dim, num_embeddings=t.row,
@@ -604,12 +570,12 @@ class TorchRecSharder(Sharder):
                 f"with {max_memory_gb:g} GiB each: {_condense_planner_error(str(exc), tables)}") from None
         self.last_plan = sharding_plan
         self.last_options = getattr(planner, "_best_plan", None)
-        plan, kinds = _plan_from_torchrec(sharding_plan, names, ndevices, tables)
+        plan, kinds = _plan_from_torchrec(sharding_plan, names, topology, tables)
         self.last_info = {"torchrec_types": kinds,
                           "torchrec_config": self.config(ndevices, local_batch, lws or ndevices, types),
                           "torchrec_estimate_ms": _device_estimates(self.last_options, ndevices)}
-        if not plan.is_feasible(tables, max_memory_gb, precision):
-            worst = max(plan.device_memory_gb(tables, precision))
+        if not plan.feasible:
+            worst = max(plan.device_memory_gb())
             raise InfeasibleError(
                 f"infeasible: TorchRec's plan puts {worst:.3f} GiB of {precision} weights on a device, "
                 f"over the {max_memory_gb:g} GiB cap")
@@ -708,7 +674,7 @@ def _grid_from_shards(shards: list, table: TableConfig, name: str) -> Sharding:
     return grid(blocks)
 
 
-def _plan_from_torchrec(sharding_plan, names: Sequence[str], ndevices: int,
+def _plan_from_torchrec(sharding_plan, names: Sequence[str], topology: Topology,
                         tables: Sequence[TableConfig]) -> tuple[Plan, list[str]]:
     module_plan = sharding_plan.plan.get("")
     if module_plan is None:
@@ -718,9 +684,9 @@ def _plan_from_torchrec(sharding_plan, names: Sequence[str], ndevices: int,
         ps = module_plan.get(name)
         if ps is None:
             raise ShardError(f"torchrec: the planner left table {name} out of its plan")
-        shardings.append(sharding_from_torchrec(ps, t, ndevices, name))
+        shardings.append(sharding_from_torchrec(ps, t, topology.ndevices, name))
         kinds.append(str(ps.sharding_type))
-    return Plan.from_shardings(tables, shardings, ndevices), kinds
+    return Plan(tables, shardings, topology), kinds
 
 
 def _condense_planner_error(text: str, tables: Sequence[TableConfig]) -> str:
@@ -735,34 +701,29 @@ def _condense_planner_error(text: str, tables: Sequence[TableConfig]) -> str:
     return head
 
 
-def load_sharder(path=None, batch_size: int | None = None, memory_model: str = "torchrec",
-                 reserve: float = 0.0, compute_device: str | None = None, local_world_size: int | None = None,
-                 sharding_types: Sequence[str] | None = None, oracle: str | None = None,
-                 comm_bandwidth: float | None = None, comm_latency: float | None = None,
-                 device_type: str | None = None, devices_per_host: int | None = None,
-                 inter_host_bandwidth: float | None = None, torchrec_time: float | None = None,
-                 **_ignored) -> TorchRecSharder:
-    """``--alg torchrec`` (every sharding type), planning for the hardware of ``oracle`` with the comm
-    model's ``comm_bandwidth`` / ``comm_latency`` (GB/s, us; None: its defaults) and, with
-    ``devices_per_host`` (hosts: its ``local_world_size`` unless given), ``inter_host_bandwidth``, see
-    :func:`hardware_for`; ``batch_size``: the judged batch (split over the ranks); ``torchrec_time``: TorchRec's
-    own ``timeout_seconds`` (its proposals stop after it; None: no limit, TorchRec's default). ``path`` is unused
-    (TorchRec's planner has nothing to load); other keyword arguments the caller passes to every
-    method (e.g. ``seed``, ``data_dir``) are ignored. Raises :class:`ShardError` with the install
-    recipe when TorchRec is missing."""
+def make_sharder(ctx: PlanningContext, config: TorchRecConfig | None = None, checkpoint=None, planners=None,
+                 sharding_types: Sequence[str] | None = None) -> TorchRecSharder:
+    """``--alg torchrec`` (every sharding type) for ``ctx``: planning for the hardware of its landscape (the
+    judge's, :func:`hardware_for`, with its exchange model's bandwidth and latency and, where the topology has
+    hosts, the bandwidth between them: its ``local_world_size``), the judged batch (split over the ranks;
+    :data:`~shardcore.planning.DEFAULT_BATCH_SIZE` where unknown); ``config``: TorchRec's own
+    ``timeout_seconds`` and what it counts against the cap. TorchRec's planner has nothing to load (no
+    checkpoint). Raises :class:`ShardError` with the install recipe when TorchRec is missing."""
+    if checkpoint is not None:
+        raise ShardError("--alg torchrec takes no checkpoint")
     _torchrec()
-    hardware = hardware_for(oracle, comm_bandwidth, comm_latency, device_type=device_type,
-                            devices_per_host=devices_per_host, inter_host_bandwidth=inter_host_bandwidth)
-    return TorchRecSharder("torchrec", batch_size=int(batch_size or DEFAULT_BATCH_SIZE),
-                           memory_model=memory_model, reserve=reserve, compute_device=compute_device,
-                           hardware=hardware, local_world_size=local_world_size or devices_per_host or None,
-                           sharding_types=tuple(sharding_types) if sharding_types else None,
-                           time_limit_s=torchrec_time)
+    cfg = config or TorchRecConfig()
+    land, hosts = ctx.landscape, ctx.topology.devices_per_host or None
+    hardware = hardware_for(land.name, land.comm_bandwidth, land.comm_latency, devices_per_host=hosts,
+                            inter_host_bandwidth=land.inter_host_bandwidth)
+    return TorchRecSharder("torchrec", batch_size=ctx.batch, memory_model=cfg.memory, hardware=hardware,
+                           local_world_size=hosts, sharding_types=tuple(sharding_types) if sharding_types else None,
+                           time_limit_s=cfg.time)
 
 
-def load_sharder_tw(path=None, **kwargs) -> TorchRecSharder:
+def make_sharder_tw(ctx: PlanningContext, config: TorchRecConfig | None = None, checkpoint=None,
+                    planners=None) -> TorchRecSharder:
     """``--alg torchrec-tw``: TorchRec's planner restricted to table-wise sharding."""
-    kwargs.pop("sharding_types", None)
-    sharder = load_sharder(path, sharding_types=("table_wise",), **kwargs)
+    sharder = make_sharder(ctx, config, checkpoint, planners, sharding_types=("table_wise",))
     sharder.name = "torchrec-tw"
     return sharder

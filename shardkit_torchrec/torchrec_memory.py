@@ -22,7 +22,8 @@ from typing import Sequence
 from shardcore.errors import ShardError
 from shardcore.interop.memory import EXACT_SGD, OPTIMIZER_LABELS, PARTS, DeviceMemory, device_memory, optimizer_name
 from shardcore.plan import Plan
-from shardcore.tables import GB, TableConfig
+from shardcore.tables import GB
+from shardcore.topology import MEMORY_TOLERANCE_GB
 
 # TorchRec 1.8's EmbeddingShardingPlanner builds HeuristicalStorageReservation(percentage=0.15) unless told
 # otherwise (its heuristical_storage_reservation_percentage default; checked in the tests)
@@ -38,13 +39,12 @@ def _optimizer_class(optimizer: str):
             "exact_adagrad": torch.optim.Adagrad, "adam": trec_optim.Adam}[optimizer_name(optimizer)]
 
 
-def torchrec_storage(tables: Sequence[TableConfig], plan: Plan, precision: str, batch_size: int,
-                     optimizer: str = EXACT_SGD, names: Sequence[str] | None = None,
+def torchrec_storage(plan: Plan, batch_size: int, optimizer: str = EXACT_SGD, names: Sequence[str] | None = None,
                      local_world_size: int | None = None, compute_device: str = "cuda") -> list[float]:
     """TorchRec's storage estimate of ``plan`` in bytes per device (HBM on a ``cuda`` device, DDR on a
     ``cpu`` one; see the module notes). ``batch_size``: the global batch."""
     from shardcore.interop.plan_export import _torchrec_shards, torchrec_problem
-    from shardcore.interop.torchrec_planner import _data_type, _torchrec
+    from shardcore.interop.torchrec_lib import data_type as _data_type, require_torchrec as _torchrec
 
     _torchrec()
     import torch
@@ -55,7 +55,7 @@ def torchrec_storage(tables: Sequence[TableConfig], plan: Plan, precision: str, 
     from torchrec.distributed.planner.types import KernelConfig, Shard, ShardingOption, TopologyFactory, TrainerConfig
     from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
 
-    world = plan.ndevices
+    world, tables, precision = plan.ndevices, plan.tables, plan.topology.precision
     if int(batch_size) < 1:
         raise ShardError(f"TorchRec's storage estimate needs a positive batch, got {batch_size}")
     names = [f"t{i}" for i in range(len(tables))] if names is None else [str(n) for n in names]
@@ -68,7 +68,7 @@ def torchrec_storage(tables: Sequence[TableConfig], plan: Plan, precision: str, 
                                                kernel_config=KernelConfig(compute_device=compute_device))
     local_batch = max(1, int(round(int(batch_size) / world)))
     options, ranks = [], []
-    for n, t, s in zip(names, tables, plan.table_shardings(tables)):
+    for n, t, s in zip(names, tables, plan.shardings):
         why = torchrec_problem(s, world, local_world_size)   # hosts unknown (None): a row-wise subset as written
         if why:
             raise ShardError(f"table {n!r}: TorchRec cannot apply its sharding ({why}), so it has no estimate of it")
@@ -130,7 +130,7 @@ class MemoryComparison:
         out = [f"memory per device: this project's account (weights in {self.precision}, {OPTIMIZER_LABELS[self.optimizer]}, "
                + (f"I/O buffers at batch {self.batch_size}" if self.batch_size else "no I/O buffers: the batch is not known")
                + ") beside TorchRec's storage estimate of the same shards"]
-        over = [(d, m.total / GB) for d, m in enumerate(self.memory) if m.total / GB > self.cap_gib + 1e-12]
+        over = [(d, m.total / GB) for d, m in enumerate(self.memory) if m.total / GB > self.cap_gib + MEMORY_TOLERANCE_GB]
         out.append(f"account: every device within the {self.cap_gib:g} GiB cap" if not over else
                    "account: over the {:g} GiB cap on device(s) {} (the cap counts weights; the account adds "
                    "optimizer state and buffers)".format(self.cap_gib, ", ".join(f"{d} ({v:.3f} GiB)" for d, v in over)))
@@ -138,7 +138,7 @@ class MemoryComparison:
             out.append(f"TorchRec's estimate: not made ({self.why_not})")
             return out
         limit = self.cap_gib * (1.0 - TORCHREC_DEFAULT_RESERVE)
-        bad = [(d, v / GB) for d, v in enumerate(self.torchrec) if v / GB > limit + 1e-12]
+        bad = [(d, v / GB) for d, v in enumerate(self.torchrec) if v / GB > limit + MEMORY_TOLERANCE_GB]
         head = (f"TorchRec's planner on devices of {self.cap_gib:g} GiB keeps {TORCHREC_DEFAULT_RESERVE:.0%} off "
                 f"limits by default (and an estimate of the dense model): {limit:.3f} GiB for tables")
         out.append(head + (": its estimate fits on every device" if not bad else
@@ -147,13 +147,12 @@ class MemoryComparison:
         return out
 
 
-def compare_memory(tables: Sequence[TableConfig], plan: Plan, precision: str, cap_gib: float,
-                   batch_size: int | None, optimizer: str = EXACT_SGD, names: Sequence[str] | None = None,
+def compare_memory(plan: Plan, batch_size: int | None, optimizer: str = EXACT_SGD, names: Sequence[str] | None = None,
                    local_world_size: int | None = None, labels: Sequence | None = None) -> MemoryComparison:
     """The account and TorchRec's estimate of ``plan`` (module notes); TorchRec's only where it is installed,
     the batch is known and TorchRec can apply the plan."""
     optimizer = optimizer_name(optimizer)
-    memory = device_memory(tables, plan, precision, optimizer, batch_size)
+    memory = device_memory(plan, optimizer, batch_size)
     torchrec, why = None, None
     if batch_size is None:
         why = "it counts the batch's buffers and the batch is not known: give --batch-size"
@@ -161,8 +160,8 @@ def compare_memory(tables: Sequence[TableConfig], plan: Plan, precision: str, ca
         why = "TorchRec is not installed"
     else:
         try:
-            torchrec = torchrec_storage(tables, plan, precision, int(batch_size), optimizer, names, local_world_size)
+            torchrec = torchrec_storage(plan, int(batch_size), optimizer, names, local_world_size)
         except ShardError as exc:
             why = str(exc)
-    return MemoryComparison(memory, torchrec, float(cap_gib), optimizer, precision,
+    return MemoryComparison(memory, torchrec, plan.topology.max_memory_gb, optimizer, plan.topology.precision,
                             int(batch_size) if batch_size else None, why, list(labels or []))
