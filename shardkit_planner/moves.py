@@ -403,25 +403,29 @@ class Replicate(Move):
     def candidates(self, st, m, ctx):
         if not ctx.allows(DATA_PARALLEL) or st.n < 2:
             return []
-        out = []
+        out, dp = [], data_parallel(st.n)
         for pos in ctx.heavy:
             s, t = st.shardings[pos], st.tables[pos]
             if s.type not in (ROW_WISE, DATA_PARALLEL, GRID) and t.memory_gb(st.precision) <= ctx.dp_max_gb:
-                out.append(("replicate", {pos: data_parallel(st.n)}))
+                out.append(("replicate", {pos: dp}))
         ranked = sorted(ctx.weight, key=lambda pos: -ctx.weight[pos])
         small = [pos for pos in ranked if st.shardings[pos].type == TABLE_WISE and pos not in ctx.heavy
                  and st.tables[pos].memory_gb(st.precision) <= ctx.dp_max_gb]
-        out.extend(("replicate", {pos: data_parallel(st.n)}) for pos in small[:ctx.max_pieces])
+        out.extend(("replicate", {pos: dp}) for pos in small[:ctx.max_pieces])
         if len(small) > 1:
-            out.append(("replicate", {pos: data_parallel(st.n) for pos in small}))
+            out.append(("replicate", {pos: dp for pos in small}))
         return out
+
+
+REPLICATE_GROUP_MAX = 64
 
 
 class ReplicateGroup(Move):
     """The whole tables of any device that cost least to replicate (fewest rows per lookup: the
     all-reduce per lookup spread) made data-parallel together, 2, 4, 8, ... of them: the first replica
     pays the replicas' kernel on every device, so one at a time never pays off where several together
-    do (a task whose split tables fill the exchange with their widths)."""
+    do (a task whose split tables fill the exchange with their widths). At most
+    :data:`REPLICATE_GROUP_MAX` at once (a group of hundreds changes every piece of every device)."""
 
     name = "replicate-group"
 
@@ -431,9 +435,9 @@ class ReplicateGroup(Move):
         cheap = sorted((pos for pos, sh in enumerate(st.shardings) if sh.type == TABLE_WISE
                         and st.tables[pos].memory_gb(st.precision) <= ctx.dp_max_gb),
                        key=lambda pos: (st.tables[pos].row / max(st.tables[pos].pooling_factor, 0.01), pos))
-        out, size = [], 2
-        while size <= len(cheap):
-            out.append(("replicate-group", {pos: data_parallel(st.n) for pos in cheap[:size]}))
+        out, size, dp = [], 2, data_parallel(st.n)
+        while size <= min(len(cheap), REPLICATE_GROUP_MAX):
+            out.append(("replicate-group", {pos: dp for pos in cheap[:size]}))
             size *= 2
         return out
 

@@ -72,6 +72,7 @@ class State:
         self._exch_cache: dict[tuple, tuple[float, float, float]] = {}
         self._mem_cache: dict[tuple, dict] = {}
         self.last_built = 0
+        self.built_total = 0    # pieces every changed_shards call built (a kick's work, charged by the caller)
         self.shardings = list(shardings)
         self.pieces: list[list[tuple[int, TableConfig]]] = [[] for _ in range(self.n)]
         self.pos_devices: list[set[int]] = [set() for _ in self.tables]
@@ -203,6 +204,7 @@ class State:
         for d in dict.fromkeys(list(removed) + list(new_on)):
             out[d] = [p for pos, p in self.pieces[d] if pos not in change] + new_on.get(d, [])
         self.last_built = sum(len(ps) for ps in out.values())
+        self.built_total += self.last_built
         return out
 
     def make(self, change: dict[int, Sharding]) -> bool:

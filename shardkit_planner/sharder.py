@@ -286,10 +286,12 @@ class ShardkitSharder(Sharder):
             while (not budget.exhausted and since < KICK_PATIENCE
                    and (self.max_kicks is None or kicks < self.max_kicks)):
                 st = best_st.copy()
+                built = st.built_total
                 if rng.random() < RECREATE_KICKS:
                     recreate(st, rng, RECREATE_SHARE)
                 else:
                     kick(st, rng, int(rng.integers(2, 5)), types=self.types)
+                budget.spend(1, st.built_total - built)   # the kick's own work: the pieces it re-placed
                 self.improver.improve(st, budget, types=self.types, stats=stats)
                 kicks, since = kicks + 1, since + 1
                 if st.score < best_st.score:
