@@ -18,6 +18,7 @@ from shardcore.oracles.measured.benchmark import ReferenceRunner, _lazy_zeros
 from shardcore.oracles.setting import CPU_PROTOCOL, hardware_fingerprint
 from shardcore.oracles.cache import CachedOracle, CostCache
 from shardcore.oracles.measured.driver import PlanEvaluator
+from shardcore.errors import ShardError
 from shardcore.oracles.measured.worker import low_quantile
 from tests.test_evaluator import make_data
 
@@ -79,6 +80,21 @@ def test_a_shards_samples_sit_between_reference_blocks_each_warm_on_its_own(tmp_
     assert own == [(1, 4)]                                       # the shard warmed once, then timed back to back
     empty = benchmark.ShardRunner(tmp_path / "ds", [], batch_size=64)
     assert empty.sample_blocked(ref, 1, 3) == ([0.0] * 3, [0.0] * 3, [1.0]) and len(calls) == 2
+
+
+def test_a_sample_taken_while_the_machine_ran_slow_counts_at_the_nominal_speed():
+    """Each sample is divided by the reference's time at its own moment: a shard timed at 10 ms while the
+    reference took 5 (nominal) and at 20 ms while it took 10 (the machine at half speed) costs 10 ms."""
+    from shardcore.oracles.measured.driver import at_nominal_speed
+
+    fw, bw, refs = [4.0, 8.0, 4.0, 8.0], [6.0, 12.0, 6.0, 12.0], [5.0, 10.0, 5.0, 10.0]
+    c = at_nominal_speed(fw, bw, refs, nominal=5.0)
+    assert (c.fw_ms, c.bw_ms) == pytest.approx((4.0, 6.0))
+    # a slow spell hitting the shard but not the reference is a disturbed sample: the lower quartile drops it
+    c = at_nominal_speed([4.0, 4.0, 4.0, 9.0], [6.0, 6.0, 6.0, 9.0], [5.0] * 4, nominal=2.5)
+    assert (c.fw_ms, c.bw_ms) == pytest.approx((2.0, 3.0))
+    with pytest.raises(ShardError, match="one reference time per sample"):
+        at_nominal_speed([1.0, 2.0], [1.0, 2.0], [1.0], nominal=1.0)
 
 
 def test_steady_heap_stops_page_faults_of_repeated_large_buffers():

@@ -88,12 +88,12 @@ def plans_of(tables, n: int, cap: float, seed: int) -> dict:
     """The three plans of a task (module notes)."""
     from shardcore.baselines import make_baseline
     from shardcore.plan import Plan, column_wise, data_parallel, row_wise
-    from shardcore.types import Topology
+    from shardcore.topology import Topology
 
     top = Topology(n, cap)
     out = {"random": make_baseline("random", seed=seed).shard(tables, top),
            "lookup_greedy": make_baseline("lookup_greedy").shard(tables, top)}
-    sh = out["lookup_greedy"].table_shardings(tables)
+    sh = list(out["lookup_greedy"].shardings)
     order = sorted(range(len(tables)), key=lambda i: -tables[i].dim * tables[i].pooling_factor)
     first = next(i for i in order if tables[i].dim % 8 == 0)
     d0 = sh[first].devices[0]
@@ -103,7 +103,7 @@ def plans_of(tables, n: int, cap: float, seed: int) -> dict:
     for i in sorted(range(len(tables)), key=lambda i: tables[i].row)[:3]:
         if i not in (first, second):
             sh[i] = data_parallel(n)
-    out["pieces"] = Plan.from_shardings(tables, sh, n)
+    out["pieces"] = Plan(tables, sh, top)
     return out
 
 
@@ -120,17 +120,27 @@ def tags_of(pieces, full_dims: dict) -> list[str]:
     return tags
 
 
-def independent_compute(data, shards, batch, warmup: int, iters: int) -> list[tuple[float, float]]:
-    """Per shard (min, median) of fw + bw wall-clock ms, timed in this process on one thread."""
+def independent_compute(data, shards, batch, warmup: int, iters: int) -> tuple[list[tuple[float, float]], float]:
+    """Per shard (min, median) of fw + bw wall-clock ms, timed in this process on one thread; and the
+    reference shard's (the oracle's unit of speed) minimum, timed the same way between every eighth shard
+    (its median over those timings)."""
     import torch
 
-    from shardcore.oracles.measured.benchmark import ShardRunner
+    from shardcore.oracles.measured.benchmark import ReferenceRunner, ShardRunner
     from shardcore.oracles.measured.worker import steady_heap
 
     torch.set_num_threads(1)
     steady_heap()
-    out = []
-    for pieces in shards:
+    ref = ReferenceRunner(batch)
+    refs, out = [], []
+
+    def time_ref():
+        fw, bw = ref.sample(warmup, iters, cpu_clock=False)
+        refs.append(min(f + b for f, b in zip(fw, bw)))
+
+    for k, pieces in enumerate(shards):
+        if k % 8 == 0:
+            time_ref()
         if not pieces:
             out.append((0.0, 0.0))
             continue
@@ -139,7 +149,8 @@ def independent_compute(data, shards, batch, warmup: int, iters: int) -> list[tu
         tot = [f + b for f, b in zip(fw, bw)]
         out.append((min(tot), statistics.median(tot)))
         runner.close()
-    return out
+    time_ref()
+    return out, statistics.median(refs)
 
 
 def _a2a_worker(rank, world, port, dims_list, batch, warmup, iters, conn):
@@ -215,7 +226,12 @@ def summarize(devs: list[dict], plans: list[dict], comm: list[dict]) -> dict:
                 for p in plans for c in p["costs_ms"]]
     dev_dev = [abs(c - statistics.median(d["rounds_ms"])) / statistics.median(d["rounds_ms"])
                for d in devs for c in d["rounds_ms"] if statistics.median(d["rounds_ms"]) > 0]
+    raw = np.array([d["reported_ms"] / d["independent_wall_ms"] for d in devs])
     out = {"devices": len(devs), "slope": round(fit_slope(ind, [d["reported_ms"] for d in devs]), 3),
+           "wall_clock": {"ratio": [round(float(raw.min()), 3), round(float(np.median(raw)), 3), round(float(raw.max()), 3)],
+                          "slope": round(fit_slope([d["independent_wall_ms"] for d in devs],
+                                                   [d["reported_ms"] for d in devs]), 3),
+                          "within_band": int(((raw >= BAND[0]) & (raw <= BAND[1])).sum())},
            "within_band": int(((ratios >= BAND[0]) & (ratios <= BAND[1])).sum()),
            "ratio": [round(float(ratios.min()), 3), round(float(np.median(ratios)), 3), round(float(ratios.max()), 3)],
            "by_size": by_size, "by_kind": by_kind,
@@ -229,7 +245,7 @@ def summarize(devs: list[dict], plans: list[dict], comm: list[dict]) -> dict:
     return out
 
 
-def render(s: dict, hardware: str) -> str:
+def render(s: dict, hardware: str, meta: dict | None = None) -> str:
     from shardcore.evaluation.report import format_table
 
     rows = [[k, str(v["devices"]), f"{v['independent_ms'][0]}-{v['independent_ms'][1]}",
@@ -238,11 +254,18 @@ def render(s: dict, hardware: str) -> str:
              for k, v in s["by_kind"].items()]
     ok_band = s["within_band"] == s["devices"]
     ok_slope = SLOPE[0] <= s["slope"] <= SLOPE[1]
-    lines = [f"measured CPU oracle against an independent timing, {hardware}", "",
+    speed = (f"the oracle reports ms at its nominal speed (the reference shard at {meta['reference_nominal_ms']} ms); "
+             f"the reference timed beside the independent timings took {meta['reference_wall_ms']} ms, so they are "
+             f"compared at the nominal speed (x {meta['reference_nominal_ms'] / meta['reference_wall_ms']:.3f})"
+             if meta else "")
+    w = s["wall_clock"]
+    lines = [f"measured CPU oracle against an independent timing, {hardware}", speed, "",
              format_table(["shards", "devices", "independent ms", "reported / independent: min / median / max"], rows), "",
              f"compute: {s['within_band']} of {s['devices']} devices within {BAND[0]}-{BAND[1]}x "
              f"({'met' if ok_band else 'NOT met'}); slope of reported against independent {s['slope']} "
              f"({'met' if ok_slope else 'NOT met'}: {SLOPE[0]}-{SLOPE[1]})",
+             f"against the wall clock as it was (no speed correction): {w['within_band']} of {s['devices']} within the band, "
+             f"ratio min / median / max {w['ratio'][0]} / {w['ratio'][1]} / {w['ratio'][2]}, slope {w['slope']}",
              f"repeatability: plan cost mean deviation from its median over the rounds "
              f"{s['repeatability']['plan_mean_dev_pct']}%, device compute {s['repeatability']['device_mean_dev_pct']}%"]
     if "exchange" in s:
@@ -272,16 +295,17 @@ def main(argv=None):
     plans = []
     for k, ids in enumerate(tasks):
         tables = [ds.tables[i] for i in ids]
-        cap = 1.5 * sum(t.memory_gb() for t in tables) / args.ndevices + 0.01
+        cap = max(1.5 * sum(t.memory_gb() for t in tables) / args.ndevices, 1.2 * max(t.memory_gb() for t in tables)) + 0.01
         for name, plan in plans_of(tables, args.ndevices, cap, args.seed + k).items():
             plans.append({"task": k, "alg": name, "tables": tables, "plan": plan,
-                          "shards": plan.shard_tables(tables), "costs_ms": [], "device_rounds": []})
+                          "shards": plan.device_pieces, "costs_ms": [], "device_rounds": []})
     order = list(range(len(plans)))
     t0 = time.perf_counter()
     with open_oracle(data_dir, args.ndevices, oracle="measured", device_ids=list(range(args.ndevices)),
                      batch_size=args.batch_size, cache=False) as ev:
         ev.start()
         hardware = ev.hardware
+        nominal = ev.reference_nominal()
         comm_rep = {}
         for r in range(args.rounds):
             rng.shuffle(order)
@@ -297,7 +321,10 @@ def main(argv=None):
             comm_rep[i] = (dims, [f for f, _b in fwbw])
     oracle_s = time.perf_counter() - t0
     shards = [s for p in plans for s in p["shards"]]
-    ind = independent_compute(ds, shards, args.batch_size, args.warmup, args.iters)
+    ind, ref_wall = independent_compute(ds, shards, args.batch_size, args.warmup, args.iters)
+    # the oracle reports ms at its nominal speed (the reference's cost it calibrated): the independent timings
+    # at that speed too, by the reference timed beside them -- the comparison of shapes a run's speed leaves alone
+    speed = nominal / ref_wall
     comm_ind = independent_exchange([comm_rep[i][0] for i in range(len(plans))], args.ndevices, args.batch_size,
                                     args.comm_iters)
     devs, comm, k = [], [], 0
@@ -311,23 +338,24 @@ def main(argv=None):
             full = {t.index: t.dim for t in p["tables"]}
             devs.append({"task": p["task"], "alg": p["alg"], "device": d, "tables": len(pieces),
                          "holds": tags_of(pieces, full),
-                         "reported_ms": statistics.median(rounds), "rounds_ms": rounds, "independent_ms": mn,
-                         "independent_median_ms": med})
+                         "reported_ms": statistics.median(rounds), "rounds_ms": rounds, "independent_ms": mn * speed,
+                         "independent_wall_ms": mn, "independent_median_ms": med})
         for d in range(args.ndevices):
             comm.append({"task": p["task"], "alg": p["alg"], "device": d, "reported_ms": comm_rep[i][1][d],
                          "independent_ms": comm_ind[i][d]})
     s = summarize(devs, [{"costs_ms": p["costs_ms"]} for p in plans], comm)
-    text = render(s, hardware)
     from shardcore.oracles.setting import cpu_name
 
     meta = {"hardware": hardware, "cpu": cpu_name() or platform.machine(), "cpus": os.cpu_count(),
+            "reference_nominal_ms": round(nominal, 4), "reference_wall_ms": round(ref_wall, 4),
             "command": "python tools/cpu_truth.py " +
             " ".join(sys.argv[1:] if argv is None else map(str, argv)), "oracle_seconds": round(oracle_s, 1)}
+    meta["commit"] = made_by
+    text = render(s, hardware, meta)
     with atomic_open(args.out_dir / "truth.json") as fh:
         fh.write(json.dumps({"summary": s, "meta": meta, "devices": devs, "exchange": comm}, indent=1) + "\n")
     with atomic_open(args.out_dir / "truth.md") as fh:
         fh.write(text)
-    meta["commit"] = made_by
     write_views(args.out_dir, s, meta, argv)
     print(text)
     return 0

@@ -62,19 +62,22 @@ Four things make a CPU cost a property of the shard rather than of the moment:
   (:class:`~shardcore.oracles.measured.benchmark.ReferenceRunner`) and times a block of it before and after
   each measurement of a shard (:meth:`~shardcore.oracles.measured.benchmark.ShardRunner.sample_blocked`:
   one untimed iteration, then three timed, on either side); the median of those six is the machine's speed
-  of the moment, the shard's own samples are taken back to back in between. Each runs in its own warm
-  state: a reference iteration timed right after a heavy shard (whose rows evicted the reference's from
-  the caches) runs slower than the reference alone, and a light shard's right after the reference slower
-  than alone, so a per-sample ratio reported heavy shards at about half their wall-clock cost and light
-  ones above it (``tools/cpu_truth.py`` measures this against an independent timing);
-- *the lower quartile* of the shard's samples (:func:`low_quantile`; and of each exchange's repetitions,
-  at least :data:`CPU_MIN_COMM_ITERS`), not the median: the slow samples are the disturbed ones.
+  at that sample's moment, and the shard's sample is taken (after its own untimed iterations) between them.
+  Each runs in its own warm state: a reference iteration timed right after a heavy shard (whose rows
+  evicted the reference's from the caches) runs slower than the reference alone, and a light shard's
+  right after the reference slower than alone, so a ratio of such cold iterations reports heavy shards
+  below their wall-clock cost and light ones above it (``tools/cpu_truth.py`` measures this against an
+  independent timing);
+- *the lower quartile* of the shard's samples over their moment's speed (:func:`at_nominal_speed`,
+  :func:`low_quantile`; and of each exchange's repetitions, at least :data:`CPU_MIN_COMM_ITERS`), not the
+  median: the slow samples are the disturbed ones.
 
-A device's compute cost is that quantile times the reference's **nominal** cost over its median beside
-the shard (the nominal calibrated once per machine, batch, optimizer and precision and kept in the
-measurement cache, the first value wins), so costs of different sessions and days are comparable; the
-plan's exchange is scaled by nominal over the reference's median during the measurement;
-:attr:`speed_drift_pct` says how far those factors spread in a session. ``tools/cpu_repeatability.py``
+A device's compute cost is that quantile times the reference's **nominal** cost (calibrated once per
+machine, batch, optimizer and precision and kept in the measurement cache, the first value wins), so
+costs of different sessions and days are comparable, and a spell in which the machine runs slower
+slows the shard and the reference around it alike; the plan's exchange is scaled by nominal over the
+reference's median during the measurement; :attr:`speed_drift_pct` says how far those factors spread in
+a session. ``tools/cpu_repeatability.py``
 measures how well the oracle repeats itself (a plan's deviation from its median over interleaved rounds),
 ``tools/cpu_truth.py`` whether it tells the truth (every device's reported compute against an independent
 wall-clock timing of its shard); docs/oracles.md gives their current figures. The costs are "CPU ms at the nominal speed", and the CPU hardware fingerprint
@@ -172,6 +175,17 @@ def _describe_exit(code: int | None) -> str:
         hint = " (the kernel's out-of-memory killer sends SIGKILL when memory runs out)" if -code == 9 else ""
         return f"was killed by {name}{hint}"
     return f"exited with status {code}"
+
+
+def at_nominal_speed(fw: Sequence[float], bw: Sequence[float], refs: Sequence[float], nominal: float) -> ComputeCost:
+    """A CPU shard's cost from its samples: each forward and backward time over the reference's time at
+    that sample's moment (``refs``, one per sample), the lower quartile of those ratios, times the
+    reference's ``nominal`` cost -- so a sample taken while the machine ran at half speed counts as one
+    taken at full speed, and the cost is in ms at the machine's nominal speed."""
+    if not (len(fw) == len(bw) == len(refs)) or not fw:
+        raise ShardError(f"need one reference time per sample, got {len(fw)} fw, {len(bw)} bw, {len(refs)} refs")
+    return ComputeCost(nominal * low_quantile([f / r for f, r in zip(fw, refs)]),
+                       nominal * low_quantile([b / r for b, r in zip(bw, refs)]))
 
 
 class PlanEvaluator:
@@ -719,20 +733,21 @@ class PlanEvaluator:
                     for k in group:
                         samples[k][0].extend(reps[ranks[k]]["fw"])
                         samples[k][1].extend(reps[ranks[k]]["bw"])
-                        if cpu:
-                            refs[k].extend(reps[ranks[k]]["ref"])
+                        if cpu:   # the speed of this sample's moment: the reference blocks around it
+                            refs[k].extend([statistics.median(reps[ranks[k]]["ref"])] * len(reps[ranks[k]]["fw"]))
         if not cpu:
             for fw, bw in samples.values():
                 self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
             return {k: ComputeCost(float(statistics.median(fw)), float(statistics.median(bw)))
                     for k, (fw, bw) in samples.items()}
-        # CPU: the lower quartile of the shard's samples, brought to the nominal speed by the reference
-        # blocks timed around them (see the module notes)
+        # CPU: every sample over the speed of its moment (the reference blocks around it), the lower
+        # quartile of those ratios, times the reference's nominal cost (see the module notes)
+        nominal = self.reference_nominal()
         out = {}
         for k, (fw, bw) in samples.items():
-            self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
-            scale = self._speed_scale(refs[k])
-            out[k] = ComputeCost(scale * low_quantile(fw), scale * low_quantile(bw))
+            self._noise.append(relative_iqr([(f + b) / r for f, b, r in zip(fw, bw, refs[k])]))
+            out[k] = at_nominal_speed(fw, bw, refs[k], nominal)
+        self._speed_scale([r for rs in refs.values() for r in rs])
         return out
 
     # -- repeatability on the CPU (see the module notes) ----------------------------------------
