@@ -136,19 +136,31 @@ def test_the_first_nominal_reference_wins(tmp_path):
     assert store.reference_ms("k") == pytest.approx(20.5) and store.reference_ms("other") is None
 
 
-def test_costs_are_scaled_to_the_stored_nominal_speed(tmp_path):
+def test_costs_are_the_warm_samples_and_the_speed_rules_share_their_samples(tmp_path):
+    """By default a CPU cost is the lower quartile of the shard's own samples, no reference timed; with
+    speed_rules the same samples are also worked out by every rule, the reported one first, and the
+    reference's nominal is calibrated once and kept in the cache for a later session."""
+    from shardcore.oracles.measured.driver import SPEED_RULES
+
     tables = make_data(tmp_path / "ds")
     store = CostCache(tmp_path / "c.sqlite")
     shards = [[tables[0], tables[3]], [tables[1]]]
     with CachedOracle(PlanEvaluator(tmp_path / "ds", 2, bench_iters=3, warmup_iters=1), store) as ev:
         res = ev.evaluate(shards, no_cache=True)
+        assert "lower quartile" in res.parts["compute"] and ev.oracle.reference_nominal_ms is None
+        assert ev.oracle.speed_rule_costs == {} and res.cost_ms > 0
+    with CachedOracle(PlanEvaluator(tmp_path / "ds", 2, bench_iters=3, warmup_iters=1, speed_rules=True), store) as ev:
+        res = ev.evaluate(shards, no_cache=True)
         nominal = ev.oracle.reference_nominal_ms
         assert nominal and nominal > 0 and store.reference_ms(ev.oracle.reference_key) == pytest.approx(nominal)
-        assert "lower quartile" in res.parts["compute"] and "reference shard" in res.parts["compute"]
+        rules = ev.oracle.speed_rule_costs
+        assert set(rules) == {0, 1} and all(set(r) == set(SPEED_RULES) for r in rules.values())
+        for d, c in enumerate(res.devices):   # the reported cost is the first rule's
+            first = rules[d][SPEED_RULES[0]]
+            assert (c.fw_comp, c.bw_comp) == pytest.approx((first.fw_ms, first.bw_ms))
         assert ev.oracle.speed_drift_pct is None or ev.oracle.speed_drift_pct >= 0
-        assert all(c >= 0 for d in res.device_costs_ms for c in d) and res.cost_ms > 0
     # a later session takes the stored nominal instead of calibrating its own
-    with CachedOracle(PlanEvaluator(tmp_path / "ds", 2, bench_iters=3, warmup_iters=1), store) as ev2:
+    with CachedOracle(PlanEvaluator(tmp_path / "ds", 2, bench_iters=3, warmup_iters=1, speed_rules=True), store) as ev2:
         ev2.evaluate(shards, no_cache=True)
         assert ev2.oracle.reference_nominal_ms == pytest.approx(nominal)
 

@@ -38,7 +38,7 @@ PRECISIONS = ("fp16", "fp32")
 
 # How the measured CPU oracle takes a cost (shardcore.oracles.measured.driver, 'Repeatability on the CPU'): part of
 # the CPU hardware fingerprint, so costs taken another way are never mixed with these.
-CPU_PROTOCOL = "small-pages,reference-blocks,per-sample-ratio,lower-quartile"
+CPU_PROTOCOL = "small-pages,warm-samples,lower-quartile"
 
 
 def normalize_optimizer(name: str) -> str:

@@ -44,13 +44,14 @@ shard's operator, runs warm-up and timed forward/backward iterations (one comput
 the thread's CPU time, see :mod:`shardcore.oracles.measured.benchmark`) and answers; only then is the next worker
 asked, while the others sleep in a blocking pipe read (no CPU used). The timed iterations are
 spread over ``compute_passes`` passes that visit the devices in turn (on the CPU by default one
-pass: each device's samples in one request, since the reference below cancels the machine's drift;
-with more passes the operators stay built in between and the warm-up runs in the first pass only).
+sample per pass, each after the shard's own untimed iterations: a slow spell of the machine then hits
+one sample of each device rather than every sample of one; the operators stay built in between and the
+full warm-up runs in the first pass only).
 
 **Repeatability on the CPU.** A shared 2-core VM is not a quiet machine: the same shard's samples
 spread by ~14% (relative IQR) within one measurement, and the machine's speed drifts by 20-60% over
 seconds to an hour (other tenants' memory traffic; measured on the dev VM, ``tools/cpu_repeatability.py``).
-Four things make a CPU cost a property of the shard rather than of the moment:
+Three things make a CPU cost a property of the shard rather than of the moment:
 
 - *small pages*: weights live on anonymous mappings advised ``MADV_NOHUGEPAGE``
   (:func:`~shardcore.oracles.measured.benchmark.build_operator`); numpy's default huge-page advice made a shard's
@@ -58,29 +59,24 @@ Four things make a CPU cost a property of the shard rather than of the moment:
 - *a steady heap*: workers keep the C heap's freed memory (:func:`~shardcore.oracles.measured.worker.steady_heap`): FBGEMM's backward
   allocates tens of MB of work buffers per iteration, and whether they came from pages held or
   freshly mapped (~4,000 page faults a backward) made one build of a shard 10-15% slower than another;
-- *a reference shard timed in blocks of its own*: every worker holds a fixed synthetic shard
-  (:class:`~shardcore.oracles.measured.benchmark.ReferenceRunner`) and times a block of it before and after
-  each measurement of a shard (:meth:`~shardcore.oracles.measured.benchmark.ShardRunner.sample_blocked`:
-  one untimed iteration, then three timed, on either side); the median of those six is the machine's speed
-  at that sample's moment, and the shard's sample is taken (after its own untimed iterations) between them.
-  Each runs in its own warm state: a reference iteration timed right after a heavy shard (whose rows
-  evicted the reference's from the caches) runs slower than the reference alone, and a light shard's
-  right after the reference slower than alone, so a ratio of such cold iterations reports heavy shards
-  below their wall-clock cost and light ones above it (``tools/cpu_truth.py`` measures this against an
-  independent timing);
-- *the lower quartile* of the shard's samples over their moment's speed (:func:`at_nominal_speed`,
-  :func:`low_quantile`; and of each exchange's repetitions, at least :data:`CPU_MIN_COMM_ITERS`), not the
-  median: the slow samples are the disturbed ones.
+- *the lower quartile* of the shard's warm samples (:func:`low_quantile`; and of each exchange's
+  repetitions, at least :data:`CPU_MIN_COMM_ITERS`), not the median: the slow samples are the disturbed ones.
 
-A device's compute cost is that quantile times the reference's **nominal** cost (calibrated once per
-machine, batch, optimizer and precision and kept in the measurement cache, the first value wins), so
-costs of different sessions and days are comparable, and a spell in which the machine runs slower
-slows the shard and the reference around it alike; the plan's exchange is scaled by nominal over the
-reference's median during the measurement; :attr:`speed_drift_pct` says how far those factors spread in
-a session. ``tools/cpu_repeatability.py``
+No reference shard corrects the samples. Timing one beside every sample (``speed_rules=True``: a block of
+:class:`~shardcore.oracles.measured.benchmark.ReferenceRunner` before and after each sample,
+:meth:`~shardcore.oracles.measured.benchmark.ShardRunner.sample_blocked`) and dividing by it -- the block
+beside the sample alone, the blocks of the last :data:`SPEED_WINDOW` samples, or every block of the session
+(:data:`SPEED_RULES`, each times the reference's nominal cost, :func:`at_nominal_speed`) -- was judged on
+the same samples by ``tools/cpu_truth.py`` against an independent wall-clock timing of every shard: each
+rule added the reference's own noise (a device's compute deviated 12-17% from its median over interleaved
+rounds against 4-8% uncorrected) and compressed heavy shards (a reference iteration right after a heavy
+shard runs slower than the reference alone: the shard evicted its rows from the caches), while the
+uncorrected lower quartile stayed within the band of the wall clock. So the costs are "CPU ms of this
+machine, undisturbed": a machine that stays loaded reports higher costs, and plans are compared in
+interleaved rounds of one session (``eval.py --repeats``). ``tools/cpu_repeatability.py``
 measures how well the oracle repeats itself (a plan's deviation from its median over interleaved rounds),
 ``tools/cpu_truth.py`` whether it tells the truth (every device's reported compute against an independent
-wall-clock timing of its shard); docs/oracles.md gives their current figures. The costs are "CPU ms at the nominal speed", and the CPU hardware fingerprint
+wall-clock timing of its shard); docs/oracles.md gives their current figures. The CPU hardware fingerprint
 names this protocol (:data:`~shardcore.oracles.setting.CPU_PROTOCOL`), so older CPU measurements in a cache
 are not mixed with them. After all compute, the all-to-alls run **together** in every worker, each
 repetition started from a barrier so that the measured time is the exchange itself and not the wait
@@ -111,6 +107,7 @@ outlives its evaluator. The CUDA path has run with one NCCL rank on an NVIDIA H2
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import datetime
 import json
@@ -145,8 +142,14 @@ DEFAULT_COMM_ITERS = None  # None: the same as bench_iters (on the CPU at least 
 CPU_MIN_COMM_ITERS = 21    # CPU: a loopback exchange is cheap and noisy (4 processes on 2 cores): more repeats
 DEFAULT_CPU_COMPUTE_PASSES = 1  # CPU: a device's samples in one request, each beside the reference (module notes)
 REWARM_ITERS = 0           # untimed iterations when a pass returns to a shard already warmed up
+# CPU: the speed of a sample's moment is the median of the reference blocks of the last SPEED_WINDOW samples
+# (a few seconds, beside several shards): a slow-moving factor, not the blocks beside this shard alone,
+# whose speed depends on what this shard left in the caches
+SPEED_WINDOW = 16
+# the speed rules a CPU measurement is also worked out by (PlanEvaluator.speed_rule_costs; the first is the
+# one reported): the window above, the blocks beside this sample alone, no correction (wall-clock ms)
+SPEED_RULES = ("none", "window", "beside", "session")
 REFERENCE_CALIBRATION_ITERS = 15   # CPU: one-sample requests that calibrate the reference's nominal cost
-REFERENCE_COMM_ITERS = 5   # CPU: reference samples taken for an exchange measured without compute
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,7 +231,8 @@ class PlanEvaluator:
                  timeout_s: float = DEFAULT_TIMEOUT_S, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  device: str | None = None, compute_passes: int | None = None, host_lock: bool = True,
                  lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S, comm_model: CommModel | None = None,
-                 available_devices: int | None = None, launcher: str = "spawn"):
+                 available_devices: int | None = None, launcher: str = "spawn",
+                 speed_rules: bool = False):
         import torch
 
         from shardcore.dataset import load_dataset
@@ -236,6 +240,9 @@ class PlanEvaluator:
         if launcher not in ("spawn", "torchrun"):
             raise ShardError(f"unknown launcher {launcher!r}: spawn or torchrun")
         self.launcher = launcher
+        # CPU: also time the reference shard around every sample and work each cost out by every speed rule
+        # (speed_rule_costs; tools/cpu_truth.py judges them side by side); the reported cost is SPEED_RULES[0]'s
+        self.speed_rules = bool(speed_rules)
         self._env = None
         if launcher == "torchrun":
             from shardcore.oracles.measured.launch import rank_env
@@ -309,6 +316,11 @@ class PlanEvaluator:
         self.startup_s: float | None = None
         self._noise: list[float] = []   # relative spread of each measured shard's timed samples
         self._scales: list[float] = []  # CPU: the speed factor applied to each measurement
+        # CPU: the reference blocks of the last samples, whatever shard each was beside (at_nominal_speed)
+        self._speed_window: "collections.deque[float]" = collections.deque(maxlen=SPEED_WINDOW)
+        # CPU: per shard of the last compute measurement, its cost under each speed rule (SPEED_RULES)
+        self.speed_rule_costs: dict[int, dict[str, ComputeCost]] = {}
+        self._session_refs: list[float] = []
         self.reference_nominal_ms: float | None = None   # CPU: see reference_nominal()
         self.reference_store = None      # CPU: where the nominal is kept (the cache layer sets it)
         self._generation = 0
@@ -360,9 +372,7 @@ class PlanEvaluator:
         ``"hosts"``, each rank's (device's) torchrun node, once the ranks have connected."""
         compute = f"measured ({self.device_type}, FBGEMM)"
         if self.device_type == "cpu":
-            nominal = f" = {self.reference_nominal_ms:.2f} ms" if self.reference_nominal_ms else ""
-            compute = ("measured (cpu, FBGEMM; each timed sample over the reference shard's samples around it, "
-                       f"the lower quartile of those ratios times the reference shard's nominal{nominal})")
+            compute = "measured (cpu, FBGEMM; the lower quartile of the shard's warm samples, wall clock)"
         if self.ndevices == 1:
             comm = "none (one device)"
         elif self.comm_model is None:
@@ -370,7 +380,7 @@ class PlanEvaluator:
             comm = (f"measured ({'NCCL' if self.device_type == 'cuda' else 'gloo'} all-to-all"
                     + (f" across {hosts} hosts" if hosts > 1 else "")
                     + ": input ids and pooled outputs; data-parallel all-reduce"
-                    + ("; lower quartile, scaled by the reference shard's speed" if self.device_type == "cpu" else "")
+                    + ("; lower quartile of the repetitions" if self.device_type == "cpu" else "")
                     + ")")
         else:
             comm = self.comm_model.describe()
@@ -719,12 +729,14 @@ class PlanEvaluator:
             chunks.append(chunk)
 
         cpu = self.device_type == "cpu"
-        refs: dict[int, list[float]] = {k: [] for k in shards}   # CPU: the reference around each sample
+        refs: dict[int, list[float]] = {k: [] for k in shards}   # CPU: the speed of each sample's moment
+        besides: dict[int, list[float]] = {k: [] for k in shards}   # CPU: the reference blocks around it alone
+        sessions: dict[int, list[float]] = {k: [] for k in shards}   # CPU: every reference block of the session so far
         for chunk in chunks:
             for p, n in enumerate(counts):
                 keep = p < len(counts) - 1
                 msgs = {ranks[k]: ("compute", shards[k], self.batch_size, self.optimizer, self.precision,
-                                   self.warmup_iters, REWARM_ITERS, n, usable, keep, cpu) for k in chunk}
+                                   self.warmup_iters, REWARM_ITERS, n, usable, keep, cpu and self.speed_rules) for k in chunk}
                 # CPU: one device at a time, nothing else computes meanwhile; GPU: all at once
                 groups = [[k] for k in chunk] if cpu else [chunk]
                 for group in groups:
@@ -733,21 +745,31 @@ class PlanEvaluator:
                     for k in group:
                         samples[k][0].extend(reps[ranks[k]]["fw"])
                         samples[k][1].extend(reps[ranks[k]]["bw"])
-                        if cpu:   # the speed of this sample's moment: the reference blocks around it
-                            refs[k].extend([statistics.median(reps[ranks[k]]["ref"])] * len(reps[ranks[k]]["fw"]))
+                        if cpu and self.speed_rules:   # the reference blocks around this sample, and before it
+                            n_k, beside = len(reps[ranks[k]]["fw"]), statistics.median(reps[ranks[k]]["ref"])
+                            self._speed_window.append(beside)
+                            refs[k].extend([statistics.median(self._speed_window)] * n_k)
+                            besides[k].extend([beside] * n_k)
+                            self._session_refs.append(beside)
+                            sessions[k].extend([statistics.median(self._session_refs)] * n_k)
         if not cpu:
             for fw, bw in samples.values():
                 self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
             return {k: ComputeCost(float(statistics.median(fw)), float(statistics.median(bw)))
                     for k, (fw, bw) in samples.items()}
-        # CPU: every sample over the speed of its moment (the reference blocks around it), the lower
-        # quartile of those ratios, times the reference's nominal cost (see the module notes)
-        nominal = self.reference_nominal()
-        out = {}
-        for k, (fw, bw) in samples.items():
-            self._noise.append(relative_iqr([(f + b) / r for f, b, r in zip(fw, bw, refs[k])]))
-            out[k] = at_nominal_speed(fw, bw, refs[k], nominal)
-        self._speed_scale([r for rs in refs.values() for r in rs])
+        # CPU: the lower quartile of the shard's warm samples (see the module notes); with speed_rules also
+        # every sample over the speed of its moment by each rule, for tools/cpu_truth.py
+        out = {k: at_nominal_speed(fw, bw, [1.0] * len(fw), 1.0) for k, (fw, bw) in samples.items()}
+        for fw, bw in samples.values():
+            self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
+        self.speed_rule_costs = {}
+        if self.speed_rules:
+            nominal = self.reference_nominal()
+            for k, (fw, bw) in samples.items():
+                self.speed_rule_costs[k] = {"none": out[k], "window": at_nominal_speed(fw, bw, refs[k], nominal),
+                                            "beside": at_nominal_speed(fw, bw, besides[k], nominal),
+                                            "session": at_nominal_speed(fw, bw, sessions[k], nominal)}
+            self._speed_scale([r for rs in refs.values() for r in rs])
         return out
 
     # -- repeatability on the CPU (see the module notes) ----------------------------------------
@@ -824,7 +846,7 @@ class PlanEvaluator:
             return times, splits
         delays = [float(x) for x in delays_ms] if delays_ms is not None else None
         # start delays are wall-clock waits for a late peer, not work at the machine's speed: not scaled
-        return self._measure_comm_workers(dims, delays, layout, 1.0 if delays is not None else None)
+        return self._measure_comm_workers(dims, delays, layout)
 
     def calibrate_comm(self) -> CommModel:
         """The communication model of an oversubscribed evaluator: with two or more workers, fitted
@@ -860,8 +882,6 @@ class PlanEvaluator:
             raise ShardError(f"torchrun: the ranks' hosts {hosts} are not equal consecutive groups; the exchange "
                              "between hosts cannot be modelled for them")
         g = per_host[hosts[0]]
-        scale = (self._speed_scale(self._reference_samples(REFERENCE_COMM_ITERS))
-                 if self.device_type == "cpu" else 1.0)
         fits = []
         for same in (True, False):
             pts: list[tuple[int, float]] = []
@@ -871,7 +891,7 @@ class PlanEvaluator:
                     "comm", req, [0] * n, self.batch_size, self.warmup_iters, self.comm_iters, None,
                     {"ids_send": matrix}), "comm")
                 for r in range(n):
-                    pts.append((8 * sum(1 for x in matrix[r] if x) * k, reps[r]["fw_ms"] * scale))
+                    pts.append((8 * sum(1 for x in matrix[r] if x) * k, reps[r]["fw_ms"]))
             fits.append(fit_comm_model(pts, "level"))
         intra, inter = fits
         kind = "NCCL" if self.device_type == "cuda" else "gloo"
@@ -880,13 +900,9 @@ class PlanEvaluator:
                          devices_per_host=g, inter_bandwidth_gbps=inter.bandwidth_gbps,
                          inter_latency_us=inter.latency_us)
 
-    def _measure_comm_workers(self, dims: list[int], delays: list[float] | None, layout=None,
-                              scale: float | None = None) -> tuple[list[tuple[float, float]], list[CommSplits]]:
-        """The all-to-alls measured by the workers; on the CPU brought to the nominal speed by
-        ``scale`` (default: a speed factor from a few reference samples taken now)."""
-        if self.device_type == "cpu" and scale is None:
-            scale = self._speed_scale(self._reference_samples(REFERENCE_COMM_ITERS))
-        scale = 1.0 if scale is None else scale
+    def _measure_comm_workers(self, dims: list[int], delays: list[float] | None, layout=None
+                              ) -> tuple[list[tuple[float, float]], list[CommSplits]]:
+        """The all-to-alls measured by the workers (on the CPU the lower quartile of the repetitions)."""
         extra = None
         if layout is not None and layout.special:
             extra = {"ids_send": layout.ids_send, "allreduce": layout.allreduce,
@@ -898,7 +914,7 @@ class PlanEvaluator:
         costs, splits = [], []
         for r in range(self.nworkers):
             rep = reps[r]
-            costs.append((rep["fw_ms"] * scale, rep["bw_ms"] * scale))
+            costs.append((rep["fw_ms"], rep["bw_ms"]))
             splits.append(CommSplits(r, tuple(rep["fw_send"]), tuple(rep["fw_recv"]),
                                      tuple(rep["bw_send"]), tuple(rep["bw_recv"])))
         return costs, splits
@@ -970,15 +986,13 @@ class PlanEvaluator:
                 from_cache[d] = True
             else:
                 todo[d] = s
-        scale = None   # CPU: the speed factor of this plan's compute, applied to its exchange too
         if todo:
             costs_c.update(self._compute(todo))
-            scale = self._scales[-1] if self.device_type == "cpu" else None
         dims = layout.dim_sums if layout is not None else [sum(t.dim for t in s) for s in shards]
         if self.oversubscribed:
             comm, splits = self.measure_comm(layout if layout is not None else CommLayout([int(x) for x in dims]))
         else:
-            comm, splits = self._measure_comm_workers([int(x) for x in dims], None, layout, scale)
+            comm, splits = self._measure_comm_workers([int(x) for x in dims], None, layout)
         costs = [list(DeviceCost(fw_comp=costs_c[d].fw_ms, fw_comm=comm[d][0], bw_comm=comm[d][1],
                                  bw_comp=costs_c[d].bw_ms)) for d in range(self.ndevices)]
         return PlanResult(costs, from_cache=False, compute_from_cache=from_cache, comm=splits,
