@@ -9,6 +9,7 @@ fit, and says so."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -101,6 +102,11 @@ class EmulatedOracle:
         self.batch_size = int(batch)
         if self.batch_size < 1:
             raise ShardError(f"batch size must be positive, got {self.batch_size}")
+        if self.card_file is not None:   # a card file is named by what it holds, not where it lies
+            import hashlib
+
+            self._card_digest = "card:" + hashlib.sha256(json.dumps(self.card_file.obj, sort_keys=True).encode()
+                                                         ).hexdigest()[:16]
         if self.card_file is not None and self.batch_size != self.card_file.batch_size:
             self.precision_note = "; ".join(filter(None, [self.precision_note, (
                 f"measured at batch {self.card_file.batch_size}, priced at {self.batch_size} by its features' "
@@ -149,11 +155,7 @@ class EmulatedOracle:
         from shardcore.oracles.setting import dataset_digest
 
         held = {HELDOUT: ":heldout", DEVICES: ":devices"}.get(self.fit, "")   # a held-out answer depends on the plan's tables
-        name = self.card
-        if self.card_file is not None:   # a card file is named by what it holds, not where it lies
-            import hashlib
-
-            name = "card:" + hashlib.sha256(open(self.card_file.path, "rb").read()).hexdigest()[:16]
+        name = self.card if self.card_file is None else self._card_digest
         return CacheContext(f"emulated:{name}{held}", dataset_digest(self.dataset), self.batch_size,
                             self.optimizer, self.precision)
 
