@@ -312,7 +312,7 @@ class ShardkitPlanner(ShardingPlanner):
         self.last_plan, self.last_stats, self.last_memory = plan, list(stats), memory
         self.last_info = dict(sharder.last_info, precision=precision, cap_gb=self.cap_gb(), weights_cap_gb=weights_cap,
                               optimizer=self.optimizer, memory_gib=[m.gib() for m in memory],
-                              global_batch=self.global_batch, comm=self.comm.describe())
+                              global_batch=self.global_batch, comm=model.comm.describe())   # the model's (a card's own)
         if note:
             self.last_info["precision_note"] = note
         out = []

@@ -330,6 +330,34 @@ def test_torchrec_estimator_prices_with_the_card(cpu_card):
     assert est.model is card.model and est.comm.bandwidth_gbps == card.exchange["bandwidth_gbps"]
 
 
+def test_shardkit_planner_plans_a_collection_against_a_cpu_card(cpu_card):
+    pytest.importorskip("torchrec")
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+    from torchrec.modules.embedding_configs import DataType
+
+    from shardkit_torchrec.planner import ShardkitPlanner
+
+    d, _ = cpu_card
+    topo = TopologyFactory.create_topology(TrainerConfig(world_size=2, local_world_size=2, ddr_cap_bytes=2 << 30),
+                                           kernel_config=KernelConfig(compute_device="cpu"))
+
+    def ebc(dtype):
+        return EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t{i}", embedding_dim=16, num_embeddings=r,
+                                                                 feature_names=[f"f{i}"], data_type=dtype)
+                                              for i, r in enumerate([1000, 50000, 300, 8000])], device=torch.device("meta"))
+
+    planner = ShardkitPlanner(topo, batch_size=16, oracle=f"emulated:{d / 'card.json'}", time_budget_s=5,
+                              types=("table_wise", "column_wise", "data_parallel"))
+    plan = planner.plan(ebc(DataType.FP16), [EmbeddingBagCollectionSharder()])
+    assert sorted(plan.plan[""]) == ["t0", "t1", "t2", "t3"]
+    assert f"{read_card(d / 'card.json').exchange['bandwidth_gbps']:.1f} GB/s" in planner.last_info["comm"]
+    with pytest.raises(ShardError, match="measured with fp16 weights on a CPU"):   # the card's precision only
+        planner.plan(ebc(DataType.FP32), [EmbeddingBagCollectionSharder()])
+
+
 def test_the_time_cap_stops_between_groups_and_the_card_says_so():
     ds = load_dataset(GPU_DATA, with_lookups=False)
     card = calibrate(AsMeasured(), ds, shards=40, seed=0, budget_s=1e-9)
