@@ -98,16 +98,16 @@ def design_shards(tables: Sequence[TableConfig], shards: int, ndevices: int, *, 
         else:                                        # then pools drawn from every picked table
             members = [order[i] for i in rng.choice(len(order), size=size, replace=False)]
         by_work = sorted(members, key=lambda t: (t.pooling_factor * t.dim, t.index))
-        for slot, kind in enumerate(GROUP_KINDS):
+        for kind in GROUP_KINDS:
             if len(out) >= int(shards):
                 break
             counter += 1
             pieces, kind = _shard(kind, members, by_work, sizes[counter % len(sizes)], ndevices, counter, rng)
-            key = tuple(sorted(getattr(p, "key", (p.index, p.row, p.dim)) for p in pieces))
+            key = tuple(sorted(p.key for p in pieces))
             if key in seen:
                 k = min(len(members), sizes[(counter + 1) % len(sizes)])
                 pieces, kind = [members[i] for i in rng.choice(len(members), size=k, replace=False)], "multi"
-                key = tuple(sorted((p.index, p.row, p.dim) for p in pieces))
+                key = tuple(sorted(p.key for p in pieces))
                 if key in seen:
                     continue
             seen.add(key)
