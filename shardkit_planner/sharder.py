@@ -154,8 +154,9 @@ class ShardkitSharder(Sharder):
         shards to refit (hundreds of measured tables), the shipped fit, said in the model's ``source``.
         Its bias and error on devices holding row-wise blocks or replicas are those measured on other
         tasks' devices of plans with the topology's devices where enough were measured, else of all. A card
-        file's landscape plans with the card's fit, its error its own held-out one (a card's measurements
-        hold no planned task: held-out refits are the shipped card's)."""
+        file's landscape plans with the card's fit (calibrated without the tasks' tables where it was told
+        them, ``--exclude-tasks``), its error the card's own held-out one; held-out refits are the shipped
+        card's."""
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model

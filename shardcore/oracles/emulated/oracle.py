@@ -88,9 +88,9 @@ class EmulatedOracle:
         self.nworkers = 0
         self.optimizer = normalize_optimizer(optimizer)
         self.precision = normalize_precision(precision)
-        self.precision_note = FP32_NOTE if self.precision == "fp32" else None
+        self.pricing_note = FP32_NOTE if self.precision == "fp32" else None
         if self.card_file is not None:
-            self.precision_note = self.card_file.check_setting(self.optimizer, self.precision, f"emulated:{card}")
+            self.pricing_note = self.card_file.check_setting(self.optimizer, self.precision, f"emulated:{card}")
         elif self.optimizer != EXACT_SGD:
             raise ShardError(f"emulated:{card} was measured with {EXACT_SGD} only; got {self.optimizer}")
         self.dataset_dir = str(Path(dataset_dir))
@@ -108,7 +108,7 @@ class EmulatedOracle:
             self._card_digest = "card:" + hashlib.sha256(json.dumps(self.card_file.obj, sort_keys=True).encode()
                                                          ).hexdigest()[:16]
         if self.card_file is not None and self.batch_size != self.card_file.batch_size:
-            self.precision_note = "; ".join(filter(None, [self.precision_note, (
+            self.pricing_note = "; ".join(filter(None, [self.pricing_note, (
                 f"measured at batch {self.card_file.batch_size}, priced at {self.batch_size} by its features' "
                 "scaling with the batch")]))
         self.model = self.card_file.model if self.card_file is not None else load_gpu_model(card)
@@ -121,7 +121,7 @@ class EmulatedOracle:
     # -- what is measured --------------------------------------------------------------------
     @property
     def hardware(self) -> str:
-        note = f"; {self.precision_note}" if self.precision_note else ""
+        note = f"; {self.pricing_note}" if self.pricing_note else ""
         if self.card_file is not None:
             c = self.card_file
             return (f"emulated {c.hardware} (calibrated card {self.card}: compute model fitted on {c.measured_shards} "
@@ -138,7 +138,7 @@ class EmulatedOracle:
 
     @property
     def parts(self) -> dict:
-        note = f"; {self.precision_note}" if self.precision_note else ""
+        note = f"; {self.pricing_note}" if self.pricing_note else ""
         if self.card_file is not None:
             how = (f"the card's own fit on its {self.card_file.measured_shards} measured devices, "
                    f"{self.card_file.accuracy_line()}; held-out refits exist only for the shipped h200 measurements")
