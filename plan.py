@@ -123,7 +123,8 @@ def build_parser():
     o = p.add_argument_group("pricing the plans (side by side)")
     o.add_argument("--oracle", default=None, metavar="NAME",
                    help="price every plan on this oracle and print them side by side: emulated:h200 (an NVIDIA H200 "
-                        "emulated from real measurements; needs only the tables and the batch) or measured (this "
+                        "emulated from real measurements; needs only the tables and the batch), emulated:CARD.json (a "
+                        "card tools/calibrate.py wrote of the hardware it ran on; docs/cards.md) or measured (this "
                         "machine's hardware: --tables must be a dataset's table_configs.json with its data.pt). "
                         "Default: none (a hardware-free lookup-load summary per plan)")
     o.add_argument("--pick", default=None, metavar="ALG",

@@ -16,7 +16,7 @@ SCRIPTS = ("eval", "eval_simulator", "plan",
            "train_autoshard", "train_dreamshard", "train_neuroshard", "train_compute_cost_model",
            "train_comm_cost_model", "collect_compute_cost_data", "collect_comm_cost_data", "run_autoshard",
            "tools.run_experiments", "tools.gen_dlrm_data", "tools.gen_tasks", "tools.bench_planning",
-           "tools.train_anchors", "tools.gpu_check", "tools.fit_shardkit_model")
+           "tools.train_anchors", "tools.gpu_check", "tools.fit_shardkit_model", "tools.calibrate")
 
 
 def command(module: str) -> str:

@@ -94,8 +94,10 @@ def _header(cfg: ExperimentConfig, outcomes: Sequence[SetOutcome], info: dict, f
             + (f"; measured on {dev or '-'} (" + ("logical CPU devices, see docs/oracles.md, \"How CPU figures relate "
                                                   "to GPU figures\"" if dev == "cpu" else "one GPU per device")
                if not str(dev).startswith("emulated") else
-               f"; **costs from the {dev} oracle** (an NVIDIA H200 emulated from real shard measurements, "
-               "all-to-all modelled; not measured on this machine")
+               f"; **costs from the {dev} oracle** ("
+               + ("an NVIDIA H200 emulated from real shard measurements" if dev == "emulated:h200" else
+                  "a calibrated card: a device emulated from its own measurements, docs/cards.md")
+               + ", all-to-all modelled; not measured on this machine")
             + f"). Scale `{cfg.scale}`: task sets {', '.join(ts.name for ts in cfg.task_sets)}, "
             f"{cfg.num_test} test tasks each; learned methods trained on the train split "
             f"({cfg.num_train} tasks) of {', '.join(ts.name for ts in cfg.train_sets)} (a method whose original "

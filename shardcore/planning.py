@@ -4,11 +4,15 @@ batch, the landscape the plans will be judged on (the parsed ``--oracle``) -- an
 (:mod:`shardcore.cli.planners`) builds each from these two and nothing else.
 
 The landscape's name is parsed here once, by one rule (:func:`parse_landscape`): the oracle factory,
-the command lines and every planner read the same canonical name (``measured`` or ``emulated:<card>``).
+the command lines and every planner read the same canonical name (``measured``, ``emulated:h200`` or
+``emulated:<card file>``, a calibrated card that ``tools/calibrate.py`` wrote).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 from dataclasses import dataclass
 
 from shardcore.errors import ShardError
@@ -21,6 +25,8 @@ MEASURED = "measured"
 EMULATED_PREFIX = "emulated:"
 EMULATED_CARDS = ("h200",)            # the cards data/gpu_measurements/ emulates
 LANDSCAPES = (MEASURED,) + tuple(EMULATED_PREFIX + c for c in EMULATED_CARDS)
+#: the format of a calibrated card file (shardcore.oracles.emulated.card reads it whole)
+CARD_FORMAT = "shardkit-card/1"
 
 #: which fit of an emulated card judges a plan: refitted without every measured shard that holds one of
 #: its tables (``heldout``), without those made only of its tables (``devices``), or the shipped fit
@@ -30,15 +36,50 @@ EMULATOR_FITS = (HELDOUT, DEVICES, FULL)
 
 def parse_landscape(spec: str) -> str:
     """The canonical landscape of an ``--oracle`` value (``hw``/``hardware`` are ``measured``;
-    ``emulated-h200`` is ``emulated:h200``), or a one-line error naming the choices."""
-    key = str(spec).strip().lower()
+    ``emulated-h200`` is ``emulated:h200``; ``emulated:<path>`` names a card file, kept as written), or a
+    one-line error naming the choices. A card path must be a file of :data:`CARD_FORMAT` (its contents are
+    checked whole where the card is loaded, :mod:`shardcore.oracles.emulated.card`)."""
+    text = str(spec).strip()
+    key = text.lower()
     if key in (MEASURED, "hardware", "hw"):
         return MEASURED
     if key.startswith("emulated-"):
         key = EMULATED_PREFIX + key[len("emulated-"):]
     if key in LANDSCAPES:
         return key
-    raise ShardError(f"unknown oracle {spec!r}: choose one of {', '.join(LANDSCAPES)}")
+    path = text[len(EMULATED_PREFIX):] if key.startswith(EMULATED_PREFIX) else ""
+    if path and (path.lower().endswith(".json") or os.sep in path or os.path.isfile(path)):
+        check_card_file(path)
+        return EMULATED_PREFIX + path
+    raise ShardError(f"unknown oracle {spec!r}: choose one of {', '.join(LANDSCAPES)} or emulated:CARD.json "
+                     "(a card tools/calibrate.py wrote)")
+
+
+def is_card_file(card: str | None) -> bool:
+    """Whether an emulated landscape's card (:attr:`Landscape.card`) is a card file, not a shipped card."""
+    return bool(card) and card not in EMULATED_CARDS
+
+
+def check_card_file(path: str) -> None:
+    """A one-line error unless ``path`` is a readable JSON object of :data:`CARD_FORMAT`."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise ShardError(f"emulated:{path}: no such card file (tools/calibrate.py writes one)") from None
+    _card_format(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _card_format(path: str, mtime_ns: int, size: int) -> None:
+    try:
+        with open(path, "rb") as fh:
+            obj = json.loads(fh.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ShardError(f"emulated:{path}: not a readable card ({type(exc).__name__}: {exc})") from None
+    found = obj.get("format") if isinstance(obj, dict) else None
+    if found != CARD_FORMAT:
+        raise ShardError(f"emulated:{path}: not a card file (format {found!r}, expected {CARD_FORMAT!r}; "
+                         "tools/calibrate.py writes cards)")
 
 
 def landscape_arg(text: str) -> str:
@@ -86,7 +127,7 @@ class Landscape:
 
     @property
     def card(self) -> str | None:
-        """The emulated card (``h200``), None on the measured landscape."""
+        """The emulated card (``h200``, or a card file's path), None on the measured landscape."""
         return self.name[len(EMULATED_PREFIX):] if self.emulated else None
 
     def comm_kwargs(self, topology: Topology) -> dict:

@@ -46,7 +46,6 @@ import numpy as np
 
 from shardcore.errors import ShardError
 from shardcore.oracles.commmodel import ID_ELEMENT_SIZE, OUTPUT_ELEMENT_SIZE, CommModel
-from shardcore.oracles.emulated.measurements import physical_weights
 from shardcore.oracles.emulated.model import (GpuComputeModel, _distinct_rows, _hat, feature_names, known_cv,
                                               physical_features, replica_features, shard_features)
 from shardcore.plan import Plan, batch_slices, column_wise, data_parallel, row_blocks, row_wise, table_wise
@@ -165,7 +164,7 @@ def piece_terms(compute: GpuComputeModel, pieces: Sequence[TableConfig], batch: 
                 - physical_features(inside.row, inside.pf, inside.dim, _distinct_rows(inside, float(batch) * inside.pf),
                                     shard_of, len(pieces), batch, bpw))
         out = dom.outside(ta.row, ta.pf, ta.dim)
-        extra = np.where(out[:, None], np.maximum(diff, 0.0) @ physical_weights(compute.card).T, 0.0)
+        extra = np.where(out[:, None], np.maximum(diff, 0.0) @ compute.measured.physical_weights(compute.card).T, 0.0)
         ta = inside
     kernel_cols = [names["const"], names.get("tables_sq"), names.get("tables_x_log2"), names.get("shard_lookups_x_log2")]
     floor_cols = [(name, i) for name, i in names.items() if name.startswith("floor_lookups1e")]

@@ -76,7 +76,8 @@ class ShardkitConfig(Config):
                              type=nonnegative_float, metavar="S", cli_default=None, group="measuring")
 
     oracle: str | None = param(None, "the landscape shardkit plans for (default: the oracle that judges the plans, "
-                               "else emulated:h200): emulated:h200 (the emulator's model, needs nothing else) or "
+                               "else emulated:h200): emulated:h200 (the emulator's model, needs nothing else), "
+                               "emulated:CARD.json (a calibrated card's model, tools/calibrate.py) or "
                                "measured (this machine's fitted model, models/shardkit/cpu_cost_model.json or "
                                "--shardkit-model)", type=landscape_arg, metavar="NAME")
 

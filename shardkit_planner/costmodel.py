@@ -17,10 +17,14 @@ its data-parallel replicas fused over its batch slice, each predicted at its bat
 (:func:`shardcore.oracles.emulated.emulator.predict_devices`, the emulated oracle's own function). The weights come
 from
 
-* ``emulated:h200``: the emulator itself (the oracle's own compute model: exact by construction);
+* ``emulated:h200``: the emulator itself (the oracle's own compute model: exact by construction); a card
+  file's landscape (``emulated:<card>``, :mod:`shardcore.oracles.emulated.card`) its fit, on the card's
+  measurements of the hardware it was calibrated on, with the card's exchange figures;
 * ``measured``: a fit on this machine's shard measurements (the measurement cache's
   :meth:`~shardcore.oracles.cache.CostCache.shard_entries` for the dataset, batch and precision),
-  made by :func:`fit_cost_model` (``tools/fit_shardkit_model.py``) with the emulator's fitting code.
+  made by :func:`fit_cost_model` (``tools/fit_shardkit_model.py``) with the emulator's fitting code (the
+  feature rows of :func:`~shardcore.oracles.emulated.model.device_features` and its least squares, the
+  one fit a calibrated card uses too).
 
 **Communication.** ``latency + max(bytes sent, bytes received) / bandwidth`` per phase, priced by
 :meth:`shardcore.oracles.commmodel.CommModel.exchange_ms` (the one place, shared with the emulated oracle)
@@ -49,12 +53,14 @@ import numpy as np
 
 from shardcore.oracles.commmodel import (CommModel, allreduce_bytes, fit_exchange_model, id_bytes,
                                          id_width as piece_id_width, pooled_width, remote_bytes)
+from shardcore.oracles.emulated.card import read_card
 from shardcore.oracles.emulated.measurements import SHIPPED, load_gpu_model
-from shardcore.oracles.emulated.model import (CPU_SPEC, DEFAULT_SPEC, PIECE_DEVICE_KINDS, GpuComputeModel, fit_params,
-                                              fit_weights, piece_device_kind, predict_devices, shard_features,
-                                              table_arrays)
+from shardcore.oracles.emulated.model import (CPU_SPEC, DEFAULT_SPEC, PIECE_DEVICE_KINDS, GpuComputeModel,
+                                              device_features, fit_params, fit_weights, piece_device_kind,
+                                              predict_devices)
 from shardcore.errors import ShardError
 from shardcore.oracles.setting import EXACT_SGD
+from shardcore.planning import is_card_file
 from shardcore.io import atomic_open
 from shardcore.plan import Plan
 from shardcore.tables import TableConfig
@@ -260,10 +266,17 @@ class CostModel:
 
 def emulated_model(data_dir: str | os.PathLike, batch_size: int, comm: CommModel | None = None,
                    card: str = "h200") -> CostModel:
-    """The emulated card's own compute model and the analytic exchange (what ``--oracle emulated:h200``
-    judges plans by)."""
-    return CostModel(load_gpu_model(card), comm or CommModel(), int(batch_size), landscape=f"emulated:{card}",
-                     length_cv=length_cvs(data_dir, batch_size), source=f"emulator ({card})")
+    """The emulated card's own compute model and its exchange: the shipped card's (``h200``) with the analytic
+    exchange, or a card file's fit with its exchange figures (``comm`` where it states others), what
+    ``--oracle emulated:<card>`` judges plans by. A card file's model prices the precision it measured (a GPU
+    card others by the bytes they move: :meth:`shardkit_planner.sharder.ShardkitSharder.for_precision`)."""
+    if not is_card_file(card):
+        return CostModel(load_gpu_model(card), comm or CommModel(), int(batch_size), landscape=f"emulated:{card}",
+                         length_cv=length_cvs(data_dir, batch_size), source=f"emulator ({card})")
+    c = read_card(card)
+    return CostModel(c.model, c.comm_model(comm), int(batch_size), landscape=f"emulated:{card}",
+                     length_cv=length_cvs(data_dir, batch_size), precision=c.precision,
+                     source=f"card {card} ({c.hardware}; {c.accuracy_line()})")
 
 
 def usable_shards(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",
@@ -386,10 +399,9 @@ def _fit_features(shards, batch_size: int, hardware: str, data_dir) -> tuple:
 
     cvs = length_cvs(data_dir, batch_size) if data_dir is not None else None
     default_cv = float(np.median(cvs)) if cvs else DEFAULT_CV
-    cv = [[(cvs[t.index] if cvs else default_cv) for t in s] for s in shards]
-    ta, shard_of = table_arrays(shards, cv)
     spec = CPU_SPEC if is_cpu_hardware(hardware) else DEFAULT_SPEC
-    return shard_features(ta, shard_of, len(shards), int(batch_size), spec), spec, default_cv, cvs
+    X = device_features(shards, int(batch_size), spec, lambda t: cvs[t.index] if cvs else default_cv)
+    return X, spec, default_cv, cvs
 
 
 def compute_fit_errors(cache, dataset, batch_size: int, *, hardware: str, precision: str = "fp16",

@@ -38,7 +38,7 @@ from shardcore.oracles.commmodel import CommModel
 from shardcore import io
 from shardcore.errors import InfeasibleError, ShardError
 from shardcore.plan import COLUMN_WISE, DATA_PARALLEL, GRID, ROW_WISE, TABLE_WISE, Plan
-from shardcore.planning import DEFAULT_BATCH_SIZE, DEVICES, HELDOUT, PlanningContext, parse_landscape
+from shardcore.planning import DEFAULT_BATCH_SIZE, DEVICES, HELDOUT, PlanningContext, is_card_file, parse_landscape
 from shardcore.tables import TableConfig
 from shardcore.topology import Topology
 
@@ -140,7 +140,7 @@ class ShardkitSharder(Sharder):
         """What is loaded once, before any planning (as a planner's import would be): the cost model
         and, for an emulated card, its measurements (the held-out refits' data)."""
         model = self.cost_model()
-        if model.landscape.startswith("emulated:"):
+        if model.landscape.startswith("emulated:") and not is_card_file(model.landscape.split(":", 1)[1]):
             from shardcore.oracles.emulated.measurements import measured_landscapes
 
             measured_landscapes(model.landscape.split(":", 1)[1])
@@ -153,10 +153,19 @@ class ShardkitSharder(Sharder):
         with a model that saw the task's tables, nor with the judge itself. Where that leaves too few
         shards to refit (hundreds of measured tables), the shipped fit, said in the model's ``source``.
         Its bias and error on devices holding row-wise blocks or replicas are those measured on other
-        tasks' devices of plans with the topology's devices where enough were measured, else of all."""
+        tasks' devices of plans with the topology's devices where enough were measured, else of all. A card
+        file's landscape plans with the card's fit (calibrated without the tasks' tables where it was told
+        them, ``--exclude-tasks``), its error the card's own held-out one; held-out refits are the shipped
+        card's."""
         model = self.cost_model()
         if not model.landscape.startswith("emulated:"):
             return model
+        if is_card_file(model.landscape.split(":", 1)[1]):
+            from shardcore.oracles.emulated.card import read_card
+
+            _fit_lazy_parts(model.compute)
+            error = read_card(model.landscape.split(":", 1)[1]).error_ratios() if self.robust else None
+            return dataclasses.replace(model, error=error)
         from shardcore.oracles.emulated.measurements import (heldout_model, model_error, piece_bias, piece_spread,
                                                              seen_tables)
 
@@ -191,7 +200,13 @@ class ShardkitSharder(Sharder):
         its own."""
         if model.precision == precision:
             return model
-        if model.landscape.startswith("emulated:"):
+        card = model.landscape.split(":", 1)[1] if model.landscape.startswith("emulated:") else None
+        if is_card_file(card):
+            from shardcore.oracles.emulated.card import read_card
+
+            note = read_card(card).precision_note(precision, f"shardkit's cost model (card {card})")
+            return dataclasses.replace(model, precision=precision, source=f"{model.source}; {note}")
+        if card is not None:
             from shardcore.oracles.emulated.model import FP32_NOTE
 
             note = f"; {FP32_NOTE}" if precision == "fp32" else ""

@@ -96,7 +96,8 @@ from shardcore.errors import ShardError
 from shardkit_torchrec.torchrec_planner import TIE_BREAK_MS, TYPE_ORDER, kernel_order  # noqa: F401 - the tie-break's order, here too
 from shardkit_torchrec.torchrec_planner import tie_break_ms as _tie_break
 from shardcore.oracles.commmodel import ID_ELEMENT_SIZE, CommModel, allreduce_bytes, id_width, pooled_width
-from shardcore.oracles.emulated.measurements import load_gpu_model
+from shardcore.oracles.emulated.card import card_model
+from shardcore.planning import is_card_file
 from shardcore.oracles.emulated.model import BIN_REPS
 from shardcore.plan import DATA_PARALLEL, ROW_WISE, ShardPiece
 from shardcore.tables import GB, TableConfig, bytes_per_element
@@ -164,6 +165,9 @@ def precision_of_dtype(dtype: torch.dtype, name: str) -> str:
 def precision_note(model, precision: str) -> str | None:
     """How ``precision``'s kernel compute is priced where the emulated card did not measure it (None
     where it did): fp32 from the fp16 measurements by the bytes it moves, as every other pricing output says."""
+    card = getattr(model, "measured", None)
+    if hasattr(card, "precision_note"):   # a calibrated card: the precision it measured, else its own rule
+        return card.precision_note(precision, f"the card {card.path}")
     if precision == "fp16":
         return None
     from shardcore.oracles.emulated.model import FP32_NOTE
@@ -259,7 +263,8 @@ class EmulatedPerfEstimator(ShardEstimator):
     """Fills every shard's ``Perf`` from the emulated GPU, the host link and the exchange model (module notes).
 
     ``comm``: the exchange model (default :class:`~shardcore.oracles.commmodel.CommModel`'s stated constants, the
-    emulated oracle's); ``card``: the emulated GPU (``h200``); ``tables`` / ``length_cv``: per table
+    emulated oracle's; a card file's figures unless ``comm`` states others); ``card``: the emulated GPU
+    (``h200``) or a calibrated card file (:mod:`shardcore.oracles.emulated.card`); ``tables`` / ``length_cv``: per table
     name, the statistics TorchRec's options do not carry; ``host_link``: the UVM kernels' link (default
     :meth:`HostLink.of` the topology).
 
@@ -271,8 +276,8 @@ class EmulatedPerfEstimator(ShardEstimator):
                  length_cv: Mapping[str, float] | None = None, host_link: HostLink | None = None) -> None:
         self._topology = topology
         self._constraints = constraints
-        self.comm = comm or CommModel()
-        self.model = load_gpu_model(card)
+        self.model = card_model(card)
+        self.comm = self.model.measured.comm_model(comm) if is_card_file(card) else comm or CommModel()
         self.card = card
         self.tables = dict(tables or {})
         self.length_cv = dict(length_cv or {})

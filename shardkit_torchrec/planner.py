@@ -80,6 +80,7 @@ from shardkit_torchrec.torchrec_memory import TORCHREC_DEFAULT_RESERVE
 from shardcore.tables import GB
 from shardcore.types import Topology as ShardTopology
 from shardkit_planner.costmodel import EMULATED, CostModel, emulated_model
+from shardcore.planning import parse_landscape
 from shardkit_planner.sharder import CONFIG as SHARDKIT_CONFIG, ShardkitSharder
 from shardkit_planner.search import ALL_TYPES
 
@@ -129,12 +130,12 @@ def _cost_model(oracle, batch: int, comm: CommModel, world: int, stats: Sequence
     if isinstance(oracle, CostModel):
         base = oracle
     elif isinstance(oracle, str) and oracle.lower().startswith("emulated:"):
-        base = emulated_model(os.devnull, batch, comm, card=oracle.split(":", 1)[1])
+        base = emulated_model(os.devnull, batch, comm, card=parse_landscape(oracle).split(":", 1)[1])
     elif isinstance(oracle, (str, os.PathLike)) and Path(oracle).is_file():
         base = CostModel.load(oracle)
     else:
-        raise ShardError(f"ShardkitPlanner: oracle {oracle!r} is neither {EMULATED!r}, a shardkit cost model file, "
-                         "nor a CostModel")
+        raise ShardError(f"ShardkitPlanner: oracle {oracle!r} is neither {EMULATED!r}, emulated:CARD.json, a shardkit "
+                         "cost model file, nor a CostModel")
     model = TorchRecCostModel.wrap(base, world)
     model.batch_size = int(batch)
     # the tables' positions are their indices: their CVs are given, never looked up among the dataset's
@@ -311,7 +312,7 @@ class ShardkitPlanner(ShardingPlanner):
         self.last_plan, self.last_stats, self.last_memory = plan, list(stats), memory
         self.last_info = dict(sharder.last_info, precision=precision, cap_gb=self.cap_gb(), weights_cap_gb=weights_cap,
                               optimizer=self.optimizer, memory_gib=[m.gib() for m in memory],
-                              global_batch=self.global_batch, comm=self.comm.describe())
+                              global_batch=self.global_batch, comm=model.comm.describe())   # the model's (a card's own)
         if note:
             self.last_info["precision_note"] = note
         out = []

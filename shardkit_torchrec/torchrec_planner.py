@@ -181,9 +181,11 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
         return TorchRecHardware("cuda", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS,
                                 TORCHREC_DEFAULT_INTRA_HOST_GBPS, TORCHREC_DEFAULT_INTER_HOST_GBPS, None, "none",
                                 "TorchRec's defaults (no judged hardware given)")
-    from shardcore.planning import EMULATED_PREFIX, MEASURED, parse_landscape
+    from shardcore.planning import EMULATED_PREFIX, MEASURED, is_card_file, parse_landscape
 
     spec = parse_landscape(oracle)
+    if spec.startswith(EMULATED_PREFIX) and is_card_file(spec[len(EMULATED_PREFIX):]):
+        return _card_hardware(spec, comm_bandwidth, comm_latency, link, inter, how_link)
     if spec.startswith(EMULATED_PREFIX):
         card = spec[len(EMULATED_PREFIX):]
         if card != "h200":
@@ -214,6 +216,34 @@ def hardware_for(oracle: str | None = None, comm_bandwidth: float | None = None,
     return TorchRecHardware("cuda", hbm if hbm is not None else TORCHREC_DEFAULT_HBM_GBPS,
                             ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, inter, float(comm_latency), spec,
                             f"measured on CUDA, {what}; {how_link}")
+
+
+def _card_hardware(spec: str, comm_bandwidth, comm_latency, link: float, inter: float, how_link: str) -> TorchRecHardware:
+    """A calibrated card's devices as TorchRec's topology needs them: a CPU card's tables in host memory
+    (the DDR bandwidth assumed, as on the measured CPU), a CUDA card's HBM from the datasheet of its name
+    (:data:`KNOWN_HBM_BANDWIDTH_GBPS`, else TorchRec's default); every collective at the card's exchange
+    bandwidth and latency unless ``comm_bandwidth`` / ``comm_latency`` state other figures than the defaults."""
+    from shardcore.oracles.commmodel import CommModel
+    from shardcore.oracles.emulated.card import read_card
+
+    card = read_card(spec.split(":", 1)[1])
+    given = CommModel.of(comm_bandwidth=comm_bandwidth, comm_latency=comm_latency)
+    comm = card.comm_model(given)
+    if comm is not given:   # the card's figures; without hosts the one link between every pair is the card's
+        link, inter = comm.bandwidth_gbps, comm.bandwidth_gbps if inter == link else inter
+        how_link = (f"the card's exchange {comm.bandwidth_gbps:.3g} GB/s ({card.exchange['source']}), one link for "
+                    "every pair of devices as the judge prices it")
+    if card.device_type == "cpu":
+        return TorchRecHardware("cpu", TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS, link, inter,
+                                float(comm.latency_us), spec,
+                                f"calibrated CPU card {card.hardware}: tables in host memory, DDR "
+                                f"{ASSUMED_CPU_DDR_BANDWIDTH_GBPS:.1f} GB/s assumed (TorchRec's default, not measured); "
+                                + how_link)
+    hbm = next((bw for key, bw in KNOWN_HBM_BANDWIDTH_GBPS if key.lower() in card.hardware.lower()), None)
+    what = (f"HBM {hbm:g} GB/s (NVIDIA datasheet)" if hbm is not None else "HBM bandwidth unknown, TorchRec's default")
+    return TorchRecHardware("cuda", hbm if hbm is not None else TORCHREC_DEFAULT_HBM_GBPS, ASSUMED_CPU_DDR_BANDWIDTH_GBPS,
+                            link, inter, float(comm.latency_us), spec,
+                            f"calibrated card {card.hardware}: {what}; {how_link}")
 
 
 def torchrec_allreduce_factor(world_size: int, local_world_size: int) -> float:

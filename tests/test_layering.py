@@ -332,8 +332,10 @@ LAYER_RULES = {
 # interop; our planner may start from another planner (cli.algorithms) and fits its cost model with the
 # emulator's feature family.
 METHOD_RULE = ("core", "shardcore.data", "shardcore.processes", *ORACLE_CONTRACT, "shardcore.cli.common")
-# our planner's cost model is the emulated card's compute model, refitted on the card's measurements
-PLANNER_RULE = METHOD_RULE + ("shardcore.oracles.emulated.model", "shardcore.oracles.emulated.measurements")
+# our planner's cost model is the emulated card's compute model, refitted on the card's measurements, or a
+# calibrated card's (its file read by the card module)
+PLANNER_RULE = METHOD_RULE + ("shardcore.oracles.emulated.model", "shardcore.oracles.emulated.measurements",
+                              "shardcore.oracles.emulated.card")
 for _m in METHODS:
     LAYER_RULES[_m] = METHOD_RULE
 LAYER_RULES["shardkit_planner"] = PLANNER_RULE

@@ -156,6 +156,11 @@ def main(argv=None):
     if not args.oracle.startswith("emulated:"):
         raise ShardError(f"--oracle {args.oracle}: this check judges with an emulated oracle (emulated:h200)")
     card = args.oracle.split(":", 1)[1]
+    from shardcore.planning import is_card_file
+
+    if is_card_file(card):
+        raise ShardError(f"--oracle {args.oracle}: this check's judges are held-out refits of a shipped card's "
+                         "measurements (emulated:h200); a card file judges with its own fit only")
     models = [(k + (f":{p_}" if p_ else ""), DeviceModel(k, p_, card)) for k, p_ in parse_models(args.models)]
     all_tables = load_table_configs(f"{args.data_dir}/table_configs.json")
     tasks = load_tasks(args.task_path, num_tables=len(all_tables))[: args.max_tasks]

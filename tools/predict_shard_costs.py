@@ -20,29 +20,32 @@ import numpy as np
 from shardcore import io
 from shardcore.cli.common import check_outputs, make_parser, run_main
 from shardcore.dataset import load_table_configs
-from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, MODEL_FILES, load_gpu_model, read_shard_lines
+from shardcore.oracles.emulated.card import card_model
+from shardcore.oracles.emulated.emulator import MEASUREMENTS_DIR, MODEL_FILES, read_shard_lines
 from shardcore.errors import ShardError
 from shardcore.oracles.factory import batch_size_int
 from shardcore.oracles.setting import PRODUCED_BY, produced_by
-from shardcore.planning import parse_landscape
+from shardcore.planning import is_card_file, parse_landscape
 
 DEFAULT_CONFIGS = os.path.join(MEASUREMENTS_DIR, "dlrm_b65536", "table_configs.json")
 ORACLES = tuple(f"emulated:{card}" for card in MODEL_FILES)
 
 
 def parse_oracle(text: str) -> str:
-    """An emulated card's landscape, by the one rule (:func:`shardcore.planning.parse_landscape`)."""
+    """An emulated card's landscape (a shipped card or a card file), by the one rule
+    (:func:`shardcore.planning.parse_landscape`)."""
     key = parse_landscape(text)
-    if key not in ORACLES:
+    if key not in ORACLES and not is_card_file(key.split(":", 1)[1] if key.startswith("emulated:") else None):
         raise ShardError(f"--oracle {text!r}: this tool predicts an emulated card's costs: choose one of "
-                         f"{', '.join(ORACLES)}")
+                         f"{', '.join(ORACLES)} or emulated:CARD.json")
     return key
 
 
 def main(argv=None):
     p = make_parser(__doc__)
     p.add_argument("--oracle", default="emulated:h200",
-                   help=f"cost model: {', '.join(ORACLES)} (default %(default)s)")
+                   help=f"cost model: {', '.join(ORACLES)} or emulated:CARD.json (a card tools/calibrate.py wrote) "
+                        "(default %(default)s)")
     p.add_argument("--shards", required=True, metavar="IN.jsonl",
                    help='shard lines {"tables": [[table_index, dim], ...], ...}; measured "fw_ms"/"bw_ms" optional')
     p.add_argument("--out", required=True, metavar="OUT.jsonl",
@@ -61,7 +64,7 @@ def main(argv=None):
     card = parse_oracle(args.oracle).split(":", 1)[1]
     tables = load_table_configs(args.table_configs)
     lines = read_shard_lines(args.shards, tables, allow_wider=args.allow_wider_dims)
-    model = load_gpu_model(card)
+    model = card_model(card)
     pred = model.predict_many([obj["configs"] for obj in lines], args.batch_size)
     measured = []
     with io.atomic_open(args.out) as fh:

@@ -195,6 +195,9 @@ def command_inputs(args: argparse.Namespace) -> dict:
         if getattr(args, dest, None):
             for name in ("table_configs.json", "data.pt"):
                 inputs[f"{flag} ({name})"] = os.path.join(getattr(args, dest), name)
+    card = _card_file(getattr(args, "oracle", None))
+    if card:   # an emulated landscape's card file is read
+        inputs["--oracle (card)"] = card
     if hasattr(args, "cache_path") and _measured_landscape(getattr(args, "oracle", None)):
         inputs["--cache-path"] = args.cache_path or DEFAULT_CACHE_PATH
     alg = getattr(args, "alg", None)
@@ -202,6 +205,18 @@ def command_inputs(args: argparse.Namespace) -> dict:
         if str(name).strip() and os.path.isfile(str(name).strip()):
             inputs[f"--alg {str(name).strip()}"] = str(name).strip()
     return inputs
+
+
+def _card_file(oracle: str | None) -> str | None:
+    """The card file an ``--oracle emulated:<card>`` names (None: another landscape, or no valid name)."""
+    from shardcore.planning import EMULATED_PREFIX, is_card_file, parse_landscape
+
+    try:
+        spec = parse_landscape(oracle) if oracle else None
+    except ShardError:
+        return None
+    card = spec[len(EMULATED_PREFIX):] if spec and spec.startswith(EMULATED_PREFIX) else None
+    return card if is_card_file(card) else None
 
 
 def _measured_landscape(oracle: str | None) -> bool:

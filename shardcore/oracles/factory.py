@@ -17,6 +17,10 @@
   shard that holds one of the plan's tables (:func:`shardcore.oracles.emulated.emulator.heldout_model`), so a judge
   never saw the tables it judges; ``--emulator-fit full`` uses the shipped fit. It needs only the table configs (no
   ``data.pt``), no workers and no cache, and answers in microseconds, so every trainer can use it.
+- ``emulated:<card file>``: the same oracle on a calibrated card (:mod:`shardcore.oracles.emulated.card`,
+  written by ``tools/calibrate.py`` on the hardware a user has): the card's compute fit, domain and
+  exchange figures (``--comm-bandwidth`` / ``--comm-latency`` set to other values than their defaults
+  replace the latter); it judges with its own fit (the held-out refits are the shipped H200's).
 
 Both implement :class:`~shardcore.types.ShardCostOracle`, give the same
 :class:`~shardcore.types.PlanResult` (per device ``[fw_comp, fw_comm, bw_comm, bw_comp]`` ms, plan
@@ -91,9 +95,10 @@ class OracleConfig(Config):
                                    "device on every host; rank 0 drives, the others serve; see README 'Beyond one "
                                    "machine')", type=str, choices=("spawn", "torchrun"), group="oracle")
     oracle: str = param(MEASURED, "cost landscape the plans are judged on: 'measured' (default: this machine's "
-                                  "hardware, FBGEMM on its CPU or CUDA GPUs) or 'emulated:h200' (an NVIDIA H200 "
+                                  "hardware, FBGEMM on its CPU or CUDA GPUs), 'emulated:h200' (an NVIDIA H200 "
                                   "emulated from real shard measurements, data/gpu_measurements/; needs no GPU and "
-                                  "no data.pt, only the table configs)", type=str, metavar="NAME", group="oracle")
+                                  "no data.pt, only the table configs) or 'emulated:CARD.json' (a card of the "
+                                  "hardware it was calibrated on by tools/calibrate.py; docs/cards.md)", type=str, metavar="NAME", group="oracle")
     emulator_fit: str = param(HELDOUT, "which fit of the emulated GPU judges a plan: 'heldout' (default: refitted "
                                        "without every measured shard that holds one of the plan's tables, so the "
                                        "judge never saw the tables it judges), 'devices' (refitted without every "

@@ -101,10 +101,14 @@ def physical_features(rows: np.ndarray, pooling: np.ndarray, dims: np.ndarray, d
     return X
 
 
+BEYOND = "priced as the nearest measured table plus the bytes of the distinct rows beyond it at the measured bandwidth"
+
+
 def domain_note(dom: Domain, tables: Sequence[TableConfig], names: Sequence[str] | None, precision: str,
-                limit: int = 6) -> str | None:
+                limit: int = 6, how: str = BEYOND) -> str | None:
     """One line naming the tables the emulated card of ``dom`` prices out of its measured range (and by
-    how far), or None when every table is in range and of a measured precision."""
+    how far), or None when every table is in range and of a measured precision. ``how``: how its model
+    prices them (a CPU card's features extrapolate; the GPU family adds the physical extra)."""
     card = dom.card
     names = list(names) if names is not None else [f"table {t.index}" for t in tables]
     found = [(n, dom.problems(t, "fp16")) for t, n in zip(tables, names)]
@@ -116,6 +120,5 @@ def domain_note(dom: Domain, tables: Sequence[TableConfig], names: Sequence[str]
     if found:
         shown = "; ".join(f"{n}: {', '.join(p)}" for n, p in found[:limit])
         more = f"; ... ({len(found)} in all)" if len(found) > limit else ""
-        parts.append(f"{len(found)} table(s) outside the measured range, priced as the nearest measured table plus "
-                     f"the bytes of the distinct rows beyond it at the measured bandwidth: {shown}{more}")
+        parts.append(f"{len(found)} table(s) outside the measured range, {how}: {shown}{more}")
     return f"note: emulated:{card}: " + "; ".join(parts) if parts else None

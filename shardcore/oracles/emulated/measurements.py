@@ -22,10 +22,10 @@ import numpy as np
 from shardcore.errors import ShardError
 from shardcore.tables import TableConfig
 
-from .domain import Domain, domain_of, physical_features
-from .model import (BYTES_PER_WEIGHT, DEFAULT_SPEC, FORMAT, OPTIONAL_TERMS, PIECE_DEVICE_KINDS, REPLICA_FEATURES,
-                    GpuComputeModel, _distinct_rows, feature_names, fit_weights, known_cv, known_index, nnls,
-                    piece_device_kind, predict_devices, replica_features, shard_features, table_arrays)
+from .domain import Domain, domain_of
+from .model import (DEFAULT_SPEC, FORMAT, OPTIONAL_TERMS, PIECE_DEVICE_KINDS, REPLICA_FEATURES,
+                    GpuComputeModel, feature_names, fit_physical_weights, fit_weights, known_cv, known_index,
+                    piece_device_kind, predict_devices, replica_law, shard_features, table_arrays)
 
 ROOT = Path(__file__).resolve().parents[3]   # the repository root (shardcore/oracles/emulated/)
 
@@ -125,27 +125,9 @@ def fit_replica_weights(model: GpuComputeModel, exclude: frozenset = frozenset()
     another task shares some tables with nearly every task, so a table-level hold-out would leave none;
     three weights of a traffic law, not a table's cost, are what such a device teaches). False with
     fewer than :data:`MIN_REPLICA_DEVICES` devices."""
-    from shardcore.plan import device_kernels
-
     rows = [r for r in replica_devices(model.card if model.card != "?" else card, batch)
             if not (exclude and {t.index for t in r[0]} <= exclude)]
-    if len(rows) < MIN_REPLICA_DEVICES:
-        return False, len(rows)
-    X = np.zeros((len(rows), len(REPLICA_FEATURES)))
-    kernels, owner = [], []   # the devices' other (full-batch) kernels, priced in one call
-    for i, (pieces, _, _) in enumerate(rows):
-        for b, ks in device_kernels(list(pieces), batch):
-            if b < batch:
-                X[i] += replica_features([ks], b)[0]
-            else:
-                kernels.append(ks)
-                owner.append(i)
-    other = np.zeros((len(rows), 2))
-    if kernels:
-        cvs = [[known_cv(model._known, t, math.nan) for t in ks] for ks in kernels]
-        np.add.at(other, np.asarray(owner), model.predict_many(kernels, batch, cvs))
-    resid = np.array([[fw, bw] for _, fw, bw in rows], dtype=float) - other
-    return np.stack([nnls(X, resid[:, j]) for j in (0, 1)]), len(rows)
+    return replica_law(model, rows, batch, MIN_REPLICA_DEVICES)
 
 
 def model_path(card: str) -> Path:
@@ -495,17 +477,7 @@ def physical_weights(card: str) -> np.ndarray:
     median bandwidth the bandwidth-bound measured shards of ``card`` (over 100 MB of distinct rows)
     achieved above the launch floor (the 1st percentile of the measured costs)."""
     land = measured_landscapes(card)[0]
-    shards = [s["configs"] for s in land.meas["shards"]]
-    ta, shard_of = table_arrays(shards, [[math.nan] * len(s) for s in shards])
-    D = _distinct_rows(ta, float(land.batch) * ta.pf)
-    X = physical_features(ta.row, ta.pf, ta.dim, D, shard_of, len(shards), land.batch, BYTES_PER_WEIGHT)
-    out = np.zeros((2, 3))
-    big = X[:, 2] > 0.1
-    for j, (t, passes) in enumerate(((land.fw, 1.0), (land.bw, 2.0))):
-        floor = float(np.percentile(t, 1))
-        gbps = passes * X[big, 2] / np.maximum(t[big] - floor, 1e-6) * 1e3     # GB / ms * 1e3 = GB/s
-        out[j, 2] = passes * 1e3 / float(np.median(gbps))
-    return out
+    return fit_physical_weights([s["configs"] for s in land.meas["shards"]], land.fw, land.bw, land.batch)
 
 
 @functools.lru_cache(maxsize=4)

@@ -685,6 +685,101 @@ def fit_params(sets: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]], sp
             "known_tables": dict(known_tables) if known_tables else None}
 
 
+def spec_for(device_type: str, rows: int | None = None) -> dict:
+    """The feature family of a fit of ``device_type``'s measurements: :data:`CPU_SPEC` on a CPU, else
+    :data:`DEFAULT_SPEC`; with ``rows`` measurements fewer than two per feature, the family's optional terms
+    left out (the core features alone, as a held-out refit with few shards keeps them)."""
+    spec = dict(CPU_SPEC if device_type == "cpu" else DEFAULT_SPEC)
+    if rows is not None and rows < 2 * len(feature_names(spec)):
+        optional = ("sort_passes", "gap_knots") if _is_cpu(spec) else OPTIONAL_TERMS
+        spec = {k: v for k, v in spec.items() if k not in optional}
+    return spec
+
+
+def device_features(devices: Sequence[Sequence[TableConfig]], batch_size: int, spec: Mapping, cv_of,
+                    bytes_per_weight: int = BYTES_PER_WEIGHT, replicas: bool = True) -> np.ndarray:
+    """``[len(devices), F]``: per measured device the sum of the feature rows of its kernels
+    (:func:`shardcore.plan.device_kernels`: its model-parallel pieces at ``batch_size``, its data-parallel
+    replicas at their batch slice), each table's bag-length CV ``cv_of(t)`` (NaN: unknown). A linear
+    model prices such a device at this row times its weights, as :func:`predict_devices` sums its
+    kernels' predictions. ``replicas=False`` leaves the replica kernels out (a GPU family prices them
+    by its replica law, :func:`replica_law`). The one feature matrix every fit on measured devices
+    uses: a calibrated card's (:mod:`shardcore.oracles.emulated.card`) and shardkit's CPU model."""
+    from shardcore.plan import device_kernels
+
+    kernels, owner, batches = [], [], []
+    for d, pieces in enumerate(devices):
+        for b, ks in device_kernels(list(pieces), batch_size):
+            if b >= 1 and (replicas or b >= batch_size):
+                kernels.append(ks)
+                owner.append(d)
+                batches.append(b)
+    X = np.zeros((len(devices), len(feature_names(spec))))
+    for b in sorted(set(batches)):
+        at = [k for k, bk in enumerate(batches) if bk == b]
+        ks = [kernels[k] for k in at]
+        ta, shard_of = table_arrays(ks, [[cv_of(t) for t in k] for k in ks])
+        np.add.at(X, [owner[k] for k in at], shard_features(ta, shard_of, len(ks), b, spec, bytes_per_weight))
+    return X
+
+
+def replica_law(model: "GpuComputeModel", rows: Sequence[tuple], batch: int,
+                minimum: int = 8) -> tuple[np.ndarray | bool, int]:
+    """``(weights [2, 4] or False, devices)``: the replica law of measured devices ``rows`` (each
+    ``(pieces, fw_ms, bw_ms)`` of a device holding data-parallel replicas): per direction non-negative
+    least squares of ``measured - model's other (full-batch) kernel`` on :func:`replica_features` of its
+    replica kernels. False with fewer than ``minimum`` devices."""
+    from shardcore.plan import device_kernels
+
+    rows = list(rows)
+    if len(rows) < minimum:
+        return False, len(rows)
+    X = np.zeros((len(rows), len(REPLICA_FEATURES)))
+    kernels, owner = [], []   # the devices' other (full-batch) kernels, priced in one call
+    for i, (pieces, _, _) in enumerate(rows):
+        for b, ks in device_kernels(list(pieces), batch):
+            if b < batch:
+                X[i] += replica_features([ks], b)[0]
+            else:
+                kernels.append(ks)
+                owner.append(i)
+    other = np.zeros((len(rows), 2))
+    if kernels:
+        cvs = [[known_cv(model._known, t, math.nan) for t in ks] for ks in kernels]
+        np.add.at(other, np.asarray(owner), model.predict_many(kernels, batch, cvs))
+    resid = np.array([[fw, bw] for _, fw, bw in rows], dtype=float) - other
+    return np.stack([nnls(X, resid[:, j]) for j in (0, 1)]), len(rows)
+
+
+BANDWIDTH_BOUND_GB = 0.1   # physical weights: shards with more distinct-row bytes than this (GB)
+
+
+def fit_physical_weights(shards: Sequence[Sequence[TableConfig]], fw: np.ndarray, bw: np.ndarray,
+                         batch: int, bytes_per_weight: int = BYTES_PER_WEIGHT) -> np.ndarray:
+    """``[2, 3]``: per phase (forward, backward) the cost of each byte beyond a card's measured range on
+    :data:`~shardcore.oracles.emulated.domain.PHYSICAL_FEATURES` (the constant and the lookups' bytes 0):
+    the distinct rows' bytes, read by the forward and read and written back by the backward, at the
+    median bandwidth the bandwidth-bound measured shards (over :data:`BANDWIDTH_BOUND_GB` of distinct
+    rows; where none is, the quarter with the most) achieved above the launch floor (the 1st percentile
+    of the measured costs). Zeros where no shard touched any row."""
+    from .domain import physical_features
+
+    ta, shard_of = table_arrays(shards, [[math.nan] * len(s) for s in shards])
+    D = _distinct_rows(ta, float(batch) * ta.pf)
+    X = physical_features(ta.row, ta.pf, ta.dim, D, shard_of, len(shards), batch, bytes_per_weight)
+    out = np.zeros((2, 3))
+    big = X[:, 2] > BANDWIDTH_BOUND_GB
+    if not big.any():
+        big = (X[:, 2] > 0) & (X[:, 2] >= np.quantile(X[:, 2], 0.75)) if len(X) else big
+    if not big.any():
+        return out
+    for j, (t, passes) in enumerate(((np.asarray(fw, float), 1.0), (np.asarray(bw, float), 2.0))):
+        floor = float(np.percentile(t, 1))
+        gbps = passes * X[big, 2] / np.maximum(t[big] - floor, 1e-6) * 1e3     # GB / ms * 1e3 = GB/s
+        out[j, 2] = passes * 1e3 / float(np.median(gbps))
+    return out
+
+
 PIECE_DEVICE_KINDS = ("data_parallel", "row_wise")   # a device of the first kind it holds a piece of
 
 

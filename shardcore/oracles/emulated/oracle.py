@@ -1,11 +1,15 @@
 """The emulated oracle: an NVIDIA H200 emulated from real measurements, chosen with
-``--oracle emulated:h200`` (see :mod:`shardcore.oracles.factory`'s notes). Each shard's compute comes
-from :mod:`shardcore.oracles.emulated.emulator`'s model, the exchanges from the analytic
-:class:`~shardcore.oracles.commmodel.CommModel`; it needs only the table configs and answers in
-microseconds."""
+``--oracle emulated:h200`` (see :mod:`shardcore.oracles.factory`'s notes), or the device of a calibrated
+card, ``--oracle emulated:<card file>`` (:mod:`shardcore.oracles.emulated.card`). Each shard's compute
+comes from :mod:`shardcore.oracles.emulated.emulator`'s model (the card's fit), the exchanges from
+:class:`~shardcore.oracles.commmodel.CommModel` (the analytic figures, or the card's measured ones unless
+flags set others); it needs only the table configs and answers in microseconds. The held-out refits
+(``fit`` heldout, devices) are made from the shipped H200 measurements; a card file judges with its own
+fit, and says so."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -19,7 +23,7 @@ from shardcore.oracles.emulated.model import FP32_NOTE
 from shardcore.tables import TableConfig
 from shardcore.types import CacheContext, CommLayout, CommSplits, ComputeCost, DeviceCost, OracleInfo, PlanResult
 from shardcore.planning import (DEVICES, EMULATED_CARDS, EMULATOR_FITS, FULL, HELDOUT,  # noqa: F401  (re-exported)
-                                check_emulator_fit)
+                                check_emulator_fit, is_card_file)
 
 CARD_NAMES = {"h200": "NVIDIA H200"}
 # which fit of the emulated card judges a plan (EmulatedOracle's fit): held out by the plan's tables (the
@@ -68,9 +72,15 @@ class EmulatedOracle:
         from shardcore.oracles.emulated.measurements import load_gpu_model
 
         check_emulator_fit(fit)
+        self.card_file = None
+        if is_card_file(card):
+            from shardcore.oracles.emulated.card import read_card
+
+            self.card_file = read_card(card)
+            fit = FULL            # held-out refits exist for the shipped measurements only
+        elif card not in EMULATED_CARDS:
+            raise ShardError(f"no emulated GPU {card!r}: choose one of {', '.join(EMULATED_CARDS)} or a card file")
         self.fit = fit
-        if card not in EMULATED_CARDS:
-            raise ShardError(f"no emulated GPU {card!r}: choose one of {', '.join(EMULATED_CARDS)}")
         if int(ndevices) < 1:
             raise ShardError(f"the oracle needs at least one device, got {ndevices}")
         self.card = card
@@ -78,7 +88,10 @@ class EmulatedOracle:
         self.nworkers = 0
         self.optimizer = normalize_optimizer(optimizer)
         self.precision = normalize_precision(precision)
-        if self.optimizer != EXACT_SGD:
+        self.pricing_note = FP32_NOTE if self.precision == "fp32" else None
+        if self.card_file is not None:
+            self.pricing_note = self.card_file.check_setting(self.optimizer, self.precision, f"emulated:{card}")
+        elif self.optimizer != EXACT_SGD:
             raise ShardError(f"emulated:{card} was measured with {EXACT_SGD} only; got {self.optimizer}")
         self.dataset_dir = str(Path(dataset_dir))
         self.dataset = load_dataset(self.dataset_dir, with_lookups=False)
@@ -89,20 +102,34 @@ class EmulatedOracle:
         self.batch_size = int(batch)
         if self.batch_size < 1:
             raise ShardError(f"batch size must be positive, got {self.batch_size}")
-        self.model = load_gpu_model(card)
+        if self.card_file is not None:   # a card file is named by what it holds, not where it lies
+            import hashlib
+
+            self._card_digest = "card:" + hashlib.sha256(json.dumps(self.card_file.obj, sort_keys=True).encode()
+                                                         ).hexdigest()[:16]
+        if self.card_file is not None and self.batch_size != self.card_file.batch_size:
+            self.pricing_note = "; ".join(filter(None, [self.pricing_note, (
+                f"measured at batch {self.card_file.batch_size}, priced at {self.batch_size} by its features' "
+                "scaling with the batch")]))
+        self.model = self.card_file.model if self.card_file is not None else load_gpu_model(card)
         self.length_cv = _length_cv(self.dataset_dir, self.batch_size)
-        self.comm_model = comm_model or CommModel()
+        self.comm_model = (self.card_file.comm_model(comm_model) if self.card_file is not None
+                           else comm_model or CommModel())
         self.device_type = f"emulated:{card}"
         self._ntables = self.dataset.num_tables
 
     # -- what is measured --------------------------------------------------------------------
     @property
     def hardware(self) -> str:
+        note = f"; {self.pricing_note}" if self.pricing_note else ""
+        if self.card_file is not None:
+            c = self.card_file
+            return (f"emulated {c.hardware} (calibrated card {self.card}: compute model fitted on {c.measured_shards} "
+                    f"devices measured on it{note}), {self.ndevices} devices")
         held = {HELDOUT: ", held out: never fitted on a plan's own tables",
                 DEVICES: ", held out by devices: never fitted on a shard made only of a plan's tables"}.get(self.fit, "")
-        fp32 = f"; {FP32_NOTE}" if self.precision == "fp32" else ""
         return (f"emulated {CARD_NAMES.get(self.card, self.card)} (compute model fitted on real "
-                f"{CARD_NAMES.get(self.card, self.card)} measurements{held}{fp32}), {self.ndevices} devices")
+                f"{CARD_NAMES.get(self.card, self.card)} measurements{held}{note}), {self.ndevices} devices")
 
     @property
     def info(self) -> OracleInfo:
@@ -111,10 +138,15 @@ class EmulatedOracle:
 
     @property
     def parts(self) -> dict:
-        how = {HELDOUT: "refitted per plan without the measured shards that hold any of its tables",
-               DEVICES: "refitted per plan without the measured shards made only of its tables"}.get(
-            self.fit, "the shipped fit on every measured shard")
-        return {"compute": f"modelled (emulated:{self.card}, {how}{'; ' + FP32_NOTE if self.precision == 'fp32' else ''})",
+        note = f"; {self.pricing_note}" if self.pricing_note else ""
+        if self.card_file is not None:
+            how = (f"the card's own fit on its {self.card_file.measured_shards} measured devices, "
+                   f"{self.card_file.accuracy_line()}; held-out refits exist only for the shipped h200 measurements")
+        else:
+            how = {HELDOUT: "refitted per plan without the measured shards that hold any of its tables",
+                   DEVICES: "refitted per plan without the measured shards made only of its tables"}.get(
+                self.fit, "the shipped fit on every measured shard")
+        return {"compute": f"modelled (emulated:{self.card}, {how}{note})",
                 "comm": ("none (one device)" if self.ndevices == 1
                          else f"{self.comm_model.describe()}; {PIECES_NOTE}")}
 
@@ -123,13 +155,19 @@ class EmulatedOracle:
         from shardcore.oracles.setting import dataset_digest
 
         held = {HELDOUT: ":heldout", DEVICES: ":devices"}.get(self.fit, "")   # a held-out answer depends on the plan's tables
-        return CacheContext(f"emulated:{self.card}{held}", dataset_digest(self.dataset), self.batch_size,
+        name = self.card if self.card_file is None else self._card_digest
+        return CacheContext(f"emulated:{name}{held}", dataset_digest(self.dataset), self.batch_size,
                             self.optimizer, self.precision)
 
     def domain_note(self, tables: Sequence[TableConfig], names: Sequence[str] | None = None) -> str | None:
         """One line naming the tables this card prices outside its measured range, and by how far
         (:mod:`shardcore.oracles.emulated.domain`); None when all are inside and fp16."""
-        from shardcore.oracles.emulated.domain import domain_note
+        from shardcore.oracles.emulated.domain import BEYOND, domain_note
+
+        if self.card_file is not None:
+            how = ("priced by the card's CPU model, its features extrapolated beyond the measured tables"
+                   if self.card_file.device_type == "cpu" else BEYOND)
+            return domain_note(self.card_file.domain(self.card), tables, names, self.precision, how=how)
         from shardcore.oracles.emulated.measurements import card_domain
 
         return domain_note(card_domain(self.card), tables, names, self.precision)
