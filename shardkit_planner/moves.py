@@ -34,6 +34,7 @@ are multiples of 4, row-wise over any set of devices, grid across hosts, or repl
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -152,13 +153,14 @@ def cheapest_with_room(st, pos: int, need_gb: float, exclude: Sequence[int] = ()
     return None
 
 
-class Move:
-    """One kind of change (see the module notes)."""
+class Move(abc.ABC):
+    """One kind of change (see the module notes): its candidates for the slowest device ``m``."""
 
     name = ""
 
+    @abc.abstractmethod
     def candidates(self, st, m: int, ctx: MoveContext) -> list[tuple[str, Change]]:
-        raise NotImplementedError
+        """``(label, change)`` pairs, each a candidate plan change that may lower device ``m``'s cost."""
 
 
 # -- moves of whole tables and blocks --------------------------------------------------------------

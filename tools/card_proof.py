@@ -31,7 +31,6 @@ import argparse
 import csv
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from shardcore.argtypes import name_list, nonnegative_int, positive_float, positive_int, seed_int  # noqa: E402
 from shardcore.cli.common import ArgumentParser as OneLineParser, check_outputs, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
+from tools.report import head_commit  # noqa: E402
 from shardcore.io import atomic_open  # noqa: E402
 
 PLANNERS = ("card", "cpu_model")
@@ -79,14 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comm-iters", type=positive_int, default=None, help="timed repetitions of an exchange")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def _rel(path: Path) -> str:
@@ -265,7 +257,7 @@ def main(argv=None):
                   f"{len(tasks)} tasks of {args.tasks} planned by shardkit on the card and on its CPU model, every plan "
                   f"measured afresh in {args.rounds} interleaved rounds (medians), batch {batch}, {n} logical devices"),
         "command": " ".join(["python", "tools/card_proof.py"] + list(argv if argv is not None else sys.argv[1:])),
-        "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": head_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "records": [{"path": _rel(out / "plans.csv"), "what": "every plan: both predictions, every round's measured cost"},
                     {"path": _rel(out / "summary.json"), "what": "the figures printed: MAPE, Spearman, repeatability, "
                                                                   "the measured comparison"},

@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from shardcore.argtypes import nonnegative_int, positive_int  # noqa: E402
 from shardcore.cli.common import make_parser, run_main  # noqa: E402
 from shardcore.errors import ShardError  # noqa: E402
+from tools.report import head_commit  # noqa: E402
 from shardcore.oracles.measured.driver import SPEED_RULES  # noqa: E402
 
 BAND = (0.75, 1.33)
@@ -313,7 +314,7 @@ def main(argv=None):
     from shardcore.types import CommLayout
 
     args = build_parser().parse_args(argv)
-    made_by = _commit()   # the code that makes the records: taken before they are made
+    made_by = head_commit()   # the code that makes the records: taken before they are made
     if args.ndevices < 2:
         raise ShardError("--ndevices: at least 2 (the exchange is part of the check)")
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -453,14 +454,6 @@ def write_views(out: Path, s: dict, meta: dict, argv) -> None:
                           "rules": {"kind": "csv", "path": f"{rel}/rules.csv"}}}
     with atomic_open(out / "manifest.json") as fh:
         fh.write(json.dumps(manifest, indent=2) + "\n")
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

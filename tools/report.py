@@ -67,6 +67,17 @@ LABELS = {"shardkit-tw": "shardkit (TW)", "torchrec": "TorchRec", "torchrec-tw":
           "autoshard": "AutoShard", "lookup_greedy (planned elsewhere)": "lookup_greedy (planned on the GPU)"}
 
 
+def head_commit() -> str:
+    """The checkout's commit (short), the ``commit`` of a manifest a tool writes; "unknown" outside git."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def label(alg: str, labels: dict | None = None) -> str:
     """How ``alg`` is named in a table: the view's ``labels``, :data:`LABELS`, a checkpoint by its method."""
     if labels and alg in labels:
