@@ -367,3 +367,21 @@ def test_the_time_cap_stops_between_groups_and_the_card_says_so():
     assert len(card["measurements"]) == 8 and not calibrate(AsMeasured(), ds, shards=40, seed=0)["calibration"]["stopped_early"]
     with pytest.raises(ShardError, match="only 4 devices measured"):
         calibrate(AsMeasured(), ds, shards=4, seed=0)
+
+
+def test_the_card_proof_says_whether_compute_exchange_or_the_slowest_device_misses():
+    """card_proof.card_parts: per device the card's compute and exchange against their medians over the
+    rounds, and the slowest device of the medians against the measured plan cost."""
+    from tools.card_proof import card_parts
+
+    # one plan of two devices, three rounds; the card prices compute 10% low and the exchange right
+    rounds = [[[4.0, 1.0, 1.0, 6.0], [2.0, 1.0, 1.0, 3.0]],
+              [[4.4, 1.0, 1.0, 6.6], [2.2, 1.0, 1.0, 3.3]],
+              [[3.6, 1.0, 1.0, 5.4], [1.8, 1.0, 1.0, 2.7]]]
+    row = {"card_devices": [[3.6, 1.0, 1.0, 5.4], [1.8, 1.0, 1.0, 2.7]], "device_rounds": rounds,
+           "measured_ms": 12.0}
+    got = card_parts([row])
+    assert got["compute"] == {"devices": 2, "mape_pct": pytest.approx(10.0), "bias_pct": pytest.approx(-10.0)}
+    assert got["exchange"] == {"devices": 2, "mape_pct": 0.0, "bias_pct": 0.0}
+    # the slowest device of the medians (4 + 1 + 1 + 6 = 12) is the measured plan cost
+    assert got["slowest_of_medians_vs_measured_pct"] == pytest.approx(0.0)

@@ -90,6 +90,30 @@ def mape(pred, meas) -> float:
     return 100.0 * statistics.fmean(abs(p - m) / m for p, m in zip(pred, meas))
 
 
+def card_parts(rows: list[dict]) -> dict:
+    """Where the card's plan-cost error comes from: per device its compute (fw + bw) and exchange (fw + bw)
+    against their medians over the rounds (MAPE and bias), and the plan cost as the slowest device of those
+    medians against the median of each round's slowest device (the measured maximum of several balanced, noisy
+    devices lies above every device's median)."""
+    comp, comm, slow = [], [], []
+    for r in rows:
+        med = [[statistics.median(rd[d][j] for rd in r["device_rounds"]) for j in range(4)]
+               for d in range(len(r["card_devices"]))]
+        for p, m in zip(r["card_devices"], med):
+            if m[0] + m[3] > 0:
+                comp.append((p[0] + p[3], m[0] + m[3]))
+            if m[1] + m[2] > 0:
+                comm.append((p[1] + p[2], m[1] + m[2]))
+        slow.append((max(sum(m) for m in med), r["measured_ms"]))
+
+    def fig(pairs):
+        return {"devices": len(pairs), "mape_pct": round(mape(*zip(*pairs)), 3),
+                "bias_pct": round(100.0 * (statistics.fmean(p / m for p, m in pairs) - 1), 3)}
+
+    return {"compute": fig(comp), "exchange": fig(comm),
+            "slowest_of_medians_vs_measured_pct": round(100.0 * (statistics.fmean(a / b for a, b in slow) - 1), 3)}
+
+
 def analyse(rows: list[dict], hardware: str) -> dict:
     """The figures of (d) from the plan rows (each: task, planner, predicted_card_ms, predicted_cpu_model_ms,
     rounds_ms)."""
@@ -110,6 +134,8 @@ def analyse(rows: list[dict], hardware: str) -> dict:
                                       "bias_pct": round(100.0 * (statistics.fmean(p / m for p, m in zip(pred, meas)) - 1), 3),
                                       "spearman": round(spearman(pred, meas), 4) if len(rows) > 2 else None,
                                       "task_order_agrees": f"{sum(agree)} of {len(agree)}"}
+    if all(r.get("device_rounds") for r in rows):
+        out["card_parts"] = card_parts(rows)
     devs = [abs(c - r["measured_ms"]) / r["measured_ms"] for r in rows for c in r["rounds_ms"]]
     spread = sorted(max(r["rounds_ms"]) / min(r["rounds_ms"]) for r in rows)
     out["repeatability"] = {"rounds": len(rows[0]["rounds_ms"]), "mean_dev_pct": round(100.0 * statistics.fmean(devs), 3),
@@ -137,7 +163,16 @@ def report_lines(s: dict) -> list[str]:
             f"p90 max/min {rep['p90_maxmin']:.3f}",
             f"measured: {LABELS['card']} {meas['card']:.3f} ms, {LABELS['cpu_model']} {meas['cpu_model']:.3f} ms; "
             f"card - CPU model {meas['diff_ms']:+.3f} ms" + (f" (95% paired interval {ci[0]:+.3f}..{ci[1]:+.3f})" if ci else "")
-            + f"; the card's plan faster on {meas['card_faster']} tasks, slower on {meas['card_slower']}"]
+            + f"; the card's plan faster on {meas['card_faster']} tasks, slower on {meas['card_slower']}"] + (
+        [f"the card per device: compute MAPE {s['card_parts']['compute']['mape_pct']:.2f}% (bias "
+         f"{s['card_parts']['compute']['bias_pct']:+.2f}%), exchange MAPE {s['card_parts']['exchange']['mape_pct']:.2f}% "
+         f"(bias {s['card_parts']['exchange']['bias_pct']:+.2f}%); the slowest device of the per-device medians is "
+         f"{s['card_parts']['slowest_of_medians_vs_measured_pct']:+.2f}% off the median of each round's slowest"]
+        if "card_parts" in s else []) + (
+        [f"{s['card_remeasured']['devices']} of the card's devices measured again after the plans: "
+         f"{s['card_remeasured']['median_ratio']:.3f}x their calibration cost (median; "
+         f"{s['card_remeasured']['ratio_range'][0]:.3f}-{s['card_remeasured']['ratio_range'][1]:.3f})"]
+        if "card_remeasured" in s else [])
 
 
 def main(argv=None):
@@ -215,8 +250,10 @@ def main(argv=None):
                 plan = sharder.shard(tables, topology)
                 if not plan.feasible:
                     raise ShardError(f"task {k}: {LABELS[name]} made a plan over the cap")
+                priced = judge.evaluate(plan.device_pieces)
                 rows.append({"task": k, "planner": name, "plan": plan, "planning_s": round(time.perf_counter() - p0, 2),
-                             "predicted_card_ms": float(judge.evaluate(plan.device_pieces).cost_ms),
+                             "predicted_card_ms": float(priced.cost_ms), "card_devices": priced.device_costs_ms,
+                             "device_rounds": [],
                              "predicted_cpu_model_ms": float(cpu_model.plan_cost(plan)), "rounds_ms": [],
                              "types": "+".join(sorted({s.type for s in plan.shardings}))})
         phases["planning_s"] = round(time.perf_counter() - t, 1)
@@ -227,11 +264,22 @@ def main(argv=None):
                   disable=True if args.quiet else None) as bar:
             for _ in range(args.rounds):
                 for i in rng.permutation(len(rows)):
-                    rows[i]["rounds_ms"].append(float(ev.evaluate(rows[i]["plan"].device_pieces, no_cache=True).cost_ms))
+                    res = ev.evaluate(rows[i]["plan"].device_pieces, no_cache=True)
+                    rows[i]["rounds_ms"].append(float(res.cost_ms))
+                    rows[i]["device_rounds"].append(res.device_costs_ms)
                     bar.update(1)
         phases["measuring_s"] = round(time.perf_counter() - t, 1)
+        # (c') every tenth device the card was fitted on, measured again now: how far the machine's speed moved
+        # between the calibration and the plans' measurement (a common offset of both models' predictions)
+        from shardcore.oracles.emulated.card import read_card
+
+        again = read_card(card_path).devices[::10]
+        now = ev.measure_devices([d.pieces for d in again], no_cache=True)
+        drift = [(c.fw_ms + c.bw_ms) / (d.fw_ms + d.bw_ms) for c, d in zip(now, again) if d.fw_ms + d.bw_ms > 0]
     # (d) the figures
     summary = analyse(rows, hardware)
+    summary["card_remeasured"] = {"devices": len(drift), "median_ratio": round(statistics.median(drift), 4),
+                                  "ratio_range": [round(min(drift), 4), round(max(drift), 4)]}
     summary.update(card=str(card_path), card_accuracy=card["accuracy"], card_calibration=card["calibration"],
                    card_exchange={k: card["exchange"][k] for k in ("source", "latency_us", "bandwidth_gbps", "note")},
                    cpu_model=cpu_model.source, phases_s=phases, total_s=round(time.perf_counter() - t0, 1),
