@@ -52,7 +52,7 @@ demo: $(STAMP)
 # DLRM-40/80 on 8, 5 test tasks each, every algorithm incl. short training of the learned methods) and
 # the planning-time/memory scaling benchmark, all written to results/ (see results/README.md).
 # Then the cluster block: 400-table tasks on 4 hosts of 8 emulated H200s (results/cluster/; the
-# exchange between hosts modelled at 50 GB/s per GPU, assumed). About 35-45 minutes on a 2-core CPU for
+# exchange between hosts modelled at 50 GB/s per GPU, assumed). About an hour on a 2-core CPU for
 # the first part, ~10 more for the cluster block. The synthetic dataset is generated first if there is none.
 experiments: $(STAMP)
 	test -f $(DATA)/table_configs.json -a -f $(DATA)/data.pt || $(PY) tools/gen_dlrm_data.py --synthetic --out-dir $(DATA)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reproduce the paper-style results: task sets, learned methods, every algorithm measured side by side.
 
-  python tools/run_experiments.py --scale small        # about 35-45 min on a 2-core CPU, training included
+  python tools/run_experiments.py --scale small        # about an hour on a 2-core CPU, training included
   python tools/run_experiments.py                      # full scale: DLRM-20/50/100 (4), DLRM-40/80/160 (8)
 
 Steps: (1) generate the task sets from the dataset (one train/test split of its tables shared by
