@@ -22,7 +22,13 @@ Printed (and written to ``--out-dir``: ``truth.json`` with every figure, ``truth
   of reported against independent (least squares); the share of devices within 0.75-1.33x;
 - **repeatability**: per plan the mean deviation of its cost from its median over the rounds, and the
   same for every device's compute;
-- **exchange**: per device the oracle's pooled all-to-all (fw) over the independent one, and its slope.
+- **exchange**: per device the oracle's pooled all-to-all (fw) over the independent one, and its slope;
+- **speed rules**: the same samples under every speed correction the oracle knows
+  (``shardcore.oracles.measured.driver.SPEED_RULES``, the oracle opened with ``speed_rules=True``), each
+  judged the same way -- those that divide by the reference shard at its nominal speed, so against the
+  independent timings scaled by the reference timed beside them.
+
+Beside them: ``classes.csv``, ``checks.csv``, ``rules.csv`` and a result manifest (results/README.md).
 
 The verdicts are the measured-oracle issue's: every device within 0.75-1.33x, the slope within 0.85-1.15.
 """
@@ -260,8 +266,8 @@ def summarize(devs: list[dict], plans: list[dict], comm: list[dict]) -> dict:
 
 
 RULE_NAMES = {"none": "none: the lower quartile of the warm samples (reported)",
-              "window": "the reference blocks of the last samples",
-              "beside": "the reference blocks beside each sample alone",
+              "window": "the reference blocks of the last 16 measurements",
+              "beside": "the reference blocks beside this measurement alone",
               "session": "every reference block of the session so far"}
 
 
@@ -275,7 +281,7 @@ def rule_lines(s: dict) -> list[str]:
              f"{v['ratio'][0]} / {v['ratio'][1]} / {v['ratio'][2]}", str(v["light_over_heavy"]),
              f"{v['device_mean_dev_pct']}%"] for r, v in s["rules"].items()]
     return ["", "the same samples under each speed rule (a protocol change is judged on both truth and repeatability):",
-            format_table(["speed of a sample's moment", "within band", "slope", "ratio min / median / max",
+            format_table(["speed correction", "within band", "slope", "ratio min / median / max",
                           "light / heavy ratio", "device compute mean deviation"], rows), ""]
 
 
@@ -432,7 +438,7 @@ def write_views(out: Path, s: dict, meta: dict, argv) -> None:
         checks.append(["pooled all-to-all: reported / independent (min / median / max), slope",
                        f"{e['ratio'][0]} / {e['ratio'][1]} / {e['ratio'][2]}, slope {e['slope']}", "", ""])
     write_csv("checks.csv", ["check", "figure", "goal", "verdict"], checks)
-    write_csv("rules.csv", ["speed of a sample's moment", "within band", "slope", "ratio min / median / max",
+    write_csv("rules.csv", ["speed correction", "within band", "slope", "ratio min / median / max",
                             "light / heavy ratio", "device compute mean deviation"],
               [[RULE_NAMES.get(r, r), f"{v['within_band']} of {s['devices']}", v["slope"],
                 f"{v['ratio'][0]} / {v['ratio'][1]} / {v['ratio'][2]}", v["light_over_heavy"],

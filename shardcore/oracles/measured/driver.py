@@ -43,10 +43,9 @@ therefore asks for the compute measurements **one device at a time**: worker ``d
 shard's operator, runs warm-up and timed forward/backward iterations (one compute thread, timed by
 the thread's CPU time, see :mod:`shardcore.oracles.measured.benchmark`) and answers; only then is the next worker
 asked, while the others sleep in a blocking pipe read (no CPU used). The timed iterations are
-spread over ``compute_passes`` passes that visit the devices in turn (on the CPU by default one
-sample per pass, each after the shard's own untimed iterations: a slow spell of the machine then hits
-one sample of each device rather than every sample of one; the operators stay built in between and the
-full warm-up runs in the first pass only).
+spread over ``compute_passes`` passes that visit the devices in turn (on the CPU by default one pass:
+each device's samples back to back after its warm-up, in one request; with more passes the operators stay
+built in between and the warm-up runs in the first pass only).
 
 **Repeatability on the CPU.** A shared 2-core VM is not a quiet machine: the same shard's samples
 spread by ~14% (relative IQR) within one measurement, and the machine's speed drifts by 20-60% over
@@ -62,16 +61,17 @@ Three things make a CPU cost a property of the shard rather than of the moment:
 - *the lower quartile* of the shard's warm samples (:func:`low_quantile`; and of each exchange's
   repetitions, at least :data:`CPU_MIN_COMM_ITERS`), not the median: the slow samples are the disturbed ones.
 
-No reference shard corrects the samples. Timing one beside every sample (``speed_rules=True``: a block of
-:class:`~shardcore.oracles.measured.benchmark.ReferenceRunner` before and after each sample,
+No reference shard corrects the samples. Timing one beside every measurement (``speed_rules=True``: a block
+of :class:`~shardcore.oracles.measured.benchmark.ReferenceRunner` before and after the shard's samples,
 :meth:`~shardcore.oracles.measured.benchmark.ShardRunner.sample_blocked`) and dividing by it -- the block
-beside the sample alone, the blocks of the last :data:`SPEED_WINDOW` samples, or every block of the session
+beside the measurement alone, those of the last :data:`SPEED_WINDOW` measurements, or every block of the session
 (:data:`SPEED_RULES`, each times the reference's nominal cost, :func:`at_nominal_speed`) -- was judged on
-the same samples by ``tools/cpu_truth.py`` against an independent wall-clock timing of every shard: each
-rule added the reference's own noise (a device's compute deviated 12-17% from its median over interleaved
-rounds against 4-8% uncorrected) and compressed heavy shards (a reference iteration right after a heavy
-shard runs slower than the reference alone: the shard evicted its rows from the caches), while the
-uncorrected lower quartile stayed within the band of the wall clock. So the costs are "CPU ms of this
+the same samples by ``tools/cpu_truth.py`` against an independent wall-clock timing of every shard: the
+window and the blocks beside a measurement added the reference's own noise (a device's compute deviated
+9.6-17% from its median over interleaved rounds against 4.3-7.6% uncorrected) and compressed heavy shards
+(a reference iteration right after a heavy shard runs slower than the reference alone: the shard evicted
+its rows from the caches); the session's median lagged the machine when its speed moved (6 of 48 devices
+within the band in such a session), while the uncorrected lower quartile stayed within the band. So the costs are "CPU ms of this
 machine, undisturbed": a machine that stays loaded reports higher costs, and plans are compared in
 interleaved rounds of one session (``eval.py --repeats``). ``tools/cpu_repeatability.py``
 measures how well the oracle repeats itself (a plan's deviation from its median over interleaved rounds),
@@ -140,14 +140,13 @@ from shardcore.types import CommLayout, DeviceCost, OracleInfo, PlanResult  # no
 DEFAULT_START_TIMEOUT_S = 300.0
 DEFAULT_COMM_ITERS = None  # None: the same as bench_iters (on the CPU at least CPU_MIN_COMM_ITERS)
 CPU_MIN_COMM_ITERS = 21    # CPU: a loopback exchange is cheap and noisy (4 processes on 2 cores): more repeats
-DEFAULT_CPU_COMPUTE_PASSES = 1  # CPU: a device's samples in one request, each beside the reference (module notes)
+DEFAULT_CPU_COMPUTE_PASSES = 1  # CPU: a device's samples back to back in one request, warm (module notes)
 REWARM_ITERS = 0           # untimed iterations when a pass returns to a shard already warmed up
-# CPU: the speed of a sample's moment is the median of the reference blocks of the last SPEED_WINDOW samples
-# (a few seconds, beside several shards): a slow-moving factor, not the blocks beside this shard alone,
-# whose speed depends on what this shard left in the caches
+# the speed rules a CPU measurement is also worked out by with speed_rules=True (PlanEvaluator.speed_rule_costs;
+# the first is the one reported): no correction; the median of the reference blocks of the last SPEED_WINDOW
+# measurements, beside several shards (a slow-moving factor); the blocks beside this measurement alone; every
+# block of the session so far
 SPEED_WINDOW = 16
-# the speed rules a CPU measurement is also worked out by (PlanEvaluator.speed_rule_costs; the first is the
-# one reported): the window above, the blocks beside this sample alone, no correction (wall-clock ms)
 SPEED_RULES = ("none", "window", "beside", "session")
 REFERENCE_CALIBRATION_ITERS = 15   # CPU: one-sample requests that calibrate the reference's nominal cost
 
@@ -315,7 +314,7 @@ class PlanEvaluator:
         self._req = 0
         self.startup_s: float | None = None
         self._noise: list[float] = []   # relative spread of each measured shard's timed samples
-        self._scales: list[float] = []  # CPU: the speed factor applied to each measurement
+        self._scales: list[float] = []  # CPU, speed_rules: the window rule's speed factor of each measurement
         # CPU: the reference blocks of the last samples, whatever shard each was beside (at_nominal_speed)
         self._speed_window: "collections.deque[float]" = collections.deque(maxlen=SPEED_WINDOW)
         # CPU: per shard of the last compute measurement, its cost under each speed rule (SPEED_RULES)
@@ -745,7 +744,7 @@ class PlanEvaluator:
                     for k in group:
                         samples[k][0].extend(reps[ranks[k]]["fw"])
                         samples[k][1].extend(reps[ranks[k]]["bw"])
-                        if cpu and self.speed_rules:   # the reference blocks around this sample, and before it
+                        if cpu and self.speed_rules:   # the reference blocks around this measurement, and before it
                             n_k, beside = len(reps[ranks[k]]["fw"]), statistics.median(reps[ranks[k]]["ref"])
                             self._speed_window.append(beside)
                             refs[k].extend([statistics.median(self._speed_window)] * n_k)
@@ -759,7 +758,7 @@ class PlanEvaluator:
                     for k, (fw, bw) in samples.items()}
         # CPU: the lower quartile of the shard's warm samples (see the module notes); with speed_rules also
         # every sample over the speed of its moment by each rule, for tools/cpu_truth.py
-        out = {k: at_nominal_speed(fw, bw, [1.0] * len(fw), 1.0) for k, (fw, bw) in samples.items()}
+        out = {k: ComputeCost(low_quantile(fw), low_quantile(bw)) for k, (fw, bw) in samples.items()}
         for fw, bw in samples.values():
             self._noise.append(relative_iqr([f + b for f, b in zip(fw, bw)]))
         self.speed_rule_costs = {}
@@ -808,8 +807,8 @@ class PlanEvaluator:
 
     @property
     def speed_drift_pct(self) -> float | None:
-        """How far the machine's speed moved during this session: (largest / smallest speed factor
-        applied - 1) in percent (CPU; None before two measurements)."""
+        """How far the machine's speed moved during this session by the reference (CPU with speed_rules):
+        (largest / smallest window speed factor - 1) in percent; None before two such measurements."""
         if len(self._scales) < 2:
             return None
         return 100.0 * (max(self._scales) / min(self._scales) - 1.0)
@@ -845,7 +844,6 @@ class PlanEvaluator:
                 times = model_extra(model, times, layout, self.precision)
             return times, splits
         delays = [float(x) for x in delays_ms] if delays_ms is not None else None
-        # start delays are wall-clock waits for a late peer, not work at the machine's speed: not scaled
         return self._measure_comm_workers(dims, delays, layout)
 
     def calibrate_comm(self) -> CommModel:
